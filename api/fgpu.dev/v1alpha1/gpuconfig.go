@@ -1,0 +1,104 @@
+package v1alpha1
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// GpuConfigKind is the kind of GpuConfig in opaque device configuration.
+const GpuConfigKind = "GpuConfig"
+
+// SharingMode says how co-tenants of one GPU share it.
+type SharingMode string
+
+const (
+	// SharingModeMPS runs the claim as a client of the GPU's MPS server for its isolation
+	// domain: memory and compute caps are enforced by MPS.
+	SharingModeMPS SharingMode = "mps"
+	// SharingModeTimeSlicing lets the claim's processes time-share the GPU with no memory
+	// enforcement; fgpu still accounts the memory it was given.
+	SharingModeTimeSlicing SharingMode = "timeSlicing"
+)
+
+// GpuConfig is the opaque configuration of an fgpu device request. Users may set it in a
+// ResourceClaim's `config[].opaque.parameters`; the allocator writes it into the allocation.
+// Every field is optional: the defaults come from the allocated consumed capacity.
+type GpuConfig struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// Mode is the sharing mode; default mps.
+	Mode SharingMode `json:"mode,omitempty"`
+	// MemoryLimit caps the device memory the claim's processes may pin. It may not exceed
+	// the memory the claim was allocated; default: all of it.
+	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
+	// ComputePercent caps the share of SMs (MPS active thread percentage), 1–100.
+	// Default: the compute the claim was allocated, or no cap when it reserved none.
+	ComputePercent *int32 `json:"computePercent,omitempty"`
+	// IsolationDomain names the set of tenants that may share one MPS server. Claims in
+	// different domains never share a server or pipe directory. Default: "default".
+	IsolationDomain string `json:"isolationDomain,omitempty"`
+}
+
+// DefaultIsolationDomain is the domain of claims that name none.
+const DefaultIsolationDomain = "default"
+
+// DecodeGpuConfig strictly decodes opaque parameters: unknown fields are errors, so that a
+// typo in a claim fails loudly instead of being silently ignored.
+func DecodeGpuConfig(raw []byte) (*GpuConfig, error) {
+	var cfg GpuConfig
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cfg); err != nil {
+		return nil, fmt.Errorf("decode fgpu opaque config: %w", err)
+	}
+	if cfg.APIVersion != SchemeGroupVersion.String() || cfg.Kind != GpuConfigKind {
+		return nil, fmt.Errorf("fgpu opaque config must be apiVersion %s, kind %s; got apiVersion %q, kind %q",
+			SchemeGroupVersion, GpuConfigKind, cfg.APIVersion, cfg.Kind)
+	}
+	return &cfg, nil
+}
+
+// Validate checks the config on its own, without knowing the GPU or the allocation.
+func (c *GpuConfig) Validate() error {
+	switch c.Mode {
+	case "", SharingModeMPS, SharingModeTimeSlicing:
+	default:
+		return fmt.Errorf("unknown sharing mode %q: must be %q or %q", c.Mode, SharingModeMPS, SharingModeTimeSlicing)
+	}
+	if c.MemoryLimit != nil && c.MemoryLimit.Sign() <= 0 {
+		return fmt.Errorf("memoryLimit %s must be positive", c.MemoryLimit)
+	}
+	if c.ComputePercent != nil && (*c.ComputePercent < 1 || *c.ComputePercent > 100) {
+		return fmt.Errorf("computePercent %d must be between 1 and 100", *c.ComputePercent)
+	}
+	if c.IsolationDomain != "" && !isDNSLabel(c.IsolationDomain) {
+		return fmt.Errorf("isolationDomain %q must be a DNS label (lowercase letters, digits, '-', at most 63)", c.IsolationDomain)
+	}
+	return nil
+}
+
+// Normalize fills the defaults that do not depend on the allocation.
+func (c *GpuConfig) Normalize() {
+	if c.Mode == "" {
+		c.Mode = SharingModeMPS
+	}
+	if c.IsolationDomain == "" {
+		c.IsolationDomain = DefaultIsolationDomain
+	}
+}
+
+func isDNSLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return true
+}

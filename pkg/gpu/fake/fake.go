@@ -1,0 +1,217 @@
+// Package fake is a GPU backend that needs no GPU: a deterministic fleet described by a flag
+// or a small YAML file, with real device node files so CDI specs that name them apply.
+package fake
+
+import (
+	"crypto/sha1"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+	"sigs.k8s.io/yaml"
+
+	"github.com/fgpu-dev/fgpu/pkg/gpu"
+)
+
+// Model is a GPU product the fake backend can pretend to be.
+type Model struct {
+	ProductName           string
+	Architecture          string
+	CUDAComputeCapability string
+	MemoryBytes           int64
+}
+
+const gib = int64(1) << 30
+
+// Models are the fake products by the short names used in specs such as 4xH100-80GB.
+var Models = map[string]Model{
+	"H100-80GB":  {"NVIDIA H100 80GB HBM3", "Hopper", "9.0", 80 * gib},
+	"H200-141GB": {"NVIDIA H200", "Hopper", "9.0", 141 * gib},
+	"A100-40GB":  {"NVIDIA A100-SXM4-40GB", "Ampere", "8.0", 40 * gib},
+	"A100-80GB":  {"NVIDIA A100-SXM4-80GB", "Ampere", "8.0", 80 * gib},
+	"L4-24GB":    {"NVIDIA L4", "Ada Lovelace", "8.9", 24 * gib},
+	"T4-16GB":    {"Tesla T4", "Turing", "7.5", 16 * gib},
+}
+
+// Fleet is the YAML form of a fake node's GPUs.
+type Fleet struct {
+	// GPUs lists the node's GPUs in index order.
+	GPUs []FleetGPU `json:"gpus"`
+}
+
+// FleetGPU is one entry of a Fleet: a model name, optionally repeated.
+type FleetGPU struct {
+	Model string `json:"model"`
+	Count int    `json:"count,omitempty"`
+}
+
+const (
+	driverVersion     = "580.65.06"
+	cudaDriverVersion = "13.0"
+	// nullMajor/nullMinor make the fake device nodes behave like /dev/null inside containers.
+	nullMajor, nullMinor = 1, 3
+)
+
+// Backend is the fake GPU backend.
+type Backend struct {
+	devices []gpu.Device
+	mpsBin  string
+
+	mu    sync.Mutex
+	modes map[string]gpu.ComputeMode
+}
+
+var specRE = regexp.MustCompile(`^(\d+)x([A-Za-z0-9-]+)$`)
+
+// ParseSpec parses "4xH100-80GB" or "2xH100-80GB,1xA100-40GB" into a fleet.
+func ParseSpec(spec string) (Fleet, error) {
+	var f Fleet
+	for _, part := range strings.Split(spec, ",") {
+		m := specRE.FindStringSubmatch(strings.TrimSpace(part))
+		if m == nil {
+			return Fleet{}, fmt.Errorf("fake GPU spec %q: want <count>x<model>, e.g. 4xH100-80GB", part)
+		}
+		n, _ := strconv.Atoi(m[1])
+		f.GPUs = append(f.GPUs, FleetGPU{Model: m[2], Count: n})
+	}
+	return f, nil
+}
+
+// LoadFleetFile reads a YAML fleet description.
+func LoadFleetFile(path string) (Fleet, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return Fleet{}, fmt.Errorf("read fake GPU fleet: %w", err)
+	}
+	var f Fleet
+	if err := yaml.UnmarshalStrict(raw, &f); err != nil {
+		return Fleet{}, fmt.Errorf("parse fake GPU fleet %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// New builds the fleet for one node. The node name seeds the UUIDs so that every node of
+// a fake cluster has distinct, stable GPUs. devDir receives the fake device nodes.
+func New(f Fleet, nodeName, devDir, mpsControlBinary string) (*Backend, error) {
+	b := &Backend{mpsBin: mpsControlBinary, modes: map[string]gpu.ComputeMode{}}
+	if err := os.MkdirAll(devDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create fake device directory: %w", err)
+	}
+	shared := []string{filepath.Join(devDir, "nvidiactl"), filepath.Join(devDir, "nvidia-uvm")}
+	for _, p := range shared {
+		if err := ensureDeviceNode(p); err != nil {
+			return nil, err
+		}
+	}
+	for _, g := range f.GPUs {
+		model, ok := Models[g.Model]
+		if !ok {
+			return nil, fmt.Errorf("unknown fake GPU model %q (known: %s)", g.Model, knownModels())
+		}
+		count := g.Count
+		if count == 0 {
+			count = 1
+		}
+		if count < 0 || len(b.devices)+count > 64 {
+			return nil, fmt.Errorf("fake GPU count %d out of range (a node has 1-64 GPUs)", g.Count)
+		}
+		for i := 0; i < count; i++ {
+			idx := len(b.devices)
+			node := filepath.Join(devDir, fmt.Sprintf("nvidia%d", idx))
+			if err := ensureDeviceNode(node); err != nil {
+				return nil, err
+			}
+			b.devices = append(b.devices, gpu.Device{
+				Index:                 idx,
+				UUID:                  fakeUUID(nodeName, idx),
+				ProductName:           model.ProductName,
+				Architecture:          model.Architecture,
+				CUDAComputeCapability: model.CUDAComputeCapability,
+				DriverVersion:         driverVersion,
+				CUDADriverVersion:     cudaDriverVersion,
+				MemoryBytes:           model.MemoryBytes,
+				Minor:                 idx,
+				PCIBusID:              fmt.Sprintf("0000:%02x:00.0", 0x18+idx*0x10),
+				NUMANode:              idx * 2 / max(len(f.GPUs), 2),
+				ComputeMode:           gpu.ComputeModeDefault,
+				DeviceNodes:           append([]string{node}, shared...),
+			})
+		}
+	}
+	if len(b.devices) == 0 {
+		return nil, errors.New("fake GPU fleet is empty")
+	}
+	return b, nil
+}
+
+// Devices implements gpu.Backend.
+func (b *Backend) Devices() ([]gpu.Device, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]gpu.Device, len(b.devices))
+	for i, d := range b.devices {
+		if m, ok := b.modes[d.UUID]; ok {
+			d.ComputeMode = m
+		}
+		out[i] = d
+	}
+	return out, nil
+}
+
+// SetComputeMode implements gpu.Backend.
+func (b *Backend) SetComputeMode(uuid string, mode gpu.ComputeMode) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, d := range b.devices {
+		if d.UUID == uuid {
+			b.modes[uuid] = mode
+			return nil
+		}
+	}
+	return fmt.Errorf("no fake GPU with UUID %s", uuid)
+}
+
+// MPSControlBinary implements gpu.Backend: the stand-in control daemon.
+func (b *Backend) MPSControlBinary() string { return b.mpsBin }
+
+// Close implements gpu.Backend.
+func (b *Backend) Close() error { return nil }
+
+func fakeUUID(nodeName string, idx int) string {
+	h := sha1.Sum([]byte(fmt.Sprintf("%s/%d", nodeName, idx)))
+	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
+}
+
+// ensureDeviceNode creates a character device that behaves like /dev/null, so that a CDI
+// spec naming it is applied by the container runtime like a real GPU node.
+func ensureDeviceNode(path string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err == nil {
+		if st.Mode&unix.S_IFMT == unix.S_IFCHR {
+			return nil
+		}
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("replace non-device %s: %w", path, err)
+		}
+	}
+	if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(nullMajor, nullMinor))); err != nil {
+		return fmt.Errorf("create fake device node %s (needs root or CAP_MKNOD): %w", path, err)
+	}
+	return nil
+}
+
+func knownModels() string {
+	names := make([]string, 0, len(Models))
+	for n := range Models {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}

@@ -1,0 +1,100 @@
+package fake
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fgpu-dev/fgpu/pkg/gpu"
+)
+
+func TestParseSpec(t *testing.T) {
+	f, err := ParseSpec("2xH100-80GB,1xA100-40GB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.GPUs) != 2 || f.GPUs[0] != (FleetGPU{"H100-80GB", 2}) || f.GPUs[1] != (FleetGPU{"A100-40GB", 1}) {
+		t.Fatalf("parsed %+v", f)
+	}
+	for _, bad := range []string{"", "H100", "x2H100", "2xH100 80GB"} {
+		if _, err := ParseSpec(bad); err == nil {
+			t.Errorf("ParseSpec(%q) accepted a malformed spec", bad)
+		}
+	}
+}
+
+func TestNewFleetIsDeterministicWithRealDeviceNodes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("creating device nodes needs root")
+	}
+	f, _ := ParseSpec("2xH100-80GB,1xA100-40GB")
+	dir := t.TempDir()
+	b, err := New(f, "node-a", dir, "fake-mps-control")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, _ := b.Devices()
+	if len(devs) != 3 {
+		t.Fatalf("got %d GPUs, want 3", len(devs))
+	}
+	if devs[0].Name() != "gpu-0" || devs[2].ProductName != "NVIDIA A100-SXM4-40GB" || devs[0].MemoryBytes != 80<<30 {
+		t.Fatalf("unexpected devices %+v", devs)
+	}
+	for _, d := range devs {
+		for _, p := range d.DeviceNodes {
+			var st unix.Stat_t
+			if err := unix.Stat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+				t.Fatalf("%s is not a character device: %v", p, err)
+			}
+		}
+	}
+	if devs[1].DeviceNodes[0] != filepath.Join(dir, "nvidia1") {
+		t.Fatalf("gpu-1 node %s", devs[1].DeviceNodes[0])
+	}
+
+	again, err := New(f, "node-a", dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs2, _ := again.Devices()
+	other, _ := New(f, "node-b", t.TempDir(), "")
+	devsB, _ := other.Devices()
+	if devs2[0].UUID != devs[0].UUID || devsB[0].UUID == devs[0].UUID || devs[0].UUID == devs[1].UUID {
+		t.Fatalf("UUIDs must be stable per node and distinct across GPUs and nodes: %s %s %s %s",
+			devs[0].UUID, devs2[0].UUID, devsB[0].UUID, devs[1].UUID)
+	}
+
+	if err := b.SetComputeMode(devs[1].UUID, gpu.ComputeModeExclusiveProcess); err != nil {
+		t.Fatal(err)
+	}
+	devs, _ = b.Devices()
+	if devs[1].ComputeMode != gpu.ComputeModeExclusiveProcess || devs[0].ComputeMode != gpu.ComputeModeDefault {
+		t.Fatalf("compute mode not recorded per GPU: %v %v", devs[0].ComputeMode, devs[1].ComputeMode)
+	}
+	if err := b.SetComputeMode("GPU-nope", gpu.ComputeModeDefault); err == nil {
+		t.Fatal("unknown UUID accepted")
+	}
+}
+
+func TestNewRefusesUnknownModel(t *testing.T) {
+	_, err := New(Fleet{GPUs: []FleetGPU{{Model: "B200"}}}, "n", t.TempDir(), "")
+	if err == nil || !strings.Contains(err.Error(), `unknown fake GPU model "B200"`) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestLoadFleetFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "fleet.yaml")
+	os.WriteFile(p, []byte("gpus:\n- model: L4-24GB\n  count: 2\n"), 0o644)
+	f, err := LoadFleetFile(p)
+	if err != nil || len(f.GPUs) != 1 || f.GPUs[0].Count != 2 {
+		t.Fatalf("got %+v, %v", f, err)
+	}
+	os.WriteFile(p, []byte("gpu:\n- model: L4-24GB\n"), 0o644)
+	if _, err := LoadFleetFile(p); err == nil {
+		t.Fatal("misspelled key accepted")
+	}
+}

@@ -1,0 +1,162 @@
+// Package checkpoint persists what the kubelet plugin has prepared, in two phases, so that a
+// plugin killed at any line can tell on restart what to finish or undo.
+package checkpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+)
+
+// Version identifies the checkpoint format; bump it on incompatible changes.
+const Version = "fgpu.dev/checkpoint/v1"
+
+// ClaimState is the phase a claim's preparation reached.
+type ClaimState string
+
+const (
+	// PrepareStarted is written before any side effect (MPS daemon, CDI spec): on restart an
+	// entry still in this state is rolled back, and the kubelet's retry prepares it afresh.
+	PrepareStarted ClaimState = "PrepareStarted"
+	// PrepareCompleted is written after every side effect succeeded.
+	PrepareCompleted ClaimState = "PrepareCompleted"
+)
+
+// Checkpoint is the plugin's durable state: every claim it prepared or began to prepare.
+type Checkpoint struct {
+	Version string                 `json:"version"`
+	Claims  map[string]*ClaimEntry `json:"claims"`
+}
+
+// ClaimEntry is one prepared claim, keyed by its UID in Checkpoint.Claims.
+type ClaimEntry struct {
+	Namespace string           `json:"namespace"`
+	Name      string           `json:"name"`
+	State     ClaimState       `json:"state"`
+	Devices   []PreparedDevice `json:"devices"`
+}
+
+// PreparedDevice is one allocated GPU share of a claim.
+type PreparedDevice struct {
+	Request        string `json:"request"`
+	Pool           string `json:"pool"`
+	Device         string `json:"device"`
+	GPUUUID        string `json:"gpuUUID"`
+	ShareID        string `json:"shareID,omitempty"`
+	MemoryBytes    int64  `json:"memoryBytes"`
+	ComputePercent int64  `json:"computePercent"`
+	// MemoryLimitBytes and ThreadPercent are the caps enforced (≤ the allocation).
+	MemoryLimitBytes int64    `json:"memoryLimitBytes"`
+	ThreadPercent    int64    `json:"threadPercent"`
+	Mode             string   `json:"mode"`
+	IsolationDomain  string   `json:"isolationDomain"`
+	MPSKey           string   `json:"mpsKey,omitempty"`
+	CDIDeviceIDs     []string `json:"cdiDeviceIDs"`
+}
+
+// New returns an empty checkpoint.
+func New() *Checkpoint { return &Checkpoint{Version: Version, Claims: map[string]*ClaimEntry{}} }
+
+// Validate checks a decoded checkpoint before the plugin trusts it.
+func (c *Checkpoint) Validate() error {
+	if c.Version != Version {
+		return fmt.Errorf("checkpoint version %q is not %q", c.Version, Version)
+	}
+	for uid, e := range c.Claims {
+		if e == nil {
+			return fmt.Errorf("checkpoint claim %s: empty entry", uid)
+		}
+		if e.State != PrepareStarted && e.State != PrepareCompleted {
+			return fmt.Errorf("checkpoint claim %s: unknown state %q", uid, e.State)
+		}
+		for _, d := range e.Devices {
+			if d.GPUUUID == "" || d.Device == "" || d.MemoryBytes < 0 || d.ComputePercent < 0 || d.ComputePercent > 100 {
+				return fmt.Errorf("checkpoint claim %s: invalid device %+v", uid, d)
+			}
+		}
+	}
+	return nil
+}
+
+// file is the on-disk envelope: the checksum catches a torn or hand-edited file.
+type file struct {
+	Checksum uint32          `json:"checksum"`
+	Data     json.RawMessage `json:"data"`
+}
+
+// Store reads and writes one checkpoint file atomically.
+type Store struct{ path string }
+
+// NewStore returns a store for the checkpoint at path.
+func NewStore(path string) *Store { return &Store{path: path} }
+
+// Load reads the checkpoint; a missing file is an empty checkpoint.
+func (s *Store) Load() (*Checkpoint, error) {
+	raw, err := os.ReadFile(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return New(), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint: %w", err)
+	}
+	var f file
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return nil, fmt.Errorf("decode checkpoint %s: %w", s.path, err)
+	}
+	if sum := crc32.ChecksumIEEE(f.Data); sum != f.Checksum {
+		return nil, fmt.Errorf("checkpoint %s is corrupt: checksum %08x, want %08x", s.path, sum, f.Checksum)
+	}
+	cp := New()
+	if err := json.Unmarshal(f.Data, cp); err != nil {
+		return nil, fmt.Errorf("decode checkpoint %s: %w", s.path, err)
+	}
+	if cp.Claims == nil {
+		cp.Claims = map[string]*ClaimEntry{}
+	}
+	return cp, cp.Validate()
+}
+
+// Save writes the checkpoint with write-fsync-rename so a crash leaves the old or the new
+// file, never a torn one.
+func (s *Store) Save(cp *Checkpoint) error {
+	data, err := json.Marshal(cp)
+	if err != nil {
+		return err
+	}
+	raw, err := json.Marshal(file{Checksum: crc32.ChecksumIEEE(data), Data: data})
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(s.path)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("create checkpoint directory: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".checkpoint-*")
+	if err != nil {
+		return fmt.Errorf("write checkpoint: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(raw); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write checkpoint: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync checkpoint: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write checkpoint: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), s.path); err != nil {
+		return fmt.Errorf("replace checkpoint: %w", err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

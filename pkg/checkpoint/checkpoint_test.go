@@ -1,0 +1,73 @@
+package checkpoint
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func sample() *Checkpoint {
+	cp := New()
+	cp.Claims["uid-1"] = &ClaimEntry{Namespace: "ns", Name: "c1", State: PrepareCompleted, Devices: []PreparedDevice{{
+		Request: "gpu", Pool: "node", Device: "gpu-0", GPUUUID: "GPU-1", ShareID: "s", MemoryBytes: 10 << 30,
+		ComputePercent: 25, MemoryLimitBytes: 10 << 30, ThreadPercent: 25, Mode: "mps", IsolationDomain: "default",
+		MPSKey: "default-gpu-1", CDIDeviceIDs: []string{"fgpu.dev/gpu=uid-1-gpu-0"},
+	}}}
+	cp.Claims["uid-2"] = &ClaimEntry{Namespace: "ns", Name: "c2", State: PrepareStarted}
+	return cp
+}
+
+func TestRoundTrip(t *testing.T) {
+	s := NewStore(filepath.Join(t.TempDir(), "sub", "checkpoint.json"))
+	empty, err := s.Load()
+	if err != nil || len(empty.Claims) != 0 {
+		t.Fatalf("missing file should load empty: %v %v", empty, err)
+	}
+	if err := s.Save(sample()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, sample()) {
+		t.Fatalf("round trip changed the checkpoint:\n%+v\n%+v", got, sample())
+	}
+}
+
+func TestLoadDetectsCorruption(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	s := NewStore(path)
+	if err := s.Save(sample()); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(path)
+	os.WriteFile(path, []byte(strings.Replace(string(raw), "gpu-0", "gpu-9", 1)), 0o600)
+	if _, err := s.Load(); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("edited checkpoint accepted: %v", err)
+	}
+	os.WriteFile(path, raw[:len(raw)/2], 0o600)
+	if _, err := s.Load(); err == nil {
+		t.Fatal("truncated checkpoint accepted")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	cp := sample()
+	cp.Version = "v0"
+	if err := cp.Validate(); err == nil {
+		t.Fatal("wrong version accepted")
+	}
+	cp = sample()
+	cp.Claims["uid-2"].State = "Half"
+	if err := cp.Validate(); err == nil {
+		t.Fatal("unknown state accepted")
+	}
+	cp = sample()
+	cp.Claims["uid-1"].Devices[0].ComputePercent = 120
+	if err := cp.Validate(); err == nil {
+		t.Fatal("compute over 100 accepted")
+	}
+}

@@ -1,0 +1,202 @@
+// Package fakecontrol is a stand-in for nvidia-cuda-mps-control on machines without a GPU.
+// It speaks the same interface (-d to start a daemon; commands on stdin, with
+// CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY in the environment) and records the
+// limits it was given in StateFile under the log directory, so tests and the demo can show
+// what a real daemon would have enforced.
+package fakecontrol
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// StateFile is the name of the JSON state file in the log directory.
+const StateFile = "fake-mps-state.json"
+
+const daemonEnv = "FGPU_FAKE_MPS_DAEMON"
+
+// State is what the stand-in daemon was told.
+type State struct {
+	PID                           int               `json:"pid"`
+	VisibleDevices                string            `json:"visibleDevices"`
+	DefaultActiveThreadPercentage string            `json:"defaultActiveThreadPercentage,omitempty"`
+	DefaultPinnedMemLimit         map[string]string `json:"defaultPinnedMemLimit,omitempty"`
+}
+
+// ReadState reads the state a daemon recorded in logDir.
+func ReadState(logDir string) (State, error) {
+	var s State
+	raw, err := os.ReadFile(filepath.Join(logDir, StateFile))
+	if err != nil {
+		return s, err
+	}
+	return s, json.Unmarshal(raw, &s)
+}
+
+// Main runs the stand-in with the given arguments and returns the exit code.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	pipeDir, logDir := os.Getenv("CUDA_MPS_PIPE_DIRECTORY"), os.Getenv("CUDA_MPS_LOG_DIRECTORY")
+	if pipeDir == "" || logDir == "" {
+		fmt.Fprintln(stderr, "CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY must be set")
+		return 2
+	}
+	sock := filepath.Join(pipeDir, "control")
+	switch {
+	case os.Getenv(daemonEnv) == "1":
+		if err := serve(sock, logDir); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		return 0
+	case len(args) == 1 && args[0] == "-d":
+		if err := daemonize(sock); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		return 0
+	case len(args) == 0:
+		return client(sock, stdin, stdout, stderr)
+	default:
+		fmt.Fprintf(stderr, "usage: %s [-d]\n", filepath.Base(os.Args[0]))
+		return 2
+	}
+}
+
+// daemonize re-runs this binary as a detached daemon and waits until it listens, as the
+// real control binary returns only once the daemon is up.
+func daemonize(sock string) error {
+	if c, err := net.Dial("unix", sock); err == nil {
+		c.Close()
+		return errors.New("An instance of this daemon is already running")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), daemonEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start daemon: %w", err)
+	}
+	go cmd.Wait()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			return nil
+		}
+	}
+	return errors.New("daemon did not start listening within 5s")
+}
+
+func serve(sock, logDir string) error {
+	os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return err
+	}
+	st := State{PID: os.Getpid(), VisibleDevices: os.Getenv("CUDA_VISIBLE_DEVICES"), DefaultPinnedMemLimit: map[string]string{}}
+	if err := st.save(logDir); err != nil {
+		return err
+	}
+	logf(logDir, "Starting control daemon")
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	go func() { <-sigs; ln.Close() }()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			os.Remove(sock)
+			return nil
+		}
+		if quit := handle(conn, &st, logDir); quit {
+			ln.Close()
+			os.Remove(sock)
+			logf(logDir, "Exit")
+			return nil
+		}
+	}
+}
+
+func handle(conn net.Conn, st *State, logDir string) (quit bool) {
+	defer conn.Close()
+	sc := bufio.NewScanner(conn)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		logf(logDir, "CMD "+line)
+		f := strings.Fields(line)
+		reply := ""
+		switch {
+		case f[0] == "quit":
+			quit = true
+		case f[0] == "get_server_list":
+		case f[0] == "set_default_active_thread_percentage" && len(f) == 2:
+			st.DefaultActiveThreadPercentage = f[1]
+			reply = f[1]
+		case f[0] == "set_default_device_pinned_mem_limit" && len(f) == 3:
+			st.DefaultPinnedMemLimit[f[1]] = f[2]
+		default:
+			reply = "Unrecognized command: " + line
+		}
+		if err := st.save(logDir); err != nil {
+			reply = err.Error()
+		}
+		fmt.Fprintln(conn, reply)
+	}
+	return quit
+}
+
+func client(sock string, stdin io.Reader, stdout, stderr io.Writer) int {
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		fmt.Fprintln(stderr, "Cannot find MPS control daemon process")
+		return 1
+	}
+	defer conn.Close()
+	if _, err := io.Copy(conn, stdin); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	conn.(*net.UnixConn).CloseWrite()
+	out, _ := io.ReadAll(conn)
+	text := strings.TrimSpace(string(out))
+	if text != "" {
+		fmt.Fprintln(stdout, text)
+	}
+	if strings.Contains(text, "Unrecognized command") {
+		return 1
+	}
+	return 0
+}
+
+func (s *State) save(logDir string) error {
+	raw, _ := json.Marshal(s)
+	tmp := filepath.Join(logDir, StateFile+".tmp")
+	if err := os.WriteFile(tmp, raw, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(logDir, StateFile))
+}
+
+func logf(logDir, msg string) {
+	f, err := os.OpenFile(filepath.Join(logDir, "control.log"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "[%s] %s\n", time.Now().UTC().Format(time.RFC3339Nano), msg)
+}

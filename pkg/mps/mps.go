@@ -1,0 +1,179 @@
+// Package mps runs one MPS control daemon per GPU and isolation domain, each with its own
+// pipe and log directories, through nvidia-cuda-mps-control's own command interface. The
+// fake backend points Binary at a stand-in that speaks the same interface, so this code
+// path is the one real GPUs use.
+package mps
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Daemon identifies one control daemon: a GPU and the isolation domain it serves.
+type Daemon struct {
+	GPUUUID string
+	Domain  string
+}
+
+// Key is the daemon's directory name under the manager's root; it is stable, so a
+// restarted plugin finds the daemons it started before.
+func (d Daemon) Key() string {
+	return fmt.Sprintf("%s_%s", d.Domain, strings.ToLower(d.GPUUUID))
+}
+
+var keyRE = regexp.MustCompile(`^[a-z0-9-]+_[a-z0-9-]+$`)
+
+// Limits are the server-side defaults: a client can only lower them, so they bound a
+// tenant that drops the per-claim environment.
+type Limits struct {
+	PinnedMemBytes int64 // 0: no default
+	ThreadPercent  int64 // 0: no default
+}
+
+// Manager starts, configures and stops control daemons under Root.
+type Manager struct {
+	Root   string
+	Binary string
+	// Timeout bounds one control command.
+	Timeout time.Duration
+}
+
+// PipeDir is where clients find the daemon (CUDA_MPS_PIPE_DIRECTORY).
+func (m *Manager) PipeDir(key string) string { return filepath.Join(m.Root, key, "pipe") }
+
+// LogDir is the daemon's log directory (CUDA_MPS_LOG_DIRECTORY).
+func (m *Manager) LogDir(key string) string { return filepath.Join(m.Root, key, "log") }
+
+// Running reports whether the daemon answers on its pipe directory.
+func (m *Manager) Running(ctx context.Context, key string) bool {
+	_, err := m.control(ctx, key, nil, "get_server_list")
+	return err == nil
+}
+
+// Ensure starts the daemon if it is not running and sets its defaults. Idempotent.
+func (m *Manager) Ensure(ctx context.Context, d Daemon, limits Limits) error {
+	key := d.Key()
+	for _, dir := range []string{m.PipeDir(key), m.LogDir(key)} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create MPS directory: %w", err)
+		}
+	}
+	if !m.Running(ctx, key) {
+		// A daemon killed with its container leaves its pipe files; a new one needs them gone.
+		if err := clearDir(m.PipeDir(key)); err != nil {
+			return err
+		}
+		env := []string{"CUDA_VISIBLE_DEVICES=" + d.GPUUUID}
+		if out, err := m.run(ctx, key, env, nil, "-d"); err != nil {
+			return fmt.Errorf("start MPS control daemon for GPU %s (domain %s): %w: %s", d.GPUUUID, d.Domain, err, out)
+		}
+	}
+	var cmds []string
+	if limits.ThreadPercent > 0 {
+		cmds = append(cmds, fmt.Sprintf("set_default_active_thread_percentage %d", limits.ThreadPercent))
+	}
+	if limits.PinnedMemBytes > 0 {
+		cmds = append(cmds, fmt.Sprintf("set_default_device_pinned_mem_limit 0 %dM", limits.PinnedMemBytes>>20))
+	}
+	if len(cmds) > 0 {
+		if out, err := m.control(ctx, key, nil, cmds...); err != nil {
+			return fmt.Errorf("set MPS defaults for GPU %s (domain %s): %w: %s", d.GPUUUID, d.Domain, err, out)
+		}
+	}
+	return nil
+}
+
+// Stop quits the daemon and removes its directories. Idempotent.
+func (m *Manager) Stop(ctx context.Context, key string) error {
+	if !keyRE.MatchString(key) {
+		return fmt.Errorf("refusing to stop MPS daemon with malformed key %q", key)
+	}
+	if m.Running(ctx, key) {
+		if out, err := m.control(ctx, key, nil, "quit"); err != nil {
+			return fmt.Errorf("stop MPS control daemon %s: %w: %s", key, err, out)
+		}
+		if err := m.waitStopped(ctx, key); err != nil {
+			return err
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(m.Root, key)); err != nil {
+		return fmt.Errorf("remove MPS directories of %s: %w", key, err)
+	}
+	return nil
+}
+
+// Keys lists the daemon directories present under Root, running or not.
+func (m *Manager) Keys() ([]string, error) {
+	entries, err := os.ReadDir(m.Root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	for _, e := range entries {
+		if e.IsDir() && keyRE.MatchString(e.Name()) {
+			keys = append(keys, e.Name())
+		}
+	}
+	return keys, nil
+}
+
+func (m *Manager) waitStopped(ctx context.Context, key string) error {
+	deadline := time.Now().Add(m.timeout())
+	for m.Running(ctx, key) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("MPS control daemon %s did not quit within %s", key, m.timeout())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+func (m *Manager) control(ctx context.Context, key string, env []string, cmds ...string) (string, error) {
+	return m.run(ctx, key, env, []byte(strings.Join(cmds, "\n")+"\n"))
+}
+
+func (m *Manager) run(ctx context.Context, key string, env []string, stdin []byte, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.timeout())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, m.Binary, args...)
+	cmd.Env = append(os.Environ(),
+		"CUDA_MPS_PIPE_DIRECTORY="+m.PipeDir(key),
+		"CUDA_MPS_LOG_DIRECTORY="+m.LogDir(key))
+	cmd.Env = append(cmd.Env, env...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func (m *Manager) timeout() time.Duration {
+	if m.Timeout > 0 {
+		return m.Timeout
+	}
+	return 10 * time.Second
+}
+
+func clearDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return fmt.Errorf("clear stale MPS pipe directory: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,172 @@
+package placement
+
+// fragModel measures a node's GPU fragmentation against a workload, as FGD
+// defines it: for each shape, the free GPU share that shape could not use,
+// weighted by how often the shape occurs. A shape the node cannot host at all
+// (CPU short, model not allowed, too few GPUs with enough free share, or no
+// GPU wanted) leaves the whole free share unusable; one it can host leaves
+// unusable the GPUs whose free share is below the shape's per-GPU demand.
+type fragModel struct {
+	shapes []fragShape
+	// byModels caches, per set of node GPU models, the shapes that can use
+	// the node and the weight of those that cannot (they count all free GPU
+	// share as fragment whatever the node's state).
+	byModels map[uint64]*modelView
+	c        *Cluster
+	// memo caches frag by node state: the fragmentation of a state depends
+	// only on (models, free CPU, multiset of free GPU shares), and in a
+	// cluster of identical machines the same states recur across nodes and
+	// decisions.
+	memo map[fragKey]float64
+}
+
+// fragKey identifies a node state for the memo (nodes of up to 8 GPUs of
+// one capacity below 32768 units).
+type fragKey struct {
+	models uint64
+	cpu    int64
+	capa   int32
+	n      uint8
+	free   [8]int16
+}
+
+const memoLimit = 1 << 20
+
+type fragShape struct {
+	cpu, share int64 // share 0 = whole GPUs
+	gpus       int
+	mask       uint64 // 0 = any model
+	none       bool   // asks for models the cluster lacks
+	p          float64
+}
+
+type modelView struct {
+	shapes []fragShape
+	fixed  float64
+}
+
+func newFragModel(c *Cluster, w Workload) *fragModel {
+	fm := &fragModel{byModels: map[uint64]*modelView{}, c: c, memo: map[fragKey]float64{}}
+	for _, s := range w {
+		fs := fragShape{cpu: s.CPUMilli, gpus: s.GPUs, share: s.Share, p: s.Weight}
+		if s.Share >= DefaultGPUCapacity {
+			fs.share = 0
+		}
+		if s.Models != "" {
+			fs.mask, _ = c.modelMask(splitModels(s.Models))
+			fs.none = fs.mask == 0
+		}
+		fm.shapes = append(fm.shapes, fs)
+	}
+	return fm
+}
+
+func (fm *fragModel) view(models uint64) *modelView {
+	if v, ok := fm.byModels[models]; ok {
+		return v
+	}
+	v := &modelView{}
+	for _, s := range fm.shapes {
+		if s.gpus == 0 || s.none || (s.mask != 0 && s.mask&models == 0) {
+			v.fixed += s.p
+		} else {
+			v.shapes = append(v.shapes, s)
+		}
+	}
+	fm.byModels[models] = v
+	return v
+}
+
+// frag is the expected unusable free GPU share of a node with models, cpu
+// free CPU and the given free/capacity per GPU.
+func (fm *fragModel) frag(models uint64, cpu int64, free, capa []int64) float64 {
+	k, ok := makeKey(models, cpu, free, capa)
+	if !ok {
+		return fm.compute(models, cpu, free, capa)
+	}
+	if v, hit := fm.memo[k]; hit {
+		return v
+	}
+	v := fm.compute(models, cpu, free, capa)
+	if len(fm.memo) >= memoLimit {
+		clear(fm.memo)
+	}
+	fm.memo[k] = v
+	return v
+}
+
+func makeKey(models uint64, cpu int64, free, capa []int64) (fragKey, bool) {
+	k := fragKey{models: models, cpu: cpu, n: uint8(len(free))}
+	if len(free) > len(k.free) {
+		return k, false
+	}
+	if len(capa) > 0 {
+		k.capa = int32(capa[0])
+	}
+	for i, f := range free {
+		if capa[i] != int64(k.capa) || capa[i] > 32767 {
+			return k, false
+		}
+		// insertion sort: the state is a multiset of free shares
+		j := i
+		for ; j > 0 && k.free[j-1] > int16(f); j-- {
+			k.free[j] = k.free[j-1]
+		}
+		k.free[j] = int16(f)
+	}
+	return k, true
+}
+
+func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float64 {
+	var total int64
+	for _, f := range free {
+		total += f
+	}
+	if total == 0 {
+		return 0
+	}
+	v := fm.view(models)
+	out := v.fixed * float64(total)
+	for i := range v.shapes {
+		s := &v.shapes[i]
+		if cpu < s.cpu {
+			out += s.p * float64(total)
+			continue
+		}
+		var below int64
+		n := 0
+		for g, f := range free {
+			if (s.share == 0 && f >= capa[g]) || (s.share > 0 && f >= s.share) {
+				n++
+			} else {
+				below += f
+			}
+		}
+		if n >= s.gpus {
+			out += s.p * float64(below)
+		} else {
+			out += s.p * float64(total)
+		}
+	}
+	return out
+}
+
+// nodeFrag is the fragmentation of node n as it is now.
+func (fm *fragModel) nodeFrag(n int) float64 {
+	nd := &fm.c.nodes[n]
+	return fm.frag(nd.models, nd.cpuFree, nd.gpuFree, nd.gpuCap)
+}
+
+func splitModels(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == '|' {
+			if i > start {
+				out = append(out, s[start:i])
+			}
+			start = i + 1
+		}
+	}
+	return out
+}

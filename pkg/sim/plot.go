@@ -1,0 +1,6 @@
+package sim
+
+import "errors"
+
+// PlotFile draws allocation curves to a PNG.
+func PlotFile(path, title string, sums []*Summary) error { return errors.New("not yet") }

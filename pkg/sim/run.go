@@ -1,0 +1,159 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/fgpu-dev/fgpu/pkg/placement"
+)
+
+// Class groups pods for reporting failed GPU demand.
+type Class int
+
+const (
+	CPUOnly Class = iota
+	Fractional
+	OneGPU
+	MultiGPU
+	numClasses
+)
+
+var classNames = [...]string{"cpu_only", "fractional", "one_gpu", "multi_gpu"}
+
+func (c Class) String() string { return classNames[c] }
+
+// ClassOf classifies a request.
+func ClassOf(r *placement.Request) Class {
+	switch {
+	case r.GPUs == 0:
+		return CPUOnly
+	case r.GPUs == 1 && !r.Whole():
+		return Fractional
+	case r.GPUs == 1:
+		return OneGPU
+	}
+	return MultiGPU
+}
+
+// Config is one replay.
+type Config struct {
+	Nodes  []placement.NodeSpec
+	Pods   []placement.Request
+	Policy string
+	Seed   int64
+	Tune   float64 // arrived GPU demand / cluster GPU capacity at the end
+	Batch  int     // pods decided together; 1 = online
+	Step   float64 // curve resolution in fractions of capacity (0.1)
+	// Shapes is the workload distribution given to the policy; nil derives
+	// it from Pods with placement.TypicalShapes.
+	Shapes placement.Workload
+	// NewPolicy, when set, builds the policy instead of placement.New (for
+	// ablations and tests).
+	NewPolicy func(placement.Workload) placement.Policy
+}
+
+// Point is the GPU allocation ratio once arrived demand reached Arrived
+// (both fractions of cluster GPU capacity).
+type Point struct {
+	Arrived, Alloc float64
+}
+
+// Result is one replay's outcome.
+type Result struct {
+	Seed        int64
+	Curve       []Point
+	Final       Point
+	Placed      int
+	Failed      [numClasses]int
+	FailedMilli [numClasses]int64
+	Reasons     map[string]int
+	Decisions   []time.Duration // one per pod
+}
+
+// AllocAt returns the allocation ratio on the curve at arrived fraction x
+// (the last point at or before it; the final state past the end).
+func (r *Result) AllocAt(x float64) float64 {
+	if x >= r.Final.Arrived-1e-9 {
+		return r.Final.Alloc
+	}
+	v := 0.0
+	for _, p := range r.Curve {
+		if p.Arrived <= x+1e-9 {
+			v = p.Alloc
+		}
+	}
+	return v
+}
+
+// Run replays one seed.
+func Run(cfg Config) (*Result, error) {
+	if cfg.Tune <= 0 {
+		return nil, errors.New("tune must be positive")
+	}
+	if cfg.Batch < 1 {
+		cfg.Batch = 1
+	}
+	if cfg.Step <= 0 {
+		cfg.Step = 0.1
+	}
+	c, err := placement.NewCluster(cfg.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	if c.GPUCapacity() == 0 {
+		return nil, errors.New("cluster has no GPUs")
+	}
+	shapes := cfg.Shapes
+	if shapes == nil {
+		shapes = placement.TypicalShapes(cfg.Pods, 1.0)
+	}
+	var pol placement.Policy
+	if cfg.NewPolicy != nil {
+		pol = cfg.NewPolicy(shapes)
+	} else if pol, err = placement.New(cfg.Policy, shapes); err != nil {
+		return nil, err
+	}
+	s := placement.NewScheduler(c, pol, cfg.Seed)
+	capa := float64(c.GPUCapacity())
+	seq := Arrivals(cfg.Pods, c.GPUCapacity(), cfg.Tune, cfg.Seed)
+	res := &Result{Seed: cfg.Seed, Reasons: map[string]int{}, Decisions: make([]time.Duration, 0, len(seq))}
+	var arrived int64
+	next := cfg.Step
+	batch := make([]*placement.Request, 0, cfg.Batch)
+	for start := 0; start < len(seq); start += cfg.Batch {
+		batch = batch[:0]
+		for _, k := range seq[start:min(start+cfg.Batch, len(seq))] {
+			batch = append(batch, &cfg.Pods[k])
+			arrived += cfg.Pods[k].GPUDemand()
+		}
+		if len(batch) > 1 {
+			sort.SliceStable(batch, func(i, j int) bool { return placement.Before(batch[i], batch[j]) })
+		}
+		for _, r := range batch {
+			t0 := time.Now()
+			_, err := s.Allocate(r)
+			res.Decisions = append(res.Decisions, time.Since(t0))
+			if err != nil {
+				var ue *placement.UnplaceableError
+				if !errors.As(err, &ue) {
+					return nil, fmt.Errorf("pod %s: %w", r.Name, err)
+				}
+				cl := ClassOf(r)
+				res.Failed[cl]++
+				res.FailedMilli[cl] += r.GPUDemand()
+				res.Reasons[ue.Reason.String()]++
+				continue
+			}
+			res.Placed++
+		}
+		alloc := (capa - float64(c.GPUFree())) / capa
+		for float64(arrived) >= next*capa-1e-6 {
+			res.Curve = append(res.Curve, Point{Arrived: next, Alloc: alloc})
+			next += cfg.Step
+		}
+		res.Final = Point{Arrived: float64(arrived) / capa, Alloc: alloc}
+	}
+	return res, nil
+}

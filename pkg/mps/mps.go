@@ -7,6 +7,7 @@ package mps
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -24,12 +25,18 @@ type Daemon struct {
 }
 
 // Key is the daemon's directory name under the manager's root; it is stable, so a
-// restarted plugin finds the daemons it started before.
+// restarted plugin finds the daemons it started before. It is short because the pipe
+// directory holds a unix socket, whose path may not exceed 107 bytes.
 func (d Daemon) Key() string {
-	return fmt.Sprintf("%s_%s", d.Domain, strings.ToLower(d.GPUUUID))
+	domain := d.Domain
+	if len(domain) > 20 {
+		domain = domain[:20]
+	}
+	sum := sha256.Sum256([]byte(d.GPUUUID + "/" + d.Domain))
+	return fmt.Sprintf("%s_%x", domain, sum[:6])
 }
 
-var keyRE = regexp.MustCompile(`^[a-z0-9-]+_[a-z0-9-]+$`)
+var keyRE = regexp.MustCompile(`^[a-z0-9-]+_[0-9a-f]{12}$`)
 
 // Limits are the server-side defaults: a client can only lower them, so they bound a
 // tenant that drops the per-claim environment.
@@ -52,6 +59,9 @@ func (m *Manager) PipeDir(key string) string { return filepath.Join(m.Root, key,
 // LogDir is the daemon's log directory (CUDA_MPS_LOG_DIRECTORY).
 func (m *Manager) LogDir(key string) string { return filepath.Join(m.Root, key, "log") }
 
+// ShmDir is shared by the daemon's clients as their /dev/shm.
+func (m *Manager) ShmDir(key string) string { return filepath.Join(m.Root, key, "shm") }
+
 // Running reports whether the daemon answers on its pipe directory.
 func (m *Manager) Running(ctx context.Context, key string) bool {
 	_, err := m.control(ctx, key, nil, "get_server_list")
@@ -61,7 +71,7 @@ func (m *Manager) Running(ctx context.Context, key string) bool {
 // Ensure starts the daemon if it is not running and sets its defaults. Idempotent.
 func (m *Manager) Ensure(ctx context.Context, d Daemon, limits Limits) error {
 	key := d.Key()
-	for _, dir := range []string{m.PipeDir(key), m.LogDir(key)} {
+	for _, dir := range []string{m.PipeDir(key), m.LogDir(key), m.ShmDir(key)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("create MPS directory: %w", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/fgpu-dev/fgpu/pkg/mps/fakecontrol"
@@ -24,7 +25,7 @@ func buildStandIn(t *testing.T) string {
 
 func TestEnsureStartsConfiguresAndStops(t *testing.T) {
 	ctx := context.Background()
-	m := &Manager{Root: t.TempDir(), Binary: buildStandIn(t)}
+	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
 	d := Daemon{GPUUUID: "GPU-ABC", Domain: "team-a"}
 	key := d.Key()
 	if m.Running(ctx, key) {
@@ -71,7 +72,7 @@ func TestEnsureStartsConfiguresAndStops(t *testing.T) {
 
 func TestEnsureRecoversFromStalePipe(t *testing.T) {
 	ctx := context.Background()
-	m := &Manager{Root: t.TempDir(), Binary: buildStandIn(t)}
+	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
 	d := Daemon{GPUUUID: "GPU-1", Domain: "default"}
 	os.MkdirAll(m.PipeDir(d.Key()), 0o755)
 	os.WriteFile(filepath.Join(m.PipeDir(d.Key()), "control"), nil, 0o644)
@@ -88,5 +89,26 @@ func TestStopRefusesMalformedKey(t *testing.T) {
 	m := &Manager{Root: t.TempDir(), Binary: "false"}
 	if err := m.Stop(context.Background(), "../etc"); err == nil {
 		t.Fatal("malformed key accepted")
+	}
+}
+
+// shortDir is a temporary directory with a short path: MPS pipe sockets need one.
+func shortDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "mps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func TestKeyIsShortStableAndDistinct(t *testing.T) {
+	long := Daemon{GPUUUID: "GPU-7f2dfaf7-66d1-fddc-4f3f-b64f6048037b", Domain: strings.Repeat("a", 63)}
+	if k := long.Key(); len(k) > 33 || !keyRE.MatchString(k) || k != long.Key() {
+		t.Fatalf("key %q", k)
+	}
+	a := Daemon{GPUUUID: "GPU-1", Domain: "x"}
+	if a.Key() == (Daemon{GPUUUID: "GPU-2", Domain: "x"}).Key() || a.Key() == (Daemon{GPUUUID: "GPU-1", Domain: "y"}).Key() {
+		t.Fatal("keys collide across GPUs or domains")
 	}
 }

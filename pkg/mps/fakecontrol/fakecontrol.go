@@ -55,7 +55,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch {
 	case os.Getenv(daemonEnv) == "1":
 		if err := serve(sock, logDir); err != nil {
-			fmt.Fprintln(stderr, err)
+			logf(logDir, "daemon failed: "+err.Error())
 			return 1
 		}
 		return 0

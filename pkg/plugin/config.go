@@ -1,0 +1,31 @@
+package plugin
+
+import (
+	"path/filepath"
+)
+
+// Config is everything the kubelet plugin needs, parsed from flags by its main.
+type Config struct {
+	DriverName string
+	NodeName   string
+	// CDIDir receives one spec per prepared claim; containerd must read it.
+	CDIDir string
+	// PluginDataDir holds the plugin's socket and checkpoint.
+	PluginDataDir string
+	// RegistrarDir is the kubelet's plugin registry.
+	RegistrarDir string
+	// MPSRoot holds one directory per MPS daemon; it must be the same path on the host and
+	// in the plugin's container, since CDI mounts name host paths.
+	MPSRoot string
+	// DevRoot is where the GPU device nodes live on the host; containers see them under /dev.
+	DevRoot string
+	// ReservedMemory is kept back from each GPU for the driver and the MPS server.
+	ReservedMemory int64
+	// Fenced publishes devices with the allocator taint (allocator mode).
+	Fenced bool
+	// TestPausePrepareFile, when set, lets an e2e test stop a prepare mid-way (see pauseForTest).
+	TestPausePrepareFile string
+}
+
+// CheckpointPath is where the checkpoint lives.
+func (c Config) CheckpointPath() string { return filepath.Join(c.PluginDataDir, "checkpoint.json") }

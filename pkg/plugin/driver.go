@@ -1,0 +1,123 @@
+// Package plugin is fgpu's kubelet plugin: it publishes the node's GPUs as shareable
+// devices and prepares claims for containers (MPS daemon, CDI spec, checkpoint).
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/fgpu-dev/fgpu/pkg/gpu"
+)
+
+// Driver implements kubeletplugin.DRAPlugin on top of State.
+type Driver struct {
+	state   *State
+	client  kubernetes.Interface
+	cfg     Config
+	metrics *Metrics
+	helper  *kubeletplugin.Helper
+	cancel  context.CancelCauseFunc
+}
+
+// Start recovers the node's state, registers with the kubelet and publishes the GPUs. It
+// returns once serving; Stop shuts it down.
+func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernetes.Interface, metrics *Metrics) (*Driver, error) {
+	state, err := NewState(ctx, cfg, backend)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	d := &Driver{state: state, client: client, cfg: cfg, metrics: metrics, cancel: cancel}
+	metrics.observeState(state)
+	opts := []kubeletplugin.Option{
+		kubeletplugin.DriverName(cfg.DriverName),
+		kubeletplugin.NodeName(cfg.NodeName),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.HealthService(false),
+	}
+	if cfg.PluginDataDir != "" {
+		opts = append(opts, kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir))
+	}
+	if cfg.RegistrarDir != "" {
+		opts = append(opts, kubeletplugin.RegistrarDirectoryPath(cfg.RegistrarDir))
+	}
+	helper, err := kubeletplugin.Start(ctx, d, opts...)
+	if err != nil {
+		cancel(err)
+		return nil, fmt.Errorf("start kubelet plugin: %w", err)
+	}
+	d.helper = helper
+	if err := helper.PublishResources(ctx, DriverResources(cfg.NodeName, state.Devices(), cfg.ReservedMemory, cfg.Fenced)); err != nil {
+		helper.Stop()
+		cancel(err)
+		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	return d, nil
+}
+
+// Stop unregisters from the kubelet.
+func (d *Driver) Stop() {
+	d.helper.Stop()
+	d.cancel(errors.New("driver stopped"))
+}
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	logger := klog.FromContext(ctx)
+	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, claim := range claims {
+		start := time.Now()
+		devices, err := d.state.Prepare(ctx, claim)
+		d.metrics.observePrepare(time.Since(start), err)
+		if err != nil {
+			logger.Error(err, "Prepare failed", "claim", klog.KObj(claim))
+			result[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("fgpu: %w", err)}
+			continue
+		}
+		result[claim.UID] = kubeletplugin.PrepareResult{Devices: devices}
+		if err := d.publishDeviceStatus(ctx, claim); err != nil {
+			// The status is for people; the pod must not wait for it.
+			logger.Error(err, "Updating claim device status", "claim", klog.KObj(claim))
+		}
+	}
+	d.metrics.observeState(d.state)
+	return result, nil
+}
+
+// UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	result := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		if err := d.state.Unprepare(ctx, string(c.UID)); err != nil {
+			result[c.UID] = fmt.Errorf("fgpu: %w", err)
+			continue
+		}
+		result[c.UID] = nil
+	}
+	d.metrics.observeState(d.state)
+	return result, nil
+}
+
+// HandleError implements kubeletplugin.DRAPlugin: recoverable errors are logged; others
+// stop the plugin so that it restarts cleanly.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	utilruntime.HandleErrorWithContext(ctx, err, msg)
+	if !errors.Is(err, kubeletplugin.ErrRecoverable) {
+		d.cancel(fmt.Errorf("fatal background error: %s: %w", msg, err))
+	}
+}
+
+// WatchHealthStatus implements kubeletplugin.DRAPlugin. Health watching (XID events) is not
+// implemented yet, so the health service is not advertised and this is never called.
+func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}

@@ -1,0 +1,135 @@
+package plugin
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+
+	"github.com/fgpu-dev/fgpu/pkg/gpu"
+)
+
+const (
+	// CapacityMemory is device memory in bytes; CapacityCompute is the percent of SMs.
+	CapacityMemory  resourceapi.QualifiedName = "memory"
+	CapacityCompute resourceapi.QualifiedName = "compute"
+
+	// memoryStep is the granularity of memory shares; published memory is rounded down to
+	// it so that the whole GPU is always a valid request.
+	memoryStep = int64(256) << 20
+
+	// AllocatorTaintKey fences devices in allocator mode: only fgpu's allocator tolerates it.
+	AllocatorTaintKey   = "fgpu.dev/allocator"
+	AllocatorTaintValue = "required"
+)
+
+// AllocatableMemory is what a GPU offers to claims: its memory less the reserve for the
+// driver and the MPS server, rounded down to the share granularity.
+func AllocatableMemory(d gpu.Device, reserved int64) int64 {
+	free := d.MemoryBytes - reserved
+	if free < memoryStep {
+		return 0
+	}
+	return free / memoryStep * memoryStep
+}
+
+// DriverResources is the node's pool: one device per GPU, shareable by many claims, with
+// consumable memory and compute.
+//
+// A claim that names no capacity gets the defaults: all of the GPU's memory (so no one
+// else fits: a whole GPU) and no reserved compute. A claim that names memory only gets
+// that memory and no reserved compute: its kernels are not capped and share SMs by time
+// with the GPU's other tenants. Naming compute reserves that percent of SMs and caps the
+// claim's MPS active thread percentage to it.
+func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced bool) resourceslice.DriverResources {
+	devices := make([]resourceapi.Device, 0, len(devs))
+	for _, d := range devs {
+		mem := resource.NewQuantity(AllocatableMemory(d, reserved), resource.BinarySI)
+		dev := resourceapi.Device{
+			Name:                     d.Name(),
+			AllowMultipleAllocations: ptr.To(true),
+			Attributes:               attributes(d),
+			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+				CapacityMemory: {
+					Value: *mem,
+					RequestPolicy: &resourceapi.CapacityRequestPolicy{
+						Default: mem,
+						ValidRange: &resourceapi.CapacityRequestPolicyRange{
+							Min:  resource.NewQuantity(memoryStep, resource.BinarySI),
+							Max:  mem,
+							Step: resource.NewQuantity(memoryStep, resource.BinarySI),
+						},
+					},
+				},
+				CapacityCompute: {
+					Value: resource.MustParse("100"),
+					RequestPolicy: &resourceapi.CapacityRequestPolicy{
+						Default: ptr.To(resource.MustParse("0")),
+						ValidRange: &resourceapi.CapacityRequestPolicyRange{
+							Min:  ptr.To(resource.MustParse("0")),
+							Max:  ptr.To(resource.MustParse("100")),
+							Step: ptr.To(resource.MustParse("1")),
+						},
+					},
+				},
+			},
+		}
+		if fenced {
+			dev.Taints = []resourceapi.DeviceTaint{{Key: AllocatorTaintKey, Value: AllocatorTaintValue, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		}
+		devices = append(devices, dev)
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+		nodeName: {Slices: []resourceslice.Slice{{Devices: devices}}},
+	}}
+}
+
+func attributes(d gpu.Device) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		"uuid":         {StringValue: ptr.To(d.UUID)},
+		"productName":  {StringValue: ptr.To(d.ProductName)},
+		"architecture": {StringValue: ptr.To(d.Architecture)},
+		"index":        {IntValue: ptr.To(int64(d.Index))},
+		"minor":        {IntValue: ptr.To(int64(d.Minor))},
+		"computeMode":  {StringValue: ptr.To(string(d.ComputeMode))},
+	}
+	if v := semver(d.CUDAComputeCapability); v != "" {
+		a["cudaComputeCapability"] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}
+	}
+	if v := semver(d.DriverVersion); v != "" {
+		a["driverVersion"] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}
+	}
+	if v := semver(d.CUDADriverVersion); v != "" {
+		a["cudaDriverVersion"] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}
+	}
+	if d.PCIBusID != "" {
+		a["resource.kubernetes.io/pciBusID"] = resourceapi.DeviceAttribute{StringValue: ptr.To(d.PCIBusID)}
+	}
+	if d.NUMANode >= 0 {
+		a["numaNode"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d.NUMANode))}
+	}
+	return a
+}
+
+// semver turns "9.0" or "580.65.06" into a valid semantic version ("9.0.0", "580.65.6").
+func semver(v string) string {
+	parts := strings.Split(v, ".")
+	if v == "" || len(parts) > 3 {
+		return ""
+	}
+	for len(parts) < 3 {
+		parts = append(parts, "0")
+	}
+	for i, p := range parts {
+		n, err := strconv.ParseUint(p, 10, 64)
+		if err != nil {
+			return ""
+		}
+		parts[i] = fmt.Sprint(n)
+	}
+	return strings.Join(parts, ".")
+}

@@ -1,0 +1,365 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/fgpu-dev/fgpu/pkg/cdi"
+	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+	"github.com/fgpu-dev/fgpu/pkg/gpu"
+	"github.com/fgpu-dev/fgpu/pkg/mps"
+)
+
+// State is the node's prepared claims and what they hold: the checkpoint, the CDI specs and
+// the MPS daemons. Every method keeps the three consistent, also across a crash.
+type State struct {
+	cfg     Config
+	backend gpu.Backend
+	devices map[string]gpu.Device // by device name
+	store   *checkpoint.Store
+	cdi     *cdi.Writer
+	mps     *mps.Manager
+
+	mu sync.Mutex
+	cp *checkpoint.Checkpoint
+}
+
+// NewState loads the checkpoint and recovers from whatever a previous run left half done.
+func NewState(ctx context.Context, cfg Config, backend gpu.Backend) (*State, error) {
+	devs, err := backend.Devices()
+	if err != nil {
+		return nil, fmt.Errorf("discover GPUs: %w", err)
+	}
+	w, err := cdi.NewWriter(cfg.CDIDir)
+	if err != nil {
+		return nil, err
+	}
+	s := &State{
+		cfg: cfg, backend: backend, devices: map[string]gpu.Device{},
+		store: checkpoint.NewStore(cfg.CheckpointPath()),
+		cdi:   w,
+		mps:   &mps.Manager{Root: cfg.MPSRoot, Binary: backend.MPSControlBinary()},
+	}
+	for _, d := range devs {
+		s.devices[d.Name()] = d
+	}
+	if s.cp, err = s.store.Load(); err != nil {
+		return nil, err
+	}
+	if err := s.recover(ctx); err != nil {
+		return nil, fmt.Errorf("recover prepared claims: %w", err)
+	}
+	return s, nil
+}
+
+// Devices returns the node's GPUs in index order.
+func (s *State) Devices() []gpu.Device {
+	out := make([]gpu.Device, 0, len(s.devices))
+	for _, d := range s.devices {
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Index < out[j].Index })
+	return out
+}
+
+// Prepare prepares one claim: idempotent, and all-or-nothing.
+func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	uid := string(claim.UID)
+	if e, ok := s.cp.Claims[uid]; ok {
+		if e.State == checkpoint.PrepareCompleted {
+			return pluginDevices(e), nil
+		}
+		if err := s.rollback(ctx, uid); err != nil {
+			return nil, err
+		}
+	}
+	planned, err := s.plan(claim)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkCapacity(claim, planned); err != nil {
+		return nil, err
+	}
+	entry := &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted, Devices: planned}
+	s.cp.Claims[uid] = entry
+	if err := s.store.Save(s.cp); err != nil {
+		delete(s.cp.Claims, uid)
+		return nil, err
+	}
+	if err := s.apply(ctx, uid, entry); err != nil {
+		if rbErr := s.rollback(ctx, uid); rbErr != nil {
+			klog.FromContext(ctx).Error(rbErr, "Rolling back a failed prepare", "claim", klog.KObj(claim))
+		}
+		return nil, err
+	}
+	s.cfg.pauseForTest(ctx)
+	entry.State = checkpoint.PrepareCompleted
+	if err := s.store.Save(s.cp); err != nil {
+		entry.State = checkpoint.PrepareStarted
+		return nil, err
+	}
+	return pluginDevices(entry), nil
+}
+
+// apply performs the side effects of a PrepareStarted entry.
+func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry) error {
+	var specs []cdi.Device
+	for i := range e.Devices {
+		p := &e.Devices[i]
+		if p.MPSKey != "" {
+			if err := s.mps.Ensure(ctx, mps.Daemon{GPUUUID: p.GPUUUID, Domain: p.IsolationDomain}, s.domainLimits(p.MPSKey)); err != nil {
+				return err
+			}
+		}
+		specs = append(specs, s.cdiDevice(p))
+	}
+	ids, err := s.cdi.Write(uid, specs)
+	if err != nil {
+		return err
+	}
+	for i := range e.Devices {
+		e.Devices[i].CDIDeviceIDs = []string{ids[i]}
+	}
+	return nil
+}
+
+// domainLimits are the MPS server defaults for a daemon: the largest caps among its
+// tenants, so a client that drops its own limits still cannot take more than any tenant
+// of its domain was given.
+func (s *State) domainLimits(key string) mps.Limits {
+	var l mps.Limits
+	for _, e := range s.cp.Claims {
+		for _, p := range e.Devices {
+			if p.MPSKey != key {
+				continue
+			}
+			l.PinnedMemBytes = max(l.PinnedMemBytes, p.MemoryLimitBytes)
+			thread := p.ThreadPercent
+			if thread == 0 {
+				thread = 100
+			}
+			l.ThreadPercent = max(l.ThreadPercent, thread)
+		}
+	}
+	return l
+}
+
+// checkCapacity is the last line of defence against over-commit: the API server checks no
+// capacity, so an allocation written by anyone is re-checked against what this node holds.
+func (s *State) checkCapacity(claim *resourceapi.ResourceClaim, planned []checkpoint.PreparedDevice) error {
+	for _, p := range planned {
+		d := s.devices[p.Device]
+		allocatable := AllocatableMemory(d, s.cfg.ReservedMemory)
+		usedMem, usedCompute, tenants := int64(0), int64(0), 0
+		for uid, e := range s.cp.Claims {
+			if uid == string(claim.UID) {
+				continue
+			}
+			for _, q := range e.Devices {
+				if q.Device == p.Device {
+					usedMem += q.MemoryBytes
+					usedCompute += q.ComputePercent
+					tenants++
+				}
+			}
+		}
+		if usedMem+p.MemoryBytes > allocatable {
+			return fmt.Errorf("refusing to over-commit GPU %s (%s): claim %s/%s asks %s memory, %s of %s allocatable is already prepared for %d other claim(s)",
+				p.Device, d.UUID, claim.Namespace, claim.Name, bytesStr(p.MemoryBytes), bytesStr(usedMem), bytesStr(allocatable), tenants)
+		}
+		if usedCompute+p.ComputePercent > 100 {
+			return fmt.Errorf("refusing to over-commit GPU %s (%s): claim %s/%s asks %d%% compute, %d%% of 100%% is already prepared for %d other claim(s)",
+				p.Device, d.UUID, claim.Namespace, claim.Name, p.ComputePercent, usedCompute, tenants)
+		}
+	}
+	return nil
+}
+
+// Unprepare undoes Prepare; a claim that is not prepared is not an error.
+func (s *State) Unprepare(ctx context.Context, uid string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rollback(ctx, uid)
+}
+
+// rollback removes a claim's spec, then its entry, then the daemons no one uses any more.
+// Each step is idempotent, so a crash between them is finished by the next call or by
+// recover.
+func (s *State) rollback(ctx context.Context, uid string) error {
+	if _, ok := s.cp.Claims[uid]; !ok {
+		return nil
+	}
+	if err := s.cdi.Remove(uid); err != nil {
+		return err
+	}
+	entry := s.cp.Claims[uid]
+	delete(s.cp.Claims, uid)
+	if err := s.store.Save(s.cp); err != nil {
+		s.cp.Claims[uid] = entry
+		return err
+	}
+	return s.stopUnusedDaemons(ctx)
+}
+
+func (s *State) stopUnusedDaemons(ctx context.Context) error {
+	used := map[string]bool{}
+	for _, e := range s.cp.Claims {
+		for _, p := range e.Devices {
+			used[p.MPSKey] = true
+		}
+	}
+	keys, err := s.mps.Keys()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, k := range keys {
+		if !used[k] {
+			errs = append(errs, s.mps.Stop(ctx, k))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// recover makes disk and processes match the checkpoint after a restart: half-prepared
+// claims are rolled back (the kubelet retries them), specs and daemons that no entry
+// accounts for are removed, and daemons that prepared claims need are running.
+func (s *State) recover(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	for uid, e := range s.cp.Claims {
+		if e.State != checkpoint.PrepareCompleted {
+			logger.Info("Rolling back a claim whose prepare was interrupted", "claim", klog.KRef(e.Namespace, e.Name), "uid", uid)
+			if err := s.rollback(ctx, uid); err != nil {
+				return err
+			}
+		}
+	}
+	uids, err := s.cdi.ClaimUIDs()
+	if err != nil {
+		return err
+	}
+	for _, uid := range uids {
+		if _, ok := s.cp.Claims[uid]; !ok {
+			logger.Info("Removing a CDI spec no prepared claim accounts for", "uid", uid)
+			if err := s.cdi.Remove(uid); err != nil {
+				return err
+			}
+		}
+	}
+	if err := s.stopUnusedDaemons(ctx); err != nil {
+		return err
+	}
+	for _, e := range s.cp.Claims {
+		for _, p := range e.Devices {
+			if p.MPSKey != "" && !s.mps.Running(ctx, p.MPSKey) {
+				logger.Info("Restarting the MPS daemon of a prepared claim", "claim", klog.KRef(e.Namespace, e.Name), "daemon", p.MPSKey)
+				if err := s.mps.Ensure(ctx, mps.Daemon{GPUUUID: p.GPUUUID, Domain: p.IsolationDomain}, s.domainLimits(p.MPSKey)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// cdiDevice is what a container of the claim receives for one device.
+func (s *State) cdiDevice(p *checkpoint.PreparedDevice) cdi.Device {
+	d := s.devices[p.Device]
+	dev := cdi.Device{Name: p.Device}
+	for _, n := range d.DeviceNodes {
+		dev.DeviceNodes = append(dev.DeviceNodes, cdi.DeviceNode{HostPath: n, Path: s.cfg.containerDevicePath(n)})
+	}
+	dev.Env = []string{
+		"FGPU_GPU_UUID=" + d.UUID,
+		"FGPU_DEVICE=" + p.Device,
+		"FGPU_SHARE_ID=" + p.ShareID,
+		"FGPU_SHARING_MODE=" + p.Mode,
+		"FGPU_ISOLATION_DOMAIN=" + p.IsolationDomain,
+		fmt.Sprintf("FGPU_MEMORY_LIMIT_BYTES=%d", p.MemoryLimitBytes),
+		"FGPU_MEMORY_LIMIT=" + bytesStr(p.MemoryLimitBytes),
+		fmt.Sprintf("FGPU_COMPUTE_PERCENT=%d", p.ThreadPercent),
+		fmt.Sprintf("FGPU_MEMORY_ENFORCED=%t", p.Mode != "timeSlicing"),
+	}
+	if p.MPSKey == "" {
+		return dev
+	}
+	pipe, logDir := s.mps.PipeDir(p.MPSKey), s.mps.LogDir(p.MPSKey)
+	dev.Env = append(dev.Env,
+		"CUDA_MPS_PIPE_DIRECTORY="+pipe,
+		"CUDA_MPS_LOG_DIRECTORY="+logDir,
+		fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", p.MemoryLimitBytes>>20),
+	)
+	if p.ThreadPercent > 0 {
+		dev.Env = append(dev.Env, fmt.Sprintf("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%d", p.ThreadPercent))
+	}
+	dev.Mounts = []cdi.Mount{
+		{HostPath: pipe, ContainerPath: pipe, Options: []string{"rw", "nosuid", "nodev", "bind"}},
+		{HostPath: logDir, ContainerPath: logDir, Options: []string{"ro", "nosuid", "nodev", "bind"}},
+		{HostPath: s.mps.ShmDir(p.MPSKey), ContainerPath: "/dev/shm", Options: []string{"rw", "nosuid", "nodev", "bind"}},
+	}
+	return dev
+}
+
+func pluginDevices(e *checkpoint.ClaimEntry) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(e.Devices))
+	for _, p := range e.Devices {
+		d := kubeletplugin.Device{Requests: []string{p.Request}, PoolName: p.Pool, DeviceName: p.Device, CDIDeviceIDs: p.CDIDeviceIDs}
+		if p.ShareID != "" {
+			id := types.UID(p.ShareID)
+			d.ShareID = &id
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// PreparedClaims returns a copy of the checkpoint's entries, for status and metrics.
+func (s *State) PreparedClaims() map[string]checkpoint.ClaimEntry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]checkpoint.ClaimEntry, len(s.cp.Claims))
+	for uid, e := range s.cp.Claims {
+		out[uid] = *e
+	}
+	return out
+}
+
+// pauseForTest blocks while the test hook's trigger file exists, after the side effects
+// and before the checkpoint says Completed, so an e2e test can kill the plugin exactly there.
+func (c Config) pauseForTest(ctx context.Context) {
+	if c.TestPausePrepareFile == "" {
+		return
+	}
+	if _, err := os.Stat(c.TestPausePrepareFile); err != nil {
+		return
+	}
+	os.WriteFile(c.TestPausePrepareFile+".paused", nil, 0o644)
+	defer os.Remove(c.TestPausePrepareFile + ".paused")
+	klog.FromContext(ctx).Info("Test hook: pausing prepare", "trigger", c.TestPausePrepareFile)
+	for {
+		if _, err := os.Stat(c.TestPausePrepareFile); err != nil || ctx.Err() != nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (c Config) containerDevicePath(hostPath string) string {
+	if c.DevRoot == "" || c.DevRoot == "/dev" {
+		return hostPath
+	}
+	return "/dev/" + strings.TrimPrefix(strings.TrimPrefix(hostPath, c.DevRoot), "/")
+}

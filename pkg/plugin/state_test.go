@@ -1,0 +1,301 @@
+package plugin
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
+	"github.com/fgpu-dev/fgpu/pkg/mps/fakecontrol"
+)
+
+var standIn string
+
+func TestMain(m *testing.M) {
+	dir, _ := os.MkdirTemp("", "fgpu-standin")
+	standIn = filepath.Join(dir, "fake-mps-control")
+	if out, err := exec.Command("go", "build", "-o", standIn, "github.com/fgpu-dev/fgpu/cmd/fake-mps-control").CombinedOutput(); err != nil {
+		panic(string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type env struct {
+	t   *testing.T
+	cfg Config
+}
+
+func newEnv(t *testing.T) *env {
+	if os.Geteuid() != 0 {
+		t.Skip("fake device nodes need root")
+	}
+	// Not t.TempDir(): MPS pipe sockets need short paths.
+	root, err := os.MkdirTemp("", "fgpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	return &env{t: t, cfg: Config{
+		DriverName: testDriver, NodeName: "node-a",
+		CDIDir: filepath.Join(root, "cdi"), PluginDataDir: filepath.Join(root, "plugin"),
+		MPSRoot: filepath.Join(root, "mps"), DevRoot: filepath.Join(root, "dev"),
+		ReservedMemory: 1 << 30,
+	}}
+}
+
+// state builds a fresh State over the env's directories, as a restarted plugin would.
+func (e *env) state() *State {
+	e.t.Helper()
+	fleet, _ := fake.ParseSpec("2xH100-80GB")
+	b, err := fake.New(fleet, "node-a", e.cfg.DevRoot, standIn)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	s, err := NewState(context.Background(), e.cfg, b)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		keys, _ := s.mps.Keys()
+		for _, k := range keys {
+			s.mps.Stop(context.Background(), k)
+		}
+	})
+	return s
+}
+
+func (e *env) specEnv(uid string) []string {
+	e.t.Helper()
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(e.cfg.CDIDir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for _, name := range cache.ListDevices() {
+		if strings.Contains(name, uid) {
+			out = append(out, cache.GetDevice(name).ContainerEdits.Env...)
+		}
+	}
+	return out
+}
+
+func (e *env) specCount() int {
+	entries, _ := os.ReadDir(e.cfg.CDIDir)
+	return len(entries)
+}
+
+func TestThreeClaimsShareOneGPUThroughOneMPSServer(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	for _, c := range []struct{ name, mem string }{{"a", "10Gi"}, {"b", "20Gi"}, {"c", "30Gi"}} {
+		devs, err := s.Prepare(ctx, makeClaim("ns", c.name).memory(c.mem).compute("20").obj())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(devs) != 1 || string(*devs[0].ShareID) != "share-"+c.name || len(devs[0].CDIDeviceIDs) != 1 {
+			t.Fatalf("devices %+v", devs)
+		}
+	}
+	envA := e.specEnv("uid-ns-a")
+	for _, want := range []string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20", "FGPU_MEMORY_LIMIT=10Gi", "FGPU_SHARING_MODE=mps"} {
+		if !slices.Contains(envA, want) {
+			t.Errorf("claim a's spec lacks %s: %v", want, envA)
+		}
+	}
+	pipeOf := func(env []string) string {
+		for _, v := range env {
+			if p, ok := strings.CutPrefix(v, "CUDA_MPS_PIPE_DIRECTORY="); ok {
+				return p
+			}
+		}
+		return ""
+	}
+	if pa, pc := pipeOf(envA), pipeOf(e.specEnv("uid-ns-c")); pa == "" || pa != pc {
+		t.Fatalf("claims of one domain on one GPU must share the MPS pipe directory: %q vs %q", pa, pc)
+	}
+	keys, _ := s.mps.Keys()
+	if len(keys) != 1 {
+		t.Fatalf("want one MPS daemon, have %v", keys)
+	}
+	st, err := fakecontrol.ReadState(s.mps.LogDir(keys[0]))
+	if err != nil || st.DefaultPinnedMemLimit["0"] != "30720M" {
+		t.Fatalf("server default should be the largest tenant cap (30Gi): %+v %v", st, err)
+	}
+}
+
+func TestIsolationDomainsGetSeparateServers(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	if _, err := s.Prepare(ctx, makeClaim("a", "x").memory("10Gi").config(map[string]any{"isolationDomain": "team-a"}).obj()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Prepare(ctx, makeClaim("b", "y").memory("10Gi").config(map[string]any{"isolationDomain": "team-b"}).obj()); err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := s.mps.Keys()
+	if len(keys) != 2 {
+		t.Fatalf("two domains on one GPU need two MPS daemons, have %v", keys)
+	}
+}
+
+func TestPrepareRefusesOverCommit(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	if _, err := s.Prepare(ctx, makeClaim("ns", "a").memory("60Gi").compute("70").obj()); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Prepare(ctx, makeClaim("ns", "b").memory("20Gi").obj())
+	if err == nil || !strings.Contains(err.Error(), "refusing to over-commit GPU gpu-0") || !strings.Contains(err.Error(), "asks 20Gi memory, 60Gi of 79Gi") {
+		t.Fatalf("memory over-commit: %v", err)
+	}
+	_, err = s.Prepare(ctx, makeClaim("ns", "c").memory("1Gi").compute("40").obj())
+	if err == nil || !strings.Contains(err.Error(), "asks 40% compute, 70% of 100%") {
+		t.Fatalf("compute over-commit: %v", err)
+	}
+	if e.specCount() != 1 {
+		t.Fatalf("refused claims left specs: %d", e.specCount())
+	}
+}
+
+func TestBadConfigLeavesNothingBehind(t *testing.T) {
+	for name, tc := range map[string]struct {
+		claim string
+		cfg   map[string]any
+		want  string
+	}{
+		"unknown mode":       {"10Gi", map[string]any{"mode": "vgpu"}, `unknown sharing mode "vgpu"`},
+		"memory above":       {"10Gi", map[string]any{"memoryLimit": "90Gi"}, "memoryLimit 90Gi is above the 10Gi allocated to the claim (GPU gpu-0 has 79Gi allocatable)"},
+		"negative compute":   {"10Gi", map[string]any{"computePercent": -5}, "computePercent -5 must be between 1 and 100"},
+		"unknown field":      {"10Gi", map[string]any{"memory": "1Gi"}, `unknown field "memory"`},
+		"device not on node": {"", nil, `allocated device "gpu-7" does not exist`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			s := e.state()
+			b := makeClaim("ns", "bad").memory("10Gi")
+			if tc.cfg != nil {
+				b.config(tc.cfg)
+			} else {
+				b.device("gpu-7")
+			}
+			_, err := s.Prepare(context.Background(), b.obj())
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+			keys, _ := s.mps.Keys()
+			if e.specCount() != 0 || len(keys) != 0 || len(s.PreparedClaims()) != 0 {
+				t.Fatalf("left behind: %d specs, daemons %v, %d entries", e.specCount(), keys, len(s.PreparedClaims()))
+			}
+		})
+	}
+}
+
+func TestUnprepareStopsTheServerAfterTheLastTenant(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	a, b := makeClaim("ns", "a").memory("10Gi").obj(), makeClaim("ns", "b").memory("10Gi").obj()
+	if _, err := s.Prepare(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.Prepare(ctx, a)
+	if err != nil || len(again) != 1 {
+		t.Fatalf("second prepare of the same claim: %v %v", again, err)
+	}
+	if _, err := s.Prepare(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	key, _ := s.mps.Keys()
+	if err := s.Unprepare(ctx, string(a.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if !s.mps.Running(ctx, key[0]) {
+		t.Fatal("daemon stopped while claim b still uses it")
+	}
+	if err := s.Unprepare(ctx, string(b.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unprepare(ctx, string(b.UID)); err != nil {
+		t.Fatalf("unprepare is idempotent: %v", err)
+	}
+	keys, _ := s.mps.Keys()
+	if s.mps.Running(ctx, key[0]) || len(keys) != 0 || e.specCount() != 0 {
+		t.Fatalf("left: daemons %v, %d specs", keys, e.specCount())
+	}
+}
+
+func TestWholeGPUNeedsNoMPS(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	if _, err := s.Prepare(context.Background(), makeClaim("ns", "whole").memory("79Gi").obj()); err != nil {
+		t.Fatal(err)
+	}
+	env := e.specEnv("uid-ns-whole")
+	if !slices.Contains(env, "FGPU_SHARING_MODE=exclusive") || slices.ContainsFunc(env, func(v string) bool { return strings.HasPrefix(v, "CUDA_MPS_") }) {
+		t.Fatalf("whole GPU env %v", env)
+	}
+	if keys, _ := s.mps.Keys(); len(keys) != 0 {
+		t.Fatalf("daemons %v", keys)
+	}
+}
+
+// A plugin killed after the side effects but before Completed: the restart rolls back the
+// half-prepared claim and keeps the completed one, with its daemon running again.
+func TestRestartRecoversFromACrashMidPrepare(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	done := makeClaim("ns", "done").memory("10Gi").obj()
+	if _, err := s.Prepare(ctx, done); err != nil {
+		t.Fatal(err)
+	}
+	half := makeClaim("ns", "half").memory("10Gi").config(map[string]any{"isolationDomain": "other"}).obj()
+	planned, err := s.plan(half)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := &checkpoint.ClaimEntry{Namespace: "ns", Name: "half", State: checkpoint.PrepareStarted, Devices: planned}
+	s.cp.Claims[string(half.UID)] = entry
+	if err := s.store.Save(s.cp); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.apply(ctx, string(half.UID), entry); err != nil {
+		t.Fatal(err)
+	}
+	// The crash also takes the daemons with it (they live in the plugin's container).
+	keys, _ := s.mps.Keys()
+	for _, k := range keys {
+		s.mps.Stop(ctx, k)
+		os.MkdirAll(s.mps.PipeDir(k), 0o755)
+	}
+	os.WriteFile(filepath.Join(e.cfg.CDIDir, "fgpu.dev-gpu_orphan.yaml"), []byte("cdiVersion: 0.5.0\nkind: fgpu.dev/gpu\ndevices: []\n"), 0o644)
+
+	restarted := e.state()
+	claims := restarted.PreparedClaims()
+	if len(claims) != 1 || claims[string(done.UID)].State != checkpoint.PrepareCompleted {
+		t.Fatalf("after restart: %+v", claims)
+	}
+	keys, _ = restarted.mps.Keys()
+	if len(keys) != 1 || !restarted.mps.Running(ctx, keys[0]) {
+		t.Fatalf("want only the completed claim's daemon running, have %v", keys)
+	}
+	uids, _ := restarted.cdi.ClaimUIDs()
+	if !slices.Equal(uids, []string{string(done.UID)}) {
+		t.Fatalf("specs after restart: %v", uids)
+	}
+	if _, err := restarted.Prepare(ctx, half); err != nil {
+		t.Fatalf("kubelet's retry must succeed: %v", err)
+	}
+}

@@ -1,0 +1,168 @@
+package sim
+
+import (
+	"encoding/csv"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/fgpu-dev/fgpu/pkg/placement"
+)
+
+const nodesCSV = `sn,cpu_milli,memory_mib,gpu,model
+n0,32000,131072,2,T4
+n1,96000,393216,8,G2
+`
+
+func TestReadBadInput(t *testing.T) {
+	bad := map[string]string{
+		"empty":          "",
+		"missing column": "name,cpu_milli,memory_mib,num_gpu\np,1,1,1\n",
+		"truncated row":  "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,1024,1\n",
+		"not a number":   "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,lots,1024,1,500\n",
+		"milli too big":  "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,1024,1,1500\n",
+		"negative":       "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,-1,1024,1,500\n",
+		"gpus, no milli": "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,1024,2,0\n",
+		"header only":    "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n",
+	}
+	for name, in := range bad {
+		if _, err := ReadPods(strings.NewReader(in)); err == nil {
+			t.Errorf("pods %s: accepted", name)
+		}
+	}
+	badNodes := map[string]string{
+		"truncated": "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,2\n",
+		"no model":  "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,2,\n",
+		"too many":  "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,100,T4\n",
+	}
+	for name, in := range badNodes {
+		if _, err := ReadNodes(strings.NewReader(in)); err == nil {
+			t.Errorf("nodes %s: accepted", name)
+		}
+	}
+	if _, err := LoadPods("/nonexistent.csv"); err == nil {
+		t.Error("missing file accepted")
+	}
+}
+
+func TestReadPods(t *testing.T) {
+	in := "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" +
+		"a,1000,1024,1,460,\nb,2000,1024,2,1000,V100M16|V100M32\nc,500,10,0,0,\n"
+	pods, err := ReadPods(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pods[0].Share != 460 || ClassOf(&pods[0]) != Fractional {
+		t.Errorf("a: %+v", pods[0])
+	}
+	if !pods[1].Whole() || len(pods[1].Models) != 2 || ClassOf(&pods[1]) != MultiGPU || pods[1].GPUDemand() != 2000 {
+		t.Errorf("b: %+v", pods[1])
+	}
+	if ClassOf(&pods[2]) != CPUOnly {
+		t.Errorf("c: %+v", pods[2])
+	}
+}
+
+// Pods asking for an unknown model or for more than any node has are counted
+// failures with their reason, never a crash.
+func TestRunCountsImpossiblePods(t *testing.T) {
+	nodes, err := ReadNodes(strings.NewReader(nodesCSV))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := ReadPods(strings.NewReader("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" +
+		"ok,1000,1024,1,500,\nghost,1000,1024,1,500,B200\nhuge,1000,1024,16,1000,\nfat,999000,1024,1,1000,\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pol := range placement.Names() {
+		r, err := Run(Config{Nodes: nodes, Pods: pods, Policy: pol, Seed: 1, Tune: 5})
+		if err != nil {
+			t.Fatalf("%s: %v", pol, err)
+		}
+		if r.Reasons[placement.ReasonNoModel.String()] == 0 || r.Reasons[placement.ReasonTooLarge.String()] == 0 {
+			t.Errorf("%s: reasons %v", pol, r.Reasons)
+		}
+		if r.Placed == 0 {
+			t.Errorf("%s: nothing placed", pol)
+		}
+	}
+}
+
+func TestArrivalsReachTune(t *testing.T) {
+	pods := []placement.Request{{GPUs: 1, Share: 300}, {GPUs: 1}, {GPUs: 4}, {CPUMilli: 1}}
+	capa := int64(100 * 1000)
+	a := Arrivals(pods, capa, 1.3, 42)
+	var d int64
+	for _, k := range a {
+		d += pods[k].GPUDemand()
+	}
+	if float64(d) > 1.3*float64(capa) || float64(d) < 1.3*float64(capa)-4000 {
+		t.Fatalf("arrived demand %d for target %.0f", d, 1.3*float64(capa))
+	}
+	b := Arrivals(pods, capa, 1.3, 42)
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatal("same seed, different arrivals")
+		}
+	}
+}
+
+// The harness must reproduce the FGD paper's published figures before any
+// comparison means something. One seed per policy keeps this test short; a
+// single seed's result scatters around the 10-seed mean by the published
+// std, so the tolerance is 0.5 points (the target) plus 3 published stds.
+// It fails, for instance, with the artifact's 95% typical-pod cut (FGD drops
+// to ~90%) or with per-node BestFit normalisation off by the quirk.
+func TestReproducesPublishedFigures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays the openb trace")
+	}
+	dir := "/work/shared/traces/openb/"
+	if _, err := os.Stat(dir); err != nil {
+		t.Skip("traces not available")
+	}
+	pub := published(t, dir+"fgd_published_results.csv")
+	nodes, err := LoadNodes(dir + "openb_node_list_gpu_node.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := LoadPods(dir + "openb_pod_list_default.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pol, key := range map[string]string{"fgd": "06-FGD", "bestfit": "05-BestFit"} {
+		r, err := Run(Config{Nodes: nodes, Pods: pods, Policy: pol, Seed: 42, Tune: 1.3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := pub["openb_pod_list_default/"+key]
+		got := 100 * r.AllocAt(1.3)
+		tol := 0.5 + 3*want[1]
+		t.Logf("%s: %.2f%% at 130%%, published %.2f ± %.2f", pol, got, want[0], want[1])
+		if math.Abs(got-want[0]) > tol {
+			t.Errorf("%s: %.2f%%, published %.2f%% (tolerance %.2f)", pol, got, want[0], tol)
+		}
+	}
+}
+
+func published(t *testing.T, path string) map[string][2]float64 {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][2]float64{}
+	for _, r := range rows[1:] {
+		m, _ := strconv.ParseFloat(r[4], 64)
+		s, _ := strconv.ParseFloat(r[5], 64)
+		out[r[0]+"/"+r[1]] = [2]float64{m, s}
+	}
+	return out
+}

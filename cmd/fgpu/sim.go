@@ -19,7 +19,7 @@ import (
 type simFlags struct {
 	nodes, pods, policy, seeds, output, plot string
 	tune                                     float64
-	batch                                    int
+	batch, parallel                          int
 }
 
 func newSimCmd() *cobra.Command {
@@ -40,6 +40,7 @@ departs. Prints the GPU allocation ratio as arrived demand grows.`,
 	fl.StringVar(&f.seeds, "seeds", "42-51", "seeds: N, A-B or a comma list")
 	fl.Float64Var(&f.tune, "tune", 1.3, "arrived GPU demand at the end, as a multiple of cluster GPU capacity")
 	fl.IntVar(&f.batch, "batch", 1, "pods decided together (1 = online)")
+	fl.IntVar(&f.parallel, "parallel", 0, "seeds replayed at once (0 = all CPUs; 1 for clean latency figures)")
 	fl.StringVarP(&f.output, "output", "o", "table", "output: table or json")
 	fl.StringVar(&f.plot, "plot", "", "also draw the curve to this PNG file")
 	_ = cmd.MarkFlagRequired("nodes")
@@ -69,7 +70,7 @@ func runSim(w io.Writer, f simFlags) error {
 	if err != nil {
 		return err
 	}
-	cfg := sim.Config{Nodes: nodes, Pods: pods, Policy: f.policy, Tune: f.tune, Batch: f.batch}
+	cfg := sim.Config{Nodes: nodes, Pods: pods, Policy: f.policy, Tune: f.tune, Batch: f.batch, Parallel: f.parallel}
 	var progress func(done, total int)
 	if term.IsTerminal(int(os.Stderr.Fd())) {
 		progress = func(done, total int) {

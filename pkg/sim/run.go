@@ -46,6 +46,9 @@ type Config struct {
 	Tune   float64 // arrived GPU demand / cluster GPU capacity at the end
 	Batch  int     // pods decided together; 1 = online
 	Step   float64 // curve resolution in fractions of capacity (0.1)
+	// Parallel bounds the seeds replayed at once (0 = GOMAXPROCS); 1 gives
+	// decision latencies free of contention between seeds.
+	Parallel int
 	// Shapes is the workload distribution given to the policy; nil derives
 	// it from Pods with placement.TypicalShapes.
 	Shapes placement.Workload

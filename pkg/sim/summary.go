@@ -45,7 +45,11 @@ func RunSeeds(cfg Config, seeds []int64, progress func(done, total int)) (*Summa
 	results := make([]*Result, len(seeds))
 	errs := make([]error, len(seeds))
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	par := cfg.Parallel
+	if par <= 0 {
+		par = runtime.GOMAXPROCS(0)
+	}
+	sem := make(chan struct{}, par)
 	var mu sync.Mutex
 	done := 0
 	for i, seed := range seeds {

@@ -1,0 +1,173 @@
+// Command fgpu-kubelet-plugin publishes a node's GPUs as shareable DRA devices and prepares
+// fgpu claims for the kubelet.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/fgpu-dev/fgpu/pkg/gpu"
+	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
+	"github.com/fgpu-dev/fgpu/pkg/gpu/nvml"
+	"github.com/fgpu-dev/fgpu/pkg/plugin"
+)
+
+type flags struct {
+	cfg            plugin.Config
+	gpus           string
+	mpsControl     string
+	reservedMemory string
+	allocationMode string
+	metricsAddr    string
+	kubeconfig     string
+}
+
+func main() {
+	f := flags{}
+	cmd := &cobra.Command{
+		Use:           "fgpu-kubelet-plugin",
+		Short:         "Publish GPUs as shareable DRA devices and prepare fgpu claims",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return run(cmd.Context(), f) },
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	fs.StringVar(&f.cfg.DriverName, "driver-name", "gpu.fgpu.dev", "DRA driver name")
+	fs.StringVar(&f.gpus, "gpus", "nvml", `GPU backend: "nvml", "fake:<count>x<model>[,...]" (e.g. fake:4xH100-80GB) or "fake-file:<fleet.yaml>"`)
+	fs.StringVar(&f.cfg.DevRoot, "dev-root", "", "directory of the GPU device nodes (default /dev; fake GPUs: /var/run/fgpu/fake-dev)")
+	fs.StringVar(&f.mpsControl, "mps-control-binary", "", "MPS control binary (default nvidia-cuda-mps-control; fake GPUs: fake-mps-control)")
+	fs.StringVar(&f.cfg.CDIDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs")
+	fs.StringVar(&f.cfg.MPSRoot, "mps-root", "/var/run/fgpu/mps", "directory for MPS pipe and log directories (same path on the host and in the container)")
+	fs.StringVar(&f.cfg.PluginDataDir, "plugin-data-dir", "/var/lib/kubelet/plugins/gpu.fgpu.dev", "plugin socket and checkpoint directory")
+	fs.StringVar(&f.cfg.RegistrarDir, "registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registry directory")
+	fs.StringVar(&f.reservedMemory, "reserved-memory", "1Gi", "memory kept back on each GPU for the driver and the MPS server")
+	fs.StringVar(&f.allocationMode, "allocation-mode", "scheduler", `"scheduler": kube-scheduler allocates shares; "allocator": devices are fenced with a taint only fgpu's allocator tolerates`)
+	fs.StringVar(&f.metricsAddr, "metrics-addr", ":9464", "address of the Prometheus /metrics endpoint (empty: off)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
+	fs.StringVar(&f.cfg.TestPausePrepareFile, "test-pause-prepare-file", "", "tests only: while this file exists, a prepare pauses before it completes")
+	klogFlags := goflagSet()
+	fs.AddGoFlagSet(klogFlags)
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "fgpu-kubelet-plugin:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, f flags) error {
+	logger := klog.FromContext(ctx)
+	if f.cfg.NodeName == "" {
+		return errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	reserved, err := resource.ParseQuantity(f.reservedMemory)
+	if err != nil {
+		return fmt.Errorf("--reserved-memory: %w", err)
+	}
+	f.cfg.ReservedMemory = reserved.Value()
+	switch f.allocationMode {
+	case "scheduler":
+	case "allocator":
+		f.cfg.Fenced = true
+	default:
+		return fmt.Errorf(`--allocation-mode must be "scheduler" or "allocator", not %q`, f.allocationMode)
+	}
+	backend, err := newBackend(&f)
+	if err != nil {
+		return err
+	}
+	defer backend.Close()
+	client, err := newClient(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := plugin.NewMetrics(reg)
+	if f.metricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		srv := &http.Server{Addr: f.metricsAddr, Handler: mux}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error(err, "Metrics server stopped")
+			}
+		}()
+		defer srv.Close()
+	}
+	driver, err := plugin.Start(ctx, f.cfg, backend, client, metrics)
+	if err != nil {
+		return err
+	}
+	devs, _ := backend.Devices()
+	logger.Info("fgpu kubelet plugin running", "node", f.cfg.NodeName, "gpus", len(devs), "allocationMode", f.allocationMode)
+	<-ctx.Done()
+	driver.Stop()
+	return nil
+}
+
+func newBackend(f *flags) (gpu.Backend, error) {
+	switch {
+	case f.gpus == "nvml":
+		var opts []nvml.Option
+		if f.cfg.DevRoot != "" {
+			opts = append(opts, nvml.WithDevRoot(f.cfg.DevRoot))
+		}
+		if f.mpsControl != "" {
+			opts = append(opts, nvml.WithMPSControlBinary(f.mpsControl))
+		}
+		return nvml.Open(opts...)
+	case strings.HasPrefix(f.gpus, "fake:"), strings.HasPrefix(f.gpus, "fake-file:"):
+		var fleet fake.Fleet
+		var err error
+		if spec, ok := strings.CutPrefix(f.gpus, "fake:"); ok {
+			fleet, err = fake.ParseSpec(spec)
+		} else {
+			fleet, err = fake.LoadFleetFile(strings.TrimPrefix(f.gpus, "fake-file:"))
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--gpus: %w", err)
+		}
+		if f.cfg.DevRoot == "" {
+			f.cfg.DevRoot = "/var/run/fgpu/fake-dev"
+		}
+		if f.mpsControl == "" {
+			f.mpsControl = "fake-mps-control"
+		}
+		return fake.New(fleet, f.cfg.NodeName, f.cfg.DevRoot, f.mpsControl)
+	default:
+		return nil, fmt.Errorf(`--gpus must be "nvml", "fake:<spec>" or "fake-file:<path>", not %q`, f.gpus)
+	}
+}
+
+func newClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	return kubernetes.NewForConfig(cfg)
+}

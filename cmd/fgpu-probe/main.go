@@ -1,0 +1,91 @@
+// Command fgpu-probe is the workload of fgpu's demo and e2e tests: it prints what its
+// container received from fgpu (CUDA_MPS_* and FGPU_* variables, GPU device nodes, the MPS
+// mounts), once as text for people and once as a JSON line for tests, then sleeps.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// Report is the JSON line's content.
+type Report struct {
+	Env     map[string]string `json:"env"`
+	Devices []string          `json:"devices"`
+	Mounts  []string          `json:"mounts"`
+	// PipeDirWritable says whether the MPS pipe directory is usable by the container.
+	PipeDirWritable bool `json:"pipeDirWritable"`
+}
+
+func main() {
+	r := Report{Env: map[string]string{}}
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "CUDA_") || strings.HasPrefix(k, "FGPU_") {
+			r.Env[k] = v
+		}
+	}
+	r.Devices, _ = filepath.Glob("/dev/nvidia*")
+	r.Mounts = mounts()
+	if dir := r.Env["CUDA_MPS_PIPE_DIRECTORY"]; dir != "" {
+		f, err := os.CreateTemp(dir, ".probe-*")
+		if err == nil {
+			r.PipeDirWritable = true
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}
+
+	keys := make([]string, 0, len(r.Env))
+	for k := range r.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Printf("env    %s=%s\n", k, r.Env[k])
+	}
+	for _, d := range r.Devices {
+		fmt.Printf("device %s\n", d)
+	}
+	for _, m := range r.Mounts {
+		fmt.Printf("mount  %s\n", m)
+	}
+	raw, _ := json.Marshal(r)
+	fmt.Printf("FGPU-PROBE %s\n", raw)
+
+	if len(os.Args) > 1 && os.Args[1] == "--once" {
+		return
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+}
+
+// mounts lists the mount points fgpu is responsible for: the MPS directories and /dev/shm.
+func mounts() []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := fields[4]
+		if strings.Contains(mp, "/fgpu/") || mp == "/dev/shm" {
+			out = append(out, mp)
+		}
+	}
+	return out
+}

@@ -1,0 +1,172 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// SharingPolicyKind and SharingPolicyResource name the SharingPolicy API.
+const (
+	SharingPolicyKind     = "SharingPolicy"
+	SharingPolicyResource = "sharingpolicies"
+)
+
+// Isolation says which claims may share an MPS server or a GPU.
+// +kubebuilder:validation:Enum=namespace;none;exclusive
+type Isolation string
+
+const (
+	// IsolationNamespace gives each namespace its own isolation domain: claims of different
+	// namespaces never share an MPS server, and share a GPU only when AllowSharedGPU is set.
+	IsolationNamespace Isolation = "namespace"
+	// IsolationNone lets any claims share a GPU and its MPS server (domain "default" unless
+	// the claim names its own).
+	IsolationNone Isolation = "none"
+	// IsolationExclusive never shares a GPU: each claim gets a whole GPU.
+	IsolationExclusive Isolation = "exclusive"
+)
+
+// LatencyClass says how much co-tenancy a workload tolerates.
+// +kubebuilder:validation:Enum=critical;standard;bestEffort
+type LatencyClass string
+
+const (
+	// LatencyCritical: at most MaxCoTenants co-tenants, never another critical claim unless
+	// AllowCriticalCoTenants, least-loaded GPUs first.
+	LatencyCritical LatencyClass = "critical"
+	// LatencyStandard: fragmentation-aware placement (the default).
+	LatencyStandard LatencyClass = "standard"
+	// LatencyBestEffort: packs tightly onto the fullest GPU that fits.
+	LatencyBestEffort LatencyClass = "bestEffort"
+)
+
+// PolicyMode is the sharing mode a policy imposes; auto follows the GPU's existing tenants
+// (MPS on an empty GPU) unless the claim asks for a mode itself.
+// +kubebuilder:validation:Enum=mps;timeSlicing;auto
+type PolicyMode string
+
+const (
+	PolicyModeMPS         PolicyMode = "mps"
+	PolicyModeTimeSlicing PolicyMode = "timeSlicing"
+	PolicyModeAuto        PolicyMode = "auto"
+)
+
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=sp
+// +kubebuilder:printcolumn:name="Priority",type=integer,JSONPath=`.spec.priority`
+// +kubebuilder:printcolumn:name="Isolation",type=string,JSONPath=`.spec.isolation`
+// +kubebuilder:printcolumn:name="Latency",type=string,JSONPath=`.spec.latencyClass`
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// SharingPolicy tells fgpu's allocator how the claims it selects share GPUs: who may share
+// a GPU or an MPS server with whom, how many tenants a GPU takes, in which mode, how compute
+// is sized and how much each namespace may hold. When several policies select a claim, the
+// one with the highest priority wins (ties: the alphabetically first name).
+type SharingPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec SharingPolicySpec `json:"spec"`
+}
+
+// SharingPolicySpec is the policy.
+// +kubebuilder:object:generate=true
+// +kubebuilder:validation:XValidation:rule="!has(self.maxCoTenants) || !has(self.latencyClass) || self.latencyClass == 'critical'",message="maxCoTenants applies only to latencyClass critical"
+// +kubebuilder:validation:XValidation:rule="!has(self.allowSharedGPU) || !self.allowSharedGPU || !has(self.isolation) || self.isolation == 'namespace'",message="allowSharedGPU applies only to isolation namespace"
+// +kubebuilder:validation:XValidation:rule="!has(self.isolation) || self.isolation != 'exclusive' || !has(self.maxTenantsPerGPU) || self.maxTenantsPerGPU == 1",message="isolation exclusive means one tenant per GPU: maxTenantsPerGPU must be 1 or unset"
+type SharingPolicySpec struct {
+	// NamespaceSelector selects the namespaces of the claims this policy applies to; unset
+	// selects every namespace.
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+	// PodSelector selects, by the labels of the claim's pod, the claims this policy applies
+	// to; unset selects every pod.
+	// +optional
+	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
+	// Priority breaks ties between policies that select the same claim: highest wins.
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=-1000
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	Priority int32 `json:"priority,omitempty"`
+
+	// Isolation: namespace (default), none or exclusive.
+	// +kubebuilder:default=namespace
+	// +optional
+	Isolation Isolation `json:"isolation,omitempty"`
+	// AllowSharedGPU lets claims of different namespaces share a GPU as separate MPS
+	// servers (isolation namespace only); default false: they never share a GPU.
+	// +optional
+	AllowSharedGPU bool `json:"allowSharedGPU,omitempty"`
+
+	// LatencyClass: critical, standard (default) or bestEffort.
+	// +kubebuilder:default=standard
+	// +optional
+	LatencyClass LatencyClass `json:"latencyClass,omitempty"`
+	// MaxCoTenants is the most other claims a critical claim's GPU may hold; default 1.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=64
+	// +optional
+	MaxCoTenants *int32 `json:"maxCoTenants,omitempty"`
+	// AllowCriticalCoTenants lets two critical claims share a GPU.
+	// +optional
+	AllowCriticalCoTenants bool `json:"allowCriticalCoTenants,omitempty"`
+
+	// MaxTenantsPerGPU caps the claims on any GPU that holds a claim of this policy.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=128
+	// +optional
+	MaxTenantsPerGPU *int32 `json:"maxTenantsPerGPU,omitempty"`
+
+	// Mode: mps, timeSlicing or auto (default). A GPU's tenants all share one mode.
+	// +kubebuilder:default=auto
+	// +optional
+	Mode PolicyMode `json:"mode,omitempty"`
+
+	// ComputeFromMemory sizes the compute of a claim that names none in proportion to its
+	// memory: ceil(memory / GPU memory × 100) percent.
+	// +optional
+	ComputeFromMemory bool `json:"computeFromMemory,omitempty"`
+	// DefaultCompute is the compute percent of a claim that names none (when
+	// computeFromMemory is off); default 0: no reserved compute.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	DefaultCompute *int32 `json:"defaultCompute,omitempty"`
+
+	// Quota caps what the claims of each selected namespace hold together. A claim over
+	// quota waits (in creation order) until quota frees up.
+	// +optional
+	Quota *Quota `json:"quota,omitempty"`
+}
+
+// Quota is a per-namespace cap on allocated GPU memory and compute.
+// +kubebuilder:object:generate=true
+// +kubebuilder:validation:XValidation:rule="has(self.memory) || has(self.compute)",message="a quota caps memory, compute or both"
+type Quota struct {
+	// Memory is the GPU memory the namespace's claims may hold together.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+	// Compute is the compute percent (100 = one whole GPU) the namespace's claims may hold.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Compute *int64 `json:"compute,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// SharingPolicyList is a list of SharingPolicies.
+type SharingPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []SharingPolicy `json:"items"`
+}
+
+// AddSharingPolicyToScheme registers SharingPolicy and SharingPolicyList.
+func AddSharingPolicyToScheme(s *runtime.Scheme) error {
+	s.AddKnownTypes(SchemeGroupVersion, &SharingPolicy{}, &SharingPolicyList{})
+	metav1.AddToGroupVersion(s, SchemeGroupVersion)
+	return nil
+}

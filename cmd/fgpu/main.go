@@ -16,7 +16,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSimCmd(), newBenchCmd(), newPlotCmd())
+	root.AddCommand(newSimCmd(), newBenchCmd(), newPlotCmd(), newGPUsCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "fgpu:", err)
 		os.Exit(1)

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"os"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/fgpu-dev/fgpu/pkg/clusterview"
+)
+
+func newGPUsCmd() *cobra.Command {
+	var driver string
+	flags := clientcmd.NewDefaultClientConfigLoadingRules()
+	cmd := &cobra.Command{
+		Use:   "gpus",
+		Short: "Show the cluster's fgpu GPUs, who shares each one, and how much each tenant holds",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(flags, &clientcmd.ConfigOverrides{}).ClientConfig()
+			if err != nil {
+				return err
+			}
+			client, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return err
+			}
+			gpus, err := clusterview.Gather(cmd.Context(), client, driver)
+			if err != nil {
+				return err
+			}
+			return clusterview.Print(os.Stdout, gpus)
+		},
+	}
+	cmd.Flags().StringVar(&driver, "driver", "gpu.fgpu.dev", "DRA driver name")
+	cmd.Flags().StringVar(&flags.ExplicitPath, "kubeconfig", "", "kubeconfig (default $KUBECONFIG or ~/.kube/config)")
+	return cmd
+}

@@ -1,0 +1,203 @@
+// Package framework is the harness of fgpu's e2e suites: it talks to the local cluster
+// (e2e/cluster), installs the chart, creates GPU pods and inspects what the node holds.
+package framework
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+const (
+	// Namespace is where the chart is installed.
+	Namespace = "fgpu-system"
+	// Driver is the DRA driver name.
+	Driver = "gpu.fgpu.dev"
+	// StateDir is the plugin's host directory (MPS directories, fake device nodes).
+	StateDir = "/var/run/fgpu"
+	// CDIDir is where the plugin writes claim specs.
+	CDIDir = "/var/run/cdi"
+	// PauseTrigger is the plugin's test hook: while it exists, a prepare pauses.
+	PauseTrigger = StateDir + "/test-pause-prepare"
+	// CheckpointPath is the plugin's checkpoint on the host.
+	CheckpointPath = "/var/lib/kubelet/plugins/" + Driver + "/checkpoint.json"
+)
+
+// RepoRoot is the repository's top directory.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Kubeconfig is the local cluster's admin kubeconfig.
+func Kubeconfig() string {
+	if k := os.Getenv("KUBECONFIG"); k != "" {
+		return k
+	}
+	return filepath.Join(RepoRoot(), "_output", "cluster", "kubeconfig")
+}
+
+// Cluster holds clients for the local cluster.
+type Cluster struct {
+	Config *rest.Config
+	Client kubernetes.Interface
+	Node   string
+}
+
+// Required is set by `make test-e2e`: there a missing cluster is a failure, not a skip.
+func Required() bool { return os.Getenv("FGPU_E2E") == "1" }
+
+// Setup connects to the local cluster and installs the chart with the given --set values,
+// for a suite's TestMain. It returns nil (and the suite skips) when no cluster is up and
+// the suite is not Required.
+func Setup(sets ...string) (*Cluster, error) {
+	c, err := connect()
+	if err != nil {
+		if Required() {
+			return nil, fmt.Errorf("no local cluster: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "skipping e2e suite: no local cluster (run `make test-e2e`): %v\n", err)
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	return c, c.Install(ctx, sets...)
+}
+
+func connect() (*Cluster, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", Kubeconfig())
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = 200, 400
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nodes.Items {
+		// The real node is the one with a kubelet; load tests add Node objects without one.
+		if n.Labels["fgpu.dev/fake-node"] == "" {
+			return &Cluster{Config: cfg, Client: client, Node: n.Name}, nil
+		}
+	}
+	return nil, fmt.Errorf("the cluster has no node")
+}
+
+// Run runs a command from the repository root with the cluster's kubeconfig.
+func Run(ctx context.Context, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = RepoRoot()
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+Kubeconfig())
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil {
+		return out.String(), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out.String())
+	}
+	return out.String(), nil
+}
+
+// Bin is a tool built into _output/bin (kubectl, helm).
+func Bin(name string) string { return filepath.Join(RepoRoot(), "_output", "bin", name) }
+
+// Install installs or upgrades the chart with the fake GPUs and the local cluster's values,
+// plus the given --set values, and waits for the plugin to publish its slices.
+func (c *Cluster) Install(ctx context.Context, sets ...string) error {
+	args := []string{"upgrade", "--install", "fgpu", "deployments/helm/fgpu", "-n", Namespace, "--create-namespace",
+		"-f", "deployments/helm/fgpu/values-fake.yaml", "-f", "e2e/values-local.yaml", "--wait", "--timeout", "3m"}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	if _, err := Run(ctx, Bin("helm"), args...); err != nil {
+		return err
+	}
+	return c.WaitForSlices(ctx, 2*time.Minute)
+}
+
+// Uninstall removes the chart and waits for the plugin pod to be gone.
+func (c *Cluster) Uninstall(ctx context.Context) error {
+	if _, err := Run(ctx, Bin("helm"), "uninstall", "fgpu", "-n", Namespace, "--wait", "--timeout", "2m"); err != nil && !strings.Contains(err.Error(), "not found") {
+		return err
+	}
+	return nil
+}
+
+// WaitForSlices waits until this node's plugin has published a ResourceSlice.
+func (c *Cluster) WaitForSlices(ctx context.Context, timeout time.Duration) error {
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		slices, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + c.Node})
+		if err != nil {
+			return false, nil
+		}
+		for _, s := range slices.Items {
+			if s.Spec.Driver == Driver && len(s.Spec.Devices) > 0 {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+// Namespace creates a namespace for one test and deletes it (waiting for its pods to be
+// gone, so the node is unprepared) when the test ends.
+func (c *Cluster) Namespace(t *testing.T, prefix string) string {
+	t.Helper()
+	ctx := context.Background()
+	ns, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.dumpNamespace(t, ns.Name)
+		}
+		c.DeleteNamespace(t, ns.Name)
+	})
+	return ns.Name
+}
+
+// DeleteNamespace deletes a namespace and waits until it is gone.
+func (c *Cluster) DeleteNamespace(t *testing.T, name string) {
+	ctx := context.Background()
+	zero := int64(0)
+	_ = c.Client.CoreV1().Pods(name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+	if err := c.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("delete namespace %s: %v", name, err)
+		return
+	}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Errorf("namespace %s not gone: %v", name, err)
+	}
+}
+
+func (c *Cluster) dumpNamespace(t *testing.T, ns string) {
+	out, _ := Run(context.Background(), Bin("kubectl"), "-n", ns, "get", "pods,resourceclaims,events", "-o", "wide")
+	t.Logf("namespace %s at failure:\n%s", ns, out)
+	logs, _ := Run(context.Background(), Bin("kubectl"), "-n", Namespace, "logs", "-l", "app.kubernetes.io/component=kubelet-plugin", "--tail=40")
+	t.Logf("plugin log tail:\n%s", logs)
+}

@@ -1,0 +1,69 @@
+package plugin
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/fgpu-dev/fgpu/e2e/framework"
+)
+
+// pluginOn is a client that acts as the plugin's service account with a token bound to node.
+func pluginOn(t *testing.T, node string) kubernetes.Interface {
+	cfg := rest.CopyConfig(cluster.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + framework.Namespace + ":fgpu-kubelet-plugin",
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + framework.Namespace, "system:authenticated"},
+		Extra:    map[string][]string{"authentication.kubernetes.io/node-name": {node}},
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func slice(name, node string) *resourceapi.ResourceSlice {
+	return &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: resourceapi.ResourceSliceSpec{
+			Driver: framework.Driver, NodeName: ptr.To(node),
+			Pool:    resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+			Devices: []resourceapi.Device{{Name: "gpu-0"}},
+		},
+	}
+}
+
+// A plugin may write its own node's ResourceSlices only.
+func TestPluginWritesOnlyItsOwnNodesSlices(t *testing.T) {
+	ctx := context.Background()
+	other := pluginOn(t, "some-other-node")
+	_, err := other.ResourceV1().ResourceSlices().Create(ctx, slice("fgpu-e2e-intruder", cluster.Node), metav1.CreateOptions{})
+	if err == nil {
+		cluster.Client.ResourceV1().ResourceSlices().Delete(ctx, "fgpu-e2e-intruder", metav1.DeleteOptions{})
+		t.Fatal("a plugin on another node created this node's slice")
+	}
+	if !strings.Contains(err.Error(), "may only write its own node's ResourceSlices, not those of node "+cluster.Node) {
+		t.Fatalf("refused, but not with the policy's message: %v", err)
+	}
+	own, err := other.ResourceV1().ResourceSlices().Create(ctx, slice("fgpu-e2e-own", "some-other-node"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a plugin could not write its own node's slice: %v", err)
+	}
+	if err := other.ResourceV1().ResourceSlices().Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("a plugin could not delete its own node's slice: %v", err)
+	}
+	slices, err := cluster.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + cluster.Node})
+	if err != nil || len(slices.Items) == 0 {
+		t.Fatalf("no slice of this node: %v", err)
+	}
+	if err := other.ResourceV1().ResourceSlices().Delete(ctx, slices.Items[0].Name, metav1.DeleteOptions{}); err == nil {
+		t.Fatal("a plugin on another node deleted this node's slice")
+	}
+}

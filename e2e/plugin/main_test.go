@@ -1,0 +1,40 @@
+// Package plugin is the e2e suite of the kubelet plugin in scheduler mode: kube-scheduler
+// allocates shares of one fake 80Gi GPU, the real kubelet calls the plugin, containerd
+// applies its CDI specs, and fgpu-probe prints what each container received.
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/fgpu-dev/fgpu/e2e/framework"
+)
+
+var cluster *framework.Cluster
+
+func TestMain(m *testing.M) {
+	c, err := framework.Setup(
+		"allocationMode=scheduler",
+		"kubeletPlugin.gpus=fake:1xH100-80GB",
+		"kubeletPlugin.testPausePrepareFile="+framework.PauseTrigger,
+	)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e setup:", err)
+		os.Exit(1)
+	}
+	if c == nil {
+		os.Exit(0)
+	}
+	cluster = c
+	code := m.Run()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := c.Uninstall(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
+		code = 1
+	}
+	os.Exit(code)
+}

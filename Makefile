@@ -1,0 +1,38 @@
+# fgpu — `make demo` runs the main job on a local cluster; `make test` is the test suite.
+SHELL := /bin/bash
+GO ?= go
+
+.PHONY: all build test test-unit test-e2e demo demo-down images cluster-up cluster-down lint
+
+all: build
+
+build:
+	$(GO) build ./...
+
+## test: unit tests, then the e2e suites on a real local Kubernetes cluster.
+test: test-unit test-e2e
+
+test-unit:
+	$(GO) vet ./...
+	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/e2e/')
+
+test-e2e:
+	hack/e2e.sh
+
+## demo: a local cluster with fgpu on two fake 80Gi GPUs and four pods sharing them.
+demo:
+	demo/run.sh
+
+demo-down:
+	demo/down.sh
+
+images:
+	e2e/cluster/images.sh fgpu
+
+cluster-up:
+	hack/install-prereqs.sh
+	e2e/cluster/build.sh
+	e2e/cluster/up.sh
+
+cluster-down:
+	e2e/cluster/down.sh

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -51,6 +52,11 @@ type Manager struct {
 	Binary string
 	// Timeout bounds one control command.
 	Timeout time.Duration
+
+	mu sync.Mutex
+	// applied remembers the defaults each daemon was last given, to skip a control
+	// round-trip per prepare when they did not change.
+	applied map[string]Limits
 }
 
 // PipeDir is where clients find the daemon (CUDA_MPS_PIPE_DIRECTORY).
@@ -77,6 +83,7 @@ func (m *Manager) Ensure(ctx context.Context, d Daemon, limits Limits) error {
 		}
 	}
 	if !m.Running(ctx, key) {
+		m.forget(key)
 		// A daemon killed with its container leaves its pipe files; a new one needs them gone.
 		if err := clearDir(m.PipeDir(key)); err != nil {
 			return err
@@ -85,6 +92,9 @@ func (m *Manager) Ensure(ctx context.Context, d Daemon, limits Limits) error {
 		if out, err := m.run(ctx, key, env, nil, "-d"); err != nil {
 			return fmt.Errorf("start MPS control daemon for GPU %s (domain %s): %w: %s", d.GPUUUID, d.Domain, err, out)
 		}
+	}
+	if m.unchanged(key, limits) {
+		return nil
 	}
 	var cmds []string
 	if limits.ThreadPercent > 0 {
@@ -98,7 +108,26 @@ func (m *Manager) Ensure(ctx context.Context, d Daemon, limits Limits) error {
 			return fmt.Errorf("set MPS defaults for GPU %s (domain %s): %w: %s", d.GPUUUID, d.Domain, err, out)
 		}
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.applied == nil {
+		m.applied = map[string]Limits{}
+	}
+	m.applied[key] = limits
 	return nil
+}
+
+func (m *Manager) unchanged(key string, l Limits) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	prev, ok := m.applied[key]
+	return ok && prev == l
+}
+
+func (m *Manager) forget(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.applied, key)
 }
 
 // Stop quits the daemon and removes its directories. Idempotent.
@@ -114,6 +143,7 @@ func (m *Manager) Stop(ctx context.Context, key string) error {
 			return err
 		}
 	}
+	m.forget(key)
 	if err := os.RemoveAll(filepath.Join(m.Root, key)); err != nil {
 		return fmt.Errorf("remove MPS directories of %s: %w", key, err)
 	}

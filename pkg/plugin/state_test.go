@@ -30,11 +30,11 @@ func TestMain(m *testing.M) {
 }
 
 type env struct {
-	t   *testing.T
+	t   testing.TB
 	cfg Config
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	if os.Geteuid() != 0 {
 		t.Skip("fake device nodes need root")
 	}

@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 
-.PHONY: all build test test-unit test-e2e demo demo-down images cluster-up cluster-down lint
+.PHONY: all build test test-unit test-e2e demo demo-down images cluster-up cluster-down bench-e2e
 
 all: build
 
@@ -36,3 +36,8 @@ cluster-up:
 
 cluster-down:
 	e2e/cluster/down.sh
+
+## bench-e2e: pod create→Running with and without a claim, plugin RSS at 100 claims
+## (needs a cluster from `make cluster-up` and `make images`).
+bench-e2e:
+	go run ./e2e/cmd/podbench

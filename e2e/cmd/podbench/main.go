@@ -1,0 +1,135 @@
+// Command podbench measures, on the local cluster with fgpu installed, pod create→Running
+// for pods with an fgpu claim against plain pods, and the plugin's RSS with many prepared
+// claims. Run it through `make bench-e2e` (which brings the cluster up).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/fgpu-dev/fgpu/e2e/framework"
+)
+
+func main() {
+	rounds := flag.Int("rounds", 20, "pods of each kind, created one at a time")
+	claims := flag.Int("claims", 100, "claims held at once for the RSS figure")
+	flag.Parse()
+	if err := run(*rounds, *claims); err != nil {
+		fmt.Fprintln(os.Stderr, "podbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(rounds, claims int) error {
+	c, err := framework.Setup("kubeletPlugin.gpus=fake:1xH100-80GB")
+	if err != nil || c == nil {
+		return fmt.Errorf("no cluster: %v", err)
+	}
+	ctx := context.Background()
+	ns := "podbench"
+	c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	defer deleteAll(ctx, c, ns)
+
+	var plain, withClaim []time.Duration
+	for i := 0; i < rounds; i++ {
+		d, err := timePod(ctx, c, ns, fmt.Sprintf("plain-%d", i), nil)
+		if err != nil {
+			return err
+		}
+		plain = append(plain, d)
+		d, err = timePod(ctx, c, ns, fmt.Sprintf("gpu-%d", i), framework.MakeGPUPod(ns, fmt.Sprintf("gpu-%d", i)).Memory("1Gi"))
+		if err != nil {
+			return err
+		}
+		withClaim = append(withClaim, d)
+	}
+	fmt.Printf("pod create→Running over %d pods each (one at a time):\n", rounds)
+	fmt.Printf("  plain pod        p50 %6.0f ms  p95 %6.0f ms\n", pct(plain, 50), pct(plain, 95))
+	fmt.Printf("  pod + fgpu claim p50 %6.0f ms  p95 %6.0f ms\n", pct(withClaim, 50), pct(withClaim, 95))
+	fmt.Printf("  the claim adds   p50 %6.0f ms\n", pct(withClaim, 50)-pct(plain, 50))
+
+	deleteAll(ctx, c, ns)
+	c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	for i := 0; i < claims; i++ {
+		if _, err := c.Create(ctx, framework.MakeGPUPod(ns, fmt.Sprintf("hold-%d", i)).Memory("512Mi")); err != nil {
+			return err
+		}
+	}
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+		st, err := framework.ReadNodeState()
+		return err == nil && len(st.Checkpoint.Claims) >= claims, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%d claims never prepared", claims)
+	}
+	pids := framework.PluginPIDs()
+	if len(pids) != 1 {
+		return fmt.Errorf("plugin processes: %v", pids)
+	}
+	fmt.Printf("plugin RSS with %d prepared claims: %s\n", claims, rss(pids[0]))
+	return nil
+}
+
+// timePod creates a pod (plain when gpu is nil) and waits until it runs.
+func timePod(ctx context.Context, c *framework.Cluster, ns, name string, gpu *framework.GPUPod) (time.Duration, error) {
+	start := time.Now()
+	if gpu != nil {
+		if _, err := c.Create(ctx, gpu); err != nil {
+			return 0, err
+		}
+	} else {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To[int64](0), Containers: []corev1.Container{{
+				Name: "probe", Image: framework.Image, ImagePullPolicy: corev1.PullNever, Command: []string{"/usr/bin/fgpu-probe"},
+			}}},
+		}
+		if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return 0, err
+		}
+	}
+	if _, err := c.WaitRunning(ctx, ns, name, 2*time.Minute); err != nil {
+		return 0, err
+	}
+	d := time.Since(start)
+	zero := int64(0)
+	c.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	return d, nil
+}
+
+func deleteAll(ctx context.Context, c *framework.Cluster, ns string) {
+	c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+	wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		return err != nil, nil
+	})
+}
+
+func pct(d []time.Duration, p int) float64 {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return float64(s[(len(s)-1)*p/100].Milliseconds())
+}
+
+func rss(pid int) string {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return err.Error()
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			return strings.TrimSpace(strings.TrimPrefix(line, "VmRSS:"))
+		}
+	}
+	return "unknown"
+}

@@ -69,6 +69,7 @@ func Plot(title string, sums []*Summary) *image.RGBA {
 	ystep := 2.0
 	if ymax-ymin > 30 {
 		ystep = 10
+		ymin = math.Floor(ymin/10) * 10
 	}
 	for y := ymin; y <= ymax+1e-9; y += ystep {
 		line(img, px(xmin), py(y), px(xmax), py(y), grid, 1)

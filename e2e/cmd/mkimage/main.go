@@ -44,7 +44,7 @@ var epoch = time.Unix(0, 0).UTC()
 func main() {
 	var (
 		tags, files, dirs, envs, entrypoint, cmd listFlag
-		out, workdir, user                        string
+		out, workdir, user                       string
 	)
 	flag.Var(&tags, "tag", "image reference to record in the archive, e.g. fgpu.dev/fgpu:dev (repeatable, at least one)")
 	flag.StringVar(&out, "out", "", "docker-archive tarball to write (required)")

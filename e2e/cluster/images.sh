@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Builds the project's container images from static binaries (no registry, no Docker) and imports
+# them into the local cluster's containerd (namespace k8s.io), so pods can run them with
+# imagePullPolicy: Never (or IfNotPresent).
+#
+#   images.sh [--no-import] [TARGET...]
+#
+# TARGETs (default: pause fgpu):
+#   pause        fgpu.dev/pause:dev, the sandbox image containerd pins (from e2e/cmd/pause)
+#   fgpu         $FGPU_IMAGE (fgpu.dev/fgpu:dev): every main package under $FGPU_IMAGE_PKGS
+#                (./cmd/...), each at /usr/bin/<name>; no entrypoint unless there is one binary,
+#                so pods name the binary in `command:`
+#   TAG=PKG[,PKG...]  any other image from main packages of this module, e.g.
+#                fgpu.dev/sleeper:dev=./e2e/cmd/pause; entrypoint = the first binary
+#
+# Tarballs are left in _output/images/<name>.tar (docker-archive; `kind load image-archive` takes
+# them too). --no-import only builds them. Env: CGO_ENABLED (default 0) and GOFLAGS apply to the
+# builds; FGPU_BUILD_TAGS adds build tags. A binary that comes out dynamically linked gets its
+# shared libraries copied into the image.
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+IMPORT=1
+TARGETS=()
+for a in "$@"; do
+  case $a in
+    --no-import) IMPORT=0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -*) die "unknown flag $a" ;;
+    *) TARGETS+=("$a") ;;
+  esac
+done
+((${#TARGETS[@]})) || TARGETS=(pause fgpu)
+
+FGPU_IMAGE=${FGPU_IMAGE:-fgpu.dev/fgpu:dev}
+FGPU_IMAGE_PKGS=${FGPU_IMAGE_PKGS:-./cmd/...}
+export CGO_ENABLED=${CGO_ENABLED:-0}
+TAGS_ARG=()
+[[ -n ${FGPU_BUILD_TAGS:-} ]] && TAGS_ARG=(-tags "$FGPU_BUILD_TAGS")
+
+command -v go >/dev/null || die "no 'go' on PATH"
+cd "$REPO_ROOT"
+mkdir -p "$IMAGES_DIR/bin" "$BIN_DIR"
+log "images: building mkimage"
+go build -o "$BIN_DIR/mkimage" ./e2e/cmd/mkimage || die "cannot build e2e/cmd/mkimage"
+
+# main_pkgs PATTERN...: import paths of the main packages matching the patterns.
+main_pkgs() {
+  go list -e -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' "$@" 2>/dev/null | sed '/^$/d'
+}
+
+# lib_files BINARY: --file arguments for the shared libraries (and loader) of a dynamic binary.
+lib_files() {
+  local bin=$1 lib
+  ldd "$bin" >/dev/null 2>&1 || return 0 # static: "not a dynamic executable"
+  for lib in $(ldd "$bin" | grep -o '/[^ ]*' | sort -u); do
+    [[ -f $lib ]] && printf -- '--file\n%s:%s\n' "$(readlink -f "$lib")" "$lib"
+  done
+}
+
+# image TAG ENTRYPOINT(yes|no) PKG...: builds the packages and packs them as one image.
+image() {
+  local tag=$1 ep=$2; shift 2
+  local short=${tag##*/}; short=${short%%:*}
+  local bindir=$IMAGES_DIR/bin/$short out=$IMAGES_DIR/$short.tar
+  local pkgs
+  mapfile -t pkgs < <(main_pkgs "$@")
+  if ((${#pkgs[@]} == 0)); then
+    log "images: $tag: no main packages in $* — skipped"
+    return 0
+  fi
+  rm -rf "$bindir" && mkdir -p "$bindir"
+  log "images: $tag: go build ${pkgs[*]}"
+  go build "${TAGS_ARG[@]}" -trimpath -ldflags "-s -w" -o "$bindir/" "${pkgs[@]}" || die "build for $tag failed"
+  local args=(--tag "$tag" --out "$out") b first=""
+  for p in "${pkgs[@]}"; do
+    b=${p##*/}
+    [[ -z $first ]] && first=$b
+    args+=(--file "$bindir/$b:/usr/bin/$b")
+    mapfile -t -O "${#args[@]}" args < <(lib_files "$bindir/$b")
+  done
+  if [[ $ep == yes || ${#pkgs[@]} -eq 1 ]]; then
+    args+=(--entrypoint "/usr/bin/$first")
+  fi
+  "$BIN_DIR/mkimage" "${args[@]}" >/dev/null || die "mkimage for $tag failed"
+  BUILT+=("$out")
+  log "images: $tag -> ${out#"$REPO_ROOT"/}"
+}
+
+BUILT=()
+for t in "${TARGETS[@]}"; do
+  case $t in
+    pause)
+      mkdir -p "$IMAGES_DIR/bin/pause"
+      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$IMAGES_DIR/bin/pause/pause" ./e2e/cmd/pause ||
+        die "cannot build e2e/cmd/pause"
+      "$BIN_DIR/mkimage" --tag "$PAUSE_IMAGE" --out "$IMAGES_DIR/pause.tar" \
+        --file "$IMAGES_DIR/bin/pause/pause:/pause" --entrypoint /pause >/dev/null || die "mkimage for pause failed"
+      BUILT+=("$IMAGES_DIR/pause.tar")
+      log "images: $PAUSE_IMAGE -> _output/images/pause.tar"
+      ;;
+    fgpu)
+      # shellcheck disable=SC2086 # the package list is space-separated patterns
+      image "$FGPU_IMAGE" no $FGPU_IMAGE_PKGS
+      ;;
+    *=*)
+      IFS=, read -r -a pk <<<"${t#*=}"
+      image "${t%%=*}" yes "${pk[@]}"
+      ;;
+    *) die "unknown target $t (want pause, fgpu or TAG=PKG[,PKG...])" ;;
+  esac
+done
+
+if ((IMPORT)); then
+  [[ -S $CONTAINERD_SOCK ]] || die "no containerd socket at $CONTAINERD_SOCK: start the cluster (e2e/cluster/up.sh) or pass --no-import"
+  for f in "${BUILT[@]}"; do
+    out=$(ctr_ -n k8s.io images import "$f" 2>&1) || die "import of $f failed: $out"
+    log "images: imported ${f#"$REPO_ROOT"/}"
+  done
+fi

@@ -1,0 +1,377 @@
+package controller
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+)
+
+var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+func TestPlacementWritesValidAllocation(t *testing.T) {
+	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"),
+		MakeClaim("a", "c").Memory("10Gi").Compute("12").Config(map[string]any{"memoryLimit": "8Gi"}).Obj(), MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	c := e.claim("a", "c")
+	a := c.Status.Allocation
+	if a == nil {
+		t.Fatalf("not allocated; status annotation %q", c.Annotations[AnnotationStatus])
+	}
+	if a.AllocationTimestamp == nil {
+		t.Error("no allocationTimestamp: the pod would never bind")
+	}
+	ns := a.NodeSelector
+	if ns == nil || len(ns.NodeSelectorTerms) != 1 || len(ns.NodeSelectorTerms[0].MatchFields) != 1 ||
+		ns.NodeSelectorTerms[0].MatchFields[0].Key != "metadata.name" || len(ns.NodeSelectorTerms[0].MatchFields[0].Values) != 1 ||
+		ns.NodeSelectorTerms[0].MatchFields[0].Values[0] != "n1" || len(ns.NodeSelectorTerms[0].MatchExpressions) != 0 {
+		t.Errorf("node selector %+v", ns)
+	}
+	if len(a.Devices.Results) != 1 {
+		t.Fatalf("results %+v", a.Devices.Results)
+	}
+	r := a.Devices.Results[0]
+	if r.Request != "gpu" || r.Driver != driver || r.Pool != "n1" || !strings.HasPrefix(r.Device, "gpu-") {
+		t.Errorf("result %+v", r)
+	}
+	if r.ShareID == nil || !uuidRE.MatchString(string(*r.ShareID)) {
+		t.Errorf("shareID %v is not a lowercase dashed UUID", r.ShareID)
+	}
+	if m := r.ConsumedCapacity[capMemory]; m.Value() != 10<<30 {
+		t.Errorf("consumed memory %s", m.String())
+	}
+	if cp := r.ConsumedCapacity[capCompute]; cp.Value() != 12 {
+		t.Errorf("consumed compute %s", cp.String())
+	}
+	if len(r.Tolerations) == 0 || r.Tolerations[0] != FenceToleration() {
+		t.Errorf("tolerations %+v lack the fence toleration", r.Tolerations)
+	}
+	// The user's config is kept and the allocator's comes last.
+	cfgs := a.Devices.Config
+	if len(cfgs) != 2 || cfgs[0].Source != resourceapi.AllocationConfigSourceClaim || cfgs[1].Source != resourceapi.AllocationConfigSourceClaim {
+		t.Fatalf("configs %+v", cfgs)
+	}
+	got, err := api.DecodeGpuConfig(cfgs[1].Opaque.Parameters.Raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Mode != api.SharingModeMPS || got.IsolationDomain != "ns-a" || got.MemoryLimit == nil || got.MemoryLimit.String() != "8Gi" {
+		t.Errorf("allocator config %+v", got)
+	}
+	if !hasFinalizer(c, Finalizer) || !hasFinalizer(c, resourceapi.Finalizer) {
+		t.Errorf("finalizers %v", c.Finalizers)
+	}
+	if c.Annotations[AnnotationAllocatedBy] != AllocatedByValue || !strings.Contains(c.Annotations[AnnotationStatus], "placed on n1/gpu-") {
+		t.Errorf("annotations %v", c.Annotations)
+	}
+	if ev := e.events("FgpuPlaced"); len(ev) != 2 || !strings.Contains(ev[0], "10Gi, 12% compute, MPS") {
+		t.Errorf("placement events %v", ev)
+	}
+}
+
+func TestWaitsForPod(t *testing.T) {
+	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"), MakeClaim("a", "c").Memory("10Gi").Obj())
+	e.run()
+	if e.placedOn("a", "c") != "" {
+		t.Fatal("a claim no pod uses was allocated")
+	}
+	e.create(MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") == "" {
+		t.Fatal("not placed once a pod uses it")
+	}
+}
+
+func TestAccountsSchedulerAllocations(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("none").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
+		MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"),
+		MakeClaim("a", "old").Memory("70Gi").AllocatedOn("n1", "gpu-0", "70Gi").Obj(),
+		MakeClaim("a", "new").Memory("20Gi").Obj(), MakePod("a", "p").Claim("new").Obj())
+	e.run()
+	if got := e.placedOn("a", "new"); got != "n1/gpu-1" {
+		t.Fatalf("placed on %q; gpu-0 has only 10Gi free", got)
+	}
+}
+
+func TestIsolationNamespace(t *testing.T) {
+	objs := []runtime.Object{MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"),
+		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj(),
+		MakeClaim("b", "c").Memory("10Gi").Created(1).Obj(), MakePod("b", "p").Claim("c").Obj()}
+	e := newEnv(t, nil, objs...)
+	e.run()
+	if e.placedOn("a", "c") == "" || e.placedOn("b", "c") != "" {
+		t.Fatalf("namespaces a and b shared a GPU by default: %q %q", e.placedOn("a", "c"), e.placedOn("b", "c"))
+	}
+	if ev := e.events("isolation"); len(ev) == 0 {
+		t.Errorf("no event says why b waits: %v", e.events(""))
+	}
+
+	// allowSharedGPU: same GPU, separate MPS servers (domains).
+	e2 := newEnv(t, []*api.SharingPolicy{MakePolicy("shared").AllowShared().Obj()}, objs...)
+	e2.run()
+	if e2.placedOn("a", "c") != "n1/gpu-0" || e2.placedOn("b", "c") != "n1/gpu-0" {
+		t.Fatalf("allowSharedGPU: %q %q", e2.placedOn("a", "c"), e2.placedOn("b", "c"))
+	}
+	da := allocCfg(t, e2.claim("a", "c")).IsolationDomain
+	db := allocCfg(t, e2.claim("b", "c")).IsolationDomain
+	if da == db {
+		t.Errorf("both namespaces got isolation domain %q", da)
+	}
+}
+
+func TestIsolationNoneShares(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("none").Isolation(api.IsolationNone).Obj()},
+		MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"),
+		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj(),
+		MakeClaim("b", "c").Memory("10Gi").Obj(), MakePod("b", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") != "n1/gpu-0" || e.placedOn("b", "c") != "n1/gpu-0" {
+		t.Fatal("isolation none did not share")
+	}
+	if d := allocCfg(t, e.claim("b", "c")).IsolationDomain; d != api.DefaultIsolationDomain {
+		t.Errorf("domain %q", d)
+	}
+}
+
+func TestIsolationExclusiveTakesWholeGPU(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("x").Isolation(api.IsolationExclusive).Obj()},
+		MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"),
+		MakeClaim("a", "c1").Memory("10Gi").Obj(), MakePod("a", "p1").Claim("c1").Obj(),
+		MakeClaim("a", "c2").Memory("10Gi").Created(1).Obj(), MakePod("a", "p2").Claim("c2").Obj(),
+		MakeClaim("a", "c3").Memory("10Gi").Created(2).Obj(), MakePod("a", "p3").Claim("c3").Obj())
+	e.run()
+	if e.placedOn("a", "c1") == e.placedOn("a", "c2") || e.placedOn("a", "c3") != "" {
+		t.Fatalf("exclusive: %q %q %q", e.placedOn("a", "c1"), e.placedOn("a", "c2"), e.placedOn("a", "c3"))
+	}
+	r := e.claim("a", "c1").Status.Allocation.Devices.Results[0]
+	if m := r.ConsumedCapacity[capMemory]; m.String() != "80Gi" {
+		t.Errorf("exclusive claim consumed %s, want the whole GPU", m.String())
+	}
+}
+
+func TestExclusiveClass(t *testing.T) {
+	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"),
+		MakeClaim("a", "w").Class(wholeClass).Obj(), MakePod("a", "p").Claim("w").Obj(),
+		MakeClaim("a", "s").Memory("1Gi").Created(1).Obj(), MakePod("a", "q").Claim("s").Obj())
+	e.run()
+	if e.placedOn("a", "w") != "n1/gpu-0" || e.placedOn("a", "s") != "" {
+		t.Fatalf("whole GPU shared: %q %q", e.placedOn("a", "w"), e.placedOn("a", "s"))
+	}
+}
+
+func TestLatencyCritical(t *testing.T) {
+	pols := []*api.SharingPolicy{
+		MakePolicy("crit").Latency(api.LatencyCritical).MaxCo(1).Isolation(api.IsolationNone).Pods("tier", "critical").Priority(10).Obj(),
+		MakePolicy("rest").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj(),
+	}
+	e := newEnv(t, pols, MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"),
+		MakeClaim("a", "be1").Memory("10Gi").Obj(), MakePod("a", "be1").Claim("be1").Obj())
+	e.run()
+	// The critical claim takes the least-loaded GPU: the empty one.
+	e.create(MakeClaim("a", "crit1").Memory("10Gi").Created(1).Obj(), MakePod("a", "crit1").Claim("crit1").Label("tier", "critical").Obj())
+	e.run()
+	if e.placedOn("a", "crit1") == e.placedOn("a", "be1") {
+		t.Fatalf("critical claim put next to a tenant while an empty GPU was free")
+	}
+	// Another critical claim never shares with the first; best-effort ones fill up to
+	// maxCoTenants 1 next to it.
+	e.create(MakeClaim("a", "crit2").Memory("10Gi").Created(2).Obj(), MakePod("a", "crit2").Claim("crit2").Label("tier", "critical").Obj(),
+		MakeClaim("a", "be2").Memory("10Gi").Created(3).Obj(), MakePod("a", "be2").Claim("be2").Obj(),
+		MakeClaim("a", "be3").Memory("10Gi").Created(4).Obj(), MakePod("a", "be3").Claim("be3").Obj())
+	e.run()
+	crit1 := e.placedOn("a", "crit1")
+	if e.placedOn("a", "crit2") == crit1 {
+		t.Error("two critical claims share a GPU")
+	}
+	n := 0
+	for _, c := range []string{"be1", "be2", "be3", "crit2"} {
+		if e.placedOn("a", c) == crit1 {
+			n++
+		}
+	}
+	if n > 1 {
+		t.Errorf("critical claim with maxCoTenants 1 has %d co-tenants", n)
+	}
+}
+
+func TestMaxTenantsAndBestEffortPacks(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).MaxTenants(2).Obj()},
+		MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"))
+	for i, n := range []string{"c1", "c2", "c3", "c4", "c5"} {
+		e.create(MakeClaim("a", n).Memory("1Gi").Created(i).Obj(), MakePod("a", n).Claim(n).Obj())
+	}
+	e.run()
+	count := map[string]int{}
+	for _, n := range []string{"c1", "c2", "c3", "c4", "c5"} {
+		count[e.placedOn("a", n)]++
+	}
+	if count["n1/gpu-0"] != 2 || count["n1/gpu-1"] != 2 || count[""] != 1 {
+		t.Fatalf("maxTenantsPerGPU 2, packing: %v", count)
+	}
+	if ev := e.events("maxTenantsPerGPU"); len(ev) == 0 {
+		t.Error("no event names maxTenantsPerGPU")
+	}
+}
+
+func TestComputeFromMemoryAndTimeSlicing(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).ComputeFromMemory().Mode(api.PolicyModeTimeSlicing).Obj()},
+		MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"), MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	c := e.claim("a", "c")
+	if cp := c.Status.Allocation.Devices.Results[0].ConsumedCapacity[capCompute]; cp.Value() != 13 {
+		t.Errorf("compute %s, want ceil(10/80*100)=13", cp.String())
+	}
+	if m := allocCfg(t, c).Mode; m != api.SharingModeTimeSlicing {
+		t.Errorf("mode %s", m)
+	}
+}
+
+func TestQuotaFIFO(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("20Gi").Obj()},
+		MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"))
+	for i, n := range []string{"c1", "c2", "c3"} {
+		e.create(MakeClaim("a", n).Memory("10Gi").Created(i).Obj(), MakePod("a", n).Claim(n).Obj())
+	}
+	e.create(MakeClaim("a", "small").Memory("1Gi").Created(5).Obj(), MakePod("a", "small").Claim("small").Obj())
+	e.run()
+	if e.placedOn("a", "c1") == "" || e.placedOn("a", "c2") == "" || e.placedOn("a", "c3") != "" {
+		t.Fatal("quota 20Gi: want c1, c2 placed and c3 pending")
+	}
+	if e.placedOn("a", "small") != "" {
+		t.Fatal("a later claim jumped the quota queue")
+	}
+	ev := e.events("FgpuOverQuota")
+	if len(ev) == 0 || !strings.Contains(ev[0], "20Gi") || !strings.Contains(ev[0], "10Gi over") {
+		t.Errorf("over-quota events %v", ev)
+	}
+	if st := e.claim("a", "c3").Annotations[AnnotationStatus]; !strings.Contains(st, "quota") {
+		t.Errorf("status annotation %q", st)
+	}
+	// Free quota: c3 goes first, then small.
+	if err := e.client.ResourceV1().ResourceClaims("a").Delete(e.ctx, "c1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.run()
+	if e.placedOn("a", "c3") == "" {
+		t.Fatal("c3 not placed after quota freed")
+	}
+	if e.placedOn("a", "small") != "" {
+		t.Fatal("small placed though c2+c3 use the whole quota")
+	}
+}
+
+func TestTimeoutAndReplace(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
+		MakeNode("n1").Obj(), MakeNode("n2").Obj(), MakeSlice("n1", 1, "80Gi"), MakeSlice("n2", 1, "80Gi"),
+		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	first := e.placedOn("a", "c")
+	if first == "" {
+		t.Fatal("not placed")
+	}
+	e.now = e.now.Add(2 * time.Minute) // the pod never bound
+	e.run()
+	second := e.placedOn("a", "c")
+	if second == "" || second == first {
+		t.Fatalf("after the bind timeout: first %q, now %q; want another node", first, second)
+	}
+	if ev := e.events(ReasonTimedOut); len(ev) < 2 {
+		t.Errorf("timeout events %v", ev)
+	}
+}
+
+func TestDeallocatesWhenPodGone(t *testing.T) {
+	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"),
+		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") == "" {
+		t.Fatal("not placed")
+	}
+	_ = e.client.CoreV1().Pods("a").Delete(e.ctx, "p", metav1.DeleteOptions{})
+	e.now = e.now.Add(time.Minute)
+	e.run()
+	if e.placedOn("a", "c") != "" {
+		t.Fatal("allocation kept though no pod uses the claim")
+	}
+	if len(e.c.st.claims) != 0 {
+		t.Errorf("state still holds %d claims", len(e.c.st.claims))
+	}
+}
+
+func TestDeletedClaimReleased(t *testing.T) {
+	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"),
+		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	c := e.claim("a", "c")
+	now := metav1.Now()
+	c.DeletionTimestamp = &now
+	if _, err := e.client.ResourceV1().ResourceClaims("a").Update(e.ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.run()
+	c = e.claim("a", "c")
+	if c.Status.Allocation != nil || hasFinalizer(c, Finalizer) {
+		t.Fatalf("deleted claim still allocated (%v) or holds the finalizer %v", c.Status.Allocation != nil, c.Finalizers)
+	}
+}
+
+func TestPodFit(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).Obj()},
+		MakeNode("tainted").Taint("dedicated", "x").Obj(), MakeNode("small").CPU("1").Obj(), MakeNode("other").Label("zone", "b").Obj(), MakeNode("good").Label("zone", "a").Obj(),
+		MakeSlice("tainted", 1, "80Gi"), MakeSlice("small", 1, "80Gi"), MakeSlice("other", 1, "80Gi"), MakeSlice("good", 1, "80Gi"),
+		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").CPU("2").NodeSelector("zone", "a").Obj())
+	e.run()
+	if got := e.placedOn("a", "c"); got != "good/gpu-0" {
+		t.Fatalf("placed on %q, the only node the pod fits is good", got)
+	}
+	e.create(MakeClaim("a", "d").Memory("10Gi").Obj(), MakePod("a", "q").Claim("d").CPU("2").NodeSelector("zone", "c").Obj())
+	e.run()
+	if e.placedOn("a", "d") != "" {
+		t.Fatal("placed a claim whose pod fits no node")
+	}
+	if ev := e.events("pod does not fit"); len(ev) == 0 {
+		t.Errorf("no event says the pod fits no node: %v", e.events("d"))
+	}
+}
+
+func TestPodFitCountsBoundPods(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
+		MakeNode("n1").CPU("4").Obj(), MakeNode("n2").CPU("4").Obj(), MakeSlice("n1", 1, "80Gi"), MakeSlice("n2", 1, "80Gi"),
+		MakePod("x", "hog").CPU("3").Bound("n1").Obj(),
+		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").CPU("2").Obj())
+	e.run()
+	if got := e.placedOn("a", "c"); got != "n2/gpu-0" {
+		t.Fatalf("placed on %q; n1 has 1 CPU left", got)
+	}
+}
+
+func TestUnsupportedRequestSaysWhy(t *testing.T) {
+	c := MakeClaim("a", "c").Memory("10Gi").Obj()
+	c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, resourceapi.DeviceRequest{Name: "nic",
+		Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nic.example.com", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}})
+	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"), c, MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") != "" {
+		t.Fatal("mixed claim allocated")
+	}
+	if ev := e.events("nic.example.com"); len(ev) == 0 {
+		t.Error("no event explains the mixed claim")
+	}
+}
+
+func allocCfg(t *testing.T, c *resourceapi.ResourceClaim) *api.GpuConfig {
+	t.Helper()
+	if c.Status.Allocation == nil {
+		t.Fatalf("claim %s not allocated", c.Name)
+	}
+	return allocationConfig(driver, c.Status.Allocation.Devices.Config, c.Status.Allocation.Devices.Results[0].Request)
+}
+
+var _ = corev1.PodScheduled

@@ -1,0 +1,207 @@
+package controller
+
+import (
+	"context"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/invariant"
+)
+
+func timeSec(s int) time.Duration { return time.Duration(s) * time.Second }
+
+// env is a controller over a fake API server, driven by hand.
+type env struct {
+	t      *testing.T
+	ctx    context.Context
+	client *fake.Clientset
+	c      *Controller
+	rec    *record.FakeRecorder
+	now    time.Time
+	kept   []string
+}
+
+func newEnv(t *testing.T, policies []*api.SharingPolicy, objs ...runtime.Object) *env {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	objs = append(objs, MakeClass(shareClass), MakeClass(wholeClass))
+	e := &env{t: t, ctx: ctx, client: fake.NewSimpleClientset(objs...), now: created.Add(time.Minute)}
+	cfg := DefaultConfig()
+	cfg.Workers = 1
+	cfg.BindTimeout = time.Minute
+	cfg.Now = func() time.Time { return e.now }
+	e.c = New(cfg, e.client, nil, nil)
+	e.rec = record.NewFakeRecorder(10000)
+	e.c.recorder = e.rec
+	for _, p := range policies {
+		e.c.SetPolicy(p)
+	}
+	if !e.c.WaitForCacheSync(ctx) {
+		t.Fatal("caches did not sync")
+	}
+	e.settle()
+	return e
+}
+
+// settle waits until the informers show what the fake API server holds.
+func (e *env) settle() {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		cl, _ := e.client.ResourceV1().ResourceClaims("").List(e.ctx, metav1.ListOptions{})
+		cached, _ := e.c.claims.List(everything())
+		pods, _ := e.client.CoreV1().Pods("").List(e.ctx, metav1.ListOptions{})
+		cachedPods, _ := e.c.pods.List(everything())
+		if sameClaims(cl.Items, cached) && len(pods.Items) == len(cachedPods) {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	e.t.Fatal("informers did not catch up")
+}
+
+func sameClaims(a []resourceapi.ResourceClaim, b []*resourceapi.ResourceClaim) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	m := map[string]*resourceapi.ResourceClaim{}
+	for _, c := range b {
+		m[c.Namespace+"/"+c.Name] = c
+	}
+	for i := range a {
+		c := m[a[i].Namespace+"/"+a[i].Name]
+		if c == nil || !reflect.DeepEqual(c.Status, a[i].Status) || !reflect.DeepEqual(c.Finalizers, a[i].Finalizers) ||
+			!reflect.DeepEqual(c.Annotations, a[i].Annotations) || !reflect.DeepEqual(c.DeletionTimestamp, a[i].DeletionTimestamp) {
+			return false
+		}
+	}
+	return true
+}
+
+// run syncs every fgpu claim, oldest first, until nothing changes; then checks the invariant.
+func (e *env) run() {
+	e.t.Helper()
+	for round := 0; round < 10; round++ {
+		e.settle()
+		before := e.snapshot()
+		claims, _ := e.c.claims.List(everything())
+		sort.Slice(claims, func(i, j int) bool {
+			if !claims[i].CreationTimestamp.Equal(&claims[j].CreationTimestamp) {
+				return claims[i].CreationTimestamp.Before(&claims[j].CreationTimestamp)
+			}
+			return claims[i].Name < claims[j].Name
+		})
+		for _, cl := range claims {
+			if _, err := e.c.Sync(e.ctx, cl.Namespace+"/"+cl.Name); err != nil {
+				e.t.Logf("sync %s/%s: %v", cl.Namespace, cl.Name, err)
+			}
+			e.settle()
+		}
+		if reflect.DeepEqual(before, e.snapshot()) {
+			break
+		}
+	}
+	e.checkInvariant()
+}
+
+func (e *env) snapshot() map[string]resourceapi.ResourceClaimStatus {
+	cl, _ := e.client.ResourceV1().ResourceClaims("").List(e.ctx, metav1.ListOptions{})
+	out := map[string]resourceapi.ResourceClaimStatus{}
+	for _, c := range cl.Items {
+		out[c.Namespace+"/"+c.Name] = c.Status
+	}
+	return out
+}
+
+func (e *env) checkInvariant() {
+	e.t.Helper()
+	cl, _ := e.client.ResourceV1().ResourceClaims("").List(e.ctx, metav1.ListOptions{})
+	sl, _ := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{})
+	claims := make([]*resourceapi.ResourceClaim, len(cl.Items))
+	for i := range cl.Items {
+		claims[i] = &cl.Items[i]
+	}
+	slices := make([]*resourceapi.ResourceSlice, len(sl.Items))
+	for i := range sl.Items {
+		slices[i] = &sl.Items[i]
+	}
+	if err := invariant.Check(claims, slices); err != nil {
+		e.t.Fatalf("invariant: %v", err)
+	}
+}
+
+func (e *env) claim(ns, name string) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	c, err := e.client.ResourceV1().ResourceClaims(ns).Get(e.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// placedOn returns "node/gpu" of a claim's first result, or "".
+func (e *env) placedOn(ns, name string) string {
+	c := e.claim(ns, name)
+	if c.Status.Allocation == nil || len(c.Status.Allocation.Devices.Results) == 0 {
+		return ""
+	}
+	r := c.Status.Allocation.Devices.Results[0]
+	return r.Pool + "/" + r.Device
+}
+
+func (e *env) create(objs ...runtime.Object) {
+	e.t.Helper()
+	for _, o := range objs {
+		var err error
+		switch x := o.(type) {
+		case *resourceapi.ResourceClaim:
+			_, err = e.client.ResourceV1().ResourceClaims(x.Namespace).Create(e.ctx, x, metav1.CreateOptions{})
+		case *corev1.Pod:
+			_, err = e.client.CoreV1().Pods(x.Namespace).Create(e.ctx, x, metav1.CreateOptions{})
+		case *resourceapi.ResourceSlice:
+			_, err = e.client.ResourceV1().ResourceSlices().Create(e.ctx, x, metav1.CreateOptions{})
+		case *corev1.Node:
+			_, err = e.client.CoreV1().Nodes().Create(e.ctx, x, metav1.CreateOptions{})
+		default:
+			e.t.Fatalf("create: unknown %T", o)
+		}
+		if err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// events returns the recorded events that contain substr.
+func (e *env) events(substr string) []string {
+	var out []string
+	for {
+		select {
+		case ev := <-e.rec.Events:
+			e.kept = append(e.kept, ev)
+			continue
+		default:
+		}
+		break
+	}
+	for _, ev := range e.kept {
+		if strings.Contains(ev, substr) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func everything() labels.Selector { return labels.Everything() }

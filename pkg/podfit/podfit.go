@@ -1,0 +1,79 @@
+// Package podfit checks, before fgpu's allocator pins a claim to a node, what kube-scheduler
+// will check for the claim's pod on that node: node selector and required affinity, taints,
+// unschedulable, and allocatable CPU, memory and pod count. A claim pinned to a node the pod
+// cannot run on is never used (kube-scheduler leaves such an allocation in place forever), so
+// the allocator must not choose one. The rules are upstream's (component-helpers), not ours.
+package podfit
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcehelper "k8s.io/component-helpers/resource"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
+)
+
+// Requests is what pods ask of a node.
+type Requests struct {
+	MilliCPU int64
+	Memory   int64
+	Pods     int64
+}
+
+// Add adds b to r.
+func (r *Requests) Add(b Requests) {
+	r.MilliCPU += b.MilliCPU
+	r.Memory += b.Memory
+	r.Pods += b.Pods
+}
+
+// PodRequests is what one pod asks of its node, computed as kube-scheduler does (init
+// containers, sidecars, pod-level resources and overhead included).
+func PodRequests(pod *corev1.Pod) Requests {
+	reqs := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
+	return Requests{MilliCPU: reqs.Cpu().MilliValue(), Memory: reqs.Memory().Value(), Pods: 1}
+}
+
+// Counts reports whether a pod holds node resources: bound and not finished.
+func Counts(pod *corev1.Pod) bool {
+	return pod.Spec.NodeName != "" && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+}
+
+// Fits returns nil when pod may run on node given what is already requested there, or an
+// error that says, in kube-scheduler's words where it has them, why not.
+func Fits(pod *corev1.Pod, node *corev1.Node, requested Requests) error {
+	if node.Spec.Unschedulable {
+		t := corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}
+		if !corev1helpers.TolerationsTolerateTaint(klog.Background(), pod.Spec.Tolerations, &t, false) {
+			return fmt.Errorf("node %s is unschedulable", node.Name)
+		}
+	}
+	if ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node); err != nil {
+		return fmt.Errorf("node %s: pod's node affinity is invalid: %w", node.Name, err)
+	} else if !ok {
+		return fmt.Errorf("node %s didn't match the pod's node affinity/selector", node.Name)
+	}
+	taint, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), node.Spec.Taints, pod.Spec.Tolerations,
+		func(t *corev1.Taint) bool {
+			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+		}, false)
+	if untolerated {
+		return fmt.Errorf("node %s had untolerated taint {%s: %s}", node.Name, taint.Key, taint.Value)
+	}
+	want := PodRequests(pod)
+	alloc := node.Status.Allocatable
+	if cpu, ok := alloc[corev1.ResourceCPU]; ok && requested.MilliCPU+want.MilliCPU > cpu.MilliValue() {
+		return fmt.Errorf("node %s has insufficient cpu: %dm requested there, pod needs %dm of %dm allocatable",
+			node.Name, requested.MilliCPU, want.MilliCPU, cpu.MilliValue())
+	}
+	if mem, ok := alloc[corev1.ResourceMemory]; ok && requested.Memory+want.Memory > mem.Value() {
+		return fmt.Errorf("node %s has insufficient memory: %d bytes requested there, pod needs %d of %d allocatable",
+			node.Name, requested.Memory, want.Memory, mem.Value())
+	}
+	if pods, ok := alloc[corev1.ResourcePods]; ok && requested.Pods+1 > pods.Value() {
+		return fmt.Errorf("node %s has too many pods (%d allocatable)", node.Name, pods.Value())
+	}
+	return nil
+}

@@ -89,7 +89,17 @@ start() {
 wait_for() {
   local desc=$1 timeout=$2; shift 2
   local deadline=$((SECONDS + timeout))
+  local f
   until "$@" >/dev/null 2>&1; do
+    # Fail fast when a component we started has exited.
+    for f in "$STATE_DIR"/pids/*.pid; do
+      [[ -f $f ]] || continue
+      f=${f##*/}; f=${f%.pid}
+      if ! pid_alive "$f"; then
+        log "$f exited while waiting for $desc (see $STATE_DIR/logs/$f.log)"
+        return 1
+      fi
+    done
     if ((SECONDS >= deadline)); then
       log "timed out after ${timeout}s waiting for $desc"
       return 1

@@ -47,6 +47,7 @@ NODE_NAME=$(node_name)
 log "up: node $NODE_NAME at $NODE_IP, state in $STATE_DIR"
 
 mkdir -p "$STATE_DIR"/{pki,logs,pids,etcd,containerd,cni/net.d,cni/ipam,kubelet}
+chmod 700 "$STATE_DIR/etcd"
 chmod 700 "$STATE_DIR"
 
 on_exit() {

@@ -20,6 +20,7 @@ for a in "$@"; do
   esac
 done
 require_root
+lock_cluster
 T0=$SECONDS
 
 if ((KEEP_LOGS)) && [[ -d $STATE_DIR/logs ]]; then

@@ -41,6 +41,19 @@ running() {
 log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+# lock_cluster: up.sh and down.sh of one state dir run one at a time (others on the machine may
+# share the tree); a nested call (up.sh running down.sh) inherits the lock.
+lock_cluster() {
+  [[ ${FGPU_CLUSTER_LOCKED:-} == "$STATE_DIR" ]] && return 0
+  mkdir -p "$(dirname "$STATE_DIR")"
+  exec 9>"$STATE_DIR.lock"
+  if ! flock -n 9; then
+    log "another up.sh/down.sh holds $STATE_DIR.lock; waiting"
+    flock 9
+  fi
+  export FGPU_CLUSTER_LOCKED=$STATE_DIR
+}
+
 require_root() { [[ $(id -u) -eq 0 ]] || die "must run as root"; }
 
 # node_ip prints the IPv4 address the kubelet registers and serves on: FGPU_NODE_IP, else eth0's,
@@ -80,7 +93,8 @@ pid_alive() {
 start() {
   local name=$1; shift
   mkdir -p "$STATE_DIR/logs" "$STATE_DIR/pids"
-  PATH=$BIN_DIR:$PATH setsid "$BIN_DIR/$name" "$@" </dev/null >>"$STATE_DIR/logs/$name.log" 2>&1 &
+  # 9>&-: the cluster lock (lock_cluster) must not be inherited by long-running processes.
+  PATH=$BIN_DIR:$PATH setsid "$BIN_DIR/$name" "$@" </dev/null >>"$STATE_DIR/logs/$name.log" 2>&1 9>&- &
   echo $! >"$STATE_DIR/pids/$name.pid"
   log "started $name (pid $!)"
 }

@@ -15,6 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 T0=$(date +%s.%N)
 require_root
+lock_cluster
 
 # ---------------------------------------------------------------- preflight
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl containerd ctr containerd-shim-runc-v2; do

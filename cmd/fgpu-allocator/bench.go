@@ -1,0 +1,73 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/fgpu-dev/fgpu/pkg/controller/loadgen"
+)
+
+// benchCommand drives a burst of claims against a cluster whose allocator is running and
+// reports throughput and claim-created→allocated latency.
+func benchCommand() *cobra.Command {
+	o := loadgen.Defaults()
+	var kubeconfig, sizes string
+	var setup, burst, cleanup bool
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Publish fake GPU nodes, create a burst of claims with pods, report allocation throughput and latency",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Sizes = splitList(sizes)
+			rc, err := restConfig(kubeconfig, 500, 1000)
+			if err != nil {
+				return err
+			}
+			c, err := kubernetes.NewForConfig(rc)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if setup {
+				if err := loadgen.Setup(ctx, c, o); err != nil {
+					return fmt.Errorf("setup: %w", err)
+				}
+			}
+			if burst {
+				rep, err := loadgen.Burst(ctx, c, o)
+				if err != nil {
+					return fmt.Errorf("burst: %w", err)
+				}
+				fmt.Println(rep)
+				if rep.InvariantErr != nil || rep.Allocated < rep.Claims {
+					if cleanup {
+						_ = loadgen.Cleanup(ctx, c, o)
+					}
+					return fmt.Errorf("bench failed")
+				}
+			}
+			if cleanup {
+				return loadgen.Cleanup(ctx, c, o)
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
+	fs.IntVar(&o.Nodes, "nodes", o.Nodes, "fake GPU nodes (Node objects and slices, no kubelet)")
+	fs.IntVar(&o.GPUsPerNode, "gpus-per-node", o.GPUsPerNode, "GPUs per node")
+	fs.StringVar(&o.GPUMemory, "gpu-memory", o.GPUMemory, "allocatable memory per GPU")
+	fs.IntVar(&o.Claims, "claims", o.Claims, "claims in the burst")
+	fs.StringVar(&sizes, "sizes", strings.Join(o.Sizes, ","), "claim memory sizes, used in turn")
+	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "namespace of the claims and pods")
+	fs.StringVar(&o.Prefix, "prefix", o.Prefix, "prefix of node, claim and pod names")
+	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "parallel creators")
+	fs.BoolVar(&o.Pods, "pods", o.Pods, "create a pod per claim")
+	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "wait at most this long for allocations")
+	fs.BoolVar(&setup, "setup", true, "create the fake nodes and slices first")
+	fs.BoolVar(&burst, "burst", true, "create the claims and measure")
+	fs.BoolVar(&cleanup, "cleanup", false, "delete the namespace, slices and nodes afterwards")
+	return cmd
+}

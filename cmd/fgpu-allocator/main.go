@@ -1,0 +1,195 @@
+// Command fgpu-allocator is fgpu's central allocator: it places pending ResourceClaims of
+// fgpu's DeviceClasses on GPUs under the cluster's SharingPolicies and writes their
+// allocations. One replica leads at a time (a Lease); the others wait.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
+
+	"github.com/fgpu-dev/fgpu/pkg/controller"
+)
+
+type flags struct {
+	cfg              controller.Config
+	classes          string
+	exclusiveClasses string
+	metricsAddr      string
+	kubeconfig       string
+	leaderElect      bool
+	leaseNamespace   string
+	leaseName        string
+	leaseDuration    time.Duration
+	renewDeadline    time.Duration
+	retryPeriod      time.Duration
+	qps              float32
+	burst            int
+}
+
+func main() {
+	f := flags{cfg: controller.DefaultConfig()}
+	cmd := &cobra.Command{
+		Use:           "fgpu-allocator",
+		Short:         "Place fgpu GPU-share claims under sharing policies and write their allocations",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return run(cmd.Context(), f) },
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.cfg.DriverName, "driver-name", f.cfg.DriverName, "DRA driver name")
+	fs.StringVar(&f.classes, "device-classes", strings.Join(f.cfg.DeviceClasses, ","), "DeviceClasses whose claims the allocator places")
+	fs.StringVar(&f.exclusiveClasses, "exclusive-classes", strings.Join(f.cfg.ExclusiveClasses, ","), "DeviceClasses whose requests take whole GPUs")
+	fs.DurationVar(&f.cfg.BindTimeout, "bind-timeout", f.cfg.BindTimeout, "take an allocation back, and place the claim elsewhere, when its pod is not scheduled within this time")
+	fs.DurationVar(&f.cfg.OrphanGrace, "orphan-grace", f.cfg.OrphanGrace, "take an allocation back when no pod has used the claim for this long")
+	fs.IntVar(&f.cfg.Workers, "workers", f.cfg.Workers, "claims written in parallel (decisions are serialised)")
+	fs.StringVar(&f.cfg.Placement, "placement", f.cfg.Placement, "placement policy for standard claims: fgpu, fgd, bestfit, random")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", ":9465", "address of the Prometheus /metrics and /healthz endpoint (empty: off)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
+	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run only while holding the Lease")
+	fs.StringVar(&f.leaseNamespace, "leader-elect-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the Lease (default $POD_NAMESPACE)")
+	fs.StringVar(&f.leaseName, "leader-elect-name", "fgpu-allocator", "name of the Lease")
+	fs.DurationVar(&f.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "Lease duration")
+	fs.DurationVar(&f.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "renew deadline")
+	fs.DurationVar(&f.retryPeriod, "leader-elect-retry-period", 2*time.Second, "retry period")
+	fs.Float32Var(&f.qps, "kube-api-qps", 100, "API requests per second")
+	fs.IntVar(&f.burst, "kube-api-burst", 200, "API request burst")
+	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlagSet(klogFlags)
+	cmd.AddCommand(benchCommand())
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "fgpu-allocator:", err)
+		os.Exit(1)
+	}
+}
+
+func restConfig(kubeconfig string, qps float32, burst int) (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = qps, burst
+	cfg.UserAgent = "fgpu-allocator"
+	return cfg, nil
+}
+
+func run(ctx context.Context, f flags) error {
+	logger := klog.FromContext(ctx)
+	f.cfg.DeviceClasses = splitList(f.classes)
+	f.cfg.ExclusiveClasses = splitList(f.exclusiveClasses)
+	rc, err := restConfig(f.kubeconfig, f.qps, f.burst)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := controller.NewMetrics(reg)
+	if f.metricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+		srv := &http.Server{Addr: f.metricsAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error(err, "Metrics server failed")
+			}
+		}()
+		defer func() { _ = srv.Shutdown(context.Background()) }()
+	}
+	runCtrl := func(ctx context.Context) error {
+		return controller.New(f.cfg, client, dyn, metrics).Run(ctx)
+	}
+	if !f.leaderElect {
+		return runCtrl(ctx)
+	}
+	if f.leaseNamespace == "" {
+		return errors.New("--leader-elect-namespace (or $POD_NAMESPACE) is required with --leader-elect")
+	}
+	host, _ := os.Hostname()
+	id := host + "_" + string(uuid.NewUUID())
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: f.leaseNamespace, Name: f.leaseName},
+		Client:     client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
+	}
+	var runErr error
+	lost := make(chan struct{})
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock: lock, ReleaseOnCancel: true, Name: f.leaseName,
+		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				logger.Info("Leading; starting the allocator", "identity", id)
+				runErr = runCtrl(ctx)
+			},
+			OnStoppedLeading: func() {
+				logger.Info("No longer leading", "identity", id)
+				close(lost)
+			},
+			OnNewLeader: func(identity string) {
+				if identity != id {
+					logger.Info("Another replica leads", "leader", identity)
+				}
+			},
+		},
+	})
+	if ctx.Err() == nil {
+		// Lost the lease without being asked to stop: exit so that a fresh process
+		// rebuilds its state from the API server before it decides anything again.
+		<-lost
+		if runErr != nil {
+			return runErr
+		}
+		return errors.New("lost the leader lease")
+	}
+	return runErr
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

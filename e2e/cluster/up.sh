@@ -40,7 +40,7 @@ if [[ -d $STATE_DIR ]]; then
 fi
 # Something else holding our ports means another cluster (or a previous one whose state dir is
 # gone): refuse rather than fight over it.
-busy=$(ss -Hltn 2>/dev/null | awk '{print $4}' | grep -E ':(2379|2380|6443|10248|10250|10257|10259)$' || true)
+busy=$(ss -Hltn 2>/dev/null | awk '{print $4}' | grep -E ':(2379|2380|2381|6443|10248|10250|10257|10259)$' || true)
 [[ -z $busy ]] || die "ports already in use: $(echo $busy) — is another cluster running? (e2e/cluster/down.sh cleans ours)"
 
 NODE_IP=$(node_ip)

@@ -41,6 +41,10 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend) (*State, err
 	if err != nil {
 		return nil, fmt.Errorf("discover GPUs: %w", err)
 	}
+	// The kubelet plugin helper listens in this directory but does not create it.
+	if err := os.MkdirAll(cfg.PluginDataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create plugin data directory: %w", err)
+	}
 	w, err := cdi.NewWriter(cfg.CDIDir)
 	if err != nil {
 		return nil, err

@@ -241,3 +241,6 @@ func roundUp(v, step int64) int64 {
 func fmtBytes(b int64) string {
 	return resource.NewQuantity(b, resource.BinarySI).String()
 }
+
+// claimKey is namespace/name: the state's key for a claim.
+func claimKey(claim *resourceapi.ResourceClaim) string { return claim.Namespace + "/" + claim.Name }

@@ -441,7 +441,7 @@ func (c *Controller) onClaim(old, claim *resourceapi.ResourceClaim) {
 // account brings the state in line with a claim seen by the informer; it reports whether
 // capacity was freed. Caller holds c.mu.
 func (c *Controller) account(claim *resourceapi.ResourceClaim) bool {
-	cur := c.st.claims[claim.UID]
+	cur := c.st.claims[claimKey(claim)]
 	if claim.Status.Allocation == nil {
 		if cur == nil {
 			return false
@@ -449,7 +449,7 @@ func (c *Controller) account(claim *resourceapi.ResourceClaim) bool {
 		if !cur.assumed.IsZero() && c.now().Sub(cur.assumed) < 30*time.Second {
 			return false // our own write, not yet seen by the informer
 		}
-		c.st.remove(claim.UID)
+		c.st.remove(claimKey(claim))
 		return true
 	}
 	rec := c.recordFromClaim(claim)
@@ -479,7 +479,7 @@ func sameShares(a, b *claimRec) bool {
 func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	key := claim.Namespace + "/" + claim.Name
 	c.mu.Lock()
-	freed := c.st.remove(claim.UID) != nil
+	freed := c.st.remove(claimKey(claim)) != nil
 	delete(c.pending, key)
 	delete(c.lastMsg, key)
 	if q := c.quotaWait[claim.Namespace]; q != nil {
@@ -692,6 +692,16 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 
 	start := c.now()
 	c.mu.Lock()
+	if rec := c.st.claims[key]; rec != nil {
+		// The state holds an allocation the informer has not shown yet (our own write):
+		// never decide twice for one claim. A record the informer contradicts for long is
+		// dropped (account keeps fresh ones only).
+		if rec.assumed.IsZero() || c.now().Sub(rec.assumed) < 30*time.Second {
+			c.mu.Unlock()
+			return 100 * time.Millisecond, nil
+		}
+		c.st.remove(key)
+	}
 	pols := make([]*api.SharingPolicy, 0, len(c.policies))
 	for _, p := range c.policies {
 		pols = append(pols, p)
@@ -743,7 +753,7 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	if err := c.write(ctx, claim, d); err != nil {
 		c.mu.Lock()
-		c.st.remove(claim.UID)
+		c.st.remove(claimKey(claim))
 		for _, p := range in.pods {
 			delete(c.assumedPods, p.UID)
 		}
@@ -822,7 +832,7 @@ func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim
 		return fmt.Errorf("write allocation: %w", err)
 	}
 	c.mu.Lock()
-	if cur := c.st.claims[claim.UID]; cur != nil {
+	if cur := c.st.claims[claimKey(claim)]; cur != nil {
 		cur.assumed = c.now()
 	}
 	_ = updated
@@ -972,7 +982,7 @@ func (c *Controller) deallocate(ctx context.Context, claim *resourceapi.Resource
 	}
 	klog.FromContext(ctx).V(2).Info("Deallocated claim", "why", why)
 	c.mu.Lock()
-	c.st.remove(claim.UID)
+	c.st.remove(claimKey(claim))
 	c.mu.Unlock()
 	reason := ReasonDeallocated
 	if pods != nil {
@@ -1006,7 +1016,7 @@ func (c *Controller) finishDeletion(ctx context.Context, claim *resourceapi.Reso
 		}
 		cl = updated
 		c.mu.Lock()
-		c.st.remove(claim.UID)
+		c.st.remove(claimKey(claim))
 		c.mu.Unlock()
 		c.kick()
 	}

@@ -101,6 +101,7 @@ func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitRea
 				continue
 			}
 			// Tentatively record the shares so the claim's next requests see them.
+			c.st.remove(d.rec.key)
 			for _, r := range res {
 				d.results = append(d.results, r)
 				d.rec.shares = append(d.rec.shares, &tenantAt{gpu: r.gpu, t: c.tenantOf(in, r)})
@@ -110,7 +111,7 @@ func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitRea
 			break
 		}
 		if !placed {
-			c.st.remove(d.rec.uid)
+			c.st.remove(d.rec.key)
 			if firstWait == nil {
 				firstWait = &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf("request %q has no way to be satisfied", req.Name)}
 			}

@@ -70,7 +70,7 @@ type tenantAt struct {
 // It is guarded by the controller's mutex.
 type state struct {
 	gpus   map[gpuKey]*gpu
-	claims map[types.UID]*claimRec
+	claims map[string]*claimRec
 	// nsMem and nsComp are the allocated memory and compute per namespace (quota).
 	nsMem, nsComp map[string]int64
 
@@ -83,7 +83,7 @@ type state struct {
 }
 
 func newState() *state {
-	return &state{gpus: map[gpuKey]*gpu{}, claims: map[types.UID]*claimRec{}, nsMem: map[string]int64{}, nsComp: map[string]int64{}, dirty: true}
+	return &state{gpus: map[gpuKey]*gpu{}, claims: map[string]*claimRec{}, nsMem: map[string]int64{}, nsComp: map[string]int64{}, dirty: true}
 }
 
 func (s *state) gpuFor(k gpuKey) *gpu {
@@ -144,10 +144,10 @@ func milliOf(mem, memCap int64, whole bool) int64 {
 
 // add records a claim's shares (replacing what was recorded for it).
 func (s *state) add(rec *claimRec) {
-	if old, ok := s.claims[rec.uid]; ok {
-		s.remove(old.uid)
+	if old, ok := s.claims[rec.key]; ok {
+		s.remove(old.key)
 	}
-	s.claims[rec.uid] = rec
+	s.claims[rec.key] = rec
 	for _, sh := range rec.shares {
 		g, t := sh.gpu, sh.t
 		g.tenants[t.shareID] = t
@@ -161,12 +161,12 @@ func (s *state) add(rec *claimRec) {
 }
 
 // remove forgets a claim's shares.
-func (s *state) remove(uid types.UID) *claimRec {
-	rec, ok := s.claims[uid]
+func (s *state) remove(key string) *claimRec {
+	rec, ok := s.claims[key]
 	if !ok {
 		return nil
 	}
-	delete(s.claims, uid)
+	delete(s.claims, key)
 	for _, sh := range rec.shares {
 		g, t := sh.gpu, sh.t
 		delete(g.tenants, t.shareID)

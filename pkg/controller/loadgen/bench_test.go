@@ -1,0 +1,70 @@
+package loadgen
+
+import (
+	"context"
+	"runtime"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/fgpu-dev/fgpu/pkg/controller"
+)
+
+// burst runs the allocator in-process over a fake API server and measures a burst.
+func burst(tb testing.TB, o Options) (Report, uint64) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := fake.NewSimpleClientset()
+	if err := Setup(ctx, client, o); err != nil {
+		tb.Fatal(err)
+	}
+	cfg := controller.DefaultConfig()
+	c := controller.New(cfg, client, nil, nil)
+	if _, err := client.ResourceV1().DeviceClasses().Create(ctx, deviceClass(o.Class), metav1CreateOptions()); err != nil {
+		tb.Fatal(err)
+	}
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	go func() { _ = c.Run(ctx) }()
+	time.Sleep(200 * time.Millisecond)
+	rep, err := Burst(ctx, client, o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	return rep, after.HeapInuse
+}
+
+func TestFakeBurst(t *testing.T) {
+	o := Defaults()
+	o.Nodes, o.Claims, o.Timeout, o.Concurrency = 20, 200, time.Minute, 1
+	rep, _ := burst(t, o)
+	t.Log(rep)
+	if rep.Allocated != o.Claims {
+		t.Fatalf("allocated %d of %d", rep.Allocated, o.Claims)
+	}
+	if rep.InvariantErr != nil {
+		t.Fatal(rep.InvariantErr)
+	}
+}
+
+// BenchmarkBurst2000 is the figure: 2,000 claims over 500 nodes × 8 GPUs, against
+// a fake API server (so it measures the allocator, not an API server).
+func BenchmarkBurst2000(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		o := Defaults()
+		o.Concurrency = 1 // the fake API server panics when a watcher falls 100 events behind
+		rep, heap := burst(b, o)
+		if rep.Allocated != rep.Claims || rep.InvariantErr != nil {
+			b.Fatal(rep)
+		}
+		b.ReportMetric(rep.PerSecond, "claims/s")
+		b.ReportMetric(float64(rep.P99.Milliseconds()), "p99-ms")
+		b.ReportMetric(float64(heap)/(1<<20), "heap-MiB")
+		b.Log(rep)
+	}
+}

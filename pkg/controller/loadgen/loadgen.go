@@ -258,3 +258,58 @@ func Cleanup(ctx context.Context, c kubernetes.Interface, o Options) error {
 	}
 	return nil
 }
+
+// CreateAll creates every claim (and pod) of the burst without timing them: for a fake API
+// server, whose watchers panic when they fall 100 events behind a fast creator.
+func CreateAll(ctx context.Context, c kubernetes.Interface, o Options) error {
+	for i := 0; i < o.Claims; i++ {
+		if _, err := c.ResourceV1().ResourceClaims(o.Namespace).Create(ctx, o.Claim(i), metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		if o.Pods {
+			if _, err := c.CoreV1().Pods(o.Namespace).Create(ctx, o.Pod(i), metav1.CreateOptions{}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Await polls until every claim of the burst is allocated (or Timeout) and reports each
+// claim's latency from start.
+func Await(ctx context.Context, c kubernetes.Interface, o Options, start time.Time) Report {
+	rep := Report{Claims: o.Claims}
+	seen := map[string]time.Time{}
+	deadline := start.Add(o.Timeout)
+	for len(seen) < o.Claims && time.Now().Before(deadline) && ctx.Err() == nil {
+		list, err := c.ResourceV1().ResourceClaims(o.Namespace).List(ctx, metav1.ListOptions{})
+		if err == nil {
+			now := time.Now()
+			for i := range list.Items {
+				if list.Items[i].Status.Allocation != nil {
+					if _, ok := seen[list.Items[i].Name]; !ok {
+						seen[list.Items[i].Name] = now
+					}
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	lat := make([]time.Duration, 0, len(seen))
+	var last time.Time
+	for _, t := range seen {
+		lat = append(lat, t.Sub(start))
+		if t.After(last) {
+			last = t
+		}
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	rep.Allocated = len(lat)
+	if n := len(lat); n > 0 {
+		rep.P50, rep.P99, rep.Max = lat[n/2], lat[int(math.Ceil(float64(n)*0.99))-1], lat[n-1]
+		rep.Elapsed = last.Sub(start)
+		rep.PerSecond = float64(n) / rep.Elapsed.Seconds()
+	}
+	rep.InvariantErr = Check(ctx, c, o.Driver)
+	return rep
+}

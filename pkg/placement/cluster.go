@@ -9,6 +9,7 @@ import (
 const maxModels = 64
 
 type node struct {
+	idx              int
 	name             string
 	cpuCap, memCap   int64
 	cpuFree, memFree int64
@@ -36,7 +37,7 @@ func NewCluster(specs []NodeSpec) (*Cluster, error) {
 		if s.CPUMilli < 0 || s.MemoryMiB < 0 {
 			return nil, fmt.Errorf("node %q: negative capacity", s.Name)
 		}
-		n := node{name: s.Name, cpuCap: s.CPUMilli, memCap: s.MemoryMiB, cpuFree: s.CPUMilli, memFree: s.MemoryMiB}
+		n := node{idx: i, name: s.Name, cpuCap: s.CPUMilli, memCap: s.MemoryMiB, cpuFree: s.CPUMilli, memFree: s.MemoryMiB}
 		n.gpuCap = make([]int64, len(s.GPUs))
 		n.gpuFree = make([]int64, len(s.GPUs))
 		n.gpuModel = make([]uint8, len(s.GPUs))

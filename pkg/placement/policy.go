@@ -19,8 +19,9 @@ type Policy interface {
 }
 
 // RandomTies is implemented by policies whose equal scores must be broken at
-// random, as kube-scheduler does (the paper's baselines). Other policies get
-// the first best node, which makes them deterministic.
+// random, as upstream kube-scheduler does. Other policies get the best node
+// with the smallest name, as the FGD artifact's patched scheduler does,
+// which makes them deterministic.
 type RandomTies interface{ RandomTies() bool }
 
 // Names lists the policies New knows.
@@ -33,7 +34,7 @@ func New(name string, w Workload) (Policy, error) {
 	case "random":
 		return &Random{}, nil
 	case "bestfit":
-		return &BestFit{}, nil
+		return &BestFit{ByName: true}, nil
 	case "fgd":
 		return NewFGD(w), nil
 	case "fgpu", "":

@@ -75,6 +75,11 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 				bestNode = ni
 				s.best = append(s.best[:0], gpus...)
 			}
+		case score == bestScore && n.name < s.c.nodes[bestNode].name:
+			// deterministic ties: the smallest node name, as the FGD
+			// artifact's patched kube-scheduler does
+			bestNode = ni
+			s.best = append(s.best[:0], gpus...)
 		}
 	}
 	if bestNode < 0 {

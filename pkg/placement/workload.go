@@ -35,6 +35,15 @@ func ShapeOf(r *Request) Shape {
 // are renormalised over the kept shapes. This is the FGD paper's "typical
 // pods" with its artifact's defaults (95%, steps of 10).
 func TypicalShapes(reqs []Request, popularity float64) Workload {
+	return TypicalShapesStep(reqs, popularity, 10)
+}
+
+// TypicalShapesStep is TypicalShapes adding step shapes at a time (the
+// artifact's experiment scripts pass 1).
+func TypicalShapesStep(reqs []Request, popularity float64, step int) Workload {
+	if step < 1 {
+		step = 1
+	}
 	type key struct {
 		cpu, share int64
 		gpus       int
@@ -69,7 +78,7 @@ func TypicalShapes(reqs []Request, popularity float64) Workload {
 	total := float64(len(reqs))
 	kept, cum := 0, 0.0
 	for cum < popularity*total && kept < len(w) {
-		for end := min(kept+10, len(w)); kept < end; kept++ {
+		for end := min(kept+step, len(w)); kept < end; kept++ {
 			cum += w[kept].Weight
 		}
 	}

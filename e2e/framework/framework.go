@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -97,7 +99,7 @@ func connect() (*Cluster, error) {
 	}
 	for _, n := range nodes.Items {
 		// The real node is the one with a kubelet; load tests add Node objects without one.
-		if n.Labels["fgpu.dev/fake-node"] == "" {
+		if n.Status.NodeInfo.KubeletVersion != "" {
 			return &Cluster{Config: cfg, Client: client, Node: n.Name}, nil
 		}
 	}
@@ -122,17 +124,68 @@ func Run(ctx context.Context, name string, args ...string) (string, error) {
 func Bin(name string) string { return filepath.Join(RepoRoot(), "_output", "bin", name) }
 
 // Install installs or upgrades the chart with the fake GPUs and the local cluster's values,
-// plus the given --set values, and waits for the plugin to publish its slices.
+// plus the given --set values, and waits until this node's plugin runs the new settings and
+// publishes its GPUs. (Not helm's --wait: load tests add Node objects without a kubelet, on
+// which the DaemonSet's pods never start.)
 func (c *Cluster) Install(ctx context.Context, sets ...string) error {
 	args := []string{"upgrade", "--install", "fgpu", "deployments/helm/fgpu", "-n", Namespace, "--create-namespace",
-		"-f", "deployments/helm/fgpu/values-fake.yaml", "-f", "e2e/values-local.yaml", "--wait", "--timeout", "3m"}
+		"-f", "deployments/helm/fgpu/values-fake.yaml", "-f", "e2e/values-local.yaml"}
+	gpus := 2 // values-fake.yaml
 	for _, s := range sets {
 		args = append(args, "--set", s)
+		if spec, ok := strings.CutPrefix(s, "kubeletPlugin.gpus=fake:"); ok {
+			gpus = fakeGPUCount(spec)
+		}
 	}
 	if _, err := Run(ctx, Bin("helm"), args...); err != nil {
 		return err
 	}
-	return c.WaitForSlices(ctx, 2*time.Minute)
+	if err := c.waitPluginCurrent(ctx); err != nil {
+		return err
+	}
+	return c.waitForDevices(ctx, gpus, 2*time.Minute)
+}
+
+func fakeGPUCount(spec string) int {
+	n := 0
+	for _, part := range strings.Split(spec, ",") {
+		count, _, _ := strings.Cut(part, "x")
+		v, _ := strconv.Atoi(count)
+		n += v
+	}
+	return n
+}
+
+// waitPluginCurrent waits for a Ready plugin pod on this node that runs the DaemonSet's
+// current arguments.
+func (c *Cluster) waitPluginCurrent(ctx context.Context) error {
+	return wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		ds, err := c.Client.AppsV1().DaemonSets(Namespace).Get(ctx, "fgpu-kubelet-plugin", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		pods, err := c.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{
+			LabelSelector: "app.kubernetes.io/component=kubelet-plugin", FieldSelector: "spec.nodeName=" + c.Node})
+		if err != nil {
+			return false, nil
+		}
+		want := ds.Spec.Template.Spec.Containers[0].Args
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil && slices.Equal(p.Spec.Containers[0].Args, want) && podReady(&p) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // Uninstall removes the chart and waits for the plugin pod to be gone.
@@ -143,19 +196,20 @@ func (c *Cluster) Uninstall(ctx context.Context) error {
 	return nil
 }
 
-// WaitForSlices waits until this node's plugin has published a ResourceSlice.
-func (c *Cluster) WaitForSlices(ctx context.Context, timeout time.Duration) error {
+// waitForDevices waits until this node's slices publish exactly n GPUs.
+func (c *Cluster) waitForDevices(ctx context.Context, n int, timeout time.Duration) error {
 	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		slices, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + c.Node})
+		list, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + c.Node})
 		if err != nil {
 			return false, nil
 		}
-		for _, s := range slices.Items {
-			if s.Spec.Driver == Driver && len(s.Spec.Devices) > 0 {
-				return true, nil
+		devices := 0
+		for _, s := range list.Items {
+			if s.Spec.Driver == Driver {
+				devices += len(s.Spec.Devices)
 			}
 		}
-		return false, nil
+		return devices == n, nil
 	})
 }
 

@@ -40,4 +40,9 @@ go run ./cmd/fgpu gpus
 step "What the 10Gi pod's container received (printed by fgpu-probe inside it)"
 $kubectl logs -n fgpu-demo a-10gi | grep -v '^FGPU-PROBE'
 
+step "What each GPU's MPS server was told (recorded by the fake backend's MPS stand-in)"
+for state in /var/run/fgpu/mps/*/log/fake-mps-state.json; do
+  echo "$(basename "$(dirname "$(dirname "$state")")"): $(cat "$state")"
+done
+
 printf '\nThe cluster is still up: KUBECONFIG=%s %s get pods -A\n`make demo-down` tears it down.\n' "$KUBECONFIG" "$kubectl"

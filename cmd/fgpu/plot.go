@@ -35,7 +35,7 @@ func newPlotCmd() *cobra.Command {
 				if i < len(batches) {
 					b = batches[i]
 				}
-				s, _, err := sim.RunSeeds(sim.Config{Nodes: nodes, Pods: pods, Policy: strings.TrimSpace(p), Tune: f.tune, Batch: b}, seeds, nil)
+				s, _, err := sim.RunSeeds(sim.Config{Nodes: nodes, Pods: pods, Policy: strings.TrimSpace(p), Tune: f.tune, Batch: b, Parallel: f.parallel}, seeds, nil)
 				if err != nil {
 					return err
 				}
@@ -53,6 +53,7 @@ func newPlotCmd() *cobra.Command {
 	fl.Float64Var(&f.tune, "tune", 1.3, "arrived GPU demand at the end / capacity")
 	fl.StringVar(&policies, "policies", "random,bestfit,fgd,fgpu", "policies, comma separated")
 	fl.IntSliceVar(&batches, "batches", nil, "batch size per policy (default 1 each)")
+	fl.IntVar(&f.parallel, "parallel", 0, "seeds replayed at once (0 = all CPUs)")
 	fl.StringVarP(&out, "out", "o", "placement.png", "PNG file to write")
 	_ = cmd.MarkFlagRequired("nodes")
 	_ = cmd.MarkFlagRequired("pods")

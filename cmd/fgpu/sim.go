@@ -19,7 +19,7 @@ import (
 type simFlags struct {
 	nodes, pods, policy, seeds, output, plot string
 	tune                                     float64
-	batch, parallel                          int
+	batch, orders, parallel                  int
 }
 
 func newSimCmd() *cobra.Command {
@@ -40,6 +40,7 @@ departs. Prints the GPU allocation ratio as arrived demand grows.`,
 	fl.StringVar(&f.seeds, "seeds", "42-51", "seeds: N, A-B or a comma list")
 	fl.Float64Var(&f.tune, "tune", 1.3, "arrived GPU demand at the end, as a multiple of cluster GPU capacity")
 	fl.IntVar(&f.batch, "batch", 1, "pods decided together (1 = online)")
+	fl.IntVar(&f.orders, "orders", placement.BatchOrders, "with --batch > 1: orders tried per batch, the best plan kept (1 = arrival order)")
 	fl.IntVar(&f.parallel, "parallel", 0, "seeds replayed at once (0 = all CPUs; 1 for clean latency figures)")
 	fl.StringVarP(&f.output, "output", "o", "table", "output: table or json")
 	fl.StringVar(&f.plot, "plot", "", "also draw the curve to this PNG file")
@@ -54,6 +55,9 @@ func runSim(w io.Writer, f simFlags) error {
 	}
 	if f.batch < 1 {
 		return fmt.Errorf("--batch must be at least 1")
+	}
+	if f.orders < 1 || f.orders > 1000 {
+		return fmt.Errorf("--orders must be 1..1000")
 	}
 	seeds, err := parseSeeds(f.seeds)
 	if err != nil {
@@ -70,7 +74,7 @@ func runSim(w io.Writer, f simFlags) error {
 	if err != nil {
 		return err
 	}
-	cfg := sim.Config{Nodes: nodes, Pods: pods, Policy: f.policy, Tune: f.tune, Batch: f.batch, Parallel: f.parallel}
+	cfg := sim.Config{Nodes: nodes, Pods: pods, Policy: f.policy, Tune: f.tune, Batch: f.batch, Orders: f.orders, Parallel: f.parallel}
 	var progress func(done, total int)
 	if term.IsTerminal(int(os.Stderr.Fd())) {
 		progress = func(done, total int) {
@@ -101,7 +105,11 @@ func runSim(w io.Writer, f simFlags) error {
 }
 
 func printTable(w io.Writer, s *sim.Summary) {
-	fmt.Fprintf(w, "policy %s, workload %s, %d seeds, batch %d\n", s.Policy, s.Workload, len(s.Seeds), s.Batch)
+	fmt.Fprintf(w, "policy %s, workload %s, %d seeds, batch %d", s.Policy, s.Workload, len(s.Seeds), s.Batch)
+	if s.Batch > 1 {
+		fmt.Fprintf(w, " (%d orders)", s.Orders)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "%10s  %12s  %6s\n", "arrived %", "allocated %", "std")
 	for _, p := range s.Curve {
 		fmt.Fprintf(w, "%10.0f  %12.2f  %6.2f\n", p.ArrivedPct, p.AllocPct, p.StdPct)

@@ -3,7 +3,6 @@ package sim
 import (
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/fgpu-dev/fgpu/pkg/placement"
@@ -44,7 +43,7 @@ type Config struct {
 	Policy string
 	Seed   int64
 	Tune   float64 // arrived GPU demand / cluster GPU capacity at the end
-	Batch  int     // pods decided together; 1 = online
+	Batch  int     // pods decided together (Scheduler.AllocateBatch); 1 = online
 	Step   float64 // curve resolution in fractions of capacity (0.1)
 	// Parallel bounds the seeds replayed at once (0 = GOMAXPROCS); 1 gives
 	// decision latencies free of contention between seeds.
@@ -55,6 +54,12 @@ type Config struct {
 	// NewPolicy, when set, builds the policy instead of placement.New (for
 	// ablations and tests).
 	NewPolicy func(placement.Workload) placement.Policy
+	// Orders is how many orders Scheduler.AllocateBatch tries per batch
+	// (0 = placement.BatchOrders; 1 = arrival order only).
+	Orders int
+	// Inspect, when set, is called with the final cluster state (for
+	// diagnostics: where the unallocated GPU share is left).
+	Inspect func(seed int64, c *placement.Cluster)
 }
 
 // Point is the GPU allocation ratio once arrived demand reached Arrived
@@ -125,20 +130,34 @@ func Run(cfg Config) (*Result, error) {
 	var arrived int64
 	next := cfg.Step
 	batch := make([]*placement.Request, 0, cfg.Batch)
+	errs := make([]error, 0, cfg.Batch)
 	for start := 0; start < len(seq); start += cfg.Batch {
 		batch = batch[:0]
 		for _, k := range seq[start:min(start+cfg.Batch, len(seq))] {
 			batch = append(batch, &cfg.Pods[k])
 			arrived += cfg.Pods[k].GPUDemand()
 		}
+		errs = errs[:0]
 		if len(batch) > 1 {
-			sort.SliceStable(batch, func(i, j int) bool { return placement.Before(batch[i], batch[j]) })
-		}
-		for _, r := range batch {
+			orders := cfg.Orders
+			if orders <= 0 {
+				orders = placement.BatchOrders
+			}
 			t0 := time.Now()
-			_, err := s.Allocate(r)
+			_, es := s.AllocateBatch(batch, orders)
+			per := time.Since(t0) / time.Duration(len(batch))
+			for range batch {
+				res.Decisions = append(res.Decisions, per)
+			}
+			errs = append(errs, es...)
+		} else {
+			t0 := time.Now()
+			_, err := s.Allocate(batch[0])
 			res.Decisions = append(res.Decisions, time.Since(t0))
-			if err != nil {
+			errs = append(errs, err)
+		}
+		for i, r := range batch {
+			if err := errs[i]; err != nil {
 				var ue *placement.UnplaceableError
 				if !errors.As(err, &ue) {
 					return nil, fmt.Errorf("pod %s: %w", r.Name, err)
@@ -157,6 +176,9 @@ func Run(cfg Config) (*Result, error) {
 			next += cfg.Step
 		}
 		res.Final = Point{Arrived: float64(arrived) / capa, Alloc: alloc}
+	}
+	if cfg.Inspect != nil {
+		cfg.Inspect(cfg.Seed, c)
 	}
 	return res, nil
 }

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"math"
+
+	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"runtime"
 	"sort"
 	"sync"
@@ -15,6 +17,7 @@ type Summary struct {
 	Seeds         []int64            `json:"seeds"`
 	Tune          float64            `json:"tune"`
 	Batch         int                `json:"batch"`
+	Orders        int                `json:"orders,omitempty"`
 	AllocAt100    float64            `json:"gpu_alloc_ratio_at_100"`
 	AllocAt100Std float64            `json:"gpu_alloc_ratio_at_100_std"`
 	AllocAt130    float64            `json:"gpu_alloc_ratio_at_130"`
@@ -84,6 +87,12 @@ func RunSeeds(cfg Config, seeds []int64, progress func(done, total int)) (*Summa
 func Summarize(cfg Config, seeds []int64, results []*Result) *Summary {
 	s := &Summary{Policy: cfg.Policy, Seeds: seeds, Tune: cfg.Tune, Batch: max(cfg.Batch, 1),
 		FailedGPUs: map[string]float64{}, FailedPods: map[string]float64{}, Reasons: map[string]int{}}
+	if s.Batch > 1 {
+		s.Orders = cfg.Orders
+		if s.Orders <= 0 {
+			s.Orders = placement.BatchOrders
+		}
+	}
 	n := float64(len(results))
 	var capa int64
 	for _, nd := range cfg.Nodes {

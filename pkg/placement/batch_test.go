@@ -1,0 +1,116 @@
+package placement
+
+import (
+	"math"
+	"math/rand"
+	"testing"
+)
+
+// Equal scores go to the smallest node name for the deterministic policies
+// (the FGD artifact's scheduler), whatever the node order.
+func TestTiesGoToSmallestName(t *testing.T) {
+	specs := []NodeSpec{
+		{Name: "n2", CPUMilli: 32000, MemoryMiB: 1 << 20, GPUs: gpus("T4", 2)},
+		{Name: "n0", CPUMilli: 32000, MemoryMiB: 1 << 20, GPUs: gpus("T4", 2)},
+		{Name: "n1", CPUMilli: 32000, MemoryMiB: 1 << 20, GPUs: gpus("T4", 2)},
+	}
+	w := Workload{{CPUMilli: 1000, GPUs: 1, Share: 1000, Weight: 1}}
+	for _, name := range []string{"fgd", "fgpu", "bestfit"} {
+		c, _ := NewCluster(specs)
+		pol, _ := New(name, w)
+		s := NewScheduler(c, pol, 1)
+		p, err := s.Place(&Request{CPUMilli: 1000, GPUs: 1})
+		if err != nil || p.NodeName != "n0" {
+			t.Errorf("%s: placed on %q (%v), want n0", name, p.NodeName, err)
+		}
+	}
+}
+
+// AllocateBatch undoes every trial: the cluster ends exactly as if the
+// returned placements alone had been assigned, the policy's cached
+// fragmentation matches a recomputation.
+func TestAllocateBatchLeavesConsistentState(t *testing.T) {
+	specs := make([]NodeSpec, 12)
+	for i := range specs {
+		specs[i] = NodeSpec{Name: string(rune('a' + i)), CPUMilli: 48000, MemoryMiB: 1 << 20, GPUs: gpus("A", 1+i%8)}
+	}
+	w := Workload{
+		{CPUMilli: 4000, GPUs: 1, Share: 300, Weight: 0.3},
+		{CPUMilli: 8000, GPUs: 1, Share: 700, Weight: 0.2},
+		{CPUMilli: 12000, GPUs: 1, Share: 1000, Weight: 0.3},
+		{CPUMilli: 24000, GPUs: 4, Share: 1000, Weight: 0.1},
+		{CPUMilli: 6000, Weight: 0.1},
+	}
+	rng := rand.New(rand.NewSource(3))
+	var reqs []*Request
+	for i := 0; i < 80; i++ {
+		s := w[rng.Intn(len(w))]
+		r := &Request{CPUMilli: s.CPUMilli, GPUs: s.GPUs}
+		if s.Share < 1000 {
+			r.Share = s.Share
+		}
+		reqs = append(reqs, r)
+	}
+	c, _ := NewCluster(specs)
+	pol := NewFGPU(w)
+	s := NewScheduler(c, pol, 1)
+	ref, _ := NewCluster(specs)
+	for start := 0; start < len(reqs); start += 16 {
+		batch := reqs[start:min(start+16, len(reqs))]
+		pl, errs := s.AllocateBatch(batch, 6)
+		for i, r := range batch {
+			if errs[i] != nil {
+				if reason(errs[i]) == 0 {
+					t.Fatalf("unexpected error %v", errs[i])
+				}
+				continue
+			}
+			if err := ref.Assign(pl[i], r); err != nil {
+				t.Fatalf("placement %d does not replay: %v", i, err)
+			}
+		}
+	}
+	for n := 0; n < c.Len(); n++ {
+		cf, cm := c.FreeCPU(n)
+		rf, rm := ref.FreeCPU(n)
+		g1, _ := c.GPUs(n)
+		g2, _ := ref.GPUs(n)
+		if cf != rf || cm != rm {
+			t.Fatalf("node %d CPU %d/%d vs replay %d/%d", n, cf, cm, rf, rm)
+		}
+		for g := range g1 {
+			if g1[g] != g2[g] {
+				t.Fatalf("node %d GPU %d: %d free vs replay %d", n, g, g1[g], g2[g])
+			}
+		}
+	}
+	var fresh float64
+	for n := 0; n < c.Len(); n++ {
+		fresh += pol.fm.compute(c.nodes[n].models, c.nodes[n].cpuFree, c.nodes[n].gpuFree, c.nodes[n].gpuCap)
+	}
+	if math.Abs(fresh-pol.TotalFrag()) > 1e-6*math.Max(1, fresh) {
+		t.Fatalf("cached total fragmentation %v, recomputed %v", pol.TotalFrag(), fresh)
+	}
+}
+
+// A batch with requests that can never fit reports them and places the rest.
+func TestAllocateBatchReportsUnplaceable(t *testing.T) {
+	c := testCluster(t)
+	s := NewScheduler(c, NewFGPU(nil), 1)
+	reqs := []*Request{
+		{Name: "ok", CPUMilli: 1000, GPUs: 1, Share: 500},
+		{Name: "huge", CPUMilli: 1 << 40, GPUs: 1},
+		{Name: "model", CPUMilli: 1000, GPUs: 1, Models: []string{"H100"}},
+		{Name: "bad", CPUMilli: -1},
+	}
+	pl, errs := s.AllocateBatch(reqs, 4)
+	if errs[0] != nil || len(pl[0].GPUs) != 1 {
+		t.Fatalf("ok: %v %+v", errs[0], pl[0])
+	}
+	want := []Reason{0, ReasonTooLarge, ReasonNoModel, ReasonInvalid}
+	for i := 1; i < len(reqs); i++ {
+		if reason(errs[i]) != want[i] {
+			t.Errorf("%s: %v, want %v", reqs[i].Name, errs[i], want[i])
+		}
+	}
+}

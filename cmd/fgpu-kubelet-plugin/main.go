@@ -119,9 +119,15 @@ func run(ctx context.Context, f flags) error {
 	}
 	devs, _ := backend.Devices()
 	logger.Info("fgpu kubelet plugin running", "node", f.cfg.NodeName, "gpus", len(devs), "allocationMode", f.allocationMode)
-	<-ctx.Done()
-	driver.Stop()
-	return nil
+	select {
+	case <-ctx.Done():
+		driver.Stop()
+		return nil
+	case <-driver.Failed():
+		driver.Stop()
+		// Exit so the kubelet restarts the plugin from its checkpoint.
+		return driver.Err()
+	}
 }
 
 func newBackend(f *flags) (gpu.Backend, error) {

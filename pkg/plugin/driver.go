@@ -25,6 +25,7 @@ type Driver struct {
 	cfg     Config
 	metrics *Metrics
 	helper  *kubeletplugin.Helper
+	ctx     context.Context
 	cancel  context.CancelCauseFunc
 }
 
@@ -36,7 +37,7 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	d := &Driver{state: state, client: client, cfg: cfg, metrics: metrics, cancel: cancel}
+	d := &Driver{state: state, client: client, cfg: cfg, metrics: metrics, ctx: ctx, cancel: cancel}
 	metrics.observeState(state)
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(cfg.DriverName),
@@ -63,6 +64,12 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	}
 	return d, nil
 }
+
+// Failed is closed when a fatal background error stopped the driver; Err says why.
+func (d *Driver) Failed() <-chan struct{} { return d.ctx.Done() }
+
+// Err is the fatal error that stopped the driver, if any.
+func (d *Driver) Err() error { return context.Cause(d.ctx) }
 
 // Stop unregisters from the kubelet.
 func (d *Driver) Stop() {

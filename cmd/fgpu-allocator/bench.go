@@ -66,6 +66,8 @@ func benchCommand() *cobra.Command {
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "parallel creators")
 	fs.BoolVar(&o.Pods, "pods", o.Pods, "create a pod per claim")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "wait at most this long for allocations")
+	fs.StringVar(&o.Driver, "driver", o.Driver, "driver name of the fake slices (another name than the real driver's keeps the bench apart from real claims; run the allocator with the same --driver-name)")
+	fs.StringVar(&o.Class, "class", o.Class, "DeviceClass of the claims (created when missing, selecting --driver)")
 	fs.BoolVar(&setup, "setup", true, "create the fake nodes and slices first")
 	fs.BoolVar(&burst, "burst", true, "create the claims and measure")
 	fs.BoolVar(&cleanup, "cleanup", false, "delete the namespace, slices and nodes afterwards")

@@ -672,8 +672,7 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	c.mu.Unlock()
 	if len(pods) == 0 {
-		c.setStatus(ctx, claim, nil, "Pending: waiting for a pod that uses this claim")
-		return 0, nil
+		return 0, nil // placed once a pod uses it (pod events requeue the claim)
 	}
 	for _, r := range claim.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {
@@ -751,7 +750,8 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 		}
 		return 0, nil // requeued on any capacity, node or policy change
 	}
-	if err := c.write(ctx, claim, d); err != nil {
+	msg := describe(d)
+	if err := c.write(ctx, claim, d, "Allocated: "+msg); err != nil {
 		c.mu.Lock()
 		c.st.remove(claimKey(claim))
 		for _, p := range in.pods {
@@ -766,9 +766,13 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	c.mu.Unlock()
 	c.metrics.placed.Inc()
 	c.metrics.latency.Observe(c.now().Sub(claim.CreationTimestamp.Time).Seconds())
-	msg := describe(d)
 	logger.V(2).Info("Placed claim", "node", d.node, "summary", msg)
-	c.setStatus(ctx, claim, pods, "Allocated: "+msg, ReasonPlaced)
+	written := claim.DeepCopy() // its status annotation went out with the finalizer
+	if written.Annotations == nil {
+		written.Annotations = map[string]string{}
+	}
+	written.Annotations[AnnotationStatus] = "Allocated: " + msg
+	c.setStatus(ctx, written, pods, "Allocated: "+msg, ReasonPlaced)
 	return c.cfg.BindTimeout, nil
 }
 
@@ -797,7 +801,7 @@ func modeName(m api.SharingMode) string {
 
 // write pins the claim: finalizers and markers first, then the allocation, both guarded by
 // the resourceVersion the decision was made on.
-func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim, d *decision) error {
+func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim, d *decision, status string) error {
 	cl := claim.DeepCopy()
 	changed := false
 	for _, f := range []string{Finalizer, resourceapi.Finalizer} {
@@ -810,9 +814,11 @@ func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim
 	if cl.Annotations == nil {
 		cl.Annotations = map[string]string{}
 	}
-	if cl.Annotations[AnnotationAllocatedBy] != AllocatedByValue || cl.Annotations[AnnotationTenancy] != string(ten) {
+	if cl.Annotations[AnnotationAllocatedBy] != AllocatedByValue || cl.Annotations[AnnotationTenancy] != string(ten) || cl.Annotations[AnnotationStatus] != status {
 		cl.Annotations[AnnotationAllocatedBy] = AllocatedByValue
 		cl.Annotations[AnnotationTenancy] = string(ten)
+		// Written with the finalizer, in the same request: setStatus then has nothing to patch.
+		cl.Annotations[AnnotationStatus] = status
 		changed = true
 	}
 	if changed {

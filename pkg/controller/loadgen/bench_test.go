@@ -21,9 +21,6 @@ func burst(tb testing.TB, o Options) (Report, uint64) {
 	}
 	cfg := controller.DefaultConfig()
 	c := controller.New(cfg, client, nil, nil)
-	if _, err := client.ResourceV1().DeviceClasses().Create(ctx, deviceClass(o.Class), metav1CreateOptions()); err != nil {
-		tb.Fatal(err)
-	}
 	// All claims arrive at once, before the allocator starts: the fake API server cannot
 	// take a concurrent creator (its watchers panic 100 events behind).
 	if err := CreateAll(ctx, client, o); err != nil {

@@ -72,6 +72,11 @@ func Setup(ctx context.Context, c kubernetes.Interface, o Options) error {
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
+	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: o.Class}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", o.Driver)}}}}}
+	if _, err := c.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
 	mem := resource.MustParse(o.GPUMemory)
 	for i := 0; i < o.Nodes; i++ {
 		name := o.NodeName(i)
@@ -116,7 +121,8 @@ func (o Options) Pod(i int) *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: fmt.Sprintf("%s-pod-%05d", o.Prefix, i), Labels: map[string]string{"app": "fgpu-bench"}},
 		Spec: corev1.PodSpec{
 			NodeSelector: map[string]string{"fgpu.dev/bench": "true"},
-			Tolerations:  []corev1.Toleration{{Key: "fgpu.dev/bench", Operator: corev1.TolerationOpExists}},
+			// Tolerate every taint: the bench nodes never report Ready.
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 			Containers: []corev1.Container{{Name: "c", Image: "fgpu.dev/pause:dev", Resources: corev1.ResourceRequirements{
 				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m")}, Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}},
 			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim}},
@@ -252,6 +258,13 @@ func Check(ctx context.Context, c kubernetes.Interface, driver string) error {
 // Cleanup deletes the bench namespace, slices and nodes.
 func Cleanup(ctx context.Context, c kubernetes.Interface, o Options) error {
 	_ = c.CoreV1().Namespaces().Delete(ctx, o.Namespace, metav1.DeleteOptions{})
+	// The claims go first (the allocator releases them), then the devices they were on:
+	// the other way round leaves allocations to devices that no longer exist.
+	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if _, err := c.CoreV1().Namespaces().Get(ctx, o.Namespace, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			break
+		}
+	}
 	for i := 0; i < o.Nodes; i++ {
 		_ = c.ResourceV1().ResourceSlices().Delete(ctx, o.NodeName(i)+"-gpus", metav1.DeleteOptions{})
 		_ = c.CoreV1().Nodes().Delete(ctx, o.NodeName(i), metav1.DeleteOptions{})

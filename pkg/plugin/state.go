@@ -124,6 +124,9 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 	for i := range e.Devices {
 		p := &e.Devices[i]
 		if p.MPSKey != "" {
+			if err := s.syncComputeMode(p.GPUUUID); err != nil {
+				return err
+			}
 			if err := s.mps.Ensure(ctx, mps.Daemon{GPUUUID: p.GPUUUID, Domain: p.IsolationDomain}, s.domainLimits(p.MPSKey)); err != nil {
 				return err
 			}
@@ -235,7 +238,32 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 			errs = append(errs, s.mps.Stop(ctx, k))
 		}
 	}
+	for _, d := range s.devices {
+		errs = append(errs, s.syncComputeMode(d.UUID))
+	}
 	return errors.Join(errs...)
+}
+
+// syncComputeMode puts a GPU in EXCLUSIVE_PROCESS while exactly one MPS server (one
+// isolation domain) owns it, so nothing but that server can open it. Servers of several
+// domains on one GPU need the default mode: they time-slice the GPU between them.
+func (s *State) syncComputeMode(uuid string) error {
+	domains := map[string]bool{}
+	for _, e := range s.cp.Claims {
+		for _, p := range e.Devices {
+			if p.GPUUUID == uuid && p.MPSKey != "" {
+				domains[p.MPSKey] = true
+			}
+		}
+	}
+	mode := gpu.ComputeModeDefault
+	if len(domains) == 1 {
+		mode = gpu.ComputeModeExclusiveProcess
+	}
+	if err := s.backend.SetComputeMode(uuid, mode); err != nil {
+		return fmt.Errorf("set compute mode of GPU %s to %s: %w", uuid, mode, err)
+	}
+	return nil
 }
 
 // recover makes disk and processes match the checkpoint after a restart: half-prepared

@@ -12,6 +12,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 	"github.com/fgpu-dev/fgpu/pkg/mps/fakecontrol"
 )
@@ -127,6 +128,9 @@ func TestThreeClaimsShareOneGPUThroughOneMPSServer(t *testing.T) {
 	if len(keys) != 1 {
 		t.Fatalf("want one MPS daemon, have %v", keys)
 	}
+	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("a GPU owned by one MPS server should be EXCLUSIVE_PROCESS, got %s", m)
+	}
 	st, err := fakecontrol.ReadState(s.mps.LogDir(keys[0]))
 	if err != nil || st.DefaultPinnedMemLimit["0"] != "30720M" {
 		t.Fatalf("server default should be the largest tenant cap (30Gi): %+v %v", st, err)
@@ -147,6 +151,23 @@ func TestIsolationDomainsGetSeparateServers(t *testing.T) {
 	if len(keys) != 2 {
 		t.Fatalf("two domains on one GPU need two MPS daemons, have %v", keys)
 	}
+	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeDefault {
+		t.Fatalf("two MPS servers on one GPU need the default compute mode, got %s", m)
+	}
+}
+
+func computeMode(t *testing.T, s *State, device string) gpu.ComputeMode {
+	devs, err := s.backend.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range devs {
+		if d.Name() == device {
+			return d.ComputeMode
+		}
+	}
+	t.Fatalf("no %s", device)
+	return ""
 }
 
 func TestPrepareRefusesOverCommit(t *testing.T) {
@@ -233,6 +254,9 @@ func TestUnprepareStopsTheServerAfterTheLastTenant(t *testing.T) {
 	keys, _ := s.mps.Keys()
 	if s.mps.Running(ctx, key[0]) || len(keys) != 0 || e.specCount() != 0 {
 		t.Fatalf("left: daemons %v, %d specs", keys, e.specCount())
+	}
+	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeDefault {
+		t.Fatalf("a GPU no MPS server owns should be back in the default mode, got %s", m)
 	}
 }
 

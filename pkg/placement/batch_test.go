@@ -114,3 +114,25 @@ func TestAllocateBatchReportsUnplaceable(t *testing.T) {
 		}
 	}
 }
+
+// With cpuReach a sharing shape only reaches the share its CPU-limited
+// copies can take: 2 free GPUs, CPU for one 500 copy -> 1500 unreachable.
+func TestFragCPUReach(t *testing.T) {
+	c := testCluster(t)
+	w := Workload{{CPUMilli: 4000, GPUs: 1, Share: 500, Weight: 1}}
+	fm := newFragModel(c, w)
+	fm.cpuReach = true
+	models := c.nodes[0].models
+	free, capa := []int64{1000, 1000}, []int64{1000, 1000}
+	if got := fm.frag(models, 4000, free, capa); got != 1500 {
+		t.Fatalf("one copy: frag %v, want 1500", got)
+	}
+	if got := fm.frag(models, 16000, free, capa); got != 0 {
+		t.Fatalf("four copies: frag %v, want 0", got)
+	}
+	fm.cpuReach = false
+	fm.memo = map[fragKey]float64{}
+	if got := fm.frag(models, 4000, free, capa); got != 0 {
+		t.Fatalf("FGD: frag %v, want 0", got)
+	}
+}

@@ -37,6 +37,10 @@ type FGPU struct {
 	TieOrder string
 	rank     []float64
 	total    float64 // sum of cur
+	// CPUReach makes the fragmentation CPU-aware beyond the next arrival:
+	// a GPU-sharing shape only reaches the GPU share that as many copies of
+	// it as the node's free CPU allows could take (default on).
+	CPUReach bool
 }
 
 // TotalFrag implements Fragmenter: the cluster's expected fragmentation.
@@ -51,7 +55,9 @@ func (f *FGPU) RandomTies() bool { return f.Random }
 // gpushare80, +1.0 on cpu250 — a fixed node order consolidates near-equal
 // choices onto the same nodes and leaves the others whole; exact comparison
 // instead of the coarse one loses 0.6-1.3.
-func NewFGPU(w Workload) *FGPU { return &FGPU{w: w, Sigmoid: true, NoPackTies: true} }
+func NewFGPU(w Workload) *FGPU {
+	return &FGPU{w: w, Sigmoid: true, NoPackTies: true, CPUReach: true}
+}
 
 func (*FGPU) Name() string { return "fgpu" }
 
@@ -61,6 +67,7 @@ func (f *FGPU) Attach(c *Cluster) {
 		w = demandWeighted(w)
 	}
 	f.fm = newFragModel(c, w)
+	f.fm.cpuReach = f.CPUReach
 	f.cur = make([]float64, c.Len())
 	f.total = 0
 	for n := range f.cur {

@@ -18,6 +18,11 @@ type fragModel struct {
 	// cluster of identical machines the same states recur across nodes and
 	// decisions.
 	memo map[fragKey]float64
+	// cpuReach (fgpu) counts, for each GPU-sharing shape, only the GPU
+	// share that as many copies of the shape as the node's free CPU allows
+	// could take; FGD counts all the share one copy could reach, so a node
+	// whose CPU runs out before its GPUs looks unfragmented to it.
+	cpuReach bool
 }
 
 // fragKey identifies a node state for the memo (nodes of up to 8 GPUs of
@@ -143,6 +148,13 @@ func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float
 			}
 		}
 		if n >= s.gpus {
+			if fm.cpuReach && s.share > 0 && s.cpu > 0 {
+				// copies the CPU allows x their share, at most what
+				// the GPUs offer
+				if reach, usable := (cpu/s.cpu)*s.share*int64(s.gpus), total-below; reach < usable {
+					below = total - reach
+				}
+			}
 			out += s.p * float64(below)
 		} else {
 			out += s.p * float64(total)

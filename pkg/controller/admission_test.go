@@ -9,6 +9,7 @@ import (
 	"github.com/google/cel-go/cel"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/util/version"
+	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
 	"k8s.io/apiserver/pkg/cel/environment"
 	"sigs.k8s.io/yaml"
 )
@@ -60,7 +61,8 @@ func evalCEL(t *testing.T, expr string, vars map[string]any) any {
 
 // admit runs the policy as the API server would and returns the refusal message or "".
 func admit(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy, resource, user string, object map[string]any) string {
-	request := map[string]any{"resource": resource, "namespace": "a", "userInfo": map[string]any{"username": user}}
+	request := map[string]any{"resource": map[string]any{"group": "resource.k8s.io", "version": "v1", "resource": resource},
+		"namespace": "a", "userInfo": map[string]any{"username": user}}
 	vars := map[string]any{"object": object, "request": request, "variables": map[string]any{}}
 	for _, mc := range p.Spec.MatchConditions {
 		if evalCEL(t, mc.Expression, vars) != true {
@@ -79,6 +81,43 @@ func admit(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy, resource, use
 		}
 	}
 	return ""
+}
+
+type expr struct {
+	name, expression string
+	types            []*cel.Type
+}
+
+func (e expr) GetExpression() string    { return e.expression }
+func (e expr) ReturnTypes() []*cel.Type { return e.types }
+func (e expr) GetName() string          { return e.name }
+
+// TestClaimAdmissionPolicyCompiles compiles the policy as the API server does: request
+// typed (a dyn model would accept request.resource == 'x', which the API server refuses).
+func TestClaimAdmissionPolicyCompiles(t *testing.T) {
+	p := loadClaimPolicy(t)
+	cc, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(version.MajorMinor(1, 37)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := plugincel.OptionalVariableDeclarations{}
+	for _, v := range p.Spec.Variables {
+		if r := cc.CompileAndStoreVariable(expr{name: v.Name, expression: v.Expression, types: []*cel.Type{cel.AnyType}}, opts, environment.StoredExpressions); r.Error != nil {
+			t.Errorf("variable %s: %v", v.Name, r.Error)
+		}
+	}
+	check := func(what, e string, typ *cel.Type) {
+		if r := cc.CompileCELExpression(expr{expression: e, types: []*cel.Type{typ}}, opts, environment.StoredExpressions); r.Error != nil {
+			t.Errorf("%s: %v", what, r.Error)
+		}
+	}
+	for _, mc := range p.Spec.MatchConditions {
+		check("matchCondition "+mc.Name, mc.Expression, cel.BoolType)
+	}
+	for _, v := range p.Spec.Validations {
+		check("validation", v.Expression, cel.BoolType)
+		check("messageExpression", v.MessageExpression, cel.StringType)
+	}
 }
 
 func TestClaimAdmissionPolicy(t *testing.T) {

@@ -1,0 +1,73 @@
+// Package allocator is the e2e suite of fgpu's allocator mode: the plugin fences two fake
+// 80Gi GPUs, fgpu-allocator places every claim under SharingPolicies, kube-scheduler only
+// honours its allocations, and the admission policy keeps users off the fence.
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/fgpu-dev/fgpu/e2e/framework"
+)
+
+var (
+	cluster *framework.Cluster
+	dyn     dynamic.Interface
+)
+
+// bindTimeout is short so that the timeout-and-replace path runs within a test.
+const bindTimeout = "20s"
+
+func TestMain(m *testing.M) {
+	c, err := framework.Setup(
+		"allocationMode=allocator",
+		"kubeletPlugin.gpus=fake:2xH100-80GB",
+		"allocator.hostNetwork=true",
+		"allocator.bindTimeout="+bindTimeout,
+		"allocator.orphanGrace=10s",
+		"allocator.verbosity=4",
+	)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e setup:", err)
+		os.Exit(1)
+	}
+	if c == nil {
+		os.Exit(0)
+	}
+	cluster = c
+	if dyn, err = dynamic.NewForConfig(c.Config); err == nil {
+		err = waitAllocatorReady(context.Background())
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e setup:", err)
+		_ = c.Uninstall(context.Background())
+		os.Exit(1)
+	}
+	code := m.Run()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	deletePolicies(ctx)
+	if err := c.Uninstall(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// waitAllocatorReady waits for the allocator Deployment's pod to run.
+func waitAllocatorReady(ctx context.Context) error {
+	return wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		d, err := cluster.Client.AppsV1().Deployments(framework.Namespace).Get(ctx, "fgpu-allocator", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		return d.Status.ReadyReplicas >= 1 && d.Status.ObservedGeneration == d.Generation, nil
+	})
+}

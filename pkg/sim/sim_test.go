@@ -78,15 +78,20 @@ func TestRunCountsImpossiblePods(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, pol := range placement.Names() {
-		r, err := Run(Config{Nodes: nodes, Pods: pods, Policy: pol, Seed: 1, Tune: 5})
-		if err != nil {
-			t.Fatalf("%s: %v", pol, err)
-		}
-		if r.Reasons[placement.ReasonNoModel.String()] == 0 || r.Reasons[placement.ReasonTooLarge.String()] == 0 {
-			t.Errorf("%s: reasons %v", pol, r.Reasons)
-		}
-		if r.Placed == 0 {
-			t.Errorf("%s: nothing placed", pol)
+		for _, batch := range []int{1, 4} {
+			r, err := Run(Config{Nodes: nodes, Pods: pods, Policy: pol, Seed: 1, Tune: 5, Batch: batch})
+			if err != nil {
+				t.Fatalf("%s: %v", pol, err)
+			}
+			if len(r.Decisions) != r.Placed+r.Failed[CPUOnly]+r.Failed[Fractional]+r.Failed[OneGPU]+r.Failed[MultiGPU] {
+				t.Errorf("%s batch %d: %d decisions for %d pods", pol, batch, len(r.Decisions), r.Placed)
+			}
+			if r.Reasons[placement.ReasonNoModel.String()] == 0 || r.Reasons[placement.ReasonTooLarge.String()] == 0 {
+				t.Errorf("%s: reasons %v", pol, r.Reasons)
+			}
+			if r.Placed == 0 {
+				t.Errorf("%s: nothing placed", pol)
+			}
 		}
 	}
 }
@@ -111,11 +116,12 @@ func TestArrivalsReachTune(t *testing.T) {
 }
 
 // The harness must reproduce the FGD paper's published figures before any
-// comparison means something. One seed per policy keeps this test short; a
+// comparison means something. One seed per case keeps this test short; a
 // single seed's result scatters around the 10-seed mean by the published
 // std, so the tolerance is 0.5 points (the target) plus 3 published stds.
 // It fails, for instance, with the artifact's 95% typical-pod cut (FGD drops
-// to ~90%) or with per-node BestFit normalisation off by the quirk.
+// to ~90%), with per-node BestFit normalisation, or with random instead of
+// smallest-name ties (FGD on gpushare80 drops to ~86.5%).
 func TestReproducesPublishedFigures(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays the openb trace")
@@ -129,21 +135,25 @@ func TestReproducesPublishedFigures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pods, err := LoadPods(dir + "openb_pod_list_default.csv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for pol, key := range map[string]string{"fgd": "06-FGD", "bestfit": "05-BestFit"} {
-		r, err := Run(Config{Nodes: nodes, Pods: pods, Policy: pol, Seed: 42, Tune: 1.3})
+	for _, c := range []struct{ workload, pol, key string }{
+		{"default", "fgd", "06-FGD"},
+		{"default", "bestfit", "05-BestFit"},
+		{"gpushare80", "fgd", "06-FGD"},
+	} {
+		pods, err := LoadPods(dir + "openb_pod_list_" + c.workload + ".csv")
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := pub["openb_pod_list_default/"+key]
+		r, err := Run(Config{Nodes: nodes, Pods: pods, Policy: c.pol, Seed: 42, Tune: 1.3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := pub["openb_pod_list_"+c.workload+"/"+c.key]
 		got := 100 * r.AllocAt(1.3)
 		tol := 0.5 + 3*want[1]
-		t.Logf("%s: %.2f%% at 130%%, published %.2f ± %.2f", pol, got, want[0], want[1])
+		t.Logf("%s %s: %.2f%% at 130%%, published %.2f ± %.2f", c.workload, c.pol, got, want[0], want[1])
 		if math.Abs(got-want[0]) > tol {
-			t.Errorf("%s: %.2f%%, published %.2f%% (tolerance %.2f)", pol, got, want[0], tol)
+			t.Errorf("%s %s: %.2f%%, published %.2f%% (tolerance %.2f)", c.workload, c.pol, got, want[0], tol)
 		}
 	}
 }

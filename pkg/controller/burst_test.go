@@ -17,14 +17,16 @@ func TestBurstNeverOvercommits(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	o := loadgen.Defaults()
-	o.Nodes, o.Claims, o.Timeout, o.Concurrency = 20, 200, time.Minute, 1
+	o.Nodes, o.Claims, o.Timeout = 20, 200, time.Minute
 	client := fake.NewSimpleClientset(MakeClass(shareClass))
 	if err := loadgen.Setup(ctx, client, o); err != nil {
 		t.Fatal(err)
 	}
 	c := New(DefaultConfig(), client, nil, nil)
 	go func() { _ = c.Run(ctx) }()
-	time.Sleep(200 * time.Millisecond)
+	for !c.Synced() {
+		time.Sleep(10 * time.Millisecond)
+	}
 	rep, err := loadgen.Burst(ctx, client, o)
 	if err != nil {
 		t.Fatal(err)

@@ -103,10 +103,12 @@ type Controller struct {
 	lastMsg     map[string]string
 	avoid       map[types.UID]map[string]bool // pod → nodes where its allocation timed out
 	assumedPods map[types.UID]assumedPod
-	selCache    map[selKey]bool
-	cel         *cel.Cache
-	requeueAll  chan struct{}
-	metrics     *Metrics
+	// nodeReq sums the requests of the pods bound to each node (podBound: which pod adds what).
+	nodeReq    map[string]podfit.Requests
+	podBound   map[types.UID]boundPod
+	cel        *cel.Cache
+	requeueAll chan struct{}
+	metrics    *Metrics
 }
 
 // New builds the controller and its informers (not started).
@@ -119,7 +121,7 @@ func New(cfg Config, client kubernetes.Interface, dyn dynamic.Interface, m *Metr
 	}
 	c := &Controller{cfg: cfg, client: client, dyn: dyn, st: newState(), policies: map[string]*api.SharingPolicy{},
 		pending: map[string]time.Time{}, quotaWait: map[string]map[string]time.Time{}, lastMsg: map[string]string{},
-		avoid: map[types.UID]map[string]bool{}, assumedPods: map[types.UID]assumedPod{}, selCache: map[selKey]bool{},
+		avoid: map[types.UID]map[string]bool{}, assumedPods: map[types.UID]assumedPod{}, nodeReq: map[string]podfit.Requests{}, podBound: map[types.UID]boundPod{},
 		cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
@@ -325,6 +327,16 @@ func (c *Controller) Run(ctx context.Context) error {
 	return nil
 }
 
+// Synced reports whether the informers have synced (Run then places claims).
+func (c *Controller) Synced() bool {
+	for _, f := range c.synced {
+		if !f() {
+			return false
+		}
+	}
+	return true
+}
+
 // WaitForCacheSync starts the informers (without workers) and waits for them: for tests
 // that drive Sync by hand.
 func (c *Controller) WaitForCacheSync(ctx context.Context) bool {
@@ -505,11 +517,6 @@ func (c *Controller) onSlices(node string) {
 	}
 	c.mu.Lock()
 	c.st.setNodeDevices(node, devs)
-	for k := range c.selCache {
-		if k.gpu.pool == node {
-			delete(c.selCache, k)
-		}
-	}
 	c.mu.Unlock()
 	c.kick()
 }
@@ -519,11 +526,12 @@ func (c *Controller) onPod(old, pod *corev1.Pod) {
 	for _, o := range pod.OwnerReferences {
 		_ = o
 	}
-	if old != nil && old.Spec.NodeName == "" && pod.Spec.NodeName != "" {
-		c.mu.Lock()
+	c.mu.Lock()
+	c.trackBound(pod, false)
+	if pod.Spec.NodeName != "" {
 		delete(c.assumedPods, pod.UID)
-		c.mu.Unlock()
 	}
+	c.mu.Unlock()
 	if old != nil && podfit.Counts(old) && !podfit.Counts(pod) {
 		c.kick() // the pod finished: its node's CPU and memory are free
 	}
@@ -542,6 +550,7 @@ func (c *Controller) onPod(old, pod *corev1.Pod) {
 
 func (c *Controller) onPodDelete(pod *corev1.Pod) {
 	c.mu.Lock()
+	c.trackBound(pod, true)
 	delete(c.assumedPods, pod.UID)
 	delete(c.avoid, pod.UID)
 	c.mu.Unlock()
@@ -1067,4 +1076,31 @@ func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceC
 	if _, err := c.client.ResourceV1().ResourceClaims(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		utilruntime.HandleErrorWithContext(ctx, err, "Patching the claim's status annotation", "claim", klog.KObj(claim))
 	}
+}
+
+type boundPod struct {
+	node string
+	req  podfit.Requests
+}
+
+// trackBound keeps nodeReq current as pods bind, finish or go. Caller holds c.mu.
+func (c *Controller) trackBound(pod *corev1.Pod, deleted bool) {
+	if b, ok := c.podBound[pod.UID]; ok {
+		r := c.nodeReq[b.node]
+		r.Sub(b.req)
+		if r == (podfit.Requests{}) {
+			delete(c.nodeReq, b.node)
+		} else {
+			c.nodeReq[b.node] = r
+		}
+		delete(c.podBound, pod.UID)
+	}
+	if deleted || !podfit.Counts(pod) {
+		return
+	}
+	b := boundPod{node: pod.Spec.NodeName, req: podfit.PodRequests(pod)}
+	c.podBound[pod.UID] = b
+	r := c.nodeReq[b.node]
+	r.Add(b.req)
+	c.nodeReq[b.node] = r
 }

@@ -74,6 +74,7 @@ type input struct {
 	avoid   map[string]bool
 	// nodeFit memoises the pod-fit verdict per node for this decision.
 	nodeFit map[string]error
+	podReqs []podfit.Requests
 }
 
 // decide chooses node, GPUs and sizes for a pending claim and records the shares in the
@@ -467,11 +468,13 @@ func (c *Controller) selectorsMatch(ctx context.Context, g *gpu, lists ...[]reso
 			if s.CEL == nil {
 				continue
 			}
-			key := selKey{expr: s.CEL.Expression, gpu: g.key}
-			v, ok := c.selCache[key]
+			v, ok := g.sel[s.CEL.Expression]
 			if !ok {
 				v = c.evalSelector(ctx, g, s.CEL.Expression)
-				c.selCache[key] = v
+				if g.sel == nil {
+					g.sel = map[string]bool{}
+				}
+				g.sel[s.CEL.Expression] = v
 			}
 			if !v {
 				return false
@@ -479,11 +482,6 @@ func (c *Controller) selectorsMatch(ctx context.Context, g *gpu, lists ...[]reso
 		}
 	}
 	return true
-}
-
-type selKey struct {
-	expr string
-	gpu  gpuKey
 }
 
 func (c *Controller) evalSelector(ctx context.Context, g *gpu, expr string) bool {
@@ -520,11 +518,17 @@ func (c *Controller) nodeFitsUncached(in *input, nodeName string) error {
 		return nil
 	}
 	requested := c.requestedOn(nodeName, in.pods)
-	for _, pod := range in.pods {
-		if err := podfit.Fits(pod, node, requested); err != nil {
+	if in.podReqs == nil {
+		in.podReqs = make([]podfit.Requests, len(in.pods))
+		for i, pod := range in.pods {
+			in.podReqs[i] = podfit.PodRequests(pod)
+		}
+	}
+	for i, pod := range in.pods {
+		if err := podfit.FitsRequests(pod, in.podReqs[i], node, requested); err != nil {
 			return err
 		}
-		requested.Add(podfit.PodRequests(pod))
+		requested.Add(in.podReqs[i])
 		if err := c.otherClaimsFit(pod, in.claim, node); err != nil {
 			return err
 		}
@@ -539,14 +543,11 @@ func (c *Controller) requestedOn(node string, except []*corev1.Pod) podfit.Reque
 	for _, p := range except {
 		skip[p.UID] = true
 	}
-	var r podfit.Requests
-	objs, _ := c.podIndex.ByIndex(indexPodNode, node)
-	for _, o := range objs {
-		p := o.(*corev1.Pod)
-		if skip[p.UID] || !podfit.Counts(p) {
-			continue
+	r := c.nodeReq[node]
+	for _, p := range except {
+		if b, ok := c.podBound[p.UID]; ok && b.node == node {
+			r.Sub(b.req)
 		}
-		r.Add(podfit.PodRequests(p))
 	}
 	for uid, ap := range c.assumedPods {
 		if ap.node == node && !skip[uid] {

@@ -30,6 +30,7 @@ type gpu struct {
 	usedComp  int64
 	tenants   map[types.UID]*tenant // by share ID
 	coreNode  int
+	sel       map[string]bool // CEL selector results by expression
 	coreIndex int
 }
 
@@ -123,6 +124,7 @@ func (s *state) setNodeDevices(node string, devs map[string]resourceapi.Device) 
 		}
 		g.known, g.memCap, g.compCap = true, memCap, compCap
 		g.attrs, g.capacity, g.taints = d.Attributes, d.Capacity, d.Taints
+		g.sel = nil
 	}
 }
 

@@ -22,6 +22,13 @@ type Requests struct {
 	Pods     int64
 }
 
+// Sub subtracts b from r.
+func (r *Requests) Sub(b Requests) {
+	r.MilliCPU -= b.MilliCPU
+	r.Memory -= b.Memory
+	r.Pods -= b.Pods
+}
+
 // Add adds b to r.
 func (r *Requests) Add(b Requests) {
 	r.MilliCPU += b.MilliCPU
@@ -44,6 +51,12 @@ func Counts(pod *corev1.Pod) bool {
 // Fits returns nil when pod may run on node given what is already requested there, or an
 // error that says, in kube-scheduler's words where it has them, why not.
 func Fits(pod *corev1.Pod, node *corev1.Node, requested Requests) error {
+	return FitsRequests(pod, PodRequests(pod), node, requested)
+}
+
+// FitsRequests is Fits with the pod's requests computed by the caller (once per pod, not
+// once per node).
+func FitsRequests(pod *corev1.Pod, want Requests, node *corev1.Node, requested Requests) error {
 	if node.Spec.Unschedulable {
 		t := corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}
 		if !corev1helpers.TolerationsTolerateTaint(klog.Background(), pod.Spec.Tolerations, &t, false) {
@@ -62,7 +75,6 @@ func Fits(pod *corev1.Pod, node *corev1.Node, requested Requests) error {
 	if untolerated {
 		return fmt.Errorf("node %s had untolerated taint {%s: %s}", node.Name, taint.Key, taint.Value)
 	}
-	want := PodRequests(pod)
 	alloc := node.Status.Allocatable
 	if cpu, ok := alloc[corev1.ResourceCPU]; ok && requested.MilliCPU+want.MilliCPU > cpu.MilliValue() {
 		return fmt.Errorf("node %s has insufficient cpu: %dm requested there, pod needs %dm of %dm allocatable",

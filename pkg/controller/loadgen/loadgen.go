@@ -306,7 +306,7 @@ func Await(ctx context.Context, c kubernetes.Interface, o Options, start time.Ti
 				}
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
 	lat := make([]time.Duration, 0, len(seen))
 	var last time.Time

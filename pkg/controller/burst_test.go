@@ -8,6 +8,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+
 	"github.com/fgpu-dev/fgpu/pkg/controller/loadgen"
 )
 
@@ -55,4 +57,49 @@ func TestBurstNeverOvercommits(t *testing.T) {
 		t.Fatalf("allocated %d of %d", rep.Allocated, o.Claims)
 	}
 	t.Log(rep)
+}
+
+// With the controller's own loop (workers in parallel, no hand-driven syncs), a claim
+// queued behind a quota-blocked one is placed as soon as the head of the queue is.
+func TestQuotaQueueDrainsInRunLoop(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := fake.NewSimpleClientset(MakeClass(shareClass), MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"))
+	c := New(DefaultConfig(), client, nil, nil)
+	c.SetPolicy(MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("21Gi").Obj())
+	go func() { _ = c.Run(ctx) }()
+	create := func(name, mem string, sec int) {
+		if _, err := client.ResourceV1().ResourceClaims("a").Create(ctx, MakeClaim("a", name).Memory(mem).Created(sec).Obj(), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.CoreV1().Pods("a").Create(ctx, MakePod("a", name).Claim(name).Obj(), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	allocated := func(name string) bool {
+		cl, err := client.ResourceV1().ResourceClaims("a").Get(ctx, name, metav1.GetOptions{})
+		return err == nil && cl.Status.Allocation != nil
+	}
+	waitUntil := func(what string, f func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if f() {
+				return
+			}
+		}
+		t.Fatal(what)
+	}
+	create("c1", "10Gi", 0)
+	create("c2", "10Gi", 1)
+	waitUntil("c1, c2 placed", func() bool { return allocated("c1") && allocated("c2") })
+	create("c3", "10Gi", 2)
+	create("small", "1Gi", 3)
+	time.Sleep(500 * time.Millisecond)
+	if allocated("c3") || allocated("small") {
+		t.Fatal("over quota, or a later claim jumped the queue")
+	}
+	if err := client.ResourceV1().ResourceClaims("a").Delete(ctx, "c1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil("c3 then small placed once c1 freed its quota", func() bool { return allocated("c3") && allocated("small") })
 }

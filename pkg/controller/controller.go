@@ -494,12 +494,29 @@ func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	freed := c.st.remove(claimKey(claim)) != nil
 	delete(c.pending, key)
 	delete(c.lastMsg, key)
+	leftQueue := false
 	if q := c.quotaWait[claim.Namespace]; q != nil {
-		delete(q, key)
+		if _, ok := q[key]; ok {
+			delete(q, key)
+			leftQueue = true
+		}
 	}
 	c.mu.Unlock()
 	if freed {
 		c.kick()
+	}
+	if leftQueue {
+		c.requeueNamespace(claim.Namespace, key)
+	}
+}
+
+// requeueNamespace looks again, oldest first, at a namespace's pending claims (one left
+// the head of its quota queue).
+func (c *Controller) requeueNamespace(ns, except string) {
+	for _, k := range c.pendingInOrder(ns) {
+		if k != except {
+			c.queue.Add(k)
+		}
 	}
 }
 
@@ -647,10 +664,17 @@ func (c *Controller) Sync(ctx context.Context, key string) (time.Duration, error
 	if claim.Status.Allocation != nil {
 		c.mu.Lock()
 		delete(c.pending, key)
+		leftQueue := false
 		if q := c.quotaWait[ns]; q != nil {
-			delete(q, key)
+			if _, ok := q[key]; ok {
+				delete(q, key)
+				leftQueue = true
+			}
 		}
 		c.mu.Unlock()
+		if leftQueue {
+			c.requeueNamespace(ns, key)
+		}
 		return c.checkAllocated(ctx, claim)
 	}
 	return c.place(ctx, claim)
@@ -735,21 +759,29 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	if w == nil {
 		d, w = c.decide(ctx, in)
 	}
+	leftQueue := false
 	if w != nil && w.quota {
 		if c.quotaWait[claim.Namespace] == nil {
 			c.quotaWait[claim.Namespace] = map[string]time.Time{}
 		}
 		c.quotaWait[claim.Namespace][key] = claim.CreationTimestamp.Time
-	} else if w == nil {
-		if q := c.quotaWait[claim.Namespace]; q != nil {
+	} else if q := c.quotaWait[claim.Namespace]; q != nil {
+		// Placed, or waiting for something else than quota: claims queued behind it go on.
+		if _, ok := q[key]; ok {
 			delete(q, key)
+			leftQueue = true
 		}
+	}
+	if w == nil {
 		for _, p := range in.pods {
 			c.assumedPods[p.UID] = assumedPod{node: d.node, req: podfit.PodRequests(p), at: c.now()}
 		}
 	}
 	c.mu.Unlock()
 	c.metrics.decision.Observe(c.now().Sub(start).Seconds())
+	if leftQueue {
+		c.requeueNamespace(claim.Namespace, key)
+	}
 
 	if w != nil {
 		logger.V(4).Info("Claim waits", "reason", w.reason, "message", w.message)

@@ -375,3 +375,65 @@ func allocCfg(t *testing.T, c *resourceapi.ResourceClaim) *api.GpuConfig {
 }
 
 var _ = corev1.PodScheduled
+
+func TestRequestSelectorAndDeviceTaint(t *testing.T) {
+	sl := MakeSlice("n1", 3, "80Gi")
+	// gpu-0 is unhealthy: the plugin tainted it.
+	sl.Spec.Devices[0].Taints = append(sl.Spec.Devices[0].Taints, resourceapi.DeviceTaint{Key: "gpu.fgpu.dev/unhealthy", Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoSchedule})
+	c := MakeClaim("a", "c").Memory("10Gi").Obj()
+	c.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+		Expression: `device.attributes["gpu.fgpu.dev"].index != 1`}}}
+	e := newEnv(t, nil, MakeNode("n1").Obj(), sl, c, MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if got := e.placedOn("a", "c"); got != "n1/gpu-2" {
+		t.Fatalf("placed on %q; gpu-0 is tainted and the selector excludes gpu-1", got)
+	}
+}
+
+func TestFirstAvailableAndWholeGPUs(t *testing.T) {
+	c := MakeClaim("a", "c").Obj()
+	c.Spec.Devices.Requests[0] = resourceapi.DeviceRequest{Name: "gpu", FirstAvailable: []resourceapi.DeviceSubRequest{
+		{Name: "big", DeviceClassName: wholeClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 4},
+		{Name: "two", DeviceClassName: wholeClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 2},
+	}}
+	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 3, "80Gi"), c, MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	got := e.claim("a", "c")
+	if got.Status.Allocation == nil {
+		t.Fatalf("not placed: %s", got.Annotations[AnnotationStatus])
+	}
+	res := got.Status.Allocation.Devices.Results
+	if len(res) != 2 || res[0].Request != "gpu/two" || res[0].Device == res[1].Device {
+		t.Fatalf("want two whole GPUs for subrequest gpu/two, got %+v", res)
+	}
+	for _, r := range res {
+		if m := r.ConsumedCapacity[capMemory]; m.String() != "80Gi" {
+			t.Errorf("whole GPU consumed %s", m.String())
+		}
+	}
+}
+
+func TestClassConfigCopiedAndUserModeKept(t *testing.T) {
+	class := MakeClass("mps-class.example")
+	raw := []byte(`{"apiVersion":"fgpu.dev/v1alpha1","kind":"GpuConfig","computePercent":5}`)
+	class.Spec.Config = []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
+		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: driver, Parameters: runtime.RawExtension{Raw: raw}}}}}
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("none").Isolation(api.IsolationNone).Obj()},
+		MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"), class,
+		MakeClaim("a", "c").Class("mps-class.example").Memory("10Gi").Compute("20").Config(map[string]any{"mode": "timeSlicing"}).Obj(),
+		MakePod("a", "p").Claim("c").Obj())
+	e.c.cfg.DeviceClasses = append(e.c.cfg.DeviceClasses, "mps-class.example")
+	e.run()
+	cl := e.claim("a", "c")
+	if cl.Status.Allocation == nil {
+		t.Fatalf("not placed: %s", cl.Annotations[AnnotationStatus])
+	}
+	cfgs := cl.Status.Allocation.Devices.Config
+	if len(cfgs) != 3 || cfgs[0].Source != resourceapi.AllocationConfigSourceClass {
+		t.Fatalf("want class, claim and allocator configs, got %+v", cfgs)
+	}
+	got := allocCfg(t, cl)
+	if got.Mode != api.SharingModeTimeSlicing || got.ComputePercent == nil || *got.ComputePercent != 5 {
+		t.Errorf("merged config %+v: want the user's timeSlicing and the class's computePercent 5", got)
+	}
+}

@@ -1,6 +1,9 @@
 package controller
 
 import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"regexp"
 	"strings"
 	"testing"
@@ -435,5 +438,59 @@ func TestClassConfigCopiedAndUserModeKept(t *testing.T) {
 	got := allocCfg(t, cl)
 	if got.Mode != api.SharingModeTimeSlicing || got.ComputePercent == nil || *got.ComputePercent != 5 {
 		t.Errorf("merged config %+v: want the user's timeSlicing and the class's computePercent 5", got)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("none").Isolation(api.IsolationNone).Obj()},
+		MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"),
+		MakeClaim("a", "c").Memory("10Gi").Compute("12").Obj(), MakePod("a", "p").Claim("c").Obj(),
+		MakeClaim("a", "big").Memory("100Gi").Obj(), MakePod("a", "q").Claim("big").Obj())
+	e.run()
+	gpu := strings.TrimPrefix(e.placedOn("a", "c"), "n1/")
+	want := fmt.Sprintf(`
+# HELP fgpu_allocator_gpu_allocated_memory_bytes GPU memory allocated to claims.
+# TYPE fgpu_allocator_gpu_allocated_memory_bytes gauge
+fgpu_allocator_gpu_allocated_memory_bytes{gpu="%s",node="n1"} 1.073741824e+10
+`, gpu)
+	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(want), "fgpu_allocator_gpu_allocated_memory_bytes"); err != nil {
+		// The other GPU is reported at 0 too: compare the one that holds the claim.
+		mfs, _ := e.reg.Gather()
+		found := false
+		for _, mf := range mfs {
+			if mf.GetName() != "fgpu_allocator_gpu_allocated_memory_bytes" {
+				continue
+			}
+			for _, m := range mf.Metric {
+				for _, l := range m.Label {
+					if l.GetName() == "gpu" && l.GetValue() == gpu && m.Gauge.GetValue() == 10<<30 {
+						found = true
+					}
+				}
+			}
+		}
+		if !found {
+			t.Errorf("allocated memory metric: %v", err)
+		}
+	}
+	for name, v := range map[string]float64{"fgpu_allocator_pending_claims": 1, "fgpu_allocator_claims_placed_total": 1} {
+		mfs, _ := e.reg.Gather()
+		got := -1.0
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				m := mf.Metric[0]
+				if m.Gauge != nil {
+					got = m.Gauge.GetValue()
+				} else {
+					got = m.Counter.GetValue()
+				}
+			}
+		}
+		if got != v {
+			t.Errorf("%s = %v, want %v", name, got, v)
+		}
+	}
+	if n, err := testutil.GatherAndCount(e.reg, "fgpu_allocator_decision_seconds", "fgpu_allocator_fragmentation_ratio", "fgpu_allocator_gpu_tenants", "fgpu_allocator_gpu_allocated_compute_percent"); err != nil || n < 6 {
+		t.Errorf("metrics missing: %d series, %v", n, err)
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/controller/invariant"
 )
@@ -31,6 +33,7 @@ type env struct {
 	rec    *record.FakeRecorder
 	now    time.Time
 	kept   []string
+	reg    *prometheus.Registry
 }
 
 func newEnv(t *testing.T, policies []*api.SharingPolicy, objs ...runtime.Object) *env {
@@ -43,7 +46,8 @@ func newEnv(t *testing.T, policies []*api.SharingPolicy, objs ...runtime.Object)
 	cfg.Workers = 1
 	cfg.BindTimeout = time.Minute
 	cfg.Now = func() time.Time { return e.now }
-	e.c = New(cfg, e.client, nil, nil)
+	e.reg = prometheus.NewRegistry()
+	e.c = New(cfg, e.client, nil, NewMetrics(e.reg))
 	e.rec = record.NewFakeRecorder(10000)
 	e.c.recorder = e.rec
 	for _, p := range policies {

@@ -23,6 +23,10 @@ type fragModel struct {
 	// could take; FGD counts all the share one copy could reach, so a node
 	// whose CPU runs out before its GPUs looks unfragmented to it.
 	cpuReach bool
+	// cpuSlack scales the free CPU for cpuReach (1.25: a node counts as
+	// CPU-short for a shape only when 1.25 x its free CPU cannot host
+	// enough copies).
+	cpuSlack float64
 }
 
 // fragKey identifies a node state for the memo (nodes of up to 8 GPUs of
@@ -151,7 +155,11 @@ func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float
 			if fm.cpuReach && s.share > 0 && s.cpu > 0 {
 				// copies the CPU allows x their share, at most what
 				// the GPUs offer
-				if reach, usable := (cpu/s.cpu)*s.share*int64(s.gpus), total-below; reach < usable {
+				copies := cpu / s.cpu
+				if fm.cpuSlack > 0 {
+					copies = int64(fm.cpuSlack * float64(cpu) / float64(s.cpu))
+				}
+				if reach, usable := copies*s.share*int64(s.gpus), total-below; reach < usable {
 					below = total - reach
 				}
 			}

@@ -257,6 +257,10 @@ func Check(ctx context.Context, c kubernetes.Interface, driver string) error {
 
 // Cleanup deletes the bench namespace, slices and nodes.
 func Cleanup(ctx context.Context, c kubernetes.Interface, o Options) error {
+	// No kubelet runs on the bench nodes to confirm a graceful deletion: delete the pods
+	// at once, so that their claims are released (which needs the allocator running).
+	zero := int64(0)
+	_ = c.CoreV1().Pods(o.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
 	_ = c.CoreV1().Namespaces().Delete(ctx, o.Namespace, metav1.DeleteOptions{})
 	// The claims go first (the allocator releases them), then the devices they were on:
 	// the other way round leaves allocations to devices that no longer exist.

@@ -7,7 +7,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 )
 
 // DeviceStatusData is what `kubectl get resourceclaim -o yaml` shows under
@@ -24,14 +25,15 @@ type DeviceStatusData struct {
 	MemoryEnforced bool `json:"memoryEnforced"`
 }
 
-// publishDeviceStatus records the prepared shares in the claim's status.devices with
-// server-side apply, owning only this driver's entries.
+// publishDeviceStatus records the prepared shares in the claim's status.devices, replacing
+// only this driver's entries. (Not server-side apply: an allocation written with Update by
+// another manager made every status apply try to clear it.)
 func (d *Driver) publishDeviceStatus(ctx context.Context, claim *resourceapi.ResourceClaim) error {
 	entry, ok := d.state.PreparedClaims()[string(claim.UID)]
 	if !ok {
 		return nil
 	}
-	status := resourceapply.ResourceClaimStatus()
+	var ours []resourceapi.AllocatedDeviceStatus
 	for _, p := range entry.Devices {
 		data, err := json.Marshal(DeviceStatusData{
 			GPUUUID: p.GPUUUID, Memory: bytesStr(p.MemoryBytes), MemoryLimit: bytesStr(p.MemoryLimitBytes),
@@ -41,14 +43,29 @@ func (d *Driver) publishDeviceStatus(ctx context.Context, claim *resourceapi.Res
 		if err != nil {
 			return err
 		}
-		dev := resourceapply.AllocatedDeviceStatus().WithDriver(d.cfg.DriverName).WithPool(p.Pool).WithDevice(p.Device).
-			WithData(runtime.RawExtension{Raw: data})
+		s := resourceapi.AllocatedDeviceStatus{Driver: d.cfg.DriverName, Pool: p.Pool, Device: p.Device, Data: &runtime.RawExtension{Raw: data}}
 		if p.ShareID != "" {
-			dev = dev.WithShareID(p.ShareID)
+			s.ShareID = ptr.To(p.ShareID)
 		}
-		status = status.WithDevices(dev)
+		ours = append(ours, s)
 	}
-	ac := resourceapply.ResourceClaim(claim.Name, claim.Namespace).WithUID(claim.UID).WithStatus(status)
-	_, err := d.client.ResourceV1().ResourceClaims(claim.Namespace).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: d.cfg.DriverName, Force: true})
-	return err
+	claims := d.client.ResourceV1().ResourceClaims(claim.Namespace)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		current, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if current.UID != claim.UID {
+			return nil // the claim was replaced; its successor gets its own status
+		}
+		devices := make([]resourceapi.AllocatedDeviceStatus, 0, len(current.Status.Devices)+len(ours))
+		for _, s := range current.Status.Devices {
+			if s.Driver != d.cfg.DriverName {
+				devices = append(devices, s)
+			}
+		}
+		current.Status.Devices = append(devices, ours...)
+		_, err = claims.UpdateStatus(ctx, current, metav1.UpdateOptions{FieldManager: "fgpu-kubelet-plugin"})
+		return err
+	})
 }

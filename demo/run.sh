@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make demo: a real local Kubernetes cluster, fgpu on two fake 80Gi GPUs, four pods of 10, 20,
-# 30 and 60Gi sharing them, and a table of who got what.
+# make demo: a real local Kubernetes cluster, fgpu in allocator mode on two fake 80Gi GPUs,
+# four pods of 10, 20, 30 and 60Gi from two teams sharing them under sharing policies (one of
+# them latency-critical), and a table of who got what.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -22,23 +23,38 @@ fi
 step "Building the fgpu image and installing the chart with fake GPUs"
 e2e/cluster/images.sh fgpu
 $helm upgrade --install fgpu deployments/helm/fgpu -n fgpu-system --create-namespace \
-  -f deployments/helm/fgpu/values-fake.yaml -f e2e/values-local.yaml --wait --timeout 3m
+  -f deployments/helm/fgpu/values-fake.yaml -f e2e/values-local.yaml -f demo/values-demo.yaml
+# The image tag stays fgpu.dev/fgpu:dev across rebuilds: restart to run what was just built.
+$kubectl -n fgpu-system rollout restart ds/fgpu-kubelet-plugin deploy/fgpu-allocator >/dev/null
+$kubectl -n fgpu-system rollout status ds/fgpu-kubelet-plugin --timeout 3m
+$kubectl -n fgpu-system rollout status deploy/fgpu-allocator --timeout 3m
 for _ in $(seq 1 60); do
   [[ -n $($kubectl get resourceslices -o name 2>/dev/null) ]] && break
   sleep 1
 done
-$kubectl get resourceslices -o custom-columns=SLICE:.metadata.name,NODE:.spec.nodeName,DEVICES:.spec.devices[*].name
+$kubectl get resourceslices -o custom-columns=SLICE:.metadata.name,NODE:.spec.nodeName,DEVICES:.spec.devices[*].name,TAINT:.spec.devices[0].taints[0].key
 
-step "Running four pods that ask for 10, 20, 30 and 60Gi"
-$kubectl apply -f demo/specs/
-$kubectl wait -n fgpu-demo --for=condition=Ready pod -l app.kubernetes.io/part-of=fgpu-demo --timeout=3m
-$kubectl get pods -n fgpu-demo -o wide
+step "Two teams and their sharing policies"
+$kubectl apply -f demo/specs/00-namespaces.yaml -f demo/specs/01-policies.yaml
+$kubectl get sharingpolicies
+
+step "Pods arrive one by one: team-a's critical 20Gi, team-b's 60Gi and 30Gi batch jobs, team-a's 10Gi"
+for spec in demo/specs/1*.yaml; do
+  ns=$(awk '/namespace:/ {print $2; exit}' "$spec")
+  pod=$(awk '/^kind: Pod/ {p=1} p && /name:/ {print $2; exit}' "$spec")
+  $kubectl apply -f "$spec" >/dev/null
+  $kubectl wait -n "$ns" --for=condition=Ready "pod/$pod" --timeout=3m >/dev/null
+  $kubectl get events -n "$ns" --field-selector "involvedObject.name=$pod,reason=FgpuPlaced" \
+    -o custom-columns=POD:.involvedObject.name,DECISION:.message --no-headers | tail -1
+done
+$kubectl get pods -n team-a -o wide
+$kubectl get pods -n team-b -o wide
 
 step "Who got what"
 go run ./cmd/fgpu gpus
 
 step "What the 10Gi pod's container received (printed by fgpu-probe inside it)"
-$kubectl logs -n fgpu-demo a-10gi | grep -v '^FGPU-PROBE'
+$kubectl logs -n team-a a-10gi | grep -v '^FGPU-PROBE'
 
 step "What each GPU's MPS server was told (recorded by the fake backend's MPS stand-in)"
 for state in /var/run/fgpu/mps/*/log/fake-mps-state.json; do

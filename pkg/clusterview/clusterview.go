@@ -104,7 +104,9 @@ func Gather(ctx context.Context, c kubernetes.Interface, driver string) ([]GPU, 
 	out := make([]GPU, 0, len(order))
 	for _, k := range order {
 		g := byKey[k]
-		sort.Slice(g.Tenants, func(i, j int) bool { return g.Tenants[i].Namespace+g.Tenants[i].Claim < g.Tenants[j].Namespace+g.Tenants[j].Claim })
+		sort.Slice(g.Tenants, func(i, j int) bool {
+			return g.Tenants[i].Namespace+g.Tenants[i].Claim < g.Tenants[j].Namespace+g.Tenants[j].Claim
+		})
 		out = append(out, *g)
 	}
 	return out, nil

@@ -96,7 +96,7 @@ func tenancyOf(p policy.Effective) tenancy {
 func userConfig(driver string, classCfg []resourceapi.DeviceClassConfiguration, claimCfg []resourceapi.DeviceClaimConfiguration, request string) (*api.GpuConfig, error) {
 	merged := &api.GpuConfig{}
 	apply := func(requests []string, opaque *resourceapi.OpaqueDeviceConfiguration) error {
-		if opaque == nil || opaque.Driver != driver || !appliesTo(requests, request) {
+		if opaque == nil || opaque.Driver != driver || !api.AppliesTo(requests, request) {
 			return nil
 		}
 		cfg, err := api.DecodeGpuConfig(opaque.Parameters.Raw)
@@ -106,7 +106,7 @@ func userConfig(driver string, classCfg []resourceapi.DeviceClassConfiguration, 
 		if err := cfg.Validate(); err != nil {
 			return err
 		}
-		overlay(merged, cfg)
+		merged.Overlay(cfg)
 		return nil
 	}
 	for _, c := range classCfg {
@@ -127,44 +127,16 @@ func allocationConfig(driver string, cfgs []resourceapi.DeviceAllocationConfigur
 	merged := &api.GpuConfig{}
 	for _, src := range []resourceapi.AllocationConfigSource{resourceapi.AllocationConfigSourceClass, resourceapi.AllocationConfigSourceClaim} {
 		for _, c := range cfgs {
-			if c.Source != src || c.Opaque == nil || c.Opaque.Driver != driver || !appliesTo(c.Requests, request) {
+			if c.Source != src || c.Opaque == nil || c.Opaque.Driver != driver || !api.AppliesTo(c.Requests, request) {
 				continue
 			}
 			if cfg, err := api.DecodeGpuConfig(c.Opaque.Parameters.Raw); err == nil {
-				overlay(merged, cfg)
+				merged.Overlay(cfg)
 			}
 		}
 	}
 	merged.Normalize()
 	return merged
-}
-
-func appliesTo(requests []string, request string) bool {
-	if len(requests) == 0 {
-		return true
-	}
-	parent, _, _ := strings.Cut(request, "/")
-	for _, r := range requests {
-		if r == request || r == parent {
-			return true
-		}
-	}
-	return false
-}
-
-func overlay(dst, src *api.GpuConfig) {
-	if src.Mode != "" {
-		dst.Mode = src.Mode
-	}
-	if src.MemoryLimit != nil {
-		dst.MemoryLimit = src.MemoryLimit
-	}
-	if src.ComputePercent != nil {
-		dst.ComputePercent = src.ComputePercent
-	}
-	if src.IsolationDomain != "" {
-		dst.IsolationDomain = src.IsolationDomain
-	}
 }
 
 // namespaceDomain is the isolation domain of a namespace: a DNS label.

@@ -2,8 +2,6 @@ package plugin
 
 import (
 	"fmt"
-	"slices"
-	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -67,7 +65,7 @@ func (s *State) configFor(configs []resourceapi.DeviceAllocationConfiguration, r
 	merged := &configapi.GpuConfig{}
 	for _, source := range []resourceapi.AllocationConfigSource{resourceapi.AllocationConfigSourceClass, resourceapi.AllocationConfigSourceClaim} {
 		for _, c := range configs {
-			if c.Source != source || c.Opaque == nil || c.Opaque.Driver != s.cfg.DriverName || !appliesTo(c.Requests, request) {
+			if c.Source != source || c.Opaque == nil || c.Opaque.Driver != s.cfg.DriverName || !configapi.AppliesTo(c.Requests, request) {
 				continue
 			}
 			cfg, err := configapi.DecodeGpuConfig(c.Opaque.Parameters.Raw)
@@ -77,31 +75,11 @@ func (s *State) configFor(configs []resourceapi.DeviceAllocationConfiguration, r
 			if err := cfg.Validate(); err != nil {
 				return nil, fmt.Errorf("invalid fgpu config: %w", err)
 			}
-			overlay(merged, cfg)
+			merged.Overlay(cfg)
 		}
 	}
 	merged.Normalize()
 	return merged, nil
-}
-
-func appliesTo(requests []string, request string) bool {
-	parent, _, _ := strings.Cut(request, "/")
-	return len(requests) == 0 || slices.Contains(requests, request) || slices.Contains(requests, parent)
-}
-
-func overlay(dst, src *configapi.GpuConfig) {
-	if src.Mode != "" {
-		dst.Mode = src.Mode
-	}
-	if src.MemoryLimit != nil {
-		dst.MemoryLimit = src.MemoryLimit
-	}
-	if src.ComputePercent != nil {
-		dst.ComputePercent = src.ComputePercent
-	}
-	if src.IsolationDomain != "" {
-		dst.IsolationDomain = src.IsolationDomain
-	}
 }
 
 func (s *State) planDevice(d gpu.Device, r resourceapi.DeviceRequestAllocationResult, cfg *configapi.GpuConfig) (checkpoint.PreparedDevice, error) {

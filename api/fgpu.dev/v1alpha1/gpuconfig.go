@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -101,4 +102,36 @@ func isDNSLabel(s string) bool {
 		}
 	}
 	return true
+}
+
+// Overlay sets the fields src sets: configs are applied class first, then claim, each
+// overriding the earlier ones field by field.
+func (c *GpuConfig) Overlay(src *GpuConfig) {
+	if src.Mode != "" {
+		c.Mode = src.Mode
+	}
+	if src.MemoryLimit != nil {
+		c.MemoryLimit = src.MemoryLimit
+	}
+	if src.ComputePercent != nil {
+		c.ComputePercent = src.ComputePercent
+	}
+	if src.IsolationDomain != "" {
+		c.IsolationDomain = src.IsolationDomain
+	}
+}
+
+// AppliesTo says whether a config that names requests (none: all of them) applies to a
+// request, which may be a subrequest "parent/sub".
+func AppliesTo(requests []string, request string) bool {
+	if len(requests) == 0 {
+		return true
+	}
+	parent, _, _ := strings.Cut(request, "/")
+	for _, r := range requests {
+		if r == request || r == parent {
+			return true
+		}
+	}
+	return false
 }

@@ -75,3 +75,30 @@ func TestNormalizeDefaults(t *testing.T) {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 }
+
+func TestOverlayAndAppliesTo(t *testing.T) {
+	c := GpuConfig{Mode: SharingModeMPS, IsolationDomain: "a"}
+	c.Overlay(&GpuConfig{ComputePercent: ptr.To[int32](10)})
+	if c.Mode != SharingModeMPS || c.IsolationDomain != "a" || *c.ComputePercent != 10 {
+		t.Fatalf("overlay of one field changed others: %+v", c)
+	}
+	c.Overlay(&GpuConfig{Mode: SharingModeTimeSlicing})
+	if c.Mode != SharingModeTimeSlicing {
+		t.Fatalf("overlay did not override mode: %+v", c)
+	}
+	for _, tc := range []struct {
+		requests []string
+		request  string
+		want     bool
+	}{
+		{nil, "gpu", true},
+		{[]string{"gpu"}, "gpu", true},
+		{[]string{"gpu"}, "gpu/small", true},
+		{[]string{"gpu/small"}, "gpu/large", false},
+		{[]string{"other"}, "gpu", false},
+	} {
+		if got := AppliesTo(tc.requests, tc.request); got != tc.want {
+			t.Errorf("AppliesTo(%v, %q) = %v", tc.requests, tc.request, got)
+		}
+	}
+}

@@ -37,7 +37,8 @@ cluster-up:
 cluster-down:
 	e2e/cluster/down.sh
 
-## bench-e2e: pod create→Running with and without a claim, plugin RSS at 100 claims
+## bench-e2e: pod create→Running with and without a claim in both modes, plugin RSS at 100 claims
 ## (needs a cluster from `make cluster-up` and `make images`).
 bench-e2e:
-	go run ./e2e/cmd/podbench
+	go run ./e2e/cmd/podbench --mode scheduler
+	go run ./e2e/cmd/podbench --mode allocator --claims 0

@@ -22,16 +22,17 @@ import (
 
 func main() {
 	rounds := flag.Int("rounds", 20, "pods of each kind, created one at a time")
-	claims := flag.Int("claims", 100, "claims held at once for the RSS figure")
+	claims := flag.Int("claims", 100, "claims held at once for the RSS figure (0: skip)")
+	mode := flag.String("mode", "scheduler", `allocation mode to install: "scheduler" or "allocator"`)
 	flag.Parse()
-	if err := run(*rounds, *claims); err != nil {
+	if err := run(*rounds, *claims, *mode); err != nil {
 		fmt.Fprintln(os.Stderr, "podbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(rounds, claims int) error {
-	c, err := framework.Setup("kubeletPlugin.gpus=fake:1xH100-80GB")
+func run(rounds, claims int, mode string) error {
+	c, err := framework.Setup("kubeletPlugin.gpus=fake:1xH100-80GB", "allocationMode="+mode)
 	if err != nil || c == nil {
 		return fmt.Errorf("no cluster: %v", err)
 	}
@@ -53,11 +54,14 @@ func run(rounds, claims int) error {
 		}
 		withClaim = append(withClaim, d)
 	}
-	fmt.Printf("pod create→Running over %d pods each (one at a time):\n", rounds)
+	fmt.Printf("%s mode: pod create→Running over %d pods each (one at a time):\n", mode, rounds)
 	fmt.Printf("  plain pod        p50 %6.0f ms  p95 %6.0f ms\n", pct(plain, 50), pct(plain, 95))
 	fmt.Printf("  pod + fgpu claim p50 %6.0f ms  p95 %6.0f ms\n", pct(withClaim, 50), pct(withClaim, 95))
 	fmt.Printf("  the claim adds   p50 %6.0f ms\n", pct(withClaim, 50)-pct(plain, 50))
 
+	if claims == 0 {
+		return nil
+	}
 	deleteAll(ctx, c, ns)
 	c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 	for i := 0; i < claims; i++ {

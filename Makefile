@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 
-.PHONY: all build test test-unit test-e2e demo demo-down images cluster-up cluster-down bench-e2e
+.PHONY: all build test test-unit test-e2e demo demo-down images cluster-up cluster-down bench-e2e gpucheck
 
 all: build
 
@@ -42,3 +42,9 @@ cluster-down:
 bench-e2e:
 	go run ./e2e/cmd/podbench --mode scheduler
 	go run ./e2e/cmd/podbench --mode allocator --claims 0
+
+## gpucheck: the node side on a real NVIDIA GPU, no Kubernetes (run where a GPU and python3
+## with torch are): NVML, two claims with the real MPS daemon, caps checked by CUDA processes.
+gpucheck:
+	CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations go build -o _output/gpucheck ./e2e/gpucheck
+	e2e/gpucheck/run.sh _output/gpucheck _output/gpucheck-out

@@ -539,19 +539,14 @@ func (c *Controller) nodeFitsUncached(in *input, nodeName string) error {
 // requestedOn sums what bound pods and pods the allocator already pinned there ask of a
 // node, except the pods being placed.
 func (c *Controller) requestedOn(node string, except []*corev1.Pod) podfit.Requests {
-	skip := map[types.UID]bool{}
-	for _, p := range except {
-		skip[p.UID] = true
-	}
 	r := c.nodeReq[node]
+	r.Add(c.nodeAssumed[node])
 	for _, p := range except {
 		if b, ok := c.podBound[p.UID]; ok && b.node == node {
 			r.Sub(b.req)
 		}
-	}
-	for uid, ap := range c.assumedPods {
-		if ap.node == node && !skip[uid] {
-			r.Add(ap.req)
+		if ap, ok := c.assumedPods[p.UID]; ok && ap.node == node {
+			r.Sub(ap.req)
 		}
 	}
 	return r

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -45,6 +46,7 @@ type flags struct {
 	renewDeadline    time.Duration
 	retryPeriod      time.Duration
 	qps              float32
+	profiling        bool
 	burst            int
 }
 
@@ -63,18 +65,19 @@ func main() {
 	fs.StringVar(&f.exclusiveClasses, "exclusive-classes", strings.Join(f.cfg.ExclusiveClasses, ","), "DeviceClasses whose requests take whole GPUs")
 	fs.DurationVar(&f.cfg.BindTimeout, "bind-timeout", f.cfg.BindTimeout, "take an allocation back, and place the claim elsewhere, when its pod is not scheduled within this time")
 	fs.DurationVar(&f.cfg.OrphanGrace, "orphan-grace", f.cfg.OrphanGrace, "take an allocation back when no pod has used the claim for this long")
-	fs.IntVar(&f.cfg.Workers, "workers", f.cfg.Workers, "claims written in parallel (decisions are serialised)")
+	fs.IntVar(&f.cfg.Workers, "workers", f.cfg.Workers, "claims written in parallel (decisions are serialised; each placement waits on two API round trips, so this bounds placements per second)")
 	fs.StringVar(&f.cfg.Placement, "placement", f.cfg.Placement, "placement policy for standard claims: fgpu, fgd, bestfit, random")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":9465", "address of the Prometheus /metrics and /healthz endpoint (empty: off)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
+	fs.BoolVar(&f.profiling, "profiling", false, "serve Go's pprof handlers under /debug/pprof/ on the metrics address")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run only while holding the Lease")
 	fs.StringVar(&f.leaseNamespace, "leader-elect-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the Lease (default $POD_NAMESPACE)")
 	fs.StringVar(&f.leaseName, "leader-elect-name", "fgpu-allocator", "name of the Lease")
 	fs.DurationVar(&f.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "Lease duration")
 	fs.DurationVar(&f.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "renew deadline")
 	fs.DurationVar(&f.retryPeriod, "leader-elect-retry-period", 2*time.Second, "retry period")
-	fs.Float32Var(&f.qps, "kube-api-qps", 200, "API requests per second (a placement costs about 4: finalizer, allocation, two events)")
-	fs.IntVar(&f.burst, "kube-api-burst", 400, "API request burst")
+	fs.Float32Var(&f.qps, "kube-api-qps", 1000, "API requests per second (a placement costs about 4: finalizer, allocation, two events)")
+	fs.IntVar(&f.burst, "kube-api-burst", 2000, "API request burst")
 	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -126,6 +129,13 @@ func run(ctx context.Context, f flags) error {
 	if f.metricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		if f.profiling {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 		srv := &http.Server{Addr: f.metricsAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {

@@ -67,7 +67,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{DriverName: "gpu.fgpu.dev", DeviceClasses: []string{"gpu.fgpu.dev", "exclusive.gpu.fgpu.dev"},
 		ExclusiveClasses: []string{"exclusive.gpu.fgpu.dev"}, BindTimeout: 2 * time.Minute, OrphanGrace: 30 * time.Second,
-		Workers: 4, Placement: "fgpu"}
+		Workers: 32, Placement: "fgpu"}
 }
 
 const (

@@ -50,6 +50,9 @@ func Defaults() Options {
 type Report struct {
 	Claims, Allocated int
 	Elapsed           time.Duration // first create to last allocation
+	// Created is first create to last create (claims and pods): when it is close to
+	// Elapsed, the load generator and API server, not the allocator, set the pace.
+	Created time.Duration
 	PerSecond         float64
 	P50, P99, Max     time.Duration
 	InvariantErr      error
@@ -60,8 +63,12 @@ func (r Report) String() string {
 	if r.InvariantErr != nil {
 		inv = r.InvariantErr.Error()
 	}
-	return fmt.Sprintf("claims %d, allocated %d in %s: %.1f claims/s; created→allocated p50 %s, p99 %s, max %s; invariant: %s",
-		r.Claims, r.Allocated, r.Elapsed.Round(time.Millisecond), r.PerSecond, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond), r.Max.Round(time.Millisecond), inv)
+	created := ""
+	if r.Created > 0 {
+		created = fmt.Sprintf(" (all created in %s: %.1f claims/s)", r.Created.Round(time.Millisecond), float64(r.Claims)/r.Created.Seconds())
+	}
+	return fmt.Sprintf("claims %d, allocated %d in %s: %.1f claims/s%s; created→allocated p50 %s, p99 %s, max %s; invariant: %s",
+		r.Claims, r.Allocated, r.Elapsed.Round(time.Millisecond), r.PerSecond, created, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond), r.Max.Round(time.Millisecond), inv)
 }
 
 // NodeName is the name of bench node i.
@@ -132,32 +139,65 @@ func (o Options) Pod(i int) *corev1.Pod {
 // Burst creates the claims (and pods) and waits until each is allocated or Timeout.
 func Burst(ctx context.Context, c kubernetes.Interface, o Options) (Report, error) {
 	rep := Report{Claims: o.Claims}
-	w, err := c.ResourceV1().ResourceClaims(o.Namespace).Watch(ctx, metav1.ListOptions{})
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w0, err := c.ResourceV1().ResourceClaims(o.Namespace).Watch(wctx, metav1.ListOptions{})
 	if err != nil {
 		return rep, err
 	}
-	defer w.Stop()
 	var mu sync.Mutex
 	createdAt := map[string]time.Time{}
 	allocatedAt := map[string]time.Time{}
+	seen := func(cl *resourceapi.ResourceClaim) int {
+		mu.Lock()
+		defer mu.Unlock()
+		if cl.Status.Allocation != nil {
+			if _, ok := allocatedAt[cl.Name]; !ok {
+				allocatedAt[cl.Name] = time.Now()
+			}
+		}
+		return len(allocatedAt)
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for ev := range w.ResultChan() {
-			if ev.Type != watch.Added && ev.Type != watch.Modified {
+		w, rv := w0, ""
+		for {
+			for ev := range w.ResultChan() {
+				if ev.Type != watch.Added && ev.Type != watch.Modified {
+					continue
+				}
+				cl, ok := ev.Object.(*resourceapi.ResourceClaim)
+				if !ok {
+					continue
+				}
+				rv = cl.ResourceVersion
+				if seen(cl) >= o.Claims {
+					w.Stop()
+					return
+				}
+			}
+			// The API server ends watches that fall behind (a busy machine): watch again
+			// from where this one stopped, or list when that is too old.
+			if wctx.Err() != nil {
+				return
+			}
+			var err error
+			if w, err = c.ResourceV1().ResourceClaims(o.Namespace).Watch(wctx, metav1.ListOptions{ResourceVersion: rv}); err == nil {
 				continue
 			}
-			cl, ok := ev.Object.(*resourceapi.ResourceClaim)
-			if !ok || cl.Status.Allocation == nil {
-				continue
+			list, err := c.ResourceV1().ResourceClaims(o.Namespace).List(wctx, metav1.ListOptions{})
+			if err != nil {
+				return
 			}
-			mu.Lock()
-			if _, seen := allocatedAt[cl.Name]; !seen {
-				allocatedAt[cl.Name] = time.Now()
+			n := 0
+			for i := range list.Items {
+				n = seen(&list.Items[i])
 			}
-			n := len(allocatedAt)
-			mu.Unlock()
 			if n >= o.Claims {
+				return
+			}
+			if w, err = c.ResourceV1().ResourceClaims(o.Namespace).Watch(wctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion}); err != nil {
 				return
 			}
 		}
@@ -199,6 +239,7 @@ func Burst(ctx context.Context, c kubernetes.Interface, o Options) (Report, erro
 	}
 	close(next)
 	wg.Wait()
+	rep.Created = time.Since(start)
 	select {
 	case err := <-errs:
 		return rep, err

@@ -52,10 +52,10 @@ type Report struct {
 	Elapsed           time.Duration // first create to last allocation
 	// Created is first create to last create (claims and pods): when it is close to
 	// Elapsed, the load generator and API server, not the allocator, set the pace.
-	Created time.Duration
-	PerSecond         float64
-	P50, P99, Max     time.Duration
-	InvariantErr      error
+	Created       time.Duration
+	PerSecond     float64
+	P50, P99, Max time.Duration
+	InvariantErr  error
 }
 
 func (r Report) String() string {

@@ -468,13 +468,20 @@ func (c *Controller) selectorsMatch(ctx context.Context, g *gpu, lists ...[]reso
 			if s.CEL == nil {
 				continue
 			}
-			v, ok := g.sel[s.CEL.Expression]
-			if !ok {
-				v = c.evalSelector(ctx, g, s.CEL.Expression)
-				if g.sel == nil {
-					g.sel = map[string]bool{}
+			expr := s.CEL.Expression
+			v, found := false, false
+			for _, r := range g.sel {
+				if r.expr == expr {
+					v, found = r.ok, true
+					break
 				}
-				g.sel[s.CEL.Expression] = v
+			}
+			if !found {
+				v = c.evalSelector(ctx, g, expr)
+				if len(g.sel) >= 32 { // many per-request selectors: keep the memo small
+					g.sel = g.sel[:0]
+				}
+				g.sel = append(g.sel, selResult{expr: expr, ok: v})
 			}
 			if !v {
 				return false

@@ -30,7 +30,7 @@ type gpu struct {
 	usedComp  int64
 	tenants   map[types.UID]*tenant // by share ID
 	coreNode  int
-	sel       map[string]bool // CEL selector results by expression
+	sel       []selResult // CEL selector results by expression (few: a slice beats hashing the expression)
 	coreIndex int
 }
 
@@ -81,6 +81,11 @@ type state struct {
 	refMem  int64
 	scheds  map[api.LatencyClass]*placement.Scheduler
 	seed    int64
+}
+
+type selResult struct {
+	expr string
+	ok   bool
 }
 
 func newState() *state {

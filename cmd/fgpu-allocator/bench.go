@@ -8,6 +8,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/fgpu-dev/fgpu/pkg/controller/loadgen"
+	"github.com/fgpu-dev/fgpu/pkg/serve"
 )
 
 // benchCommand drives a burst of claims against a cluster whose allocator is running and
@@ -21,7 +22,7 @@ func benchCommand() *cobra.Command {
 		Short: "Publish fake GPU nodes, create a burst of claims with pods, report allocation throughput and latency",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Sizes = splitList(sizes)
-			rc, err := restConfig(kubeconfig, 500, 1000)
+			rc, err := serve.RestConfig(kubeconfig, "fgpu-allocator-bench", 500, 1000)
 			if err != nil {
 				return err
 			}

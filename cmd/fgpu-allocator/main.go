@@ -8,29 +8,23 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 
 	"github.com/fgpu-dev/fgpu/pkg/controller"
+	"github.com/fgpu-dev/fgpu/pkg/serve"
 )
 
 type flags struct {
@@ -91,27 +85,11 @@ func main() {
 	}
 }
 
-func restConfig(kubeconfig string, qps float32, burst int) (*rest.Config, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil, err
-	}
-	cfg.QPS, cfg.Burst = qps, burst
-	cfg.UserAgent = "fgpu-allocator"
-	return cfg, nil
-}
-
 func run(ctx context.Context, f flags) error {
 	logger := klog.FromContext(ctx)
 	f.cfg.DeviceClasses = splitList(f.classes)
 	f.cfg.ExclusiveClasses = splitList(f.exclusiveClasses)
-	rc, err := restConfig(f.kubeconfig, f.qps, f.burst)
+	rc, err := serve.RestConfig(f.kubeconfig, "fgpu-allocator", f.qps, f.burst)
 	if err != nil {
 		return err
 	}
@@ -123,28 +101,9 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := serve.Registry()
 	metrics := controller.NewMetrics(reg)
-	if f.metricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		if f.profiling {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		}
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-		srv := &http.Server{Addr: f.metricsAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				logger.Error(err, "Metrics server failed")
-			}
-		}()
-		defer func() { _ = srv.Shutdown(context.Background()) }()
-	}
+	defer serve.Metrics(ctx, f.metricsAddr, reg, f.profiling)()
 	runCtrl := func(ctx context.Context) error {
 		return controller.New(f.cfg, client, dyn, metrics).Run(ctx)
 	}

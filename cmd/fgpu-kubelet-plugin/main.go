@@ -6,26 +6,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/nvml"
 	"github.com/fgpu-dev/fgpu/pkg/plugin"
+	"github.com/fgpu-dev/fgpu/pkg/serve"
 )
 
 type flags struct {
@@ -95,24 +90,17 @@ func run(ctx context.Context, f flags) error {
 		return err
 	}
 	defer backend.Close()
-	client, err := newClient(f.kubeconfig)
+	rc, err := serve.RestConfig(f.kubeconfig, "fgpu-kubelet-plugin", 0, 0)
+	if err != nil {
+		return fmt.Errorf("kubernetes client config: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := serve.Registry()
 	metrics := plugin.NewMetrics(reg)
-	if f.metricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv := &http.Server{Addr: f.metricsAddr, Handler: mux}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				logger.Error(err, "Metrics server stopped")
-			}
-		}()
-		defer srv.Close()
-	}
+	defer serve.Metrics(ctx, f.metricsAddr, reg, false)()
 	driver, err := plugin.Start(ctx, f.cfg, backend, client, metrics)
 	if err != nil {
 		return err
@@ -162,18 +150,4 @@ func newBackend(f *flags) (gpu.Backend, error) {
 	default:
 		return nil, fmt.Errorf(`--gpus must be "nvml", "fake:<spec>" or "fake-file:<path>", not %q`, f.gpus)
 	}
-}
-
-func newClient(kubeconfig string) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client config: %w", err)
-	}
-	return kubernetes.NewForConfig(cfg)
 }

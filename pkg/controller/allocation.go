@@ -1,0 +1,133 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+)
+
+// write pins the claim: finalizers and markers first, then the allocation, both guarded by
+// the resourceVersion the decision was made on.
+func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim, d *decision, status string) error {
+	cl := claim.DeepCopy()
+	changed := false
+	for _, f := range []string{Finalizer, resourceapi.Finalizer} {
+		if !hasFinalizer(cl, f) {
+			cl.Finalizers = append(cl.Finalizers, f)
+			changed = true
+		}
+	}
+	ten, _ := json.Marshal(tenancyOf(d.pol))
+	if cl.Annotations == nil {
+		cl.Annotations = map[string]string{}
+	}
+	if cl.Annotations[AnnotationAllocatedBy] != AllocatedByValue || cl.Annotations[AnnotationTenancy] != string(ten) || cl.Annotations[AnnotationStatus] != status {
+		cl.Annotations[AnnotationAllocatedBy] = AllocatedByValue
+		cl.Annotations[AnnotationTenancy] = string(ten)
+		// Written with the finalizer, in the same request: setStatus then has nothing to patch.
+		cl.Annotations[AnnotationStatus] = status
+		changed = true
+	}
+	if changed {
+		updated, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{})
+		if err != nil {
+			return fmt.Errorf("add finalizer: %w", err)
+		}
+		cl = updated
+	}
+	alloc, err := c.allocation(claim, d)
+	if err != nil {
+		return err
+	}
+	cl.Status.Allocation = alloc
+	updated, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).UpdateStatus(ctx, cl, metav1.UpdateOptions{})
+	if err != nil {
+		return fmt.Errorf("write allocation: %w", err)
+	}
+	c.mu.Lock()
+	if cur := c.st.claims[claimKey(claim)]; cur != nil {
+		cur.assumed = c.now()
+	}
+	_ = updated
+	c.mu.Unlock()
+	return nil
+}
+
+// allocation builds status.allocation for a decision.
+func (c *Controller) allocation(claim *resourceapi.ResourceClaim, d *decision) (*resourceapi.AllocationResult, error) {
+	a := &resourceapi.AllocationResult{
+		NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{d.node}}},
+		}}},
+		AllocationTimestamp: &metav1.Time{Time: c.now()},
+	}
+	seenClass := map[string]bool{}
+	for _, r := range d.results {
+		sid := r.shareID
+		a.Devices.Results = append(a.Devices.Results, resourceapi.DeviceRequestAllocationResult{
+			Request: r.request, Driver: c.cfg.DriverName, Pool: r.gpu.key.pool, Device: r.gpu.key.device,
+			Tolerations: r.tolerations, ShareID: &sid,
+			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{
+				capMemory:  *resource.NewQuantity(r.mem, resource.BinarySI),
+				capCompute: *resource.NewQuantity(r.comp, resource.DecimalSI),
+			},
+		})
+		// The class's configs, as kube-scheduler copies them.
+		if cls := c.classOfRequest(claim, r.request); cls != "" && !seenClass[r.request] {
+			seenClass[r.request] = true
+			if class, err := c.classes.Get(cls); err == nil {
+				for _, cc := range class.Spec.Config {
+					a.Devices.Config = append(a.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+						Source: resourceapi.AllocationConfigSourceClass, Requests: []string{r.request}, DeviceConfiguration: cc.DeviceConfiguration})
+				}
+			}
+		}
+	}
+	// The user's own claim configs, kept.
+	for _, cc := range claim.Spec.Devices.Config {
+		a.Devices.Config = append(a.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+			Source: resourceapi.AllocationConfigSourceClaim, Requests: cc.Requests, DeviceConfiguration: cc.DeviceConfiguration})
+	}
+	// The allocator's config last: it overrides what the policy decides (mode, domain).
+	for _, r := range d.results {
+		cfg := api.GpuConfig{TypeMeta: metav1.TypeMeta{APIVersion: api.SchemeGroupVersion.String(), Kind: api.GpuConfigKind},
+			Mode: r.mode, IsolationDomain: r.domain}
+		if r.userCfg != nil {
+			if r.userCfg.MemoryLimit != nil && r.userCfg.MemoryLimit.Value() <= r.mem {
+				cfg.MemoryLimit = r.userCfg.MemoryLimit
+			}
+			if p := r.userCfg.ComputePercent; p != nil && (r.comp == 0 || int64(*p) <= r.comp) {
+				cfg.ComputePercent = p
+			}
+		}
+		raw, err := json.Marshal(cfg)
+		if err != nil {
+			return nil, err
+		}
+		a.Devices.Config = append(a.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+			Source: resourceapi.AllocationConfigSourceClaim, Requests: []string{r.request},
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: c.cfg.DriverName, Parameters: runtime.RawExtension{Raw: raw}}},
+		})
+	}
+	return a, nil
+}
+
+func (c *Controller) classOfRequest(claim *resourceapi.ResourceClaim, request string) string {
+	for _, r := range claim.Spec.Devices.Requests {
+		for _, a := range alternatives(r) {
+			if a.name == request {
+				return a.class
+			}
+		}
+	}
+	return ""
+}

@@ -8,6 +8,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/klog/v2"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
@@ -127,6 +128,12 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	var d *decision
 	var w *waitReason
 	if in.pol.QuotaMemory != nil || in.pol.QuotaCompute != nil {
+		if c.olderClaimUnseen(claim) {
+			// With workers in parallel a younger claim can get here first: let the older
+			// one be looked at, or the younger could take quota it needs.
+			c.mu.Unlock()
+			return 50 * time.Millisecond, nil
+		}
 		for other, created := range c.quotaWait[claim.Namespace] {
 			if other != key && (created.Before(claim.CreationTimestamp.Time) || (created.Equal(claim.CreationTimestamp.Time) && other < key)) {
 				w = &waitReason{reason: ReasonQuotaQueued, message: fmt.Sprintf("queued behind claim %s, which waits for quota in namespace %s (claims are placed in creation order)", other, claim.Namespace)}
@@ -216,4 +223,24 @@ func modeName(m api.SharingMode) string {
 		return "time-slicing (memory not enforced)"
 	}
 	return "MPS"
+}
+
+// olderClaimUnseen reports whether an older unallocated claim of the namespace has not been
+// looked at yet (every claim enters c.pending on its first look). Call with c.mu held.
+func (c *Controller) olderClaimUnseen(claim *resourceapi.ResourceClaim) bool {
+	list, err := c.claims.ResourceClaims(claim.Namespace).List(labels.Everything())
+	if err != nil {
+		return false
+	}
+	for _, o := range list {
+		if o.UID == claim.UID || o.Status.Allocation != nil || o.DeletionTimestamp != nil || !c.isOurs(o) {
+			continue
+		}
+		older := o.CreationTimestamp.Before(&claim.CreationTimestamp) ||
+			(o.CreationTimestamp.Equal(&claim.CreationTimestamp) && o.Name < claim.Name)
+		if _, seen := c.pending[claimKey(o)]; older && !seen {
+			return true
+		}
+	}
+	return false
 }

@@ -88,10 +88,13 @@ type Controller struct {
 	slices   cache.Indexer
 	synced   []cache.InformerSynced
 
-	mu          sync.Mutex
-	st          *state
-	policies    map[string]*api.SharingPolicy
-	pending     map[string]time.Time // claim key → created
+	mu       sync.Mutex
+	st       *state
+	policies map[string]*api.SharingPolicy
+	pending  map[string]time.Time // claim key → created
+	// firstLook: claim key → when the controller first looked at the claim and whether it has
+	// decided on it (with its pods) since; see olderClaimUndecided.
+	firstLook   map[string]firstLook
 	quotaWait   map[string]map[string]time.Time
 	lastMsg     map[string]string
 	avoid       map[types.UID]map[string]bool // pod → nodes where its allocation timed out
@@ -116,7 +119,7 @@ func New(cfg Config, client kubernetes.Interface, dyn dynamic.Interface, m *Metr
 		cfg.Workers = 1
 	}
 	c := &Controller{cfg: cfg, client: client, dyn: dyn, st: newState(), policies: map[string]*api.SharingPolicy{},
-		pending: map[string]time.Time{}, quotaWait: map[string]map[string]time.Time{}, lastMsg: map[string]string{},
+		pending: map[string]time.Time{}, firstLook: map[string]firstLook{}, quotaWait: map[string]map[string]time.Time{}, lastMsg: map[string]string{},
 		avoid: map[types.UID]map[string]bool{}, assumedPods: map[types.UID]assumedPod{}, nodeAssumed: map[string]podfit.Requests{}, nodeReq: map[string]podfit.Requests{}, podBound: map[types.UID]boundPod{},
 		cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {

@@ -73,6 +73,7 @@ func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	c.mu.Lock()
 	freed := c.st.remove(claimKey(claim)) != nil
 	delete(c.pending, key)
+	delete(c.firstLook, key)
 	delete(c.lastMsg, key)
 	leftQueue := false
 	if q := c.quotaWait[claim.Namespace]; q != nil {

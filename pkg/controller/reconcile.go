@@ -23,6 +23,7 @@ func (c *Controller) Sync(ctx context.Context, key string) (time.Duration, error
 	if apierrors.IsNotFound(err) {
 		c.mu.Lock()
 		delete(c.pending, key)
+		delete(c.firstLook, key)
 		c.mu.Unlock()
 		return 0, nil
 	}
@@ -37,12 +38,14 @@ func (c *Controller) Sync(ctx context.Context, key string) (time.Duration, error
 	if claim.DeletionTimestamp != nil {
 		c.mu.Lock()
 		delete(c.pending, key)
+		delete(c.firstLook, key)
 		c.mu.Unlock()
 		return 0, c.finishDeletion(ctx, claim)
 	}
 	if claim.Status.Allocation != nil {
 		c.mu.Lock()
 		delete(c.pending, key)
+		delete(c.firstLook, key)
 		leftQueue := false
 		if q := c.quotaWait[ns]; q != nil {
 			if _, ok := q[key]; ok {
@@ -81,6 +84,14 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	c.mu.Lock()
 	if _, ok := c.pending[key]; !ok {
 		c.pending[key] = claim.CreationTimestamp.Time
+	}
+	if _, ok := c.firstLook[key]; !ok {
+		c.firstLook[key] = firstLook{at: c.now()}
+	}
+	if len(pods) > 0 {
+		fl := c.firstLook[key]
+		fl.decided = true
+		c.firstLook[key] = fl
 	}
 	c.mu.Unlock()
 	if len(pods) == 0 {
@@ -128,7 +139,7 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	var d *decision
 	var w *waitReason
 	if in.pol.QuotaMemory != nil || in.pol.QuotaCompute != nil {
-		if c.olderClaimUnseen(claim) {
+		if c.olderClaimUndecided(claim) {
 			// With workers in parallel a younger claim can get here first: let the older
 			// one be looked at, or the younger could take quota it needs.
 			c.mu.Unlock()
@@ -189,6 +200,7 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	c.mu.Lock()
 	delete(c.pending, key)
+	delete(c.firstLook, key)
 	c.mu.Unlock()
 	c.metrics.placed.Inc()
 	c.metrics.latency.Observe(c.now().Sub(claim.CreationTimestamp.Time).Seconds())
@@ -225,9 +237,17 @@ func modeName(m api.SharingMode) string {
 	return "MPS"
 }
 
-// olderClaimUnseen reports whether an older unallocated claim of the namespace has not been
-// looked at yet (every claim enters c.pending on its first look). Call with c.mu held.
-func (c *Controller) olderClaimUnseen(claim *resourceapi.ResourceClaim) bool {
+// firstLook is when the controller first looked at a claim and whether it has decided on it.
+type firstLook struct {
+	at      time.Time
+	decided bool
+}
+
+// olderClaimUndecided reports whether an older unallocated claim of the namespace has not
+// been decided on yet: never looked at, or looked at before its pod existed (a template's
+// claim precedes its pod by a moment). A claim without a pod holds the queue for a few
+// seconds only, so an unused standalone claim cannot block its namespace. Call with c.mu held.
+func (c *Controller) olderClaimUndecided(claim *resourceapi.ResourceClaim) bool {
 	list, err := c.claims.ResourceClaims(claim.Namespace).List(labels.Everything())
 	if err != nil {
 		return false
@@ -238,7 +258,11 @@ func (c *Controller) olderClaimUnseen(claim *resourceapi.ResourceClaim) bool {
 		}
 		older := o.CreationTimestamp.Before(&claim.CreationTimestamp) ||
 			(o.CreationTimestamp.Equal(&claim.CreationTimestamp) && o.Name < claim.Name)
-		if _, seen := c.pending[claimKey(o)]; older && !seen {
+		if !older {
+			continue
+		}
+		fl, seen := c.firstLook[claimKey(o)]
+		if !seen || (!fl.decided && c.now().Sub(fl.at) < 5*time.Second) {
 			return true
 		}
 	}

@@ -339,7 +339,9 @@ wait_for "default service account" 60 kubectl_ -n default get serviceaccount def
   die "no default service account"
 for c in "${COMPONENTS[@]}"; do pid_alive "$c" || die "$c exited"; done
 
-kubectl_ api-versions | grep -qx resource.k8s.io/v1 || die "resource.k8s.io/v1 is not served"
+# Discovery can fail for a moment on a loaded machine: ask until it answers.
+serves_resource_v1() { kubectl_ api-versions 2>/dev/null | grep -qx resource.k8s.io/v1; }
+wait_for "resource.k8s.io/v1 served" 60 serves_resource_v1 || die "resource.k8s.io/v1 is not served"
 
 trap - EXIT
 T1=$(date +%s.%N)

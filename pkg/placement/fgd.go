@@ -12,14 +12,13 @@ import "math"
 // With random ties FGD lands 1-2.8 points under the paper on cpu250,
 // gpushare80 and gpuspec25 (docs/placement.md).
 type FGD struct {
-	w   Workload
-	fm  *fragModel
-	cur []float64 // fragmentation of each node now, refreshed on change
+	w  Workload
+	fm *fragModel
+	nodeFrags
 	tmp []int64
 	// ByName breaks equal scores towards the node with the smallest name,
 	// as the artifact's patched kube-scheduler does, instead of at random.
 	ByName bool
-	total  float64 // sum of cur
 }
 
 // TotalFrag implements Fragmenter.
@@ -33,17 +32,7 @@ func (f *FGD) RandomTies() bool { return !f.ByName }
 
 func (f *FGD) Attach(c *Cluster) {
 	f.fm = newFragModel(c, f.w)
-	f.cur = make([]float64, c.Len())
-	f.total = 0
-	for n := range f.cur {
-		f.cur[n] = f.fm.nodeFrag(n)
-		f.total += f.cur[n]
-	}
-	c.OnChange(func(n int) {
-		v := f.fm.nodeFrag(n)
-		f.total += v - f.cur[n]
-		f.cur[n] = v
-	})
+	f.track(c, f.fm)
 }
 
 func (f *FGD) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, []int) {

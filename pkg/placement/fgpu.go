@@ -11,9 +11,9 @@ import "math"
 // its edge is the batch planner (Scheduler.AllocateBatch), which uses
 // TotalFrag to compare plans. See docs/placement.md for the ablation.
 type FGPU struct {
-	w   Workload
-	fm  *fragModel
-	cur []float64
+	w  Workload
+	fm *fragModel
+	nodeFrags
 	tmp []int64
 	// DemandWeighted weights shapes by count x GPU demand instead of count.
 	DemandWeighted bool
@@ -36,7 +36,6 @@ type FGPU struct {
 	// "cpu-per-gpu-desc".
 	TieOrder string
 	rank     []float64
-	total    float64 // sum of cur
 	// CPUReach makes the fragmentation CPU-aware beyond the next arrival:
 	// a GPU-sharing shape only reaches the GPU share that as many copies of
 	// it as the node's free CPU allows could take (default on).
@@ -76,17 +75,7 @@ func (f *FGPU) Attach(c *Cluster) {
 	f.fm = newFragModel(c, w)
 	f.fm.cpuReach = f.CPUReach
 	f.fm.cpuSlack = f.CPUSlack
-	f.cur = make([]float64, c.Len())
-	f.total = 0
-	for n := range f.cur {
-		f.cur[n] = f.fm.nodeFrag(n)
-		f.total += f.cur[n]
-	}
-	c.OnChange(func(n int) {
-		v := f.fm.nodeFrag(n)
-		f.total += v - f.cur[n]
-		f.cur[n] = v
-	})
+	f.track(c, f.fm)
 	f.rank = nil
 	if f.TieOrder != "" {
 		f.rank = make([]float64, c.Len())

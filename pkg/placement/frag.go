@@ -190,3 +190,24 @@ func splitModels(s string) []string {
 	}
 	return out
 }
+
+// nodeFrags keeps each node's fragmentation, and their sum, current as the cluster changes:
+// a change to one node recomputes that node only.
+type nodeFrags struct {
+	cur   []float64
+	total float64
+}
+
+func (nf *nodeFrags) track(c *Cluster, fm *fragModel) {
+	nf.cur = make([]float64, c.Len())
+	nf.total = 0
+	for n := range nf.cur {
+		nf.cur[n] = fm.nodeFrag(n)
+		nf.total += nf.cur[n]
+	}
+	c.OnChange(func(n int) {
+		v := fm.nodeFrag(n)
+		nf.total += v - nf.cur[n]
+		nf.cur[n] = v
+	})
+}

@@ -21,11 +21,7 @@ func newPlotCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			nodes, err := sim.LoadNodes(f.nodes)
-			if err != nil {
-				return err
-			}
-			pods, err := sim.LoadPods(f.pods)
+			nodes, pods, err := loadTrace(f.nodes, f.pods)
 			if err != nil {
 				return err
 			}

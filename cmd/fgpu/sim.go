@@ -66,11 +66,7 @@ func runSim(w io.Writer, f simFlags) error {
 	if _, err := placement.New(f.policy, nil); err != nil {
 		return err
 	}
-	nodes, err := sim.LoadNodes(f.nodes)
-	if err != nil {
-		return err
-	}
-	pods, err := sim.LoadPods(f.pods)
+	nodes, pods, err := loadTrace(f.nodes, f.pods)
 	if err != nil {
 		return err
 	}
@@ -151,4 +147,17 @@ func parseSeeds(s string) ([]int64, error) {
 		return nil, fmt.Errorf("no seeds")
 	}
 	return out, nil
+}
+
+// loadTrace reads a trace's node and pod lists.
+func loadTrace(nodesPath, podsPath string) ([]placement.NodeSpec, []placement.Request, error) {
+	nodes, err := sim.LoadNodes(nodesPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	pods, err := sim.LoadPods(podsPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	return nodes, pods, nil
 }

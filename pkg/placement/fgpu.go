@@ -6,10 +6,11 @@ import "math"
 // workload's full shape distribution, computed incrementally (per-node
 // fragmentation cached and refreshed only for the node that changed; node
 // states memoised), compared on FGD's coarse 0..100 scale with equal scores
-// going to the smallest node name, plus knobs for the variants we measured.
-// Online it packs like FGD (no variant we found beats it by more than noise);
-// its edge is the batch planner (Scheduler.AllocateBatch), which uses
-// TotalFrag to compare plans. See docs/placement.md for the ablation.
+// going to the smallest node name. On top of FGD it counts CPU: a sharing
+// shape only reaches the GPU share its copies' CPU allows (CPUReach, with
+// CPUSlack). The other knobs are variants
+// we measured; the batch planner (Scheduler.AllocateBatch) uses TotalFrag to
+// compare plans. See docs/placement.md for the ablation.
 type FGPU struct {
 	w  Workload
 	fm *fragModel
@@ -47,6 +48,36 @@ type FGPU struct {
 	// 94.83 / 93.88 / 94.15, multi-GPU demand turned away on default 183 /
 	// 161 / 153 / 164 GPUs).
 	CPUSlack float64
+	// The knobs below address the multi-GPU demand fgpu turns away on the
+	// sharing-heavy and multi-GPU workloads. None is on by default: each
+	// trades that demand about one for one against fractional and one-GPU
+	// demand, or costs cpu250/cpu100 (docs/placement.md, "What we tried").
+	//
+	// Reserve, when positive, penalises a placement that stops a node
+	// hosting a multi-GPU shape (enough fully free GPUs and free CPU) while
+	// the nodes that can host it number at most Reserve x the pods of it
+	// expected as the cluster's free GPU share fills: below the score's
+	// resolution (ties only) or, with ReserveAbove, above it.
+	Reserve      float64
+	ReserveAbove bool
+	// ReserveRatio, when positive, subtracts ReserveRatio points of the
+	// 0..100 score for each multi-GPU shape a placement stops a node
+	// hosting, times that shape's expected pods per node that can host it
+	// now (at most 1 per shape); no threshold.
+	ReserveRatio float64
+	// TieWhole breaks equal scores towards the node left with the fewest
+	// fully free GPUs: 1 = every request, 2 = whole-GPU requests only, 3 =
+	// requests that do not take whole GPUs (sharing and CPU-only).
+	TieWhole int
+	// ReachGuard leaves CPU reach out on nodes that can still host the
+	// workload's largest multi-GPU shape (1) or any of them (2).
+	ReachGuard int
+	// MultiBoost, when positive, multiplies the weight of multi-GPU shapes
+	// in the fragmentation.
+	MultiBoost float64
+
+	res   *reserve
+	whole bool // the request being scored takes whole GPUs
 }
 
 // TotalFrag implements Fragmenter: the cluster's expected fragmentation.
@@ -60,7 +91,7 @@ func (f *FGPU) RandomTies() bool { return f.Random }
 // (seeds 42-43, @130%): name ties vs random ties +0.04 on default, +2.5 on
 // gpushare80, +1.0 on cpu250 — a fixed node order consolidates near-equal
 // choices onto the same nodes and leaves the others whole; exact comparison
-// instead of the coarse one loses 0.6-1.3.
+// instead of the coarse one loses 0.6-1.3. CPU reach (slack 1.25) is on.
 func NewFGPU(w Workload) *FGPU {
 	return &FGPU{w: w, Sigmoid: true, NoPackTies: true, CPUReach: true, CPUSlack: 1.25}
 }
@@ -72,10 +103,23 @@ func (f *FGPU) Attach(c *Cluster) {
 	if f.DemandWeighted {
 		w = demandWeighted(w)
 	}
+	if f.MultiBoost > 0 {
+		w = append(Workload(nil), w...)
+		for i := range w {
+			if w[i].GPUs >= 2 {
+				w[i].Weight *= f.MultiBoost
+			}
+		}
+	}
 	f.fm = newFragModel(c, w)
 	f.fm.cpuReach = f.CPUReach
 	f.fm.cpuSlack = f.CPUSlack
+	f.fm.setReachGuard(f.ReachGuard)
 	f.track(c, f.fm)
+	f.res = nil
+	if f.Reserve > 0 || f.ReserveRatio > 0 {
+		f.res = newReserve(c, f.w, f.Reserve)
+	}
 	f.rank = nil
 	if f.TieOrder != "" {
 		f.rank = make([]float64, c.Len())
@@ -103,6 +147,7 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 	nd := &c.nodes[n]
 	cpu := nd.cpuFree - r.CPUMilli
 	f.tmp = append(f.tmp[:0], nd.gpuFree...)
+	f.whole = r.Whole() || (r.GPUs > 0 && r.Share >= nd.gpuCap[elig[0]])
 	if r.GPUs == 1 && !r.Whole() && r.Share < nd.gpuCap[elig[0]] {
 		best, bestG := 0.0, -1
 		for i, g := range elig {
@@ -118,13 +163,41 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 			}
 		}
 		f.tmp[bestG] -= r.Share
-		return f.final(nd, best, cpu), append(out, bestG)
+		return f.adjust(nd, f.final(nd, best, cpu), cpu), append(out, bestG)
 	}
 	out = append(out, elig[:r.GPUs]...)
 	for _, g := range elig[:r.GPUs] {
 		f.tmp[g] -= c.take(n, g, r)
 	}
-	return f.final(nd, f.cur[n]-f.fm.frag(nd.models, cpu, f.tmp, nd.gpuCap), cpu), out
+	return f.adjust(nd, f.final(nd, f.cur[n]-f.fm.frag(nd.models, cpu, f.tmp, nd.gpuCap), cpu), cpu), out
+}
+
+// adjust applies TieWhole and the Reserve penalties to a score, with f.tmp
+// holding the node's free GPU shares after the placement.
+func (f *FGPU) adjust(nd *node, score float64, cpuAfter int64) float64 {
+	if f.TieWhole == 1 || (f.TieWhole == 2 && f.whole) || (f.TieWhole == 3 && !f.whole) {
+		w := 0
+		for g, v := range f.tmp {
+			if v == nd.gpuCap[g] {
+				w++
+			}
+		}
+		score -= 1e-3 * float64(w)
+	}
+	if f.res == nil {
+		return score
+	}
+	if f.ReserveRatio > 0 {
+		return score - f.ReserveRatio*f.res.lostNeed(nd, cpuAfter, f.tmp)
+	}
+	b := f.res.broken(nd, cpuAfter, f.tmp)
+	switch {
+	case b == 0:
+		return score
+	case f.ReserveAbove:
+		return score - 1000*float64(b)
+	}
+	return score - 0.9*(1-1/float64(1+b))
 }
 
 // final folds the packing tie-break below the fragmentation's resolution

@@ -27,6 +27,10 @@ type fragModel struct {
 	// CPU-short for a shape only when 1.25 x its free CPU cannot host
 	// enough copies).
 	cpuSlack float64
+	// reachGuard leaves cpuReach out on nodes that can still host a
+	// multi-GPU shape: 1 = the workload's largest (by GPUs), 2 = any.
+	reachGuard int
+	multi      []fragShape
 }
 
 // fragKey identifies a node state for the memo (nodes of up to 8 GPUs of
@@ -136,6 +140,10 @@ func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float
 	}
 	v := fm.view(models)
 	out := v.fixed * float64(total)
+	reach := fm.cpuReach
+	if reach && fm.reachGuard > 0 && fm.hostsMulti(cpu, free, capa) {
+		reach = false
+	}
 	for i := range v.shapes {
 		s := &v.shapes[i]
 		if cpu < s.cpu {
@@ -152,7 +160,7 @@ func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float
 			}
 		}
 		if n >= s.gpus {
-			if fm.cpuReach && s.share > 0 && s.cpu > 0 {
+			if reach && s.share > 0 && s.cpu > 0 {
 				// copies the CPU allows x their share, at most what
 				// the GPUs offer
 				copies := cpu / s.cpu
@@ -169,6 +177,46 @@ func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float
 		}
 	}
 	return out
+}
+
+// hostsMulti reports whether a node state can host the guarded multi-GPU
+// shapes (model masks ignored).
+func (fm *fragModel) hostsMulti(cpu int64, free, capa []int64) bool {
+	whole := 0
+	for g, f := range free {
+		if f == capa[g] {
+			whole++
+		}
+	}
+	for _, s := range fm.multi {
+		if whole >= s.gpus && cpu >= s.cpu {
+			return true
+		}
+	}
+	return false
+}
+
+// setReachGuard picks the multi-GPU shapes whose hosts keep FGD's measure.
+func (fm *fragModel) setReachGuard(mode int) {
+	fm.reachGuard = mode
+	fm.multi = nil
+	if mode == 0 {
+		return
+	}
+	var big fragShape
+	for _, s := range fm.shapes {
+		if s.gpus < 2 || s.share != 0 || s.none {
+			continue
+		}
+		if mode == 2 {
+			fm.multi = append(fm.multi, s)
+		} else if s.gpus > big.gpus || (s.gpus == big.gpus && s.p > big.p) {
+			big = s
+		}
+	}
+	if mode == 1 && big.gpus > 0 {
+		fm.multi = append(fm.multi, big)
+	}
 }
 
 // nodeFrag is the fragmentation of node n as it is now.

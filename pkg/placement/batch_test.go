@@ -136,3 +136,42 @@ func TestFragCPUReach(t *testing.T) {
 		t.Fatalf("FGD: frag %v, want 0", got)
 	}
 }
+
+// MixReach relaxes a CPU-heavy sharing shape's reach towards what the
+// workload's mix (8 milli-CPU per share unit here) could reach with the same
+// CPU: 2 free GPUs and 8 cores reach one 500 copy (1500 unreachable) but
+// 1000 share for the mix.
+func TestFragMixReach(t *testing.T) {
+	c := testCluster(t)
+	w := Workload{
+		{CPUMilli: 8000, GPUs: 1, Share: 500, Weight: 0.5},
+		{CPUMilli: 4000, GPUs: 1, Share: 1000, Weight: 0.5},
+	}
+	k, ok := mixCPUPerShare(w)
+	if !ok || k != 8 {
+		t.Fatalf("mix CPU per share %v, want 8", k)
+	}
+	models := c.nodes[0].models
+	free, capa := []int64{1000, 1000}, []int64{1000, 1000}
+	for _, tc := range []struct{ theta, want float64 }{{0, 750}, {0.5, 625}, {1, 500}} {
+		fm := newFragModel(c, w)
+		fm.cpuReach = true
+		fm.mixTheta, fm.cpuPerShare = tc.theta, k
+		if got := fm.frag(models, 8000, free, capa); got != tc.want {
+			t.Errorf("theta %v: frag %v, want %v", tc.theta, got, tc.want)
+		}
+	}
+	// Only when the workload is GPU-bound: the test cluster has 12.8
+	// milli-CPU per share unit.
+	f := NewFGPU(w)
+	NewScheduler(c, f, 1)
+	if f.fm.mixTheta != 0.5 {
+		t.Fatalf("GPU-bound workload: mixTheta %v, want 0.5", f.fm.mixTheta)
+	}
+	cpuHeavy := append(Workload{{CPUMilli: 64000, Weight: 0.5}}, w...)
+	f = NewFGPU(cpuHeavy)
+	NewScheduler(testCluster(t), f, 1)
+	if f.fm.mixTheta != 0 {
+		t.Fatalf("CPU-bound workload: mixTheta %v, want 0", f.fm.mixTheta)
+	}
+}

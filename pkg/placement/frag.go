@@ -31,6 +31,13 @@ type fragModel struct {
 	// multi-GPU shape: 1 = the workload's largest (by GPUs), 2 = any.
 	reachGuard int
 	multi      []fragShape
+	// mixTheta (fgpu's MixReach) relaxes each sharing shape's CPU reach
+	// towards the mix's: the share that cpuSlack x free CPU covers at the
+	// workload's mean CPU per GPU share unit (cpuPerShare, CPU-only shapes
+	// included). A GPU a CPU-heavy shape cannot reach is not lost if the
+	// rest of the mix can use it.
+	mixTheta    float64
+	cpuPerShare float64
 }
 
 // fragKey identifies a node state for the memo (nodes of up to 8 GPUs of
@@ -144,6 +151,10 @@ func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float
 	if reach && fm.reachGuard > 0 && fm.hostsMulti(cpu, free, capa) {
 		reach = false
 	}
+	var mix int64
+	if fm.mixTheta > 0 {
+		mix = int64(max(fm.cpuSlack, 1) * float64(cpu) / fm.cpuPerShare)
+	}
 	for i := range v.shapes {
 		s := &v.shapes[i]
 		if cpu < s.cpu {
@@ -167,8 +178,12 @@ func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float
 				if fm.cpuSlack > 0 {
 					copies = int64(fm.cpuSlack * float64(cpu) / float64(s.cpu))
 				}
-				if reach, usable := copies*s.share*int64(s.gpus), total-below; reach < usable {
-					below = total - reach
+				rs := copies * s.share * int64(s.gpus)
+				if fm.mixTheta > 0 && mix > rs {
+					rs += int64(fm.mixTheta * float64(mix-rs))
+				}
+				if usable := total - below; rs < usable {
+					below = total - rs
 				}
 			}
 			out += s.p * float64(below)
@@ -177,6 +192,23 @@ func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float
 		}
 	}
 	return out
+}
+
+// mixCPUPerShare is the workload's mean CPU per GPU share unit over all its
+// shapes (CPU-only ones included); ok is false if it asks for no GPU.
+func mixCPUPerShare(w Workload) (v float64, ok bool) {
+	var cpu, share float64
+	for _, s := range w {
+		cpu += s.Weight * float64(s.CPUMilli)
+		if s.GPUs > 0 {
+			sh := s.Share
+			if sh <= 0 || sh > DefaultGPUCapacity {
+				sh = DefaultGPUCapacity
+			}
+			share += s.Weight * float64(s.GPUs) * float64(sh)
+		}
+	}
+	return cpu / share, share > 0
 }
 
 // hostsMulti reports whether a node state can host the guarded multi-GPU

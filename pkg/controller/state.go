@@ -25,7 +25,7 @@ type gpu struct {
 	compCap   int64
 	attrs     map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 	capacity  map[resourceapi.QualifiedName]resourceapi.DeviceCapacity
-	taints    []resourceapi.DeviceTaint
+	taints    []resourceapi.DeviceTaint // those a claim must tolerate (not the fence, not None)
 	usedMem   int64
 	usedComp  int64
 	tenants   map[types.UID]*tenant // by share ID
@@ -70,7 +70,10 @@ type tenantAt struct {
 // state is the allocator's view of every fgpu GPU and every allocated fgpu claim.
 // It is guarded by the controller's mutex.
 type state struct {
-	gpus   map[gpuKey]*gpu
+	gpus map[gpuKey]*gpu
+	// byPool indexes gpus by pool (node): a slice update touches its node's GPUs only,
+	// not every GPU of the cluster (which made startup quadratic in nodes).
+	byPool map[string]map[string]*gpu
 	claims map[string]*claimRec
 	// nsMem and nsComp are the allocated memory and compute per namespace (quota).
 	nsMem, nsComp map[string]int64
@@ -89,7 +92,7 @@ type selResult struct {
 }
 
 func newState() *state {
-	return &state{gpus: map[gpuKey]*gpu{}, claims: map[string]*claimRec{}, nsMem: map[string]int64{}, nsComp: map[string]int64{}, dirty: true}
+	return &state{gpus: map[gpuKey]*gpu{}, byPool: map[string]map[string]*gpu{}, claims: map[string]*claimRec{}, nsMem: map[string]int64{}, nsComp: map[string]int64{}, dirty: true}
 }
 
 func (s *state) gpuFor(k gpuKey) *gpu {
@@ -97,21 +100,32 @@ func (s *state) gpuFor(k gpuKey) *gpu {
 	if !ok {
 		g = &gpu{key: k, node: k.pool, tenants: map[types.UID]*tenant{}, compCap: 100}
 		s.gpus[k] = g
+		if s.byPool[k.pool] == nil {
+			s.byPool[k.pool] = map[string]*gpu{}
+		}
+		s.byPool[k.pool][k.device] = g
 	}
 	return g
 }
 
+func (s *state) dropGPU(k gpuKey) {
+	delete(s.gpus, k)
+	if p := s.byPool[k.pool]; p != nil {
+		delete(p, k.device)
+		if len(p) == 0 {
+			delete(s.byPool, k.pool)
+		}
+	}
+}
+
 // setNodeDevices replaces the devices a node publishes (from all of its slices).
 func (s *state) setNodeDevices(node string, devs map[string]resourceapi.Device) {
-	for k, g := range s.gpus {
-		if k.pool != node {
-			continue
-		}
-		if _, ok := devs[k.device]; !ok && g.known {
+	for name, g := range s.byPool[node] {
+		if _, ok := devs[name]; !ok && g.known {
 			g.known = false
 			s.dirty = true
 			if len(g.tenants) == 0 {
-				delete(s.gpus, k)
+				s.dropGPU(g.key)
 			}
 		}
 	}
@@ -128,7 +142,14 @@ func (s *state) setNodeDevices(node string, devs map[string]resourceapi.Device) 
 			s.dirty = true
 		}
 		g.known, g.memCap, g.compCap = true, memCap, compCap
-		g.attrs, g.capacity, g.taints = d.Attributes, d.Capacity, d.Taints
+		g.attrs, g.capacity = d.Attributes, d.Capacity
+		g.taints = g.taints[:0]
+		for _, t := range d.Taints {
+			// The fence is the allocator's own; None taints only inform.
+			if t.Key != FenceTaintKey && t.Effect != resourceapi.DeviceTaintEffectNone {
+				g.taints = append(g.taints, t)
+			}
+		}
 		g.sel = nil
 	}
 }
@@ -183,7 +204,7 @@ func (s *state) remove(key string) *claimRec {
 		s.nsMem[rec.namespace] -= t.mem
 		s.nsComp[rec.namespace] -= t.comp
 		if !g.known && len(g.tenants) == 0 {
-			delete(s.gpus, g.key)
+			s.dropGPU(g.key)
 		}
 	}
 	return rec

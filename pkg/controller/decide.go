@@ -74,10 +74,13 @@ type input struct {
 	avoid   map[string]bool
 	// nodeFit memoises the pod-fit verdict per node for this decision.
 	nodeFit map[string]error
-	// fitAt memoises the same by placement-core node index (0 unknown, 1 fits, 2 does
-	// not): the filter asks once per GPU, and hashing the node name was a fifth of a decision.
-	fitAt   []int8
-	podReqs []podfit.Requests
+	// fitAt and fitErr memoise the same by placement-core node index (0 unknown, 1 fits,
+	// 2 does not, fitErr says why): the filter asks once per GPU, and hashing the node
+	// name, or filling a map of every node, cost a fifth of a decision.
+	fitAt  []int8
+	fitErr []error
+	// fit is each pending pod's checker, built once per decision.
+	fit []*podfit.Checker
 }
 
 // decide chooses node, GPUs and sizes for a pending claim and records the shares in the
@@ -382,9 +385,6 @@ func (c *Controller) gpuFits(ctx context.Context, in *input, a alt, class *resou
 		return "device selectors do not match", ""
 	}
 	for _, t := range g.taints {
-		if t.Key == FenceTaintKey || t.Effect == resourceapi.DeviceTaintEffectNone {
-			continue
-		}
 		if !tolerated(a.tolerations, t) {
 			return "device taint not tolerated", fmt.Sprintf("%s: %s=%s:%s", g.key, t.Key, t.Value, t.Effect)
 		}
@@ -520,6 +520,7 @@ func (c *Controller) nodeFits(ctx context.Context, in *input, nodeName string) e
 func (c *Controller) nodeFitsAt(ctx context.Context, in *input, ni int, nodeName string) error {
 	if in.fitAt == nil {
 		in.fitAt = make([]int8, len(c.st.coreGPU))
+		in.fitErr = make([]error, len(c.st.coreGPU))
 	}
 	if ni >= len(in.fitAt) {
 		return c.nodeFits(ctx, in, nodeName)
@@ -528,13 +529,13 @@ func (c *Controller) nodeFitsAt(ctx context.Context, in *input, ni int, nodeName
 	case 1:
 		return nil
 	case 2:
-		return in.nodeFit[nodeName]
+		return in.fitErr[ni]
 	}
-	err := c.nodeFits(ctx, in, nodeName)
+	err := c.nodeFitsUncached(in, nodeName)
 	if err == nil {
 		in.fitAt[ni] = 1
 	} else {
-		in.fitAt[ni] = 2
+		in.fitAt[ni], in.fitErr[ni] = 2, err
 	}
 	return err
 }
@@ -551,17 +552,17 @@ func (c *Controller) nodeFitsUncached(in *input, nodeName string) error {
 		return nil
 	}
 	requested := c.requestedOn(nodeName, in.pods)
-	if in.podReqs == nil {
-		in.podReqs = make([]podfit.Requests, len(in.pods))
+	if in.fit == nil {
+		in.fit = make([]*podfit.Checker, len(in.pods))
 		for i, pod := range in.pods {
-			in.podReqs[i] = podfit.PodRequests(pod)
+			in.fit[i] = podfit.NewChecker(pod)
 		}
 	}
 	for i, pod := range in.pods {
-		if err := podfit.FitsRequests(pod, in.podReqs[i], node, requested); err != nil {
+		if err := in.fit[i].Fits(node, requested); err != nil {
 			return err
 		}
-		requested.Add(in.podReqs[i])
+		requested.Add(in.fit[i].Requests)
 		if err := c.otherClaimsFit(pod, in.claim, node); err != nil {
 			return err
 		}

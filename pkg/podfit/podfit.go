@@ -51,19 +51,33 @@ func Counts(pod *corev1.Pod) bool {
 // Fits returns nil when pod may run on node given what is already requested there, or an
 // error that says, in kube-scheduler's words where it has them, why not.
 func Fits(pod *corev1.Pod, node *corev1.Node, requested Requests) error {
-	return FitsRequests(pod, PodRequests(pod), node, requested)
+	return NewChecker(pod).Fits(node, requested)
 }
 
-// FitsRequests is Fits with the pod's requests computed by the caller (once per pod, not
-// once per node).
-func FitsRequests(pod *corev1.Pod, want Requests, node *corev1.Node, requested Requests) error {
+// Checker is Fits for one pod against many nodes: the pod's requests and node affinity
+// are worked out once, not once per node.
+type Checker struct {
+	pod      *corev1.Pod
+	affinity nodeaffinity.RequiredNodeAffinity
+	// Requests is what the pod asks of its node.
+	Requests Requests
+}
+
+// NewChecker prepares pod for Fits.
+func NewChecker(pod *corev1.Pod) *Checker {
+	return &Checker{pod: pod, affinity: nodeaffinity.GetRequiredNodeAffinity(pod), Requests: PodRequests(pod)}
+}
+
+// Fits is the package's Fits for the checker's pod.
+func (c *Checker) Fits(node *corev1.Node, requested Requests) error {
+	pod, want := c.pod, c.Requests
 	if node.Spec.Unschedulable {
 		t := corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}
 		if !corev1helpers.TolerationsTolerateTaint(klog.Background(), pod.Spec.Tolerations, &t, false) {
 			return fmt.Errorf("node %s is unschedulable", node.Name)
 		}
 	}
-	if ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node); err != nil {
+	if ok, err := c.affinity.Match(node); err != nil {
 		return fmt.Errorf("node %s: pod's node affinity is invalid: %w", node.Name, err)
 	} else if !ok {
 		return fmt.Errorf("node %s didn't match the pod's node affinity/selector", node.Name)

@@ -74,7 +74,8 @@ func TestPlacementWritesValidAllocation(t *testing.T) {
 	if c.Annotations[AnnotationAllocatedBy] != AllocatedByValue || !strings.Contains(c.Annotations[AnnotationStatus], "placed on n1/gpu-") {
 		t.Errorf("annotations %v", c.Annotations)
 	}
-	if ev := e.events("FgpuPlaced"); len(ev) != 2 || !strings.Contains(ev[0], "10Gi, 12% compute, MPS") {
+	// One event, on the pod (it names the claim); the claim carries the annotation.
+	if ev := e.events("FgpuPlaced"); len(ev) != 1 || !strings.Contains(ev[0], "claim "+c.Name+": ") || !strings.Contains(ev[0], "placed on n1/gpu-") || !strings.Contains(ev[0], "10Gi, 12% compute, MPS") {
 		t.Errorf("placement events %v", ev)
 	}
 }

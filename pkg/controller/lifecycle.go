@@ -139,8 +139,10 @@ func (c *Controller) finishDeletion(ctx context.Context, claim *resourceapi.Reso
 	return nil
 }
 
-// setStatus tells people where a claim stands: events on the claim and its pods and the
-// status annotation, each only when the message changed.
+// setStatus tells people where a claim stands: events on its pods (and, for a claim that
+// waits, on the claim) and the status annotation, each only when the message changed. A
+// placement is not repeated as an event on the claim: the annotation says it, and under a
+// burst every write counts (the API server is what limits placements per second).
 func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceClaim, pods []*corev1.Pod, msg string, reason ...string) {
 	key := claim.Namespace + "/" + claim.Name
 	c.mu.Lock()
@@ -155,7 +157,9 @@ func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceC
 		if reason[0] != ReasonPlaced {
 			typ = corev1.EventTypeWarning
 		}
-		c.recorder.Event(claim, typ, reason[0], msg)
+		if reason[0] != ReasonPlaced {
+			c.recorder.Event(claim, typ, reason[0], msg)
+		}
 		for _, p := range pods {
 			c.recorder.Event(p, typ, reason[0], fmt.Sprintf("claim %s: %s", claim.Name, msg))
 		}

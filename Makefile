@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 
-.PHONY: all build test test-unit test-e2e demo demo-down images cluster-up cluster-down bench-e2e gpucheck
+.PHONY: all build test test-unit test-e2e demo demo-down images cluster-up cluster-down bench-e2e plot gpucheck
 
 all: build
 
@@ -42,6 +42,13 @@ cluster-down:
 bench-e2e:
 	go run ./e2e/cmd/podbench --mode scheduler
 	go run ./e2e/cmd/podbench --mode allocator --claims 0
+
+## plot: GPU allocation vs arrived demand on the openb default trace for random, bestfit, fgd
+## and fgpu (seeds 42-51), the README's figure; the traces sit in ../shared/traces/openb.
+TRACES ?= ../shared/traces/openb
+plot:
+	$(GO) run ./cmd/fgpu plot --nodes $(TRACES)/openb_node_list_gpu_node.csv \
+		--pods $(TRACES)/openb_pod_list_default.csv --policies random,bestfit,fgd,fgpu -o docs/placement-default.png
 
 ## gpucheck: the node side on a real NVIDIA GPU, no Kubernetes (run where a GPU and python3
 ## with torch are): NVML, two claims with the real MPS daemon, caps checked by CUDA processes.

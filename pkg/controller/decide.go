@@ -273,6 +273,7 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 	for _, r := range d.results {
 		used[r.gpu] = true
 	}
+	sels := c.selectorRefs(class.Spec.Selectors, a.selectors)
 	filter := func(ni, gi int) bool {
 		if gi < 0 || ni >= len(c.st.coreGPU) || gi >= len(c.st.coreGPU[ni]) {
 			return false
@@ -290,7 +291,7 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 			rj.add("pod does not fit the node", err.Error())
 			return false
 		}
-		if why, ex := c.gpuFits(ctx, in, a, class, g, whole, memReq, compReq, mode, domain); why != "" {
+		if why, ex := c.gpuFits(ctx, in, a, sels, g, whole, memReq, compReq, mode, domain); why != "" {
 			rj.add(why, ex)
 			return false
 		}
@@ -380,8 +381,8 @@ func (c *Controller) quotaCheck(in *input, mem int64, comp *int64, count int64, 
 }
 
 // gpuFits says why GPU g cannot take one device of alternative a ("" if it can).
-func (c *Controller) gpuFits(ctx context.Context, in *input, a alt, class *resourceapi.DeviceClass, g *gpu, whole bool, memReq int64, compReq *int64, mode api.SharingMode, domain string) (string, string) {
-	if !c.selectorsMatch(ctx, g, class.Spec.Selectors, a.selectors) {
+func (c *Controller) gpuFits(ctx context.Context, in *input, a alt, sels []selRef, g *gpu, whole bool, memReq int64, compReq *int64, mode api.SharingMode, domain string) (string, string) {
+	if !c.selectorsMatch(ctx, g, sels) {
 		return "device selectors do not match", ""
 	}
 	for _, t := range g.taints {
@@ -463,32 +464,59 @@ func tolerated(tols []resourceapi.DeviceToleration, t resourceapi.DeviceTaint) b
 	return false
 }
 
-// selectorsMatch evaluates the class's and the request's CEL selectors on a device,
-// memoised per expression and device.
-func (c *Controller) selectorsMatch(ctx context.Context, g *gpu, lists ...[]resourceapi.DeviceSelector) bool {
+// selRef is a CEL selector interned for a decision: its expression and its index in
+// every GPU's memo.
+type selRef struct {
+	id   int
+	expr string
+}
+
+// selectorRefs interns the class's and the request's CEL selectors, once per decision, so
+// that the per-GPU check is an index, not a string comparison per expression and GPU.
+// Caller holds c.mu.
+func (c *Controller) selectorRefs(lists ...[]resourceapi.DeviceSelector) []selRef {
+	var out []selRef
 	for _, sels := range lists {
 		for _, s := range sels {
 			if s.CEL == nil {
 				continue
 			}
-			expr := s.CEL.Expression
-			v, found := false, false
-			for _, r := range g.sel {
-				if r.expr == expr {
-					v, found = r.ok, true
-					break
+			id, ok := c.selIDs[s.CEL.Expression]
+			if !ok {
+				if len(c.selIDs) >= maxSelectors {
+					// Many distinct per-request selectors: start over, and let every
+					// GPU's memo go stale with the old generation.
+					clear(c.selIDs)
+					c.selGen++
 				}
+				id = len(c.selIDs)
+				c.selIDs[s.CEL.Expression] = id
 			}
-			if !found {
-				v = c.evalSelector(ctx, g, expr)
-				if len(g.sel) >= 32 { // many per-request selectors: keep the memo small
-					g.sel = g.sel[:0]
-				}
-				g.sel = append(g.sel, selResult{expr: expr, ok: v})
+			out = append(out, selRef{id: id, expr: s.CEL.Expression})
+		}
+	}
+	return out
+}
+
+const maxSelectors = 1024
+
+// selectorsMatch evaluates interned selectors on a device, memoised per device.
+func (c *Controller) selectorsMatch(ctx context.Context, g *gpu, sels []selRef) bool {
+	if g.selGen != c.selGen {
+		g.sel, g.selGen = g.sel[:0], c.selGen
+	}
+	for _, s := range sels {
+		for len(g.sel) <= s.id {
+			g.sel = append(g.sel, selUnknown)
+		}
+		if g.sel[s.id] == selUnknown {
+			g.sel[s.id] = selNo
+			if c.evalSelector(ctx, g, s.expr) {
+				g.sel[s.id] = selYes
 			}
-			if !v {
-				return false
-			}
+		}
+		if g.sel[s.id] != selYes {
+			return false
 		}
 	}
 	return true

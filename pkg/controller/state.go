@@ -30,7 +30,8 @@ type gpu struct {
 	usedComp  int64
 	tenants   map[types.UID]*tenant // by share ID
 	coreNode  int
-	sel       []selResult // CEL selector results by expression (few: a slice beats hashing the expression)
+	sel       []selVerdict // CEL selector verdicts by interned selector (Controller.selectorRefs)
+	selGen    int          // the interning generation sel belongs to
 	coreIndex int
 }
 
@@ -86,10 +87,13 @@ type state struct {
 	seed    int64
 }
 
-type selResult struct {
-	expr string
-	ok   bool
-}
+type selVerdict int8
+
+const (
+	selUnknown selVerdict = iota
+	selYes
+	selNo
+)
 
 func newState() *state {
 	return &state{gpus: map[gpuKey]*gpu{}, byPool: map[string]map[string]*gpu{}, claims: map[string]*claimRec{}, nsMem: map[string]int64{}, nsComp: map[string]int64{}, dirty: true}
@@ -150,7 +154,7 @@ func (s *state) setNodeDevices(node string, devs map[string]resourceapi.Device) 
 				g.taints = append(g.taints, t)
 			}
 		}
-		g.sel = nil
+		g.sel = g.sel[:0] // new attributes: evaluate again
 	}
 }
 

@@ -108,10 +108,13 @@ type Controller struct {
 	cel      *cel.Cache
 	// selIDs interns CEL selector expressions for the per-GPU memo; selGen changes when it
 	// starts over. Guarded by mu.
-	selIDs     map[string]int
-	selGen     int
-	requeueAll chan struct{}
-	metrics    *Metrics
+	selIDs map[string]int
+	selGen int
+	// nodeVerdicts keeps podfit's FitsNode verdicts by pod constraints and core node
+	// index (fitsNode). Guarded by mu.
+	nodeVerdicts map[string][]nodeVerdict
+	requeueAll   chan struct{}
+	metrics      *Metrics
 }
 
 // New builds the controller and its informers (not started).
@@ -125,7 +128,7 @@ func New(cfg Config, client kubernetes.Interface, dyn dynamic.Interface, m *Metr
 	c := &Controller{cfg: cfg, client: client, dyn: dyn, st: newState(), policies: map[string]*api.SharingPolicy{},
 		pending: map[string]time.Time{}, firstLook: map[string]firstLook{}, quotaWait: map[string]map[string]time.Time{}, lastMsg: map[string]string{},
 		avoid: map[types.UID]map[string]bool{}, assumedPods: map[types.UID]assumedPod{}, nodeAssumed: map[string]podfit.Requests{}, nodeReq: map[string]podfit.Requests{}, podBound: map[types.UID]boundPod{},
-		cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), selIDs: map[string]int{}, requeueAll: make(chan struct{}, 1), metrics: m}
+		cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), selIDs: map[string]int{}, nodeVerdicts: map[string][]nodeVerdict{}, requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
 	}

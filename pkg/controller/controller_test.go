@@ -345,6 +345,44 @@ func TestPodFit(t *testing.T) {
 	}
 }
 
+// Node verdicts are remembered across decisions (fitsNode): a changed Node must be judged
+// again, not by what its previous version said.
+func TestPodFitFollowsNodeUpdates(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).Obj()},
+		MakeNode("n1").Label("zone", "a").Obj(), MakeNode("n2").Label("zone", "b").Obj(),
+		MakeSlice("n1", 1, "80Gi"), MakeSlice("n2", 1, "80Gi"),
+		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").NodeSelector("zone", "a").Obj())
+	e.run()
+	if got := e.placedOn("a", "c"); got != "n1/gpu-0" {
+		t.Fatalf("placed on %q, want n1/gpu-0", got)
+	}
+	for name, zone := range map[string]string{"n1": "c", "n2": "a"} {
+		n, err := e.client.CoreV1().Nodes().Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Labels["zone"] = zone
+		if _, err := e.client.CoreV1().Nodes().Update(e.ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n1, err1 := e.c.nodes.Get("n1")
+		n2, err2 := e.c.nodes.Get("n2")
+		if err1 == nil && err2 == nil && n1.Labels["zone"] == "c" && n2.Labels["zone"] == "a" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the informer never showed the relabelled nodes")
+		}
+	}
+	e.create(MakeClaim("a", "d").Memory("10Gi").Obj(), MakePod("a", "q").Claim("d").NodeSelector("zone", "a").Obj())
+	e.run()
+	if got := e.placedOn("a", "d"); got != "n2/gpu-0" {
+		t.Fatalf("placed on %q, want n2/gpu-0 (n1 is zone c now)", got)
+	}
+}
+
 func TestPodFitCountsBoundPods(t *testing.T) {
 	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
 		MakeNode("n1").CPU("4").Obj(), MakeNode("n2").CPU("4").Obj(), MakeSlice("n1", 1, "80Gi"), MakeSlice("n2", 1, "80Gi"),

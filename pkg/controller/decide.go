@@ -79,8 +79,10 @@ type input struct {
 	// name, or filling a map of every node, cost a fifth of a decision.
 	fitAt  []int8
 	fitErr []error
-	// fit is each pending pod's checker, built once per decision.
-	fit []*podfit.Checker
+	// fit is each pending pod's checker, built once per decision; verdicts its node
+	// verdicts (Controller.nodeVerdicts), looked up once per decision.
+	fit      []*podfit.Checker
+	verdicts [][]nodeVerdict
 }
 
 // decide chooses node, GPUs and sizes for a pending claim and records the shares in the
@@ -539,7 +541,7 @@ func (c *Controller) nodeFits(ctx context.Context, in *input, nodeName string) e
 	if err, ok := in.nodeFit[nodeName]; ok {
 		return err
 	}
-	err := c.nodeFitsUncached(in, nodeName)
+	err := c.nodeFitsUncached(in, nodeName, -1)
 	in.nodeFit[nodeName] = err
 	return err
 }
@@ -559,7 +561,7 @@ func (c *Controller) nodeFitsAt(ctx context.Context, in *input, ni int, nodeName
 	case 2:
 		return in.fitErr[ni]
 	}
-	err := c.nodeFitsUncached(in, nodeName)
+	err := c.nodeFitsUncached(in, nodeName, ni)
 	if err == nil {
 		in.fitAt[ni] = 1
 	} else {
@@ -568,7 +570,9 @@ func (c *Controller) nodeFitsAt(ctx context.Context, in *input, ni int, nodeName
 	return err
 }
 
-func (c *Controller) nodeFitsUncached(in *input, nodeName string) error {
+// nodeFitsUncached checks the pods against node nodeName, which is node ni of the placement
+// core (-1: unknown). Caller holds c.mu.
+func (c *Controller) nodeFitsUncached(in *input, nodeName string, ni int) error {
 	if in.avoid[nodeName] {
 		return fmt.Errorf("an earlier allocation on node %s timed out: the pod did not bind there", nodeName)
 	}
@@ -587,7 +591,10 @@ func (c *Controller) nodeFitsUncached(in *input, nodeName string) error {
 		}
 	}
 	for i, pod := range in.pods {
-		if err := in.fit[i].Fits(node, requested); err != nil {
+		if err := c.fitsNode(in, i, ni, node); err != nil {
+			return err
+		}
+		if err := in.fit[i].FitsResources(node, requested); err != nil {
 			return err
 		}
 		requested.Add(in.fit[i].Requests)
@@ -597,6 +604,46 @@ func (c *Controller) nodeFitsUncached(in *input, nodeName string) error {
 	}
 	return nil
 }
+
+// fitsNode is podfit's FitsNode for pending pod i, remembered across decisions: pods of one
+// template ask the same of every node, and a decision asks every node. A verdict holds
+// while the informer keeps the same Node object (any update replaces it). Caller holds c.mu.
+func (c *Controller) fitsNode(in *input, i, ni int, node *corev1.Node) error {
+	fit := in.fit[i]
+	if ni < 0 || ni >= len(c.st.coreGPU) {
+		return fit.FitsNode(node)
+	}
+	if in.verdicts == nil {
+		in.verdicts = make([][]nodeVerdict, len(in.pods))
+	}
+	vs := in.verdicts[i]
+	if len(vs) != len(c.st.coreGPU) {
+		key := fit.ConstraintsKey()
+		vs = c.nodeVerdicts[key]
+		if len(vs) != len(c.st.coreGPU) {
+			if len(c.nodeVerdicts) >= maxPodShapes {
+				clear(c.nodeVerdicts)
+			}
+			vs = make([]nodeVerdict, len(c.st.coreGPU))
+			c.nodeVerdicts[key] = vs
+		}
+		in.verdicts[i] = vs
+	}
+	v := &vs[ni]
+	if v.node != node {
+		v.node, v.err = node, fit.FitsNode(node)
+	}
+	return v.err
+}
+
+// nodeVerdict is FitsNode's answer for one Node object.
+type nodeVerdict struct {
+	node *corev1.Node
+	err  error
+}
+
+// maxPodShapes bounds the pod constraint sets whose node verdicts are kept.
+const maxPodShapes = 256
 
 // requestedOn sums what bound pods and pods the allocator already pinned there ask of a
 // node, except the pods being placed.

@@ -38,21 +38,22 @@ func BenchmarkDecide(b *testing.B) {
 			for ; err != nil || len(c.consumers(claim)) == 0; claim, err = c.claims.ResourceClaims(o.Namespace).Get(o.Claim(0).Name) {
 				time.Sleep(10 * time.Millisecond)
 			}
-			in := &input{claim: claim, pods: c.consumers(claim), pol: policy.Resolve(nil, nil, nil)}
-			in.classes = map[string]*resourceapi.DeviceClass{}
-			if cl, err := c.classes.Get(o.Class); err == nil {
-				in.classes[o.Class] = cl
+			pods := c.consumers(claim)
+			class, err := c.classes.Get(o.Class)
+			if err != nil {
+				b.Fatal(err)
 			}
-			c.mu.Lock()
-			defer c.mu.Unlock()
 			once := func() {
-				in.nodeFit, in.fitAt, in.avoid = map[string]error{}, nil, map[string]bool{}
+				in := &input{claim: claim, pods: pods, pol: policy.Resolve(nil, nil, nil), nodeFit: map[string]error{}, avoid: map[string]bool{},
+					classes: map[string]*resourceapi.DeviceClass{o.Class: class}}
 				d, w := c.decide(ctx, in)
 				if w != nil {
 					b.Fatal(w.message)
 				}
 				c.st.remove(d.rec.key)
 			}
+			c.mu.Lock() // as the worker holds it while deciding
+			defer c.mu.Unlock()
 			// The slice handlers run after the informers report synced: wait until the
 			// model holds every node.
 			for deadline := time.Now().Add(time.Minute); ; {

@@ -6,6 +6,7 @@
 package podfit
 
 import (
+	"encoding/json"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -61,6 +62,7 @@ type Checker struct {
 	affinity nodeaffinity.RequiredNodeAffinity
 	// Requests is what the pod asks of its node.
 	Requests Requests
+	key      string
 }
 
 // NewChecker prepares pod for Fits.
@@ -70,7 +72,17 @@ func NewChecker(pod *corev1.Pod) *Checker {
 
 // Fits is the package's Fits for the checker's pod.
 func (c *Checker) Fits(node *corev1.Node, requested Requests) error {
-	pod, want := c.pod, c.Requests
+	if err := c.FitsNode(node); err != nil {
+		return err
+	}
+	return c.FitsResources(node, requested)
+}
+
+// FitsNode is the part of Fits that depends on the Node object only: unschedulable, node
+// affinity and selector, taints. Its verdict holds for every pod with the same
+// ConstraintsKey for as long as the Node object is the same.
+func (c *Checker) FitsNode(node *corev1.Node) error {
+	pod := c.pod
 	if node.Spec.Unschedulable {
 		t := corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}
 		if !corev1helpers.TolerationsTolerateTaint(klog.Background(), pod.Spec.Tolerations, &t, false) {
@@ -89,6 +101,32 @@ func (c *Checker) Fits(node *corev1.Node, requested Requests) error {
 	if untolerated {
 		return fmt.Errorf("node %s had untolerated taint {%s: %s}", node.Name, taint.Key, taint.Value)
 	}
+	return nil
+}
+
+// ConstraintsKey identifies what FitsNode looks at in the pod: its node selector, required
+// node affinity and tolerations.
+func (c *Checker) ConstraintsKey() string {
+	if c.key != "" {
+		return c.key
+	}
+	var aff *corev1.NodeSelector
+	if a := c.pod.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+		aff = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	}
+	b, _ := json.Marshal(struct {
+		Selector    map[string]string
+		Affinity    *corev1.NodeSelector
+		Tolerations []corev1.Toleration
+	}{c.pod.Spec.NodeSelector, aff, c.pod.Spec.Tolerations})
+	c.key = string(b)
+	return c.key
+}
+
+// FitsResources is the part of Fits that depends on what is requested on the node:
+// allocatable CPU, memory and pod count.
+func (c *Checker) FitsResources(node *corev1.Node, requested Requests) error {
+	want := c.Requests
 	alloc := node.Status.Allocatable
 	if cpu, ok := alloc[corev1.ResourceCPU]; ok && requested.MilliCPU+want.MilliCPU > cpu.MilliValue() {
 		return fmt.Errorf("node %s has insufficient cpu: %dm requested there, pod needs %dm of %dm allocatable",

@@ -52,3 +52,27 @@ func TestFits(t *testing.T) {
 		t.Errorf("want too many pods, got %v", err)
 	}
 }
+
+// Pods that differ only in what they request share node verdicts; any difference in what
+// FitsNode reads gives another key.
+func TestConstraintsKey(t *testing.T) {
+	a, b := NewChecker(pod("1")), NewChecker(pod("2"))
+	if a.ConstraintsKey() != b.ConstraintsKey() {
+		t.Error("requests changed the key")
+	}
+	p := pod("1")
+	p.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}
+	q := pod("1")
+	q.Spec.NodeSelector = map[string]string{"zone": "a"}
+	r := pod("1")
+	r.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}}}}}}
+	seen := map[string]bool{a.ConstraintsKey(): true}
+	for _, x := range []*corev1.Pod{p, q, r} {
+		k := NewChecker(x).ConstraintsKey()
+		if seen[k] {
+			t.Errorf("constraints %v share a key with another pod", x.Spec)
+		}
+		seen[k] = true
+	}
+}

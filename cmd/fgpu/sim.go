@@ -151,7 +151,7 @@ func setKnobs(p *placement.FGPU, spec string) error {
 			var b bool
 			b, err = strconv.ParseBool(val)
 			fv.SetBool(b)
-		case reflect.Int:
+		case reflect.Int, reflect.Int64:
 			var i int64
 			i, err = strconv.ParseInt(val, 10, 64)
 			fv.SetInt(i)

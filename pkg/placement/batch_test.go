@@ -175,3 +175,55 @@ func TestFragMixReach(t *testing.T) {
 		t.Fatalf("CPU-bound workload: mixTheta %v, want 0", f.fm.mixTheta)
 	}
 }
+
+// MixSplit gives sharing shapes below the split MixReachLo and the others
+// MixReachHi (CPUSlack 1.25: the 500 shape reaches 1250 with theta 1, 500
+// with theta 0).
+func TestFragMixSplit(t *testing.T) {
+	w := Workload{
+		{CPUMilli: 8000, GPUs: 1, Share: 500, Weight: 0.5},
+		{CPUMilli: 4000, GPUs: 1, Share: 1000, Weight: 0.5},
+	}
+	free, capa := []int64{1000, 1000}, []int64{1000, 1000}
+	for _, tc := range []struct{ lo, hi, want float64 }{{1, 0, 375}, {0, 1, 750}, {0.5, 0.5, 562.5}} {
+		c := testCluster(t)
+		f := NewFGPU(w)
+		f.MixSplit, f.MixReachLo, f.MixReachHi = 600, tc.lo, tc.hi
+		NewScheduler(c, f, 1)
+		if got := f.fm.frag(c.nodes[0].models, 8000, free, capa); got != tc.want {
+			t.Errorf("lo %v hi %v: frag %v, want %v", tc.lo, tc.hi, got, tc.want)
+		}
+	}
+}
+
+// tiePolicy scores every node alike and ranks ties by fixed groups and values.
+type tiePolicy struct {
+	group []int
+	v     []float64
+}
+
+func (*tiePolicy) Name() string    { return "tie" }
+func (*tiePolicy) Attach(*Cluster) {}
+func (*tiePolicy) Score(_ *Cluster, _ int, _ *Request, _, out []int) (float64, []int) {
+	return 1, out
+}
+func (p *tiePolicy) Tie(n int) (int, float64, bool) { return p.group[n], p.v[n], true }
+
+// Among equal scores a TieBreaker's larger value wins only inside the group
+// of the first (smallest-name) best node.
+func TestTieBreakerGroups(t *testing.T) {
+	c, err := NewCluster([]NodeSpec{
+		{Name: "a", CPUMilli: 8000}, {Name: "b", CPUMilli: 8000}, {Name: "c", CPUMilli: 8000}, {Name: "d", CPUMilli: 8000},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewScheduler(c, &tiePolicy{group: []int{0, 1, 0, 0}, v: []float64{1, 9, 3, 2}}, 1)
+	p, err := s.Place(&Request{CPUMilli: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.NodeName != "c" {
+		t.Fatalf("placed on %s, want c", p.NodeName)
+	}
+}

@@ -88,8 +88,41 @@ type FGPU struct {
 	// in the fragmentation.
 	MultiBoost float64
 
+	// MixSplit, when positive, gives sharing shapes with a per-GPU share
+	// below MixSplit the MixReach fraction MixReachLo and the others
+	// MixReachHi instead of MixReach (round 4).
+	MixSplit               int64
+	MixReachLo, MixReachHi float64
+	// TieType breaks equal scores by the exact fragmentation decrease: 1 =
+	// only between nodes of the same type (CPU, GPU count and models) as
+	// the best so far, name order otherwise; 2 = between any nodes (round 4).
+	TieType int
+	// Levels is the number of steps of the sigmoid score (0 = 100, FGD's);
+	// SigRound rounds instead of truncating it, so that small increases and
+	// decreases of the fragmentation share a step (round 4).
+	Levels   float64
+	SigRound bool
+	// ScaleFrac, when positive, replaces Scale for requests that share a
+	// GPU (round 4).
+	ScaleFrac float64
+	reqScale  float64
+	group     []int
+	lastDec   float64
+
 	res   *reserve
 	whole bool // the request being scored takes whole GPUs
+}
+
+// Tie implements TieBreaker: the last scored node's group and exact
+// fragmentation decrease.
+func (f *FGPU) Tie(n int) (int, float64, bool) {
+	if f.TieType == 0 {
+		return 0, 0, false
+	}
+	if f.TieType == 2 {
+		return 0, f.lastDec, true
+	}
+	return f.group[n], f.lastDec, true
 }
 
 // TotalFrag implements Fragmenter: the cluster's expected fragmentation.
@@ -128,8 +161,40 @@ func (f *FGPU) Attach(c *Cluster) {
 	f.fm.cpuReach = f.CPUReach
 	f.fm.cpuSlack = f.CPUSlack
 	f.fm.setReachGuard(f.ReachGuard)
-	if k, ok := mixCPUPerShare(w); f.MixReach > 0 && ok && k < clusterCPUPerShare(c) {
-		f.fm.mixTheta, f.fm.cpuPerShare = f.MixReach, k
+	theta := f.MixReach
+	if f.MixSplit > 0 {
+		theta = max(f.MixReachLo, f.MixReachHi)
+	}
+	if k, ok := mixCPUPerShare(w); theta > 0 && ok && k < clusterCPUPerShare(c) {
+		f.fm.mixTheta, f.fm.cpuPerShare = theta, k
+		f.fm.perShape = f.MixSplit > 0
+		for i := range f.fm.shapes {
+			sh := &f.fm.shapes[i]
+			sh.theta = f.MixReachHi
+			if sh.share > 0 && sh.share < f.MixSplit {
+				sh.theta = f.MixReachLo
+			}
+		}
+	}
+	f.group = nil
+	if f.TieType == 1 {
+		type key struct {
+			cpu    int64
+			gpus   int
+			models uint64
+		}
+		ids := map[key]int{}
+		f.group = make([]int, c.Len())
+		for n := range f.group {
+			nd := &c.nodes[n]
+			k := key{nd.cpuCap, len(nd.gpuCap), nd.models}
+			id, ok := ids[k]
+			if !ok {
+				id = len(ids)
+				ids[k] = id
+			}
+			f.group[n] = id
+		}
 	}
 	f.track(c, f.fm)
 	f.res = nil
@@ -164,6 +229,10 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 	cpu := nd.cpuFree - r.CPUMilli
 	f.tmp = append(f.tmp[:0], nd.gpuFree...)
 	f.whole = r.Whole() || (r.GPUs > 0 && r.Share >= nd.gpuCap[elig[0]])
+	f.reqScale = f.Scale
+	if r.GPUs > 0 && !f.whole && f.ScaleFrac > 0 {
+		f.reqScale = f.ScaleFrac
+	}
 	if r.GPUs == 1 && !r.Whole() && r.Share < nd.gpuCap[elig[0]] {
 		best, bestG := 0.0, -1
 		for i, g := range elig {
@@ -179,13 +248,15 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 			}
 		}
 		f.tmp[bestG] -= r.Share
+		f.lastDec = best
 		return f.adjust(nd, f.final(nd, best, cpu), cpu), append(out, bestG)
 	}
 	out = append(out, elig[:r.GPUs]...)
 	for _, g := range elig[:r.GPUs] {
 		f.tmp[g] -= c.take(n, g, r)
 	}
-	return f.adjust(nd, f.final(nd, f.cur[n]-f.fm.frag(nd.models, cpu, f.tmp, nd.gpuCap), cpu), cpu), out
+	f.lastDec = f.cur[n] - f.fm.frag(nd.models, cpu, f.tmp, nd.gpuCap)
+	return f.adjust(nd, f.final(nd, f.lastDec, cpu), cpu), out
 }
 
 // clusterCPUPerShare is the cluster's CPU per GPU share unit.
@@ -230,11 +301,20 @@ func (f *FGPU) adjust(nd *node, score float64, cpuAfter int64) float64 {
 func (f *FGPU) final(nd *node, decrease float64, cpuAfter int64) float64 {
 	primary := math.Round(decrease*1000) / 1000
 	if f.Sigmoid {
-		scale := f.Scale
+		scale := f.reqScale
 		if scale == 0 {
 			scale = 1000
 		}
-		primary = math.Trunc(100 / (1 + math.Exp(-decrease/scale)))
+		levels := f.Levels
+		if levels == 0 {
+			levels = 100
+		}
+		primary = levels / (1 + math.Exp(-decrease/scale))
+		if f.SigRound {
+			primary = math.Round(primary)
+		} else {
+			primary = math.Trunc(primary)
+		}
 	}
 	if f.rank != nil {
 		return primary*1e9 + f.rank[nd.idx]

@@ -38,6 +38,9 @@ type fragModel struct {
 	// rest of the mix can use it.
 	mixTheta    float64
 	cpuPerShare float64
+	// perShape uses each shape's own theta instead of mixTheta (fgpu's
+	// MixSplit).
+	perShape bool
 }
 
 // fragKey identifies a node state for the memo (nodes of up to 8 GPUs of
@@ -58,6 +61,7 @@ type fragShape struct {
 	mask       uint64 // 0 = any model
 	none       bool   // asks for models the cluster lacks
 	p          float64
+	theta      float64 // MixReach fraction for this shape (perShape)
 }
 
 type modelView struct {
@@ -180,7 +184,11 @@ func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float
 				}
 				rs := copies * s.share * int64(s.gpus)
 				if fm.mixTheta > 0 && mix > rs {
-					rs += int64(fm.mixTheta * float64(mix-rs))
+					th := fm.mixTheta
+					if fm.perShape {
+						th = s.theta
+					}
+					rs += int64(th * float64(mix-rs))
 				}
 				if usable := total - below; rs < usable {
 					below = total - rs

@@ -24,6 +24,14 @@ type Policy interface {
 // which makes them deterministic.
 type RandomTies interface{ RandomTies() bool }
 
+// TieBreaker is implemented by policies that rank equal scores themselves:
+// after Score(n), Tie(n) gives the node's group and a secondary value; among
+// equal scores a node of the best node's group with a larger value wins, and
+// name order decides otherwise. ok false leaves ties to name order.
+type TieBreaker interface {
+	Tie(n int) (group int, v float64, ok bool)
+}
+
 // Names lists the policies New knows.
 func Names() []string { return []string{"fgpu", "fgd", "bestfit", "random"} }
 

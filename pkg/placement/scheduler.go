@@ -42,6 +42,8 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 		return Placement{}, &UnplaceableError{Request: r.Name, Reason: ReasonNoModel, Detail: "models " + joinModels(r.Models)}
 	}
 	bestNode, bestScore, ties := -1, 0.0, 0
+	tb, _ := s.p.(TieBreaker)
+	bestGrp, bestTie, tieOn := 0, 0.0, false
 	for ni := range s.c.nodes {
 		n := &s.c.nodes[ni]
 		if !n.fitsCPU(r) {
@@ -65,9 +67,17 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 		}
 		score, gpus := s.p.Score(s.c, ni, r, s.elig, s.cand[:0])
 		s.cand = gpus
+		grp, tie := 0, 0.0
+		if tb != nil {
+			grp, tie, tieOn = tb.Tie(ni)
+		}
 		switch {
 		case bestNode < 0 || score > bestScore:
 			bestNode, bestScore, ties = ni, score, 1
+			bestGrp, bestTie = grp, tie
+			s.best = append(s.best[:0], gpus...)
+		case score == bestScore && tieOn && grp == bestGrp && tie > bestTie+1e-9:
+			bestNode, bestTie = ni, tie
 			s.best = append(s.best[:0], gpus...)
 		case score == bestScore && s.random:
 			ties++
@@ -78,7 +88,7 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 		case score == bestScore && n.name < s.c.nodes[bestNode].name:
 			// deterministic ties: the smallest node name, as the FGD
 			// artifact's patched kube-scheduler does
-			bestNode = ni
+			bestNode, bestGrp, bestTie = ni, grp, tie
 			s.best = append(s.best[:0], gpus...)
 		}
 	}

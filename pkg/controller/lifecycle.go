@@ -177,9 +177,7 @@ func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceC
 func (c *Controller) setAssumed(uid types.UID, ap assumedPod) {
 	c.dropAssumed(uid)
 	c.assumedPods[uid] = ap
-	r := c.nodeAssumed[ap.node]
-	r.Add(ap.req)
-	c.nodeAssumed[ap.node] = r
+	addOnNode(c.nodeAssumed, ap.node, ap.req)
 }
 
 // dropAssumed forgets a pinned pod. Caller holds c.mu.
@@ -189,12 +187,24 @@ func (c *Controller) dropAssumed(uid types.UID) {
 		return
 	}
 	delete(c.assumedPods, uid)
-	r := c.nodeAssumed[ap.node]
-	r.Sub(ap.req)
+	subOnNode(c.nodeAssumed, ap.node, ap.req)
+}
+
+// addOnNode and subOnNode keep a per-node sum of requests, without entries for nodes
+// whose sum is back to zero.
+func addOnNode(m map[string]podfit.Requests, node string, req podfit.Requests) {
+	r := m[node]
+	r.Add(req)
+	m[node] = r
+}
+
+func subOnNode(m map[string]podfit.Requests, node string, req podfit.Requests) {
+	r := m[node]
+	r.Sub(req)
 	if r == (podfit.Requests{}) {
-		delete(c.nodeAssumed, ap.node)
+		delete(m, node)
 	} else {
-		c.nodeAssumed[ap.node] = r
+		m[node] = r
 	}
 }
 
@@ -206,13 +216,7 @@ type boundPod struct {
 // trackBound keeps nodeReq current as pods bind, finish or go. Caller holds c.mu.
 func (c *Controller) trackBound(pod *corev1.Pod, deleted bool) {
 	if b, ok := c.podBound[pod.UID]; ok {
-		r := c.nodeReq[b.node]
-		r.Sub(b.req)
-		if r == (podfit.Requests{}) {
-			delete(c.nodeReq, b.node)
-		} else {
-			c.nodeReq[b.node] = r
-		}
+		subOnNode(c.nodeReq, b.node, b.req)
 		delete(c.podBound, pod.UID)
 	}
 	if deleted || !podfit.Counts(pod) {
@@ -220,7 +224,5 @@ func (c *Controller) trackBound(pod *corev1.Pod, deleted bool) {
 	}
 	b := boundPod{node: pod.Spec.NodeName, req: podfit.PodRequests(pod)}
 	c.podBound[pod.UID] = b
-	r := c.nodeReq[b.node]
-	r.Add(b.req)
-	c.nodeReq[b.node] = r
+	addOnNode(c.nodeReq, b.node, b.req)
 }

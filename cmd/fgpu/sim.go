@@ -126,7 +126,11 @@ func printTable(w io.Writer, s *sim.Summary) {
 	for _, p := range s.Curve {
 		fmt.Fprintf(w, "%10.0f  %12.2f  %6.2f\n", p.ArrivedPct, p.AllocPct, p.StdPct)
 	}
-	fmt.Fprintf(w, "unallocated GPUs at end: %.1f\n", s.Unallocated)
+	fmt.Fprintf(w, "unallocated GPUs at end: %.1f (%.1f whole, %.1f in partly used GPUs)\n",
+		s.Unallocated, s.UnallocWhole, s.UnallocPartial)
+	if s.RepackBound > 0 {
+		fmt.Fprintf(w, "bound for the same admitted fractional pods, optimally repacked: %.2f%%\n", s.RepackBound)
+	}
 	fmt.Fprintf(w, "failed GPU demand (GPUs): fractional %.1f, one-GPU %.1f, multi-GPU %.1f\n",
 		s.FailedGPUs["fractional"], s.FailedGPUs["one_gpu"], s.FailedGPUs["multi_gpu"])
 	fmt.Fprintf(w, "decision latency: p50 %.1f us, p99 %.1f us; wall %.1f s\n", s.P50us, s.P99us, s.Wall)

@@ -78,6 +78,22 @@ type Result struct {
 	FailedMilli [numClasses]int64
 	Reasons     map[string]int
 	Decisions   []time.Duration // one per pod
+	Waste       Waste
+}
+
+// Waste splits the GPU share left unallocated at the end of a replay and
+// bounds what a better placement of the same pods could recover.
+type Waste struct {
+	WholeGPUs   float64 // GPUs left entirely free
+	PartialGPUs float64 // free share on partly used GPUs, in GPUs
+	// SharedGPUs is how many GPUs hold fractional pods; RepackGPUs is
+	// RepackBound of those pods (-1 when their GPUs differ in capacity).
+	SharedGPUs, RepackGPUs int
+	// RepackAlloc bounds the final allocation ratio of any placement that
+	// admits the same fractional pods: theirs packed onto RepackGPUs GPUs,
+	// the GPUs so freed given to the demand that failed (0 when RepackGPUs
+	// is -1).
+	RepackAlloc float64
 }
 
 // AllocAt returns the allocation ratio on the curve at arrived fraction x
@@ -131,6 +147,7 @@ func Run(cfg Config) (*Result, error) {
 	next := cfg.Step
 	batch := make([]*placement.Request, 0, cfg.Batch)
 	errs := make([]error, 0, cfg.Batch)
+	frac := newFracLog()
 	for start := 0; start < len(seq); start += cfg.Batch {
 		batch = batch[:0]
 		for _, k := range seq[start:min(start+cfg.Batch, len(seq))] {
@@ -144,17 +161,23 @@ func Run(cfg Config) (*Result, error) {
 				orders = placement.BatchOrders
 			}
 			t0 := time.Now()
-			_, es := s.AllocateBatch(batch, orders)
+			ps, es := s.AllocateBatch(batch, orders)
 			per := time.Since(t0) / time.Duration(len(batch))
-			for range batch {
+			for i := range batch {
 				res.Decisions = append(res.Decisions, per)
+				if es[i] == nil {
+					frac.add(c, ps[i])
+				}
 			}
 			errs = append(errs, es...)
 		} else {
 			t0 := time.Now()
-			_, err := s.Allocate(batch[0])
+			p, err := s.Allocate(batch[0])
 			res.Decisions = append(res.Decisions, time.Since(t0))
 			errs = append(errs, err)
+			if err == nil {
+				frac.add(c, p)
+			}
 		}
 		for i, r := range batch {
 			if err := errs[i]; err != nil {
@@ -176,6 +199,15 @@ func Run(cfg Config) (*Result, error) {
 			next += cfg.Step
 		}
 		res.Final = Point{Arrived: float64(arrived) / capa, Alloc: alloc}
+	}
+	res.Waste = frac.waste(c)
+	if res.Waste.RepackGPUs >= 0 {
+		var failed int64
+		for _, m := range res.FailedMilli {
+			failed += m
+		}
+		freed := float64(res.Waste.SharedGPUs-res.Waste.RepackGPUs) * frac.capacity() / capa
+		res.Waste.RepackAlloc = res.Final.Alloc + min(freed, float64(failed)/capa)
 	}
 	if cfg.Inspect != nil {
 		cfg.Inspect(cfg.Seed, c)

@@ -12,25 +12,32 @@ import (
 
 // Summary aggregates replays over seeds; percentages are of cluster GPUs.
 type Summary struct {
-	Policy        string             `json:"policy"`
-	Workload      string             `json:"workload"`
-	Seeds         []int64            `json:"seeds"`
-	Tune          float64            `json:"tune"`
-	Batch         int                `json:"batch"`
-	Orders        int                `json:"orders,omitempty"`
-	AllocAt100    float64            `json:"gpu_alloc_ratio_at_100"`
-	AllocAt100Std float64            `json:"gpu_alloc_ratio_at_100_std"`
-	AllocAt130    float64            `json:"gpu_alloc_ratio_at_130"`
-	AllocAt130Std float64            `json:"gpu_alloc_ratio_at_130_std"`
-	Unallocated   float64            `json:"unallocated_gpus_at_130"`
-	P50us         float64            `json:"decision_us_p50"`
-	P99us         float64            `json:"decision_us_p99"`
-	MaxUs         float64            `json:"decision_us_max"`
-	Wall          float64            `json:"wall_seconds"`
-	FailedGPUs    map[string]float64 `json:"failed_gpu_demand"`
-	FailedPods    map[string]float64 `json:"failed_pods"`
-	Reasons       map[string]int     `json:"failure_reasons"`
-	Curve         []CurvePoint       `json:"curve"`
+	Policy        string  `json:"policy"`
+	Workload      string  `json:"workload"`
+	Seeds         []int64 `json:"seeds"`
+	Tune          float64 `json:"tune"`
+	Batch         int     `json:"batch"`
+	Orders        int     `json:"orders,omitempty"`
+	AllocAt100    float64 `json:"gpu_alloc_ratio_at_100"`
+	AllocAt100Std float64 `json:"gpu_alloc_ratio_at_100_std"`
+	AllocAt130    float64 `json:"gpu_alloc_ratio_at_130"`
+	AllocAt130Std float64 `json:"gpu_alloc_ratio_at_130_std"`
+	Unallocated   float64 `json:"unallocated_gpus_at_130"`
+	// The unallocated GPUs split into whole ones and the free share of
+	// partly used ones; RepackBound (percent, 0 when unknown) is the mean of
+	// Waste.RepackAlloc: what no placement of the same admitted fractional
+	// pods can beat.
+	UnallocWhole   float64            `json:"unallocated_whole_gpus_at_130"`
+	UnallocPartial float64            `json:"unallocated_partial_gpus_at_130"`
+	RepackBound    float64            `json:"repack_bound_at_130,omitempty"`
+	P50us          float64            `json:"decision_us_p50"`
+	P99us          float64            `json:"decision_us_p99"`
+	MaxUs          float64            `json:"decision_us_max"`
+	Wall           float64            `json:"wall_seconds"`
+	FailedGPUs     map[string]float64 `json:"failed_gpu_demand"`
+	FailedPods     map[string]float64 `json:"failed_pods"`
+	Reasons        map[string]int     `json:"failure_reasons"`
+	Curve          []CurvePoint       `json:"curve"`
 }
 
 // CurvePoint is the mean (and std over seeds) allocation ratio, in percent,
@@ -109,7 +116,12 @@ func Summarize(cfg Config, seeds []int64, results []*Result) *Summary {
 	s.AllocAt130, s.AllocAt130Std = at(cfg.Tune)
 	s.Unallocated = float64(capa) * (1 - s.AllocAt130/100)
 	var durs []float64
+	bounded := true
 	for _, r := range results {
+		s.UnallocWhole += r.Waste.WholeGPUs / n
+		s.UnallocPartial += r.Waste.PartialGPUs / n
+		s.RepackBound += 100 * r.Waste.RepackAlloc / n
+		bounded = bounded && r.Waste.RepackGPUs >= 0
 		for c := Class(0); c < numClasses; c++ {
 			s.FailedGPUs[c.String()] += float64(r.FailedMilli[c]) / 1000 / n
 			s.FailedPods[c.String()] += float64(r.Failed[c]) / n
@@ -120,6 +132,9 @@ func Summarize(cfg Config, seeds []int64, results []*Result) *Summary {
 		for _, d := range r.Decisions {
 			durs = append(durs, float64(d.Nanoseconds())/1000)
 		}
+	}
+	if !bounded {
+		s.RepackBound = 0
 	}
 	sort.Float64s(durs)
 	if len(durs) > 0 {

@@ -1,6 +1,9 @@
 package sim
 
-import "github.com/fgpu-dev/fgpu/pkg/placement"
+import (
+	"github.com/fgpu-dev/fgpu/pkg/binpack"
+	"github.com/fgpu-dev/fgpu/pkg/placement"
+)
 
 type gpuRef struct{ node, gpu int }
 
@@ -56,6 +59,6 @@ func (l *fracLog) waste(c *placement.Cluster) Waste {
 		}
 		capa = v
 	}
-	w.RepackGPUs = RepackBound(l.shares, capa)
+	w.RepackGPUs = binpack.MinGPUs(l.shares, capa)
 	return w
 }

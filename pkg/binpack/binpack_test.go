@@ -1,6 +1,7 @@
-package sim
+package binpack
 
 import (
+	"math"
 	"math/rand"
 	"sort"
 	"testing"
@@ -14,7 +15,7 @@ func repeat(n int, share int64) []int64 {
 	return out
 }
 
-func TestRepackBound(t *testing.T) {
+func TestMinGPUs(t *testing.T) {
 	cases := []struct {
 		name   string
 		shares []int64
@@ -28,15 +29,15 @@ func TestRepackBound(t *testing.T) {
 		{"exact complements", append(repeat(7, 810), repeat(7, 190)...), 7},
 	}
 	for _, tc := range cases {
-		if got := RepackBound(tc.shares, 1000); got != tc.want {
-			t.Errorf("%s: RepackBound = %d, want %d", tc.name, got, tc.want)
+		if got := MinGPUs(tc.shares, 1000); got != tc.want {
+			t.Errorf("%s: MinGPUs = %d, want %d", tc.name, got, tc.want)
 		}
 	}
 }
 
 // The bound never exceeds what best-fit-decreasing achieves and never falls
 // below the share sum.
-func TestRepackBoundBetweenSumAndBestFit(t *testing.T) {
+func TestMinGPUsBetweenSumAndBestFit(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
 	sizes := []int64{810, 650, 590, 550, 470, 460, 320, 230, 160, 110, 50}
 	for range 50 {
@@ -47,9 +48,9 @@ func TestRepackBoundBetweenSumAndBestFit(t *testing.T) {
 			shares = append(shares, s)
 			sum += s
 		}
-		got := RepackBound(shares, 1000)
+		got := MinGPUs(shares, 1000)
 		if lo, hi := int((sum+999)/1000), bestFitDecreasing(shares, 1000); got < lo || got > hi {
-			t.Fatalf("RepackBound = %d, want within [%d, %d] for %v", got, lo, hi, shares)
+			t.Fatalf("MinGPUs = %d, want within [%d, %d] for %v", got, lo, hi, shares)
 		}
 	}
 }
@@ -72,4 +73,22 @@ func bestFitDecreasing(shares []int64, capa int64) int {
 		}
 	}
 	return len(bins)
+}
+
+// Prices: a share worth one third of a GPU packs three to a GPU or beside
+// a share worth two thirds; a gap is worth what fills it best.
+func TestPrices(t *testing.T) {
+	// More 320m than 650m pods: some 320m pods pack three to a GPU.
+	sol := Solve(map[int64]float64{650: 100, 320: 400, 470: 100}, 1000)
+	price := map[int64]float64{}
+	for i, s := range sol.Sizes {
+		price[s] = sol.Price[i]
+	}
+	if math.Abs(price[650]+price[320]-1) > 1e-6 || math.Abs(2*price[470]-1) > 1e-6 || math.Abs(3*price[320]-1) > 1e-6 {
+		t.Errorf("prices %v, want 650+320 = 470+470 = 320x3 = 1 GPU", price)
+	}
+	v := sol.Values(1000)
+	if math.Abs(v[1000]-1) > 1e-6 || math.Abs(v[530]-price[470]) > 1e-6 || v[200] != 0 {
+		t.Errorf("values: 1000 -> %.3f, 530 -> %.3f, 200 -> %.3f", v[1000], v[530], v[200])
+	}
 }

@@ -1,6 +1,10 @@
 package placement
 
-import "math"
+import (
+	"math"
+
+	"github.com/fgpu-dev/fgpu/pkg/binpack"
+)
 
 // FGPU is fgpu's default policy: FGD's fragmentation gradient over the
 // workload's full shape distribution, computed incrementally (per-node
@@ -109,6 +113,21 @@ type FGPU struct {
 	group     []int
 	lastDec   float64
 
+	// PackPrice (default 1e6) takes PackPrice score points per GPU of LP
+	// packing loss from a request that shares a GPU. The cutting-stock LP
+	// over the workload's sharing shapes (pkg/binpack) prices each share in
+	// GPUs (470m: 1/2, 320m: 1/3, 650m: 2/3); putting share s in a gap h
+	// loses value(h) - price(s) - value(h-s), where value(g) is the most
+	// price that fits in g: a 320m pod beside a 470m one loses 1/6 of a GPU,
+	// beside a 650m one or on a fresh GPU nothing. The loss is rounded to
+	// 1/1000 GPU; at 1e6 each 1/1000 outweighs FGD's whole 0..100 scale, so
+	// the loss decides first and FGD (then the node name) among equal
+	// losses. Weights from 300 up gave the same placements on the screens
+	// (docs/placement.md, round 5).
+	PackPrice float64
+	packVal   []float64
+	packPrice map[int64]float64
+
 	res   *reserve
 	whole bool // the request being scored takes whole GPUs
 }
@@ -139,7 +158,7 @@ func (f *FGPU) RandomTies() bool { return f.Random }
 // instead of the coarse one loses 0.6-1.3. CPU reach (slack 1.25) and
 // MixReach 0.5 are on; see their fields for what they are worth.
 func NewFGPU(w Workload) *FGPU {
-	return &FGPU{w: w, Sigmoid: true, NoPackTies: true, CPUReach: true, CPUSlack: 1.25, MixReach: 0.5}
+	return &FGPU{w: w, Sigmoid: true, NoPackTies: true, CPUReach: true, CPUSlack: 1.25, MixReach: 0.5, PackPrice: 1e6}
 }
 
 func (*FGPU) Name() string { return "fgpu" }
@@ -197,6 +216,10 @@ func (f *FGPU) Attach(c *Cluster) {
 		}
 	}
 	f.track(c, f.fm)
+	f.packVal, f.packPrice = nil, nil
+	if f.PackPrice > 0 {
+		f.setPackPrices(w)
+	}
 	f.res = nil
 	if f.Reserve > 0 || f.ReserveRatio > 0 {
 		f.res = newReserve(c, f.w, f.Reserve)
@@ -234,7 +257,7 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 		f.reqScale = f.ScaleFrac
 	}
 	if r.GPUs == 1 && !r.Whole() && r.Share < nd.gpuCap[elig[0]] {
-		best, bestG := 0.0, -1
+		best, bestG, bestPts := 0.0, -1, 0.0
 		for i, g := range elig {
 			if seenFree(nd.gpuFree, elig[:i], nd.gpuFree[g]) {
 				continue
@@ -242,13 +265,20 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 			f.tmp[g] -= r.Share
 			s := f.cur[n] - f.fm.frag(nd.models, cpu, f.tmp, nd.gpuCap)
 			f.tmp[g] += r.Share
+			pts := 0.0
+			if f.packVal != nil {
+				pts = f.final(nd, s, cpu) - f.PackPrice*f.packLoss(nd.gpuFree[g], r.Share, nd.gpuCap[g])
+			}
 			// Equal fragmentation: take the tighter GPU.
-			if bestG < 0 || s > best+1e-9 || (s > best-1e-9 && nd.gpuFree[g] < nd.gpuFree[bestG]) {
-				best, bestG = s, g
+			if bestG < 0 || pts > bestPts+1e-9 || (pts > bestPts-1e-9 && (s > best+1e-9 || (s > best-1e-9 && nd.gpuFree[g] < nd.gpuFree[bestG]))) {
+				best, bestG, bestPts = s, g, pts
 			}
 		}
 		f.tmp[bestG] -= r.Share
 		f.lastDec = best
+		if f.packVal != nil {
+			return bestPts, append(out, bestG)
+		}
 		return f.adjust(nd, f.final(nd, best, cpu), cpu), append(out, bestG)
 	}
 	out = append(out, elig[:r.GPUs]...)
@@ -365,4 +395,34 @@ func demandWeighted(w Workload) Workload {
 		out[i].Weight /= sum
 	}
 	return out
+}
+
+// setPackPrices solves the cutting-stock LP over the workload's sharing
+// shapes (weights scaled to many pods, so the LP is the steady state).
+func (f *FGPU) setPackPrices(w Workload) {
+	counts := map[int64]float64{}
+	for _, s := range w {
+		if s.GPUs == 1 && s.Share > 0 && s.Share < DefaultGPUCapacity {
+			counts[s.Share] += s.Weight * 1e4
+		}
+	}
+	sol := binpack.Solve(counts, DefaultGPUCapacity)
+	f.packVal = sol.Values(DefaultGPUCapacity)
+	f.packPrice = map[int64]float64{}
+	for i, sz := range sol.Sizes {
+		f.packPrice[sz] = sol.Price[i]
+	}
+}
+
+// packLoss is the LP reduced cost of putting share s on a GPU with free
+// share h: what the gap was worth minus the pod's price and what is left.
+func (f *FGPU) packLoss(h, s, capa int64) float64 {
+	if capa != DefaultGPUCapacity {
+		return 0
+	}
+	price, ok := f.packPrice[s]
+	if !ok {
+		price = f.packVal[s]
+	}
+	return math.Round(max(0, f.packVal[h]-price-f.packVal[h-s])*1000) / 1000
 }

@@ -1,0 +1,55 @@
+package placement
+
+import "testing"
+
+// A 320m pod beside a 470m one leaves 210m that no sharing shape fills; the
+// LP prices (470m: 1/2, 320m: 1/3, 650m: 2/3) say it belongs on a fresh GPU,
+// where a 650m or two more 320m pods complete it. FGD's one-step measure
+// prefers the partly used GPU: a fresh GPU with 680m left is fragment for
+// the frequent whole-GPU shape.
+func TestPackPriceKeepsGapsForTheirComplement(t *testing.T) {
+	w := Workload{
+		{CPUMilli: 1000, GPUs: 1, Share: 470, Weight: 0.3},
+		{CPUMilli: 1000, GPUs: 1, Share: 320, Weight: 0.3},
+		{CPUMilli: 1000, GPUs: 1, Share: 650, Weight: 0.1},
+		{CPUMilli: 1000, GPUs: 1, Weight: 0.3},
+	}
+	for _, tc := range []struct {
+		packPrice float64
+		wantGPU   int
+	}{{0, 0}, {1e6, 1}} {
+		c, err := NewCluster([]NodeSpec{{Name: "n", CPUMilli: 64000, MemoryMiB: 1 << 20, GPUs: gpus("V100", 2)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pol := NewFGPU(w)
+		pol.PackPrice = tc.packPrice
+		s := NewScheduler(c, pol, 1)
+		if err := c.Assign(Placement{Node: 0, GPUs: []int{0}, Share: []int64{470}}, &Request{}); err != nil {
+			t.Fatal(err)
+		}
+		p, err := s.Place(&Request{CPUMilli: 1000, GPUs: 1, Share: 320})
+		if err != nil || p.GPUs[0] != tc.wantGPU {
+			t.Errorf("PackPrice %g: placed on %+v (%v), want GPU %d", tc.packPrice, p, err, tc.wantGPU)
+		}
+	}
+}
+
+// The loss is zero for a perfect complement and for a fresh GPU, and a
+// sixth of a GPU for 320m beside 470m.
+func TestPackLoss(t *testing.T) {
+	f := NewFGPU(Workload{
+		{GPUs: 1, Share: 470, Weight: 0.4},
+		{GPUs: 1, Share: 320, Weight: 0.4},
+		{GPUs: 1, Share: 650, Weight: 0.2},
+	})
+	f.setPackPrices(f.w)
+	for _, tc := range []struct {
+		free, share int64
+		want        float64
+	}{{1000, 320, 0}, {350, 320, 0}, {530, 470, 0}, {530, 320, 0.167}, {1000, 470, 0}} {
+		if got := f.packLoss(tc.free, tc.share, 1000); got != tc.want {
+			t.Errorf("loss of %dm in a %dm gap = %v, want %v", tc.share, tc.free, got, tc.want)
+		}
+	}
+}

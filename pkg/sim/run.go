@@ -87,7 +87,7 @@ type Waste struct {
 	WholeGPUs   float64 // GPUs left entirely free
 	PartialGPUs float64 // free share on partly used GPUs, in GPUs
 	// SharedGPUs is how many GPUs hold fractional pods; RepackGPUs is
-	// RepackBound of those pods (-1 when their GPUs differ in capacity).
+	// binpack.MinGPUs of those pods (-1 when their GPUs differ in capacity).
 	SharedGPUs, RepackGPUs int
 	// RepackAlloc bounds the final allocation ratio of any placement that
 	// admits the same fractional pods: theirs packed onto RepackGPUs GPUs,

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"math"
+	"slices"
 
 	"github.com/fgpu-dev/fgpu/pkg/binpack"
 )
@@ -127,6 +128,13 @@ type FGPU struct {
 	PackPrice float64
 	packVal   []float64
 	packPrice map[int64]float64
+	// PackCPU (default on) values a gap only with the shares whose pods'
+	// CPU the node has free: a 320m pod that leaves 680m beside 0.5 free
+	// cores loses the rest of the GPU, not nothing. 10 seeds: +0.09 to +0.19
+	// on every workload but cpu250 (-0.05).
+	PackCPU  bool
+	cpuSteps []int64     // ascending CPU thresholds
+	cpuVals  [][]float64 // values using the shares that fit in cpuSteps[i]
 
 	res   *reserve
 	whole bool // the request being scored takes whole GPUs
@@ -158,7 +166,7 @@ func (f *FGPU) RandomTies() bool { return f.Random }
 // instead of the coarse one loses 0.6-1.3. CPU reach (slack 1.25) and
 // MixReach 0.5 are on; see their fields for what they are worth.
 func NewFGPU(w Workload) *FGPU {
-	return &FGPU{w: w, Sigmoid: true, NoPackTies: true, CPUReach: true, CPUSlack: 1.25, MixReach: 0.5, PackPrice: 1e6}
+	return &FGPU{w: w, Sigmoid: true, NoPackTies: true, CPUReach: true, CPUSlack: 1.25, MixReach: 0.5, PackPrice: 1e6, PackCPU: true}
 }
 
 func (*FGPU) Name() string { return "fgpu" }
@@ -267,7 +275,7 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 			f.tmp[g] += r.Share
 			pts := 0.0
 			if f.packVal != nil {
-				pts = f.final(nd, s, cpu) - f.PackPrice*f.packLoss(nd.gpuFree[g], r.Share, nd.gpuCap[g])
+				pts = f.final(nd, s, cpu) - f.PackPrice*f.packLoss(nd.gpuFree[g], r.Share, nd.gpuCap[g], nd.cpuFree, cpu)
 			}
 			// Equal fragmentation: take the tighter GPU.
 			if bestG < 0 || pts > bestPts+1e-9 || (pts > bestPts-1e-9 && (s > best+1e-9 || (s > best-1e-9 && nd.gpuFree[g] < nd.gpuFree[bestG]))) {
@@ -412,11 +420,50 @@ func (f *FGPU) setPackPrices(w Workload) {
 	for i, sz := range sol.Sizes {
 		f.packPrice[sz] = sol.Price[i]
 	}
+	f.cpuSteps, f.cpuVals = nil, nil
+	if !f.PackCPU {
+		return
+	}
+	minCPU := map[int64]int64{}
+	for _, s := range w {
+		if s.GPUs == 1 && s.Share > 0 && s.Share < DefaultGPUCapacity {
+			if c, ok := minCPU[s.Share]; !ok || s.CPUMilli < c {
+				minCPU[s.Share] = s.CPUMilli
+			}
+		}
+	}
+	for _, c := range minCPU {
+		f.cpuSteps = append(f.cpuSteps, c)
+	}
+	slices.Sort(f.cpuSteps)
+	f.cpuSteps = slices.Compact(f.cpuSteps)
+	for _, t := range f.cpuSteps {
+		sub := binpack.Solution{}
+		for i, sz := range sol.Sizes {
+			if minCPU[sz] <= t {
+				sub.Sizes = append(sub.Sizes, sz)
+				sub.Price = append(sub.Price, sol.Price[i])
+			}
+		}
+		f.cpuVals = append(f.cpuVals, sub.Values(DefaultGPUCapacity))
+	}
+}
+
+// gapValue is what a gap of h is worth on a node with cpu free CPU.
+func (f *FGPU) gapValue(h, cpu int64) float64 {
+	if f.cpuSteps == nil {
+		return f.packVal[h]
+	}
+	i, _ := slices.BinarySearch(f.cpuSteps, cpu+1)
+	if i == 0 {
+		return 0
+	}
+	return f.cpuVals[i-1][h]
 }
 
 // packLoss is the LP reduced cost of putting share s on a GPU with free
 // share h: what the gap was worth minus the pod's price and what is left.
-func (f *FGPU) packLoss(h, s, capa int64) float64 {
+func (f *FGPU) packLoss(h, s, capa, cpuBefore, cpuAfter int64) float64 {
 	if capa != DefaultGPUCapacity {
 		return 0
 	}
@@ -424,5 +471,5 @@ func (f *FGPU) packLoss(h, s, capa int64) float64 {
 	if !ok {
 		price = f.packVal[s]
 	}
-	return math.Round(max(0, f.packVal[h]-price-f.packVal[h-s])*1000) / 1000
+	return math.Round(max(0, f.gapValue(h, cpuBefore)-price-f.gapValue(h-s, cpuAfter))*1000) / 1000
 }

@@ -1,11 +1,6 @@
 package placement
 
-import (
-	"math"
-	"slices"
-
-	"github.com/fgpu-dev/fgpu/pkg/binpack"
-)
+import "math"
 
 // FGPU is fgpu's default policy: FGD's fragmentation gradient over the
 // workload's full shape distribution, computed incrementally (per-node
@@ -126,15 +121,12 @@ type FGPU struct {
 	// losses. Weights from 300 up gave the same placements on the screens
 	// (docs/placement.md, round 5).
 	PackPrice float64
-	packVal   []float64
-	packPrice map[int64]float64
 	// PackCPU (default on) values a gap only with the shares whose pods'
 	// CPU the node has free: a 320m pod that leaves 680m beside 0.5 free
 	// cores loses the rest of the GPU, not nothing. 10 seeds: +0.09 to +0.19
 	// on every workload but cpu250 (-0.05).
-	PackCPU  bool
-	cpuSteps []int64     // ascending CPU thresholds
-	cpuVals  [][]float64 // values using the shares that fit in cpuSteps[i]
+	PackCPU bool
+	lp      *lpLoss
 
 	res   *reserve
 	whole bool // the request being scored takes whole GPUs
@@ -224,9 +216,9 @@ func (f *FGPU) Attach(c *Cluster) {
 		}
 	}
 	f.track(c, f.fm)
-	f.packVal, f.packPrice = nil, nil
+	f.lp = nil
 	if f.PackPrice > 0 {
-		f.setPackPrices(w)
+		f.lp = newLPLoss(w, f.PackCPU)
 	}
 	f.res = nil
 	if f.Reserve > 0 || f.ReserveRatio > 0 {
@@ -274,8 +266,8 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 			s := f.cur[n] - f.fm.frag(nd.models, cpu, f.tmp, nd.gpuCap)
 			f.tmp[g] += r.Share
 			pts := 0.0
-			if f.packVal != nil {
-				pts = f.final(nd, s, cpu) - f.PackPrice*f.packLoss(nd.gpuFree[g], r.Share, nd.gpuCap[g], nd.cpuFree, cpu)
+			if f.lp != nil {
+				pts = f.final(nd, s, cpu) - f.PackPrice*f.lp.loss(nd.gpuFree[g], r.Share, nd.gpuCap[g], nd.cpuFree, cpu)
 			}
 			// Equal fragmentation: take the tighter GPU.
 			if bestG < 0 || pts > bestPts+1e-9 || (pts > bestPts-1e-9 && (s > best+1e-9 || (s > best-1e-9 && nd.gpuFree[g] < nd.gpuFree[bestG]))) {
@@ -284,10 +276,10 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 		}
 		f.tmp[bestG] -= r.Share
 		f.lastDec = best
-		if f.packVal != nil {
-			return bestPts, append(out, bestG)
+		if f.lp == nil {
+			bestPts = f.final(nd, best, cpu)
 		}
-		return f.adjust(nd, f.final(nd, best, cpu), cpu), append(out, bestG)
+		return f.adjust(nd, bestPts, cpu), append(out, bestG)
 	}
 	out = append(out, elig[:r.GPUs]...)
 	for _, g := range elig[:r.GPUs] {
@@ -403,73 +395,4 @@ func demandWeighted(w Workload) Workload {
 		out[i].Weight /= sum
 	}
 	return out
-}
-
-// setPackPrices solves the cutting-stock LP over the workload's sharing
-// shapes (weights scaled to many pods, so the LP is the steady state).
-func (f *FGPU) setPackPrices(w Workload) {
-	counts := map[int64]float64{}
-	for _, s := range w {
-		if s.GPUs == 1 && s.Share > 0 && s.Share < DefaultGPUCapacity {
-			counts[s.Share] += s.Weight * 1e4
-		}
-	}
-	sol := binpack.Solve(counts, DefaultGPUCapacity)
-	f.packVal = sol.Values(DefaultGPUCapacity)
-	f.packPrice = map[int64]float64{}
-	for i, sz := range sol.Sizes {
-		f.packPrice[sz] = sol.Price[i]
-	}
-	f.cpuSteps, f.cpuVals = nil, nil
-	if !f.PackCPU {
-		return
-	}
-	minCPU := map[int64]int64{}
-	for _, s := range w {
-		if s.GPUs == 1 && s.Share > 0 && s.Share < DefaultGPUCapacity {
-			if c, ok := minCPU[s.Share]; !ok || s.CPUMilli < c {
-				minCPU[s.Share] = s.CPUMilli
-			}
-		}
-	}
-	for _, c := range minCPU {
-		f.cpuSteps = append(f.cpuSteps, c)
-	}
-	slices.Sort(f.cpuSteps)
-	f.cpuSteps = slices.Compact(f.cpuSteps)
-	for _, t := range f.cpuSteps {
-		sub := binpack.Solution{}
-		for i, sz := range sol.Sizes {
-			if minCPU[sz] <= t {
-				sub.Sizes = append(sub.Sizes, sz)
-				sub.Price = append(sub.Price, sol.Price[i])
-			}
-		}
-		f.cpuVals = append(f.cpuVals, sub.Values(DefaultGPUCapacity))
-	}
-}
-
-// gapValue is what a gap of h is worth on a node with cpu free CPU.
-func (f *FGPU) gapValue(h, cpu int64) float64 {
-	if f.cpuSteps == nil {
-		return f.packVal[h]
-	}
-	i, _ := slices.BinarySearch(f.cpuSteps, cpu+1)
-	if i == 0 {
-		return 0
-	}
-	return f.cpuVals[i-1][h]
-}
-
-// packLoss is the LP reduced cost of putting share s on a GPU with free
-// share h: what the gap was worth minus the pod's price and what is left.
-func (f *FGPU) packLoss(h, s, capa, cpuBefore, cpuAfter int64) float64 {
-	if capa != DefaultGPUCapacity {
-		return 0
-	}
-	price, ok := f.packPrice[s]
-	if !ok {
-		price = f.packVal[s]
-	}
-	return math.Round(max(0, f.gapValue(h, cpuBefore)-price-f.gapValue(h-s, cpuAfter))*1000) / 1000
 }

@@ -38,17 +38,16 @@ func TestPackPriceKeepsGapsForTheirComplement(t *testing.T) {
 // The loss is zero for a perfect complement and for a fresh GPU, and a
 // sixth of a GPU for 320m beside 470m.
 func TestPackLoss(t *testing.T) {
-	f := NewFGPU(Workload{
+	l := newLPLoss(Workload{
 		{GPUs: 1, Share: 470, Weight: 0.4},
 		{GPUs: 1, Share: 320, Weight: 0.4},
 		{GPUs: 1, Share: 650, Weight: 0.2},
-	})
-	f.setPackPrices(f.w)
+	}, false)
 	for _, tc := range []struct {
 		free, share int64
 		want        float64
 	}{{1000, 320, 0}, {350, 320, 0}, {530, 470, 0}, {530, 320, 0.167}, {1000, 470, 0}} {
-		if got := f.packLoss(tc.free, tc.share, 1000, 0, 0); got != tc.want {
+		if got := l.loss(tc.free, tc.share, 1000, 0, 0); got != tc.want {
 			t.Errorf("loss of %dm in a %dm gap = %v, want %v", tc.share, tc.free, got, tc.want)
 		}
 	}
@@ -56,18 +55,17 @@ func TestPackLoss(t *testing.T) {
 
 // With PackCPU a gap is worth only what the CPU left beside it can host.
 func TestPackLossCountsCPU(t *testing.T) {
-	f := NewFGPU(Workload{
+	l := newLPLoss(Workload{
 		{CPUMilli: 1000, GPUs: 1, Share: 470, Weight: 0.4},
 		{CPUMilli: 4000, GPUs: 1, Share: 320, Weight: 0.4},
 		{CPUMilli: 1000, GPUs: 1, Share: 650, Weight: 0.2},
-	})
-	f.setPackPrices(f.w)
+	}, true)
 	for _, tc := range []struct {
 		cpuAfter int64
 		want     float64
 	}{{1000, 0}, {500, 0.667}} {
 		// 680m left: a 650m pod (1 core) completes it, if the core is free.
-		if got := f.packLoss(1000, 320, 1000, 5000, tc.cpuAfter); got != tc.want {
+		if got := l.loss(1000, 320, 1000, 5000, tc.cpuAfter); got != tc.want {
 			t.Errorf("320m on a fresh GPU leaving %dm CPU: loss %v, want %v", tc.cpuAfter, got, tc.want)
 		}
 	}

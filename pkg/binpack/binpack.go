@@ -17,6 +17,12 @@ import (
 // it is only less tight (Farley's bound), and the prices are those reached.
 const maxPatterns = 400
 
+// maxSizes bounds the distinct shares the LP sees: past it, shares are
+// rounded down to multiples of capa/maxSizes. Rounding down keeps the bound
+// a bound; it is only looser. (openb has 20-25 distinct shares; 100 took
+// 30 s to solve.)
+const maxSizes = 32
+
 // Solution is the LP relaxation for one multiset of shares.
 type Solution struct {
 	// Sizes are the distinct shares, largest first; Price[i] is the dual
@@ -38,6 +44,14 @@ func Solve(counts map[int64]float64, capa int64) Solution {
 			merged[min(s, capa)] += n
 			sum += n * float64(min(s, capa))
 		}
+	}
+	if len(merged) > maxSizes {
+		step := max(capa/maxSizes, 1)
+		coarse := map[int64]float64{}
+		for s, n := range merged {
+			coarse[max(s/step*step, 1)] += n
+		}
+		merged = coarse
 	}
 	var sol Solution
 	for s := range merged {

@@ -92,3 +92,31 @@ func TestPrices(t *testing.T) {
 		t.Errorf("values: 1000 -> %.3f, 530 -> %.3f, 200 -> %.3f", v[1000], v[530], v[200])
 	}
 }
+
+// Arbitrary shares (hundreds of distinct sizes) are rounded down before the
+// LP sees them; the bound stays a bound.
+func TestMinGPUsManySizes(t *testing.T) {
+	rng := rand.New(rand.NewSource(2))
+	var shares []int64
+	var sum int64
+	for range 3000 {
+		s := 1 + rng.Int63n(999)
+		shares = append(shares, s)
+		sum += s
+	}
+	got := MinGPUs(shares, 1000)
+	if lo, hi := int((sum+999)/1000), bestFitDecreasing(shares, 1000); got < lo || got > hi {
+		t.Fatalf("MinGPUs = %d, want within [%d, %d]", got, lo, hi)
+	}
+}
+
+// BenchmarkSolve: the LP as fgpu's policy solves it when it is attached
+// (openb default's 20 sharing shares) and as fgpu sim solves it per seed.
+func BenchmarkSolve(b *testing.B) {
+	openb := map[int64]float64{810: 1078, 470: 750, 320: 328, 650: 253, 230: 140, 460: 128,
+		590: 75, 160: 74, 550: 72, 220: 62, 370: 47, 110: 24, 480: 19, 50: 7, 330: 7, 350: 6,
+		270: 4, 440: 2, 140: 1, 290: 1}
+	for b.Loop() {
+		Solve(openb, 1000)
+	}
+}

@@ -119,7 +119,8 @@ type FGPU struct {
 	// 1/1000 GPU; at 1e6 each 1/1000 outweighs FGD's whole 0..100 scale, so
 	// the loss decides first and FGD (then the node name) among equal
 	// losses. Weights from 300 up gave the same placements on the screens
-	// (docs/placement.md, round 5).
+	// (docs/placement.md, round 5). GPUs whose capacity is not 1000 units
+	// get no loss, and FGD decides alone.
 	PackPrice float64
 	// PackCPU (default on) values a gap only with the shares whose pods'
 	// CPU the node has free: a 320m pod that leaves 680m beside 0.5 free

@@ -88,11 +88,6 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	if _, ok := c.firstLook[key]; !ok {
 		c.firstLook[key] = firstLook{at: c.now()}
 	}
-	if len(pods) > 0 {
-		fl := c.firstLook[key]
-		fl.decided = true
-		c.firstLook[key] = fl
-	}
 	c.mu.Unlock()
 	if len(pods) == 0 {
 		return 0, nil // placed once a pod uses it (pod events requeue the claim)
@@ -119,6 +114,7 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 		// never decide twice for one claim. A record the informer contradicts for long is
 		// dropped (account keeps fresh ones only).
 		if rec.assumed.IsZero() || c.now().Sub(rec.assumed) < 30*time.Second {
+			c.markDecided(key)
 			c.mu.Unlock()
 			return 100 * time.Millisecond, nil
 		}
@@ -155,6 +151,9 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	if w == nil {
 		d, w = c.decide(ctx, in)
 	}
+	// Decided only now, in the same critical section that queues it for quota: a
+	// younger claim that saw it decided earlier could take the quota it waits for.
+	c.markDecided(key)
 	leftQueue := false
 	if w != nil && w.quota {
 		if c.quotaWait[claim.Namespace] == nil {
@@ -235,6 +234,14 @@ func modeName(m api.SharingMode) string {
 		return "time-slicing (memory not enforced)"
 	}
 	return "MPS"
+}
+
+// markDecided records that the controller has decided on a claim (placed it or made it
+// wait); c.mu must be held.
+func (c *Controller) markDecided(key string) {
+	fl := c.firstLook[key]
+	fl.decided = true
+	c.firstLook[key] = fl
 }
 
 // firstLook is when the controller first looked at a claim and whether it has decided on it.

@@ -71,7 +71,7 @@ func Solve(counts map[int64]float64, capa int64) Solution {
 	var patterns [][]float64
 	for i, s := range sol.Sizes {
 		p := make([]float64, len(sol.Sizes))
-		p[i] = math.Min(float64(capa/s), demand[i])
+		p[i] = math.Min(float64(capa/s), math.Ceil(demand[i]))
 		patterns = append(patterns, p)
 	}
 	for len(patterns) <= maxPatterns {
@@ -129,7 +129,7 @@ func dualPrices(patterns [][]float64, demand []float64) (y []float64, obj float6
 }
 
 // bestPattern is the bounded knapsack: the pattern of the most total price
-// that fits one GPU, using at most demand[i] items of size i.
+// that fits one GPU, using at most demand[i] (rounded up) items of size i.
 func bestPattern(sizes []int64, demand, price []float64, capa int64) ([]float64, float64) {
 	value := make([]float64, capa+1)
 	// take[i][c]: items of size i taken at capacity c in the optimum.
@@ -138,7 +138,7 @@ func bestPattern(sizes []int64, demand, price []float64, capa int64) ([]float64,
 	for i, s := range sizes {
 		copy(prev, value)
 		take[i] = make([]int, capa+1)
-		limit := min(int64(demand[i]), capa/s)
+		limit := min(int64(math.Ceil(demand[i])), capa/s)
 		for c := capa; c >= 0; c-- {
 			for k := int64(1); k <= limit && k*s <= c; k++ {
 				if v := prev[c-k*s] + float64(k)*price[i]; v > value[c]+1e-12 {

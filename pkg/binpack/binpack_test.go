@@ -120,3 +120,14 @@ func BenchmarkSolve(b *testing.B) {
 		Solve(openb, 1000)
 	}
 }
+
+// A share with less than one pod's worth of demand (a rare shape in a
+// workload's weights) is still priced as a pod, not at twice a GPU.
+func TestPricesOfRareShares(t *testing.T) {
+	sol := Solve(map[int64]float64{500: 100, 250: 0.5}, 1000)
+	for i, s := range sol.Sizes {
+		if sol.Price[i] > 0.5+1e-9 {
+			t.Errorf("price of %dm = %.3f GPU, want at most half a GPU", s, sol.Price[i])
+		}
+	}
+}

@@ -200,15 +200,11 @@ func Run(cfg Config) (*Result, error) {
 		}
 		res.Final = Point{Arrived: float64(arrived) / capa, Alloc: alloc}
 	}
-	res.Waste = frac.waste(c)
-	if res.Waste.RepackGPUs >= 0 {
-		var failed int64
-		for _, m := range res.FailedMilli {
-			failed += m
-		}
-		freed := float64(res.Waste.SharedGPUs-res.Waste.RepackGPUs) * frac.capacity() / capa
-		res.Waste.RepackAlloc = res.Final.Alloc + min(freed, float64(failed)/capa)
+	var failed int64
+	for _, m := range res.FailedMilli {
+		failed += m
 	}
+	res.Waste = frac.waste(c, res.Final.Alloc, failed)
 	if cfg.Inspect != nil {
 		cfg.Inspect(cfg.Seed, c)
 	}

@@ -26,18 +26,10 @@ func (l *fracLog) add(c *placement.Cluster, p placement.Placement) {
 	}
 }
 
-// capacity is the capacity of the GPUs holding fractional pods (they are
-// all alike when the repacking bound applies).
-func (l *fracLog) capacity() float64 {
-	for _, v := range l.gpus {
-		return float64(v)
-	}
-	return 0
-}
-
-// waste reads the final cluster state; it needs no record of releases
+// waste reads the final cluster state, whose allocation ratio is alloc, with
+// failed share units of demand turned away; it needs no record of releases
 // because replays never release.
-func (l *fracLog) waste(c *placement.Cluster) Waste {
+func (l *fracLog) waste(c *placement.Cluster, alloc float64, failed int64) Waste {
 	var w Waste
 	for n := range c.Len() {
 		free, capa := c.GPUs(n)
@@ -60,5 +52,8 @@ func (l *fracLog) waste(c *placement.Cluster) Waste {
 		capa = v
 	}
 	w.RepackGPUs = binpack.MinGPUs(l.shares, capa)
+	total := float64(c.GPUCapacity())
+	freed := float64(int64(w.SharedGPUs-w.RepackGPUs)*capa) / total
+	w.RepackAlloc = alloc + min(freed, float64(failed)/total)
 	return w
 }

@@ -30,7 +30,7 @@ func TestWasteRepacking(t *testing.T) {
 			}
 			log.add(c, p)
 		}
-		w := log.waste(c)
+		w := log.waste(c, 0, 0)
 		if w.WholeGPUs != 1 || math.Abs(w.PartialGPUs-tc.partialGPUs) > 1e-9 || w.SharedGPUs != 2 || w.RepackGPUs != tc.repackGPUs {
 			t.Errorf("share %d: waste %+v, want 1 whole, %.1f partial, 2 shared, %d after repacking",
 				tc.share, w, tc.partialGPUs, tc.repackGPUs)

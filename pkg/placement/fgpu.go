@@ -125,9 +125,23 @@ type FGPU struct {
 	// PackCPU (default on) values a gap only with the shares whose pods'
 	// CPU the node has free: a 320m pod that leaves 680m beside 0.5 free
 	// cores loses the rest of the GPU, not nothing. 10 seeds: +0.09 to +0.19
-	// on every workload but cpu250 (-0.05).
+	// on every workload but cpu250 (-0.05). PackNode supersedes it; it
+	// applies only with PackNode off.
 	PackCPU bool
-	lp      *lpLoss
+	// PackNode (default on) charges every request, not only sharing ones,
+	// with what the whole node loses: the node's free shares are worth
+	// the most LP price their pods fit in with the CPU those pods need
+	// (each sharing shape with its own CPU), the gaps sharing the node's
+	// free CPU smallest first. A 12-core pod beside gaps whose pods then
+	// lack CPU loses those gaps, whatever its own GPU share; PackCPU's
+	// per-gap test missed that, since each gap alone still had the CPU.
+	// 10 seeds: +0.04 to +0.15 on every workload (multigpu20 +0.15,
+	// multigpu40 +0.13, cpu250 +0.13). On sharing requests alone it gives
+	// nothing on multigpu40: the CPU that strands gaps there is mostly
+	// taken by whole-GPU and sharing pods landing beside them.
+	PackNode bool
+	lp       *lpLoss
+	nodeVal  []float64 // each node's value with PackNode, kept current
 
 	res   *reserve
 	whole bool // the request being scored takes whole GPUs
@@ -159,7 +173,7 @@ func (f *FGPU) RandomTies() bool { return f.Random }
 // instead of the coarse one loses 0.6-1.3. CPU reach (slack 1.25) and
 // MixReach 0.5 are on; see their fields for what they are worth.
 func NewFGPU(w Workload) *FGPU {
-	return &FGPU{w: w, Sigmoid: true, NoPackTies: true, CPUReach: true, CPUSlack: 1.25, MixReach: 0.5, PackPrice: 1e6, PackCPU: true}
+	return &FGPU{w: w, Sigmoid: true, NoPackTies: true, CPUReach: true, CPUSlack: 1.25, MixReach: 0.5, PackPrice: 1e6, PackCPU: true, PackNode: true}
 }
 
 func (*FGPU) Name() string { return "fgpu" }
@@ -220,6 +234,22 @@ func (f *FGPU) Attach(c *Cluster) {
 	f.lp = nil
 	if f.PackPrice > 0 {
 		f.lp = newLPLoss(w, f.PackCPU)
+		if f.PackNode {
+			var maxCPU int64
+			for i := range c.nodes {
+				maxCPU = max(maxCPU, c.nodes[i].cpuCap)
+			}
+			f.lp.withNodeValues(w, maxCPU)
+			f.nodeVal = make([]float64, c.Len())
+			value := func(n int) {
+				nd := &c.nodes[n]
+				f.nodeVal[n] = f.lp.nodeValue(nd.gpuFree, nd.gpuCap, nd.cpuFree)
+			}
+			for n := range f.nodeVal {
+				value(n)
+			}
+			c.OnChange(value)
+		}
 	}
 	f.res = nil
 	if f.Reserve > 0 || f.ReserveRatio > 0 {
@@ -268,7 +298,16 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 			f.tmp[g] += r.Share
 			pts := 0.0
 			if f.lp != nil {
-				pts = f.final(nd, s, cpu) - f.PackPrice*f.lp.loss(nd.gpuFree[g], r.Share, nd.gpuCap[g], nd.cpuFree, cpu)
+				var l float64
+				switch {
+				case !f.PackNode:
+					l = f.lp.loss(nd.gpuFree[g], r.Share, nd.gpuCap[g], nd.cpuFree, cpu)
+				case nd.gpuCap[g] == DefaultGPUCapacity:
+					f.tmp[g] -= r.Share
+					l = f.lp.nodeLoss(f.nodeVal[n], f.tmp, nd.gpuCap, cpu, f.lp.priceOf(r.Share))
+					f.tmp[g] += r.Share
+				}
+				pts = f.final(nd, s, cpu) - f.PackPrice*l
 			}
 			// Equal fragmentation: take the tighter GPU.
 			if bestG < 0 || pts > bestPts+1e-9 || (pts > bestPts-1e-9 && (s > best+1e-9 || (s > best-1e-9 && nd.gpuFree[g] < nd.gpuFree[bestG]))) {
@@ -283,11 +322,19 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 		return f.adjust(nd, bestPts, cpu), append(out, bestG)
 	}
 	out = append(out, elig[:r.GPUs]...)
+	var price float64 // whole GPUs the LP counts, one each
 	for _, g := range elig[:r.GPUs] {
 		f.tmp[g] -= c.take(n, g, r)
+		if nd.gpuCap[g] == DefaultGPUCapacity {
+			price++
+		}
 	}
 	f.lastDec = f.cur[n] - f.fm.frag(nd.models, cpu, f.tmp, nd.gpuCap)
-	return f.adjust(nd, f.final(nd, f.lastDec, cpu), cpu), out
+	pts := f.final(nd, f.lastDec, cpu)
+	if f.lp != nil && f.PackNode {
+		pts -= f.PackPrice * f.lp.nodeLoss(f.nodeVal[n], f.tmp, nd.gpuCap, cpu, price)
+	}
+	return f.adjust(nd, pts, cpu), out
 }
 
 // clusterCPUPerShare is the cluster's CPU per GPU share unit.

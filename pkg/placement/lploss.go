@@ -18,6 +18,13 @@ type lpLoss struct {
 	// awareness there is one step that every node passes.
 	steps []int64
 	vals  [][]float64
+	// byCPU[k][h] is the most price that fits in a gap of h when its pods
+	// may use k*cpuStep CPU in all, each sharing shape with its own CPU;
+	// cpuNeed[h] is the least CPU that reaches a gap's full value. Nil
+	// unless withNodeValues was called.
+	byCPU   [][]float64
+	cpuNeed []int64
+	order   []int // scratch for nodeValue
 }
 
 // newLPLoss solves the LP for w's sharing shapes, their weights scaled to
@@ -80,9 +87,123 @@ func (l *lpLoss) loss(h, s, capa, cpuBefore, cpuAfter int64) float64 {
 	if capa != DefaultGPUCapacity || len(l.vals) == 0 {
 		return 0
 	}
-	price, ok := l.price[s]
-	if !ok {
-		price = l.vals[len(l.vals)-1][s]
+	return math.Round(max(0, l.value(h, cpuBefore)-l.priceOf(s)-l.value(h-s, cpuAfter))*1000) / 1000
+}
+
+// cpuStep is the CPU resolution of the node values (half a core: openb's
+// pods ask for whole cores or 3.152 and 4.152).
+const cpuStep = 500
+
+// withNodeValues adds the two-dimensional gap values up to maxCPU, the
+// largest node's CPU: an unbounded knapsack over share and CPU whose items
+// are w's sharing shapes at their LP prices and its one-GPU shapes at one
+// GPU each. The whole-GPU items keep a free GPU's value honest: a GPU whose
+// CPU is gone is worth nothing to a whole-GPU pod either, so placing one
+// there does not hide the gaps its CPU strands. Multi-GPU shapes are
+// FGD's to protect.
+func (l *lpLoss) withNodeValues(w Workload, maxCPU int64) {
+	type item struct {
+		share, cpu int
+		price      float64
 	}
-	return math.Round(max(0, l.value(h, cpuBefore)-price-l.value(h-s, cpuAfter))*1000) / 1000
+	var items []item
+	seen := map[[2]int64]bool{}
+	for _, sh := range w {
+		share := min(sh.Share, DefaultGPUCapacity)
+		k := [2]int64{share, sh.CPUMilli}
+		if sh.GPUs != 1 || share <= 0 || seen[k] {
+			continue
+		}
+		seen[k] = true
+		price := 1.0
+		if share < DefaultGPUCapacity {
+			price = l.price[share]
+		}
+		if price > 0 {
+			items = append(items, item{int(share), int((sh.CPUMilli + cpuStep - 1) / cpuStep), price})
+		}
+	}
+	// No gap's pods use more CPU than the most CPU-hungry fill of a GPU.
+	var most int64
+	for _, it := range items {
+		most = max(most, int64(DefaultGPUCapacity/it.share*it.cpu)*cpuStep)
+	}
+	steps := int(min(maxCPU, most)/cpuStep) + 1
+	l.byCPU = make([][]float64, 0, steps)
+	for k := range steps {
+		row := make([]float64, DefaultGPUCapacity+1)
+		for h := 1; h <= DefaultGPUCapacity; h++ {
+			row[h] = row[h-1]
+			if k > 0 {
+				row[h] = max(row[h], l.byCPU[k-1][h])
+			}
+			for _, it := range items {
+				if it.share > h || it.cpu > k {
+					continue
+				}
+				from := row // a pod needing no CPU stays on this row
+				if it.cpu > 0 {
+					from = l.byCPU[k-it.cpu]
+				}
+				row[h] = max(row[h], from[h-it.share]+it.price)
+			}
+		}
+		l.byCPU = append(l.byCPU, row)
+	}
+	l.cpuNeed = make([]int64, DefaultGPUCapacity+1)
+	full := l.byCPU[steps-1]
+	for h := range l.cpuNeed {
+		k := steps - 1
+		for k > 0 && l.byCPU[k-1][h] >= full[h]-1e-9 {
+			k--
+		}
+		l.cpuNeed[h] = int64(k) * cpuStep
+	}
+}
+
+// nodeValue is what a node's free shares are worth with cpu free CPU. The
+// gaps share the CPU: each takes what its best fill needs, smallest gap
+// first, so whole free GPUs get what the partly used ones leave. GPUs whose
+// capacity is not 1000 units are not counted.
+func (l *lpLoss) nodeValue(free, capa []int64, cpu int64) float64 {
+	order := l.order[:0]
+	for g, h := range free {
+		if h <= 0 || capa[g] != DefaultGPUCapacity {
+			continue
+		}
+		order = append(order, g)
+		j := len(order) - 1
+		for ; j > 0 && free[order[j-1]] > h; j-- {
+			order[j] = order[j-1]
+		}
+		order[j] = g
+	}
+	l.order = order
+	var v float64
+	for _, g := range order {
+		h := free[g]
+		c := max(0, min(cpu, l.cpuNeed[h]))
+		v += l.byCPU[min(int(c/cpuStep), len(l.byCPU)-1)][h]
+		cpu -= c
+	}
+	return v
+}
+
+// priceOf is the LP price of share s; a share the workload does not have is
+// priced at what the workload's shares could fill in its place (nothing
+// when it has no sharing shapes).
+func (l *lpLoss) priceOf(s int64) float64 {
+	if p, ok := l.price[s]; ok {
+		return p
+	}
+	if len(l.vals) == 0 {
+		return 0
+	}
+	return l.vals[len(l.vals)-1][s]
+}
+
+// nodeLoss is what a placement costs the node beyond the price of what it
+// placed (before: the node's value before it), rounded to 1/1000 GPU.
+func (l *lpLoss) nodeLoss(before float64, free, capa []int64, cpu int64, price float64) float64 {
+	return math.Round(max(0, before-price-l.nodeValue(free, capa, cpu))*1000) / 1000
 }

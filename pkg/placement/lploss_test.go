@@ -1,6 +1,9 @@
 package placement
 
-import "testing"
+import (
+	"math"
+	"testing"
+)
 
 // A 320m pod beside a 470m one leaves 210m that no sharing shape fills; the
 // LP prices (470m: 1/2, 320m: 1/3, 650m: 2/3) say it belongs on a fresh GPU,
@@ -67,6 +70,72 @@ func TestPackLossCountsCPU(t *testing.T) {
 		// 680m left: a 650m pod (1 core) completes it, if the core is free.
 		if got := l.loss(1000, 320, 1000, 5000, tc.cpuAfter); got != tc.want {
 			t.Errorf("320m on a fresh GPU leaving %dm CPU: loss %v, want %v", tc.cpuAfter, got, tc.want)
+		}
+	}
+}
+
+// halves is a workload of 500m pods needing 8 cores and whole-GPU pods
+// needing 2.
+var halves = Workload{
+	{CPUMilli: 8000, GPUs: 1, Share: 500, Weight: 0.5},
+	{CPUMilli: 2000, GPUs: 1, Share: 1000, Weight: 0.5},
+}
+
+// A node's gaps share its free CPU: two 500m gaps with 8 cores between them
+// hold one 500m pod, not two, though each alone has the CPU for one.
+func TestNodeValueSharesCPU(t *testing.T) {
+	l := newLPLoss(halves, true)
+	l.withNodeValues(halves, 64000)
+	capa := []int64{1000, 1000, 1000}
+	for _, tc := range []struct {
+		free []int64
+		cpu  int64
+		want float64
+	}{
+		{[]int64{500, 500, 0}, 8000, 0.5},
+		{[]int64{500, 500, 0}, 16000, 1},
+		{[]int64{500, 500, 1000}, 18000, 2},
+		{[]int64{500, 500, 1000}, 14000, 0.5}, // 6 cores left for the second gap: nothing
+		{[]int64{0, 0, 1000}, 2000, 1},        // a whole-GPU pod
+		{[]int64{0, 0, 1000}, 1000, 0},        // no pod fits its CPU
+	} {
+		if got := l.nodeValue(tc.free, capa, tc.cpu); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("free %v with %dm CPU: value %v, want %v", tc.free, tc.cpu, got, tc.want)
+		}
+	}
+}
+
+// A whole-GPU pod whose CPU would strand a gap on one node goes to another
+// where it strands nothing. FGD's score ties the two nodes (its CPU reach,
+// with slack, still sees both gaps reachable), so without PackNode the
+// first node by name takes it.
+func TestPackNodeKeepsCPUBesideGaps(t *testing.T) {
+	for _, tc := range []struct {
+		packNode bool
+		want     string
+	}{{false, "a"}, {true, "b"}} {
+		c, err := NewCluster([]NodeSpec{
+			{Name: "a", CPUMilli: 18000, MemoryMiB: 1 << 20, GPUs: gpus("V100", 3)},
+			{Name: "b", CPUMilli: 10000, MemoryMiB: 1 << 20, GPUs: gpus("V100", 2)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pol := NewFGPU(halves)
+		pol.PackNode = tc.packNode
+		s := NewScheduler(c, pol, 1)
+		for _, p := range []Placement{
+			{Node: 0, GPUs: []int{0}, Share: []int64{500}},
+			{Node: 0, GPUs: []int{1}, Share: []int64{500}},
+			{Node: 1, GPUs: []int{0}, Share: []int64{1000}},
+		} {
+			if err := c.Assign(p, &Request{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p, err := s.Place(&Request{CPUMilli: 4000, GPUs: 1, Share: 1000})
+		if err != nil || p.NodeName != tc.want {
+			t.Errorf("PackNode %v: placed on %+v (%v), want node %s", tc.packNode, p, err, tc.want)
 		}
 	}
 }

@@ -19,7 +19,7 @@ type lpLoss struct {
 	steps []int64
 	vals  [][]float64
 	// byCPU[k][h] is the most price that fits in a gap of h when its pods
-	// may use k*cpuStep CPU in all, each sharing shape with its own CPU;
+	// may use k*cpuStep CPU in all, each one-GPU shape with its own CPU;
 	// cpuNeed[h] is the least CPU that reaches a gap's full value. Nil
 	// unless withNodeValues was called.
 	byCPU   [][]float64

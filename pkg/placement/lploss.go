@@ -19,7 +19,7 @@ type lpLoss struct {
 	steps []int64
 	vals  [][]float64
 	// byCPU[k][h] is the most price that fits in a gap of h when its pods
-	// may use k*cpuStep CPU in all, each one-GPU shape with its own CPU;
+	// may use k*cpuStep CPU in all, each share's pods at their mean CPU;
 	// cpuNeed[h] is the least CPU that reaches a gap's full value. Nil
 	// unless withNodeValues was called.
 	byCPU   [][]float64
@@ -95,32 +95,36 @@ func (l *lpLoss) loss(h, s, capa, cpuBefore, cpuAfter int64) float64 {
 const cpuStep = 500
 
 // withNodeValues adds the two-dimensional gap values up to maxCPU, the
-// largest node's CPU: an unbounded knapsack over share and CPU whose items
-// are w's sharing shapes at their LP prices and its one-GPU shapes at one
-// GPU each. The whole-GPU items keep a free GPU's value honest: a GPU whose
-// CPU is gone is worth nothing to a whole-GPU pod either, so placing one
-// there does not hide the gaps its CPU strands. Multi-GPU shapes are
-// FGD's to protect.
+// largest node's CPU: an unbounded knapsack over share and CPU with one item
+// per share of w's one-GPU shapes, at its LP price (one GPU for a whole
+// GPU) and at its pods' mean CPU. The mean is the CPU a gap will need: the
+// thriftiest pod of a share would call a CPU-starved gap still fillable
+// (openb's 470m pods ask for 4 to 11.9 cores). The whole-GPU item keeps a
+// free GPU's value honest: a GPU whose CPU is gone is worth nothing to a
+// whole-GPU pod either, so placing one there does not hide the gaps its CPU
+// strands. Multi-GPU shapes are FGD's to protect.
 func (l *lpLoss) withNodeValues(w Workload, maxCPU int64) {
+	cpu, weight := map[int64]float64{}, map[int64]float64{}
+	for _, sh := range w {
+		if sh.GPUs == 1 && sh.Share > 0 && sh.Weight > 0 {
+			share := min(sh.Share, DefaultGPUCapacity)
+			cpu[share] += sh.Weight * float64(sh.CPUMilli)
+			weight[share] += sh.Weight
+		}
+	}
 	type item struct {
 		share, cpu int
 		price      float64
 	}
 	var items []item
-	seen := map[[2]int64]bool{}
-	for _, sh := range w {
-		share := min(sh.Share, DefaultGPUCapacity)
-		k := [2]int64{share, sh.CPUMilli}
-		if sh.GPUs != 1 || share <= 0 || seen[k] {
-			continue
-		}
-		seen[k] = true
+	for share, c := range cpu {
 		price := 1.0
 		if share < DefaultGPUCapacity {
 			price = l.price[share]
 		}
 		if price > 0 {
-			items = append(items, item{int(share), int((sh.CPUMilli + cpuStep - 1) / cpuStep), price})
+			mean := c / weight[share]
+			items = append(items, item{int(share), int(math.Ceil(mean / cpuStep)), price})
 		}
 	}
 	// No gap's pods use more CPU than the most CPU-hungry fill of a GPU.

@@ -139,3 +139,18 @@ func TestPackNodeKeepsCPUBesideGaps(t *testing.T) {
 		}
 	}
 }
+
+// A gap is valued with its pods' mean CPU, not the thriftiest pod's: with
+// 500m pods asking for 4 or 12 cores alike, two 500m gaps beside 8 cores
+// hold one pod's worth, not two.
+func TestNodeValueUsesMeanCPU(t *testing.T) {
+	w := Workload{
+		{CPUMilli: 4000, GPUs: 1, Share: 500, Weight: 0.5},
+		{CPUMilli: 12000, GPUs: 1, Share: 500, Weight: 0.5},
+	}
+	l := newLPLoss(w, true)
+	l.withNodeValues(w, 64000)
+	if got := l.nodeValue([]int64{500, 500}, []int64{1000, 1000}, 8000); math.Abs(got-0.5) > 1e-9 {
+		t.Errorf("two 500m gaps beside 8 cores: value %v, want 0.5", got)
+	}
+}

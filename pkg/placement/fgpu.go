@@ -131,14 +131,14 @@ type FGPU struct {
 	// PackNode (default on) charges every request, not only sharing ones,
 	// with what the whole node loses: the node's free shares are worth
 	// the most LP price their pods fit in with the CPU those pods need
-	// (each sharing shape with its own CPU), the gaps sharing the node's
+	// (each share's pods at their mean CPU), the gaps sharing the node's
 	// free CPU smallest first. A 12-core pod beside gaps whose pods then
 	// lack CPU loses those gaps, whatever its own GPU share; PackCPU's
 	// per-gap test missed that, since each gap alone still had the CPU.
-	// 10 seeds: +0.04 to +0.15 on every workload (multigpu20 +0.15,
-	// multigpu40 +0.13, cpu250 +0.13). On sharing requests alone it gives
-	// nothing on multigpu40: the CPU that strands gaps there is mostly
-	// taken by whole-GPU and sharing pods landing beside them.
+	// 10 seeds: +0.03 to +0.30 on every workload (multigpu20 +0.30,
+	// multigpu40 +0.21). On sharing requests alone it gives nothing on
+	// multigpu40: the CPU that strands gaps there is mostly taken by
+	// whole-GPU and sharing pods landing beside them.
 	PackNode bool
 	lp       *lpLoss
 	nodeVal  []float64 // each node's value with PackNode, kept current

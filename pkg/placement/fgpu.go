@@ -130,15 +130,15 @@ type FGPU struct {
 	PackCPU bool
 	// PackNode (default on) charges every request, not only sharing ones,
 	// with what the whole node loses: the node's free shares are worth
-	// the most LP price their pods fit in with the CPU those pods need
-	// (each share's pods at their mean CPU), the gaps sharing the node's
-	// free CPU smallest first. A 12-core pod beside gaps whose pods then
-	// lack CPU loses those gaps, whatever its own GPU share; PackCPU's
-	// per-gap test missed that, since each gap alone still had the CPU.
-	// 10 seeds: +0.03 to +0.30 on every workload (multigpu20 +0.30,
-	// multigpu40 +0.21). On sharing requests alone it gives nothing on
-	// multigpu40: the CPU that strands gaps there is mostly taken by
-	// whole-GPU and sharing pods landing beside them.
+	// the most LP price their pods fit in with the CPU and memory those
+	// pods need (each share's pods at their mean CPU and memory), the gaps
+	// sharing the node's free CPU and memory smallest first. A 12-core pod
+	// beside gaps whose pods then lack CPU loses those gaps, whatever its
+	// own GPU share; PackCPU's per-gap test missed that, since each gap
+	// alone still had the CPU. 10 seeds: +0.03 to +0.37 on every workload
+	// (multigpu20 +0.37, multigpu40 +0.29). On sharing requests alone it
+	// gives nothing on multigpu40: the CPU that strands gaps there is
+	// mostly taken by whole-GPU and sharing pods landing beside them.
 	PackNode bool
 	lp       *lpLoss
 	nodeVal  []float64 // each node's value with PackNode, kept current
@@ -235,15 +235,16 @@ func (f *FGPU) Attach(c *Cluster) {
 	if f.PackPrice > 0 {
 		f.lp = newLPLoss(w, f.PackCPU)
 		if f.PackNode {
-			var maxCPU int64
+			var maxCPU, maxMem int64
 			for i := range c.nodes {
 				maxCPU = max(maxCPU, c.nodes[i].cpuCap)
+				maxMem = max(maxMem, c.nodes[i].memCap)
 			}
-			f.lp.withNodeValues(w, maxCPU)
+			f.lp.withNodeValues(w, maxCPU, maxMem)
 			f.nodeVal = make([]float64, c.Len())
 			value := func(n int) {
 				nd := &c.nodes[n]
-				f.nodeVal[n] = f.lp.nodeValue(nd.gpuFree, nd.gpuCap, nd.cpuFree)
+				f.nodeVal[n] = f.lp.nodeValue(nd.gpuFree, nd.gpuCap, nd.cpuFree, nd.memFree)
 			}
 			for n := range f.nodeVal {
 				value(n)
@@ -304,7 +305,7 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 					l = f.lp.loss(nd.gpuFree[g], r.Share, nd.gpuCap[g], nd.cpuFree, cpu)
 				case nd.gpuCap[g] == DefaultGPUCapacity:
 					f.tmp[g] -= r.Share
-					l = f.lp.nodeLoss(f.nodeVal[n], f.tmp, nd.gpuCap, cpu, f.lp.priceOf(r.Share))
+					l = f.lp.nodeLoss(f.nodeVal[n], f.tmp, nd.gpuCap, cpu, nd.memFree-r.MemoryMiB, f.lp.priceOf(r.Share))
 					f.tmp[g] += r.Share
 				}
 				pts = f.final(nd, s, cpu) - f.PackPrice*l
@@ -332,7 +333,7 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 	f.lastDec = f.cur[n] - f.fm.frag(nd.models, cpu, f.tmp, nd.gpuCap)
 	pts := f.final(nd, f.lastDec, cpu)
 	if f.lp != nil && f.PackNode {
-		pts -= f.PackPrice * f.lp.nodeLoss(f.nodeVal[n], f.tmp, nd.gpuCap, cpu, price)
+		pts -= f.PackPrice * f.lp.nodeLoss(f.nodeVal[n], f.tmp, nd.gpuCap, cpu, nd.memFree-r.MemoryMiB, price)
 	}
 	return f.adjust(nd, pts, cpu), out
 }

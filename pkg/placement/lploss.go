@@ -24,6 +24,9 @@ type lpLoss struct {
 	// unless withNodeValues was called.
 	byCPU   [][]float64
 	cpuNeed []int64
+	// byMem and memNeed are the same over memory (MiB).
+	byMem   [][]float64
+	memNeed []int64
 	order   []int // scratch for nodeValue
 }
 
@@ -94,82 +97,100 @@ func (l *lpLoss) loss(h, s, capa, cpuBefore, cpuAfter int64) float64 {
 // pods ask for whole cores or 3.152 and 4.152).
 const cpuStep = 500
 
-// withNodeValues adds the two-dimensional gap values up to maxCPU, the
-// largest node's CPU: an unbounded knapsack over share and CPU with one item
-// per share of w's one-GPU shapes, at its LP price (one GPU for a whole
-// GPU) and at its pods' mean CPU. The mean is the CPU a gap will need: the
-// thriftiest pod of a share would call a CPU-starved gap still fillable
-// (openb's 470m pods ask for 4 to 11.9 cores). The whole-GPU item keeps a
-// free GPU's value honest: a GPU whose CPU is gone is worth nothing to a
-// whole-GPU pod either, so placing one there does not hide the gaps its CPU
-// strands. Multi-GPU shapes are FGD's to protect.
-func (l *lpLoss) withNodeValues(w Workload, maxCPU int64) {
-	cpu, weight := map[int64]float64{}, map[int64]float64{}
+// memStep is the memory resolution of the node values, 1 GiB.
+const memStep = 1024
+
+// withNodeValues adds the two-dimensional gap values: one knapsack over
+// share and CPU up to maxCPU, one over share and memory up to maxMem (the
+// largest node's), with one item per share of w's one-GPU shapes, at its LP
+// price (one GPU for a whole GPU) and at its pods' mean CPU and memory. The
+// mean is what a gap will need: the thriftiest pod of a share would call a
+// CPU-starved gap still fillable (openb's 470m pods ask for 4 to 11.9
+// cores). The whole-GPU item keeps a free GPU's value honest: a GPU whose
+// CPU is gone is worth nothing to a whole-GPU pod either, so placing one
+// there does not hide the gaps its CPU strands. Multi-GPU shapes are
+// FGD's to protect.
+func (l *lpLoss) withNodeValues(w Workload, maxCPU, maxMem int64) {
+	cpu, mem, weight := map[int64]float64{}, map[int64]float64{}, map[int64]float64{}
 	for _, sh := range w {
 		if sh.GPUs == 1 && sh.Share > 0 && sh.Weight > 0 {
 			share := min(sh.Share, DefaultGPUCapacity)
 			cpu[share] += sh.Weight * float64(sh.CPUMilli)
+			mem[share] += sh.Weight * float64(sh.MemoryMiB)
 			weight[share] += sh.Weight
 		}
 	}
-	type item struct {
-		share, cpu int
-		price      float64
-	}
-	var items []item
-	for share, c := range cpu {
+	var byCPU, byMem []item
+	for share := range weight {
 		price := 1.0
 		if share < DefaultGPUCapacity {
 			price = l.price[share]
 		}
 		if price > 0 {
-			mean := c / weight[share]
-			items = append(items, item{int(share), int(math.Ceil(mean / cpuStep)), price})
+			byCPU = append(byCPU, item{int(share), int(math.Ceil(cpu[share] / weight[share] / cpuStep)), price})
+			byMem = append(byMem, item{int(share), int(math.Ceil(mem[share] / weight[share] / memStep)), price})
 		}
 	}
-	// No gap's pods use more CPU than the most CPU-hungry fill of a GPU.
-	var most int64
+	l.byCPU, l.cpuNeed = knapsack(byCPU, maxCPU, cpuStep)
+	l.byMem, l.memNeed = knapsack(byMem, maxMem, memStep)
+}
+
+// item is one share in a gap-value knapsack: its size, what else it needs
+// (in steps of the table) and its price.
+type item struct {
+	share, need int
+	price       float64
+}
+
+// knapsack builds table[k][h], the most price that fits in a gap of h when
+// its pods may use k steps of the other resource in all (up to most units),
+// and need[h], the least of it that reaches a gap's full value.
+func knapsack(items []item, most, step int64) (table [][]float64, need []int64) {
+	// No gap's pods use more than the hungriest fill of a whole GPU.
+	var hungriest int64
 	for _, it := range items {
-		most = max(most, int64(DefaultGPUCapacity/it.share*it.cpu)*cpuStep)
+		hungriest = max(hungriest, int64(DefaultGPUCapacity/it.share*it.need)*step)
 	}
-	steps := int(min(maxCPU, most)/cpuStep) + 1
-	l.byCPU = make([][]float64, 0, steps)
+	steps := int(min(most, hungriest)/step) + 1
+	table = make([][]float64, 0, steps)
 	for k := range steps {
 		row := make([]float64, DefaultGPUCapacity+1)
 		for h := 1; h <= DefaultGPUCapacity; h++ {
 			row[h] = row[h-1]
 			if k > 0 {
-				row[h] = max(row[h], l.byCPU[k-1][h])
+				row[h] = max(row[h], table[k-1][h])
 			}
 			for _, it := range items {
-				if it.share > h || it.cpu > k {
+				if it.share > h || it.need > k {
 					continue
 				}
-				from := row // a pod needing no CPU stays on this row
-				if it.cpu > 0 {
-					from = l.byCPU[k-it.cpu]
+				from := row // a pod needing none of it stays on this row
+				if it.need > 0 {
+					from = table[k-it.need]
 				}
 				row[h] = max(row[h], from[h-it.share]+it.price)
 			}
 		}
-		l.byCPU = append(l.byCPU, row)
+		table = append(table, row)
 	}
-	l.cpuNeed = make([]int64, DefaultGPUCapacity+1)
-	full := l.byCPU[steps-1]
-	for h := range l.cpuNeed {
+	need = make([]int64, DefaultGPUCapacity+1)
+	full := table[steps-1]
+	for h := range need {
 		k := steps - 1
-		for k > 0 && l.byCPU[k-1][h] >= full[h]-1e-9 {
+		for k > 0 && table[k-1][h] >= full[h]-1e-9 {
 			k--
 		}
-		l.cpuNeed[h] = int64(k) * cpuStep
+		need[h] = int64(k) * step
 	}
+	return table, need
 }
 
-// nodeValue is what a node's free shares are worth with cpu free CPU. The
-// gaps share the CPU: each takes what its best fill needs, smallest gap
-// first, so whole free GPUs get what the partly used ones leave. GPUs whose
-// capacity is not 1000 units are not counted.
-func (l *lpLoss) nodeValue(free, capa []int64, cpu int64) float64 {
+// nodeValue is what a node's free shares are worth with cpu free CPU and mem
+// free memory. The gaps share both: each takes what its best fill needs,
+// smallest gap first, so whole free GPUs get what the partly used ones
+// leave, and is worth the lesser of its values under its CPU and under its
+// memory. GPUs whose capacity is not 1000 units are not counted.
+func (l *lpLoss) nodeValue(free, capa []int64, cpu, mem int64) float64 {
 	order := l.order[:0]
 	for g, h := range free {
 		if h <= 0 || capa[g] != DefaultGPUCapacity {
@@ -187,8 +208,10 @@ func (l *lpLoss) nodeValue(free, capa []int64, cpu int64) float64 {
 	for _, g := range order {
 		h := free[g]
 		c := max(0, min(cpu, l.cpuNeed[h]))
-		v += l.byCPU[min(int(c/cpuStep), len(l.byCPU)-1)][h]
+		m := max(0, min(mem, l.memNeed[h]))
+		v += min(l.byCPU[min(int(c/cpuStep), len(l.byCPU)-1)][h], l.byMem[min(int(m/memStep), len(l.byMem)-1)][h])
 		cpu -= c
+		mem -= m
 	}
 	return v
 }
@@ -208,6 +231,6 @@ func (l *lpLoss) priceOf(s int64) float64 {
 
 // nodeLoss is what a placement costs the node beyond the price of what it
 // placed (before: the node's value before it), rounded to 1/1000 GPU.
-func (l *lpLoss) nodeLoss(before float64, free, capa []int64, cpu int64, price float64) float64 {
-	return math.Round(max(0, before-price-l.nodeValue(free, capa, cpu))*1000) / 1000
+func (l *lpLoss) nodeLoss(before float64, free, capa []int64, cpu, mem int64, price float64) float64 {
+	return math.Round(max(0, before-price-l.nodeValue(free, capa, cpu, mem))*1000) / 1000
 }

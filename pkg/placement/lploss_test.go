@@ -85,7 +85,7 @@ var halves = Workload{
 // hold one 500m pod, not two, though each alone has the CPU for one.
 func TestNodeValueSharesCPU(t *testing.T) {
 	l := newLPLoss(halves, true)
-	l.withNodeValues(halves, 64000)
+	l.withNodeValues(halves, 64000, 0)
 	capa := []int64{1000, 1000, 1000}
 	for _, tc := range []struct {
 		free []int64
@@ -99,7 +99,7 @@ func TestNodeValueSharesCPU(t *testing.T) {
 		{[]int64{0, 0, 1000}, 2000, 1},        // a whole-GPU pod
 		{[]int64{0, 0, 1000}, 1000, 0},        // no pod fits its CPU
 	} {
-		if got := l.nodeValue(tc.free, capa, tc.cpu); math.Abs(got-tc.want) > 1e-9 {
+		if got := l.nodeValue(tc.free, capa, tc.cpu, 0); math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("free %v with %dm CPU: value %v, want %v", tc.free, tc.cpu, got, tc.want)
 		}
 	}
@@ -149,8 +149,25 @@ func TestNodeValueUsesMeanCPU(t *testing.T) {
 		{CPUMilli: 12000, GPUs: 1, Share: 500, Weight: 0.5},
 	}
 	l := newLPLoss(w, true)
-	l.withNodeValues(w, 64000)
-	if got := l.nodeValue([]int64{500, 500}, []int64{1000, 1000}, 8000); math.Abs(got-0.5) > 1e-9 {
+	l.withNodeValues(w, 64000, 0)
+	if got := l.nodeValue([]int64{500, 500}, []int64{1000, 1000}, 8000, 0); math.Abs(got-0.5) > 1e-9 {
 		t.Errorf("two 500m gaps beside 8 cores: value %v, want 0.5", got)
+	}
+}
+
+// Memory strands a gap as CPU does: two 500m gaps beside 16 cores but
+// memory for one 20 GiB pod hold one pod's worth.
+func TestNodeValueCountsMemory(t *testing.T) {
+	w := Workload{{CPUMilli: 4000, MemoryMiB: 20480, GPUs: 1, Share: 500, Weight: 1}}
+	l := newLPLoss(w, true)
+	l.withNodeValues(w, 64000, 256<<10)
+	capa := []int64{1000, 1000}
+	for _, tc := range []struct {
+		mem  int64
+		want float64
+	}{{40960, 1}, {30000, 0.5}, {10000, 0}} {
+		if got := l.nodeValue([]int64{500, 500}, capa, 16000, tc.mem); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("two 500m gaps beside %d MiB: value %v, want %v", tc.mem, got, tc.want)
+		}
 	}
 }

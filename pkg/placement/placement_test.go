@@ -218,7 +218,7 @@ func TestIncrementalFragMatchesRecompute(t *testing.T) {
 func TestTypicalShapes(t *testing.T) {
 	var reqs []Request
 	for i := 0; i < 90; i++ {
-		reqs = append(reqs, Request{CPUMilli: 1000, GPUs: 1, Share: 500})
+		reqs = append(reqs, Request{CPUMilli: 1000, MemoryMiB: int64(1000 + 20*(i%2)), GPUs: 1, Share: 500})
 	}
 	for i := 0; i < 10; i++ {
 		reqs = append(reqs, Request{CPUMilli: 8000, GPUs: 8})
@@ -226,6 +226,9 @@ func TestTypicalShapes(t *testing.T) {
 	w := TypicalShapes(reqs, 1)
 	if len(w) != 2 || w[0].Share != 500 || math.Abs(w[0].Weight-0.9) > 1e-12 || w[1].Share != 1000 {
 		t.Fatalf("shapes %+v", w)
+	}
+	if w[0].MemoryMiB != 1010 { // memory is averaged, not part of the shape
+		t.Errorf("mean memory %d, want 1010", w[0].MemoryMiB)
 	}
 	if w := TypicalShapes(reqs, 0.5); len(w) != 2 {
 		// steps of ten shapes: both are kept even for a 50% cut

@@ -13,6 +13,9 @@ type Shape struct {
 	Share    int64 // per GPU, milli; 1000 for whole GPUs, 0 when GPUs == 0
 	Models   string
 	Weight   float64 // probability; the weights of a Workload sum to 1
+	// MemoryMiB is the mean memory of the requests of this shape (not part
+	// of the shape: FGD ignores memory; fgpu's node values use it).
+	MemoryMiB int64
 }
 
 // Workload is the distribution of request shapes a policy expects.
@@ -49,14 +52,16 @@ func TypicalShapesStep(reqs []Request, popularity float64, step int) Workload {
 		gpus       int
 		models     string
 	}
-	count := map[key]float64{}
+	count, mem := map[key]float64{}, map[key]float64{}
 	for i := range reqs {
 		s := ShapeOf(&reqs[i])
-		count[key{s.CPUMilli, s.Share, s.GPUs, s.Models}]++
+		k := key{s.CPUMilli, s.Share, s.GPUs, s.Models}
+		count[k]++
+		mem[k] += float64(reqs[i].MemoryMiB)
 	}
 	w := make(Workload, 0, len(count))
 	for k, v := range count {
-		w = append(w, Shape{CPUMilli: k.cpu, GPUs: k.gpus, Share: k.share, Models: k.models, Weight: v})
+		w = append(w, Shape{CPUMilli: k.cpu, GPUs: k.gpus, Share: k.share, Models: k.models, Weight: v, MemoryMiB: int64(mem[k] / v)})
 	}
 	// Most frequent first; equal counts in a fixed order so runs repeat.
 	sort.Slice(w, func(i, j int) bool {

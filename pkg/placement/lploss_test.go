@@ -171,3 +171,42 @@ func TestNodeValueCountsMemory(t *testing.T) {
 		}
 	}
 }
+
+// The same through the policy, for memory: a whole-GPU pod whose 20 GiB
+// would leave a 500m gap's pods without memory on one node goes to the
+// other. FGD ignores memory and ties the nodes, so without PackNode the
+// first by name takes it.
+func TestPackNodeKeepsMemoryBesideGaps(t *testing.T) {
+	w := Workload{
+		{CPUMilli: 1000, MemoryMiB: 20 << 10, GPUs: 1, Share: 500, Weight: 0.5},
+		{CPUMilli: 1000, MemoryMiB: 2 << 10, GPUs: 1, Share: 1000, Weight: 0.5},
+	}
+	for _, tc := range []struct {
+		packNode bool
+		want     string
+	}{{false, "a"}, {true, "b"}} {
+		c, err := NewCluster([]NodeSpec{
+			{Name: "a", CPUMilli: 64000, MemoryMiB: 50 << 10, GPUs: gpus("V100", 3)},
+			{Name: "b", CPUMilli: 64000, MemoryMiB: 30 << 10, GPUs: gpus("V100", 2)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pol := NewFGPU(w)
+		pol.PackNode = tc.packNode
+		s := NewScheduler(c, pol, 1)
+		for _, p := range []Placement{
+			{Node: 0, GPUs: []int{0}, Share: []int64{500}},
+			{Node: 0, GPUs: []int{1}, Share: []int64{500}},
+			{Node: 1, GPUs: []int{0}, Share: []int64{1000}},
+		} {
+			if err := c.Assign(p, &Request{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p, err := s.Place(&Request{CPUMilli: 1000, MemoryMiB: 20 << 10, GPUs: 1, Share: 1000})
+		if err != nil || p.NodeName != tc.want {
+			t.Errorf("PackNode %v: placed on %+v (%v), want node %s", tc.packNode, p, err, tc.want)
+		}
+	}
+}

@@ -48,16 +48,10 @@ func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim
 		return err
 	}
 	cl.Status.Allocation = alloc
-	updated, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).UpdateStatus(ctx, cl, metav1.UpdateOptions{})
-	if err != nil {
+	if _, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).UpdateStatus(ctx, cl, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("write allocation: %w", err)
 	}
-	c.mu.Lock()
-	if cur := c.st.claims[claimKey(claim)]; cur != nil {
-		cur.assumed = c.now()
-	}
-	_ = updated
-	c.mu.Unlock()
+	c.model.Written(claimKey(claim), c.now())
 	return nil
 }
 

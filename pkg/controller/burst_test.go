@@ -34,8 +34,8 @@ func TestBurstNeverOvercommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	if rep.InvariantErr != nil {
-		c.mu.Lock()
-		for k, g := range c.st.gpus {
+		c.model.mu.Lock()
+		for k, g := range c.model.gpus {
 			if len(g.tenants) > 8 {
 				t.Logf("state %s: used %s of %s, %d tenants known=%v", k, fmtBytes(g.usedMem), fmtBytes(g.memCap), len(g.tenants), g.known)
 			}
@@ -44,13 +44,13 @@ func TestBurstNeverOvercommits(t *testing.T) {
 			cl, _ := client.ResourceV1().ResourceClaims(o.Namespace).Get(ctx, n, metav1.GetOptions{})
 			r := cl.Status.Allocation.Devices.Results[0]
 			t.Logf("API %s: %s/%s %v sid %s", n, r.Pool, r.Device, r.ConsumedCapacity, *r.ShareID)
-			if rec := c.st.claims[claimKey(cl)]; rec != nil {
+			if rec := c.model.claims[claimKey(cl)]; rec != nil {
 				t.Logf("state %s: %s sid %s", n, rec.shares[0].gpu.key, rec.shares[0].t.shareID)
 			} else {
 				t.Logf("state %s: none (uid %q)", n, cl.UID)
 			}
 		}
-		c.mu.Unlock()
+		c.model.mu.Unlock()
 		t.Fatal(rep.InvariantErr.Error()[:300])
 	}
 	if rep.Allocated != o.Claims {

@@ -1,14 +1,13 @@
 package controller
 
 import (
-	"encoding/json"
-	"fmt"
+	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/types"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
@@ -42,39 +41,6 @@ const (
 // FenceToleration is the toleration the allocator puts in every result.
 func FenceToleration() resourceapi.DeviceToleration {
 	return resourceapi.DeviceToleration{Key: FenceTaintKey, Operator: resourceapi.DeviceTolerationOpEqual, Value: FenceTaintValue, Effect: resourceapi.DeviceTaintEffectNoSchedule}
-}
-
-// alt is one way to satisfy a request: the request itself or one of its firstAvailable
-// subrequests.
-type alt struct {
-	name        string // result name: "req" or "req/sub"
-	class       string
-	selectors   []resourceapi.DeviceSelector
-	mode        resourceapi.DeviceAllocationMode
-	count       int64
-	tolerations []resourceapi.DeviceToleration
-	capacity    map[resourceapi.QualifiedName]resource.Quantity
-	adminAccess bool
-}
-
-func alternatives(r resourceapi.DeviceRequest) []alt {
-	if e := r.Exactly; e != nil {
-		a := alt{name: r.Name, class: e.DeviceClassName, selectors: e.Selectors, mode: e.AllocationMode, count: e.Count,
-			tolerations: e.Tolerations, adminAccess: e.AdminAccess != nil && *e.AdminAccess}
-		if e.Capacity != nil {
-			a.capacity = e.Capacity.Requests
-		}
-		return []alt{a}
-	}
-	out := make([]alt, 0, len(r.FirstAvailable))
-	for _, s := range r.FirstAvailable {
-		a := alt{name: r.Name + "/" + s.Name, class: s.DeviceClassName, selectors: s.Selectors, mode: s.AllocationMode, count: s.Count, tolerations: s.Tolerations}
-		if s.Capacity != nil {
-			a.capacity = s.Capacity.Requests
-		}
-		out = append(out, a)
-	}
-	return out
 }
 
 // tenancy is what AnnotationTenancy records.
@@ -145,62 +111,13 @@ func namespaceDomain(ns string) string {
 	if len(d) <= 63 {
 		return d
 	}
-	h := uint32(2166136261)
-	for i := 0; i < len(ns); i++ {
-		h = (h ^ uint32(ns[i])) * 16777619
-	}
-	return strings.TrimRight(d[:54], "-") + "-" + strconv.FormatUint(uint64(h), 16)
-}
-
-// recordFromClaim turns an allocated claim into the shares it holds. byUs says whether the
-// allocator placed it (its tenancy annotation then holds its rules).
-func (c *Controller) recordFromClaim(claim *resourceapi.ResourceClaim) *claimRec {
-	a := claim.Status.Allocation
-	if a == nil {
-		return nil
-	}
-	rec := &claimRec{uid: claim.UID, key: claim.Namespace + "/" + claim.Name, namespace: claim.Namespace}
-	byUs := claim.Annotations[AnnotationAllocatedBy] == AllocatedByValue && hasFinalizer(claim, Finalizer)
-	ten := tenancy{Latency: api.LatencyStandard}
-	if raw, ok := claim.Annotations[AnnotationTenancy]; ok && byUs {
-		_ = json.Unmarshal([]byte(raw), &ten)
-	}
-	for i, r := range a.Devices.Results {
-		if r.Driver != c.cfg.DriverName {
-			continue
-		}
-		g := c.st.gpuFor(gpuKey{r.Pool, r.Device})
-		t := &tenant{claim: claim.UID, key: rec.key, namespace: claim.Namespace, byUs: byUs,
-			latency: ten.Latency, maxCo: ten.MaxCo, allowCrit: ten.AllowCrit, maxTenants: ten.MaxTenants, allowShare: ten.AllowShare}
-		if r.ShareID != nil {
-			t.shareID = *r.ShareID
-		} else {
-			t.shareID = types.UID(fmt.Sprintf("%s/%d", claim.UID, i))
-		}
-		if r.ConsumedCapacity == nil {
-			t.whole, t.mem, t.comp = true, g.memCap, g.compCap
-		} else {
-			m, cp := r.ConsumedCapacity[capMemory], r.ConsumedCapacity[capCompute]
-			t.mem, t.comp = m.Value(), cp.Value()
-			t.whole = g.known && t.mem >= g.memCap
-		}
-		cfg := allocationConfig(c.cfg.DriverName, a.Devices.Config, r.Request)
-		t.mode, t.domain = cfg.Mode, cfg.IsolationDomain
-		rec.shares = append(rec.shares, &tenantAt{gpu: g, t: t})
-	}
-	if len(rec.shares) == 0 {
-		return nil
-	}
-	return rec
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(ns))
+	return strings.TrimRight(d[:54], "-") + "-" + strconv.FormatUint(uint64(h.Sum32()), 16)
 }
 
 func hasFinalizer(claim *resourceapi.ResourceClaim, f string) bool {
-	for _, x := range claim.Finalizers {
-		if x == f {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(claim.Finalizers, f)
 }
 
 func roundUp(v, step int64) int64 {

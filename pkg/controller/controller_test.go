@@ -3,11 +3,12 @@ package controller
 import (
 	"fmt"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -280,7 +281,7 @@ func TestTimeoutAndReplace(t *testing.T) {
 	if first == "" {
 		t.Fatal("not placed")
 	}
-	e.now = e.now.Add(2 * time.Minute) // the pod never bound
+	e.clock.Step(2 * time.Minute) // the pod never bound
 	e.run()
 	second := e.placedOn("a", "c")
 	if second == "" || second == first {
@@ -299,13 +300,13 @@ func TestDeallocatesWhenPodGone(t *testing.T) {
 		t.Fatal("not placed")
 	}
 	_ = e.client.CoreV1().Pods("a").Delete(e.ctx, "p", metav1.DeleteOptions{})
-	e.now = e.now.Add(time.Minute)
+	e.clock.Step(time.Minute)
 	e.run()
 	if e.placedOn("a", "c") != "" {
 		t.Fatal("allocation kept though no pod uses the claim")
 	}
-	if len(e.c.st.claims) != 0 {
-		t.Errorf("state still holds %d claims", len(e.c.st.claims))
+	if len(e.c.model.claims) != 0 {
+		t.Errorf("state still holds %d claims", len(e.c.model.claims))
 	}
 }
 
@@ -460,11 +461,11 @@ func TestClassConfigCopiedAndUserModeKept(t *testing.T) {
 	raw := []byte(`{"apiVersion":"fgpu.dev/v1alpha1","kind":"GpuConfig","computePercent":5}`)
 	class.Spec.Config = []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
 		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: driver, Parameters: runtime.RawExtension{Raw: raw}}}}}
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("none").Isolation(api.IsolationNone).Obj()},
+	e := newEnvWith(t, func(cfg *Config) { cfg.DeviceClasses = append(cfg.DeviceClasses, "mps-class.example") },
+		[]*api.SharingPolicy{MakePolicy("none").Isolation(api.IsolationNone).Obj()},
 		MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"), class,
 		MakeClaim("a", "c").Class("mps-class.example").Memory("10Gi").Compute("20").Config(map[string]any{"mode": "timeSlicing"}).Obj(),
 		MakePod("a", "p").Claim("c").Obj())
-	e.c.cfg.DeviceClasses = append(e.c.cfg.DeviceClasses, "mps-class.example")
 	e.run()
 	cl := e.claim("a", "c")
 	if cl.Status.Allocation == nil {

@@ -44,29 +44,29 @@ func BenchmarkDecide(b *testing.B) {
 				b.Fatal(err)
 			}
 			once := func() {
-				in := &input{claim: claim, pods: pods, pol: policy.Resolve(nil, nil, nil), nodeFit: map[string]error{}, avoid: map[string]bool{},
+				in := &input{claim: claim, consumers: pods, pods: pods, pol: policy.Resolve(nil, nil, nil), avoid: map[string]bool{},
 					classes: map[string]*resourceapi.DeviceClass{o.Class: class}}
 				d, w := c.decide(ctx, in)
 				if w != nil {
 					b.Fatal(w.message)
 				}
-				c.st.remove(d.rec.key)
+				c.model.remove(d.rec.key)
 			}
-			c.mu.Lock() // as the worker holds it while deciding
-			defer c.mu.Unlock()
+			c.model.mu.Lock() // as the worker holds it while deciding
+			defer c.model.mu.Unlock()
 			// The slice handlers run after the informers report synced: wait until the
 			// model holds every node.
 			for deadline := time.Now().Add(time.Minute); ; {
 				once()
-				if len(c.st.coreGPU) == nodes {
+				if len(c.model.coreGPU) == nodes {
 					break
 				}
 				if time.Now().After(deadline) {
-					b.Fatalf("the model holds %d of %d nodes", len(c.st.coreGPU), nodes)
+					b.Fatalf("the model holds %d of %d nodes", len(c.model.coreGPU), nodes)
 				}
-				c.mu.Unlock()
+				c.model.mu.Unlock()
 				time.Sleep(10 * time.Millisecond)
-				c.mu.Lock()
+				c.model.mu.Lock()
 			}
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {

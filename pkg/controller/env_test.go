@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -31,21 +32,31 @@ type env struct {
 	client *fake.Clientset
 	c      *Controller
 	rec    *record.FakeRecorder
-	now    time.Time
+	clock  *testingclock.FakeClock
 	kept   []string
 	reg    *prometheus.Registry
 }
 
 func newEnv(t *testing.T, policies []*api.SharingPolicy, objs ...runtime.Object) *env {
 	t.Helper()
+	return newEnvWith(t, nil, policies, objs...)
+}
+
+// newEnvWith is newEnv with the controller's configuration changed by configure before the
+// informers start.
+func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPolicy, objs ...runtime.Object) *env {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	objs = append(objs, MakeClass(shareClass), MakeClass(wholeClass))
-	e := &env{t: t, ctx: ctx, client: fake.NewSimpleClientset(objs...), now: created.Add(time.Minute)}
+	e := &env{t: t, ctx: ctx, client: fake.NewSimpleClientset(objs...), clock: testingclock.NewFakeClock(created.Add(time.Minute))}
 	cfg := DefaultConfig()
 	cfg.Workers = 1
 	cfg.BindTimeout = time.Minute
-	cfg.Now = func() time.Time { return e.now }
+	cfg.Now = e.clock.Now
+	if configure != nil {
+		configure(&cfg)
+	}
 	e.reg = prometheus.NewRegistry()
 	e.c = New(cfg, e.client, nil, NewMetrics(e.reg))
 	e.rec = record.NewFakeRecorder(10000)

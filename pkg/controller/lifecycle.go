@@ -2,19 +2,15 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/klog/v2"
-
-	"github.com/fgpu-dev/fgpu/pkg/podfit"
 )
 
 // checkAllocated watches an allocation the allocator made: it takes it back when no pod
@@ -42,11 +38,7 @@ func (c *Controller) checkAllocated(ctx context.Context, claim *resourceapi.Reso
 	if age < c.cfg.BindTimeout {
 		return c.cfg.BindTimeout - age, nil
 	}
-	node := ""
-	if a := claim.Status.Allocation; a != nil && a.NodeSelector != nil && len(a.NodeSelector.NodeSelectorTerms) == 1 &&
-		len(a.NodeSelector.NodeSelectorTerms[0].MatchFields) == 1 && len(a.NodeSelector.NodeSelectorTerms[0].MatchFields[0].Values) == 1 {
-		node = a.NodeSelector.NodeSelectorTerms[0].MatchFields[0].Values[0]
-	}
+	node := allocatedNode(claim.Status.Allocation)
 	why := ""
 	for _, p := range pods {
 		if p.Spec.NodeName != "" {
@@ -63,19 +55,8 @@ func (c *Controller) checkAllocated(ctx context.Context, claim *resourceapi.Reso
 		msg += " (kube-scheduler: " + why + ")"
 	}
 	msg += "; placing the claim again elsewhere"
-	c.mu.Lock()
-	for _, p := range pods {
-		if c.avoid[p.UID] == nil {
-			c.avoid[p.UID] = map[string]bool{}
-		}
-		c.avoid[p.UID][node] = true
-		c.dropAssumed(p.UID)
-	}
-	c.mu.Unlock()
-	if err := c.deallocate(ctx, claim, pods, msg); err != nil {
-		return 0, err
-	}
-	return 0, nil
+	c.ledger.Avoid(pods, node)
+	return 0, c.deallocate(ctx, claim, pods, msg)
 }
 
 // deallocate clears an allocation the allocator made.
@@ -87,9 +68,7 @@ func (c *Controller) deallocate(ctx context.Context, claim *resourceapi.Resource
 		return fmt.Errorf("deallocate: %w", err)
 	}
 	klog.FromContext(ctx).V(2).Info("Deallocated claim", "why", why)
-	c.mu.Lock()
-	c.st.remove(claimKey(claim))
-	c.mu.Unlock()
+	c.model.Release(claimKey(claim))
 	reason := ReasonDeallocated
 	if pods != nil {
 		reason = ReasonTimedOut
@@ -121,108 +100,24 @@ func (c *Controller) finishDeletion(ctx context.Context, claim *resourceapi.Reso
 			return fmt.Errorf("deallocate deleted claim: %w", err)
 		}
 		cl = updated
-		c.mu.Lock()
-		c.st.remove(claimKey(claim))
-		c.mu.Unlock()
+		c.model.Release(claimKey(claim))
 		c.kick()
 	}
-	fs := cl.Finalizers[:0]
-	for _, f := range cl.Finalizers {
-		if f != Finalizer {
-			fs = append(fs, f)
-		}
-	}
-	cl.Finalizers = fs
+	cl.Finalizers = slices.DeleteFunc(cl.Finalizers, func(f string) bool { return f == Finalizer })
 	if _, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}
 	return nil
 }
 
-// setStatus tells people where a claim stands: events on its pods (and, for a claim that
-// waits, on the claim) and the status annotation, each only when the message changed. A
-// placement is not repeated as an event on the claim: the annotation says it, and under a
-// burst every write counts (the API server is what limits placements per second).
-func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceClaim, pods []*corev1.Pod, msg string, reason ...string) {
-	key := claim.Namespace + "/" + claim.Name
-	c.mu.Lock()
-	same := c.lastMsg[key] == msg
-	c.lastMsg[key] = msg
-	c.mu.Unlock()
-	if same {
-		return
+// allocatedNode is the node an allocation the allocator wrote pins its claim to.
+func allocatedNode(a *resourceapi.AllocationResult) string {
+	if a == nil || a.NodeSelector == nil || len(a.NodeSelector.NodeSelectorTerms) != 1 {
+		return ""
 	}
-	if len(reason) > 0 {
-		typ := corev1.EventTypeNormal
-		if reason[0] != ReasonPlaced {
-			typ = corev1.EventTypeWarning
-		}
-		if reason[0] != ReasonPlaced {
-			c.recorder.Event(claim, typ, reason[0], msg)
-		}
-		for _, p := range pods {
-			c.recorder.Event(p, typ, reason[0], fmt.Sprintf("claim %s: %s", claim.Name, msg))
-		}
+	t := a.NodeSelector.NodeSelectorTerms[0]
+	if len(t.MatchFields) != 1 || len(t.MatchFields[0].Values) != 1 {
+		return ""
 	}
-	if claim.Annotations[AnnotationStatus] == msg {
-		return
-	}
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationStatus: msg}}})
-	if _, err := c.client.ResourceV1().ResourceClaims(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		utilruntime.HandleErrorWithContext(ctx, err, "Patching the claim's status annotation", "claim", klog.KObj(claim))
-	}
-}
-
-// setAssumed records that the allocator pinned a pod to a node. Caller holds c.mu.
-func (c *Controller) setAssumed(uid types.UID, ap assumedPod) {
-	c.dropAssumed(uid)
-	c.assumedPods[uid] = ap
-	addOnNode(c.nodeAssumed, ap.node, ap.req)
-}
-
-// dropAssumed forgets a pinned pod. Caller holds c.mu.
-func (c *Controller) dropAssumed(uid types.UID) {
-	ap, ok := c.assumedPods[uid]
-	if !ok {
-		return
-	}
-	delete(c.assumedPods, uid)
-	subOnNode(c.nodeAssumed, ap.node, ap.req)
-}
-
-// addOnNode and subOnNode keep a per-node sum of requests, without entries for nodes
-// whose sum is back to zero.
-func addOnNode(m map[string]podfit.Requests, node string, req podfit.Requests) {
-	r := m[node]
-	r.Add(req)
-	m[node] = r
-}
-
-func subOnNode(m map[string]podfit.Requests, node string, req podfit.Requests) {
-	r := m[node]
-	r.Sub(req)
-	if r == (podfit.Requests{}) {
-		delete(m, node)
-	} else {
-		m[node] = r
-	}
-}
-
-type boundPod struct {
-	node string
-	req  podfit.Requests
-}
-
-// trackBound keeps nodeReq current as pods bind, finish or go. Caller holds c.mu.
-func (c *Controller) trackBound(pod *corev1.Pod, deleted bool) {
-	if b, ok := c.podBound[pod.UID]; ok {
-		subOnNode(c.nodeReq, b.node, b.req)
-		delete(c.podBound, pod.UID)
-	}
-	if deleted || !podfit.Counts(pod) {
-		return
-	}
-	b := boundPod{node: pod.Spec.NodeName, req: podfit.PodRequests(pod)}
-	c.podBound[pod.UID] = b
-	addOnNode(c.nodeReq, b.node, b.req)
+	return t.MatchFields[0].Values[0]
 }

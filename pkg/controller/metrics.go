@@ -51,14 +51,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	if c == nil {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ch <- prometheus.MustNewConstMetric(m.pendingDesc, prometheus.GaugeValue, float64(len(c.pending)))
+	ch <- prometheus.MustNewConstMetric(m.pendingDesc, prometheus.GaugeValue, float64(c.pending.Len()))
 	var free, partFree float64
-	for _, g := range c.st.gpus {
-		if !g.known {
-			continue
-		}
+	c.model.EachGPU(func(g *gpu) {
 		ch <- prometheus.MustNewConstMetric(m.memDesc, prometheus.GaugeValue, float64(g.usedMem), g.node, g.key.device)
 		ch <- prometheus.MustNewConstMetric(m.compDesc, prometheus.GaugeValue, float64(g.usedComp), g.node, g.key.device)
 		ch <- prometheus.MustNewConstMetric(m.tenantsDesc, prometheus.GaugeValue, float64(len(g.tenants)), g.node, g.key.device)
@@ -67,7 +62,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		if len(g.tenants) > 0 {
 			partFree += f
 		}
-	}
+	})
 	frag := 0.0
 	if free > 0 {
 		frag = partFree / free

@@ -1,8 +1,58 @@
 package controller
 
 import (
+	"sync"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 )
+
+// policySet holds the SharingPolicies the allocator places claims under.
+type policySet struct {
+	mu       sync.Mutex
+	policies map[string]*api.SharingPolicy
+}
+
+func newPolicySet() *policySet { return &policySet{policies: map[string]*api.SharingPolicy{}} }
+
+// List returns the policies (shared: do not modify them).
+func (s *policySet) List() []*api.SharingPolicy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*api.SharingPolicy, 0, len(s.policies))
+	for _, p := range s.policies {
+		out = append(out, p)
+	}
+	return out
+}
+
+// Set adds or replaces a policy.
+func (s *policySet) Set(p *api.SharingPolicy) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.policies[p.Name] = p.DeepCopy()
+}
+
+// SetUnstructured adds or replaces a policy as the dynamic informer shows it.
+func (s *policySet) SetUnstructured(u *unstructured.Unstructured) {
+	var p api.SharingPolicy
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
+		utilruntime.HandleError(err)
+		return
+	}
+	s.Set(&p)
+}
+
+// Delete forgets a policy.
+func (s *policySet) Delete(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.policies, name)
+}
 
 // spread places a critical claim on the least-loaded GPU (most free share after it), and
 // on the node whose chosen GPU is least loaded.

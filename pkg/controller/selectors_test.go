@@ -20,14 +20,14 @@ func TestSelectorMemoSurvivesInterningReset(t *testing.T) {
 	c := New(DefaultConfig(), fake.NewSimpleClientset(), nil, nil)
 	g := &gpu{attrs: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(3))}}}
 	ctx := context.Background()
-	no := c.selectorRefs(celSelector(`device.attributes["gpu.fgpu.dev"].index == 7`))
+	no := c.model.selectors.refs(celSelector(`device.attributes["gpu.fgpu.dev"].index == 7`))
 	if c.selectorsMatch(ctx, g, no) {
 		t.Fatal("index 3 matched index == 7")
 	}
 	for i := 0; i < maxSelectors-1; i++ { // fills the table: the next one starts it over
-		c.selectorRefs(celSelector(fmt.Sprintf("device.attributes[\"gpu.fgpu.dev\"].index != %d", 100+i)))
+		c.model.selectors.refs(celSelector(fmt.Sprintf("device.attributes[\"gpu.fgpu.dev\"].index != %d", 100+i)))
 	}
-	yes := c.selectorRefs(celSelector(`device.attributes["gpu.fgpu.dev"].index == 3`))
+	yes := c.model.selectors.refs(celSelector(`device.attributes["gpu.fgpu.dev"].index == 3`))
 	if yes[0].id != no[0].id {
 		t.Fatalf("the test needs the new selector at the old one's index: %d vs %d", yes[0].id, no[0].id)
 	}

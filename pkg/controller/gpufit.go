@@ -1,0 +1,203 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/utils/ptr"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/policy"
+)
+
+// gpuFits says why GPU g cannot take one device of the request ("" if it can), with an
+// example for the waiting message. Caller holds the model's lock.
+func (c *Controller) gpuFits(ctx context.Context, in *input, rq *request, sels []selRef, g *gpu) (string, string) {
+	if !c.selectorsMatch(ctx, g, sels) {
+		return "device selectors do not match", ""
+	}
+	for _, t := range g.taints {
+		if !tolerated(rq.alt.tolerations, t) {
+			return "device taint not tolerated", fmt.Sprintf("%s: %s=%s:%s", g.key, t.Key, t.Value, t.Effect)
+		}
+	}
+	mem, comp := rq.size(in.pol, g)
+	if mem > g.memCap {
+		return "GPU too small", fmt.Sprintf("%s has %s", g.key, fmtBytes(g.memCap))
+	}
+	for _, t := range g.tenants {
+		if t.whole {
+			return "held whole by another claim", ""
+		}
+	}
+	if rq.whole && len(g.tenants) > 0 {
+		return "not empty (a whole GPU was asked)", ""
+	}
+	if g.usedMem+mem > g.memCap {
+		return "not enough free memory", fmt.Sprintf("%s has %s free", g.key, fmtBytes(g.memCap-g.usedMem))
+	}
+	if g.usedComp+comp > g.compCap {
+		return "not enough free compute", fmt.Sprintf("%s has %d%% free", g.key, g.compCap-g.usedComp)
+	}
+	if c.overQuotaWith(in, mem, comp) {
+		return reasonOverQuota, ""
+	}
+	return coTenancy(in, rq, g)
+}
+
+// coTenancy checks the policy's co-tenancy rules, the claim's and its future co-tenants'.
+func coTenancy(in *input, rq *request, g *gpu) (string, string) {
+	p := in.pol
+	n := len(g.tenants) + 1
+	if p.MaxTenants > 0 && n > p.MaxTenants {
+		return "at the policy's maxTenantsPerGPU", fmt.Sprintf("%s has %d tenants", g.key, n-1)
+	}
+	if p.Latency == api.LatencyCritical && len(g.tenants) > p.MaxCoTenants {
+		return "more co-tenants than a critical claim allows", fmt.Sprintf("%s has %d, maxCoTenants %d", g.key, len(g.tenants), p.MaxCoTenants)
+	}
+	for _, t := range g.tenants {
+		if t.maxTenants > 0 && n > t.maxTenants {
+			return "at a tenant's maxTenantsPerGPU", ""
+		}
+		if t.latency == api.LatencyCritical {
+			if p.Latency == api.LatencyCritical && (!p.AllowCriticalCoTenants || !t.allowCrit) {
+				return "holds another critical claim", t.key
+			}
+			if len(g.tenants) > t.maxCo {
+				return "a critical tenant allows no more co-tenants", t.key
+			}
+		}
+		if t.domain != rq.domain && (!p.AllowSharedGPU || !t.allowShare) {
+			return "isolation: used by another namespace or isolation domain", ""
+		}
+		if rq.mode != "" && t.mode != "" && t.mode != rq.mode {
+			return "its tenants use another sharing mode", fmt.Sprintf("%s is %s", g.key, t.mode)
+		}
+	}
+	return "", ""
+}
+
+// size is what GPU g would give the request: all of it for a whole GPU; else the memory
+// asked, and the compute asked, derived from memory, or the policy's default.
+func (rq *request) size(pol policy.Effective, g *gpu) (mem, comp int64) {
+	if rq.whole {
+		return g.memCap, g.compCap
+	}
+	mem = rq.mem
+	switch {
+	case rq.comp != nil:
+		comp = *rq.comp
+	case pol.ComputeFromMemory && g.memCap > 0:
+		comp = int64(math.Ceil(float64(mem) * 100 / float64(g.memCap)))
+	default:
+		comp = pol.DefaultCompute
+	}
+	return mem, min(comp, g.compCap)
+}
+
+// gpuMode is the mode of a GPU's tenants (MPS on an empty GPU).
+func gpuMode(g *gpu) api.SharingMode {
+	for _, t := range g.tenants {
+		if !t.whole && t.mode != "" {
+			return t.mode
+		}
+	}
+	return api.SharingModeMPS
+}
+
+func tolerated(tols []resourceapi.DeviceToleration, t resourceapi.DeviceTaint) bool {
+	for _, tol := range tols {
+		if tol.Key != "" && tol.Key != t.Key {
+			continue
+		}
+		if tol.Effect != "" && tol.Effect != t.Effect {
+			continue
+		}
+		switch tol.Operator {
+		case resourceapi.DeviceTolerationOpExists:
+			return true
+		case resourceapi.DeviceTolerationOpEqual, "":
+			if tol.Value == t.Value {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// selRef is a CEL selector interned for a decision: its expression and its index in
+// every GPU's memo.
+type selRef struct {
+	id   int
+	expr string
+}
+
+// selectorTable interns CEL selector expressions for the per-GPU memo; gen changes when it
+// starts over. It belongs to the model and shares its lock.
+type selectorTable struct {
+	ids map[string]int
+	gen int
+}
+
+const maxSelectors = 1024
+
+// refs interns the class's and the request's CEL selectors, once per decision, so that the
+// per-GPU check is an index, not a string comparison per expression and GPU.
+func (t *selectorTable) refs(lists ...[]resourceapi.DeviceSelector) []selRef {
+	var out []selRef
+	for _, sels := range lists {
+		for _, s := range sels {
+			if s.CEL == nil {
+				continue
+			}
+			id, ok := t.ids[s.CEL.Expression]
+			if !ok {
+				if len(t.ids) >= maxSelectors {
+					// Many distinct per-request selectors: start over, and let every
+					// GPU's memo go stale with the old generation.
+					clear(t.ids)
+					t.gen++
+				}
+				id = len(t.ids)
+				t.ids[s.CEL.Expression] = id
+			}
+			out = append(out, selRef{id: id, expr: s.CEL.Expression})
+		}
+	}
+	return out
+}
+
+// selectorsMatch evaluates interned selectors on a device, memoised per device. Caller
+// holds the model's lock.
+func (c *Controller) selectorsMatch(ctx context.Context, g *gpu, sels []selRef) bool {
+	if g.selGen != c.model.selectors.gen {
+		g.sel, g.selGen = g.sel[:0], c.model.selectors.gen
+	}
+	for _, s := range sels {
+		for len(g.sel) <= s.id {
+			g.sel = append(g.sel, selUnknown)
+		}
+		if g.sel[s.id] == selUnknown {
+			g.sel[s.id] = selNo
+			if c.evalSelector(ctx, g, s.expr) {
+				g.sel[s.id] = selYes
+			}
+		}
+		if g.sel[s.id] != selYes {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *Controller) evalSelector(ctx context.Context, g *gpu, expr string) bool {
+	res := c.cel.GetOrCompile(expr)
+	if res.Error != nil {
+		return false
+	}
+	ok, _, err := res.DeviceMatches(ctx, cel.Device{Driver: c.cfg.DriverName, Attributes: g.attrs, Capacity: g.capacity, AllowMultipleAllocations: ptr.To(true)})
+	return err == nil && ok
+}

@@ -1,0 +1,150 @@
+package controller
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// listers are the informer caches the controller reads.
+type listers struct {
+	claims     resourcelisters.ResourceClaimLister
+	classes    resourcelisters.DeviceClassLister
+	nodes      corelisters.NodeLister
+	pods       corelisters.PodLister
+	namespaces corelisters.NamespaceLister
+	// podsByClaim indexes pods by the claims they name ("namespace/claim").
+	podsByClaim cache.Indexer
+	// slicesByNode indexes ResourceSlices by node (or pool).
+	slicesByNode cache.Indexer
+}
+
+// informerSet is the controller's informers: the factories that start them, their caches,
+// and whether they have synced.
+type informerSet struct {
+	listers
+	factory   informers.SharedInformerFactory
+	dfactory  dynamicinformer.DynamicSharedInformerFactory
+	hasSynced []cache.InformerSynced
+}
+
+// eventHandlers are the controller's reactions to each kind of object.
+type eventHandlers struct {
+	claim, slice, node, pod, policy cache.ResourceEventHandler
+	other                           cache.ResourceEventHandler // classes and namespaces
+}
+
+const indexByKey = "key"
+
+func newInformerSet(client kubernetes.Interface, dyn dynamic.Interface, h eventHandlers) *informerSet {
+	// The allocator never reads managed fields: dropping them halves what the caches hold.
+	strip := func(obj any) (any, error) {
+		if a, ok := obj.(metav1.ObjectMetaAccessor); ok {
+			a.GetObjectMeta().SetManagedFields(nil)
+		}
+		return obj, nil
+	}
+	s := &informerSet{factory: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(strip))}
+	claimInf := s.factory.Resource().V1().ResourceClaims()
+	sliceInf := s.factory.Resource().V1().ResourceSlices()
+	classInf := s.factory.Resource().V1().DeviceClasses()
+	nodeInf := s.factory.Core().V1().Nodes()
+	podInf := s.factory.Core().V1().Pods()
+	nsInf := s.factory.Core().V1().Namespaces()
+	s.claims, s.classes, s.nodes, s.pods, s.namespaces = claimInf.Lister(), classInf.Lister(), nodeInf.Lister(), podInf.Lister(), nsInf.Lister()
+	_ = podInf.Informer().AddIndexers(cache.Indexers{indexByKey: func(obj any) ([]string, error) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			return nil, nil
+		}
+		names := podClaimNames(p)
+		out := make([]string, len(names))
+		for i, n := range names {
+			out[i] = p.Namespace + "/" + n
+		}
+		return out, nil
+	}})
+	s.podsByClaim = podInf.Informer().GetIndexer()
+	_ = sliceInf.Informer().AddIndexers(cache.Indexers{indexByKey: func(obj any) ([]string, error) {
+		if sl, ok := obj.(*resourceapi.ResourceSlice); ok {
+			return []string{sliceNode(sl)}, nil
+		}
+		return nil, nil
+	}})
+	s.slicesByNode = sliceInf.Informer().GetIndexer()
+
+	for _, ih := range []struct {
+		inf cache.SharedIndexInformer
+		h   cache.ResourceEventHandler
+	}{{claimInf.Informer(), h.claim}, {sliceInf.Informer(), h.slice}, {classInf.Informer(), h.other},
+		{nodeInf.Informer(), h.node}, {podInf.Informer(), h.pod}, {nsInf.Informer(), h.other}} {
+		_, _ = ih.inf.AddEventHandler(ih.h)
+		s.hasSynced = append(s.hasSynced, ih.inf.HasSynced)
+	}
+	if dyn != nil {
+		s.dfactory = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
+		pInf := s.dfactory.ForResource(SharingPolicyGVR).Informer()
+		_, _ = pInf.AddEventHandler(h.policy)
+		s.hasSynced = append(s.hasSynced, pInf.HasSynced)
+	}
+	return s
+}
+
+func (s *informerSet) start(ctx context.Context) {
+	s.factory.Start(ctx.Done())
+	if s.dfactory != nil {
+		s.dfactory.Start(ctx.Done())
+	}
+}
+
+func (s *informerSet) synced() bool {
+	for _, f := range s.hasSynced {
+		if !f() {
+			return false
+		}
+	}
+	return true
+}
+
+// handlerFuncs adapts typed reactions to an informer's untyped events; a deleted object
+// whose final state is unknown is unwrapped, and objects of other types are ignored.
+func handlerFuncs[T any](add func(T), update func(old, cur T), del func(T)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) {
+			if v, ok := o.(T); ok && add != nil {
+				add(v)
+			}
+		},
+		UpdateFunc: func(o, n any) {
+			ov, ok1 := o.(T)
+			nv, ok2 := n.(T)
+			if ok1 && ok2 && update != nil {
+				update(ov, nv)
+			}
+		},
+		DeleteFunc: func(o any) {
+			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = t.Obj
+			}
+			if v, ok := o.(T); ok && del != nil {
+				del(v)
+			}
+		},
+	}
+}
+
+func sliceNode(s *resourceapi.ResourceSlice) string {
+	if s.Spec.NodeName != nil && *s.Spec.NodeName != "" {
+		return *s.Spec.NodeName
+	}
+	return s.Spec.Pool.Name
+}

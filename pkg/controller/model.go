@@ -1,0 +1,445 @@
+package controller
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/placement"
+)
+
+// gpuKey names a device: pool (fgpu's pool is the node name) and device.
+type gpuKey struct{ pool, device string }
+
+func (k gpuKey) String() string { return k.pool + "/" + k.device }
+
+// gpu is one published device and the shares allocated on it.
+type gpu struct {
+	key       gpuKey
+	node      string
+	known     bool // published in a ResourceSlice (else only seen in allocations)
+	memCap    int64
+	compCap   int64
+	attrs     map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
+	capacity  map[resourceapi.QualifiedName]resourceapi.DeviceCapacity
+	taints    []resourceapi.DeviceTaint // those a claim must tolerate (not the fence, not None)
+	usedMem   int64
+	usedComp  int64
+	tenants   map[types.UID]*tenant // by share ID
+	coreNode  int
+	coreIndex int
+	sel       []selVerdict // CEL selector verdicts by interned selector (selectorTable)
+	selGen    int          // the interning generation sel belongs to
+}
+
+// tenant is one share of a GPU: what the co-tenancy rules need to know about it.
+type tenant struct {
+	claim      types.UID
+	key        string // namespace/name
+	namespace  string
+	shareID    types.UID
+	mem, comp  int64
+	milli      int64
+	whole      bool
+	domain     string
+	mode       api.SharingMode
+	latency    api.LatencyClass
+	maxCo      int
+	allowCrit  bool
+	maxTenants int
+	allowShare bool
+	byUs       bool
+}
+
+// claimRec is what the model holds for one allocated claim.
+type claimRec struct {
+	uid       types.UID
+	key       string
+	namespace string
+	shares    []*tenantAt
+	assumed   time.Time // when the allocator decided it; zero once the informer showed it
+}
+
+type tenantAt struct {
+	gpu *gpu
+	t   *tenant
+}
+
+// writeSettle is how long a claim the allocator decided on is trusted over an informer
+// that does not show its allocation yet (the allocator's own write on its way back).
+const writeSettle = 30 * time.Second
+
+// model is the allocator's view of every fgpu GPU and every allocated fgpu claim, with the
+// placement core built over it. Decisions hold mu from the first look at the model to the
+// shares they reserve in it, so two decisions never hand out the same capacity; the
+// selector and node-verdict memos are the decisions' and share that lock.
+type model struct {
+	mu     sync.Mutex
+	driver string
+	gpus   map[gpuKey]*gpu
+	// byPool indexes gpus by pool (node): a slice update touches its node's GPUs only,
+	// not every GPU of the cluster (which made startup quadratic in nodes).
+	byPool map[string]map[string]*gpu
+	claims map[string]*claimRec
+	// nsMem and nsComp are the allocated memory and compute per namespace (quota).
+	nsMem, nsComp map[string]int64
+
+	dirty   bool // the GPU set changed: rebuild the placement core
+	core    *placement.Cluster
+	coreGPU [][]*gpu
+	refMem  int64
+	scheds  map[api.LatencyClass]*placement.Scheduler
+	seed    int64
+
+	selectors selectorTable
+	verdicts  nodeVerdicts
+}
+
+type selVerdict int8
+
+const (
+	selUnknown selVerdict = iota
+	selYes
+	selNo
+)
+
+func newModel(driver string) *model {
+	return &model{driver: driver, gpus: map[gpuKey]*gpu{}, byPool: map[string]map[string]*gpu{}, claims: map[string]*claimRec{},
+		nsMem: map[string]int64{}, nsComp: map[string]int64{}, dirty: true,
+		selectors: selectorTable{ids: map[string]int{}}, verdicts: nodeVerdicts{}}
+}
+
+// Account brings the model in line with a claim seen by the informer; it reports whether
+// capacity was freed.
+func (m *model) Account(claim *resourceapi.ResourceClaim, now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	key := claimKey(claim)
+	cur := m.claims[key]
+	if claim.Status.Allocation == nil {
+		if cur == nil {
+			return false
+		}
+		if !cur.assumed.IsZero() && now.Sub(cur.assumed) < writeSettle {
+			return false // our own write, not yet seen by the informer
+		}
+		m.remove(key)
+		return true
+	}
+	rec := m.recordFromClaim(claim)
+	if rec == nil {
+		return false
+	}
+	if cur != nil && sameShares(cur, rec) {
+		cur.assumed = time.Time{}
+		return false
+	}
+	m.add(rec)
+	return cur != nil
+}
+
+// Release forgets a claim's shares; it reports whether there were any.
+func (m *model) Release(key string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.remove(key) != nil
+}
+
+// Written records that the allocator's allocation of a claim went out now: the informer
+// has writeSettle to show it.
+func (m *model) Written(key string, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cur := m.claims[key]; cur != nil {
+		cur.assumed = now
+	}
+}
+
+// SetNodeDevices replaces the devices a node publishes (from all of its slices).
+func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for name, g := range m.byPool[node] {
+		if _, ok := devs[name]; !ok && g.known {
+			g.known = false
+			m.dirty = true
+			if len(g.tenants) == 0 {
+				m.dropGPU(g.key)
+			}
+		}
+	}
+	for name, d := range devs {
+		g := m.gpuFor(gpuKey{node, name})
+		memCap, compCap := int64(0), int64(100)
+		if c, ok := d.Capacity[capMemory]; ok {
+			memCap = c.Value.Value()
+		}
+		if c, ok := d.Capacity[capCompute]; ok {
+			compCap = c.Value.Value()
+		}
+		if !g.known || g.memCap != memCap || g.compCap != compCap {
+			m.dirty = true
+		}
+		g.known, g.memCap, g.compCap = true, memCap, compCap
+		g.attrs, g.capacity = d.Attributes, d.Capacity
+		g.taints = g.taints[:0]
+		for _, t := range d.Taints {
+			// The fence is the allocator's own; None taints only inform.
+			if t.Key != FenceTaintKey && t.Effect != resourceapi.DeviceTaintEffectNone {
+				g.taints = append(g.taints, t)
+			}
+		}
+		g.sel = g.sel[:0] // new attributes: evaluate again
+	}
+}
+
+// decidedUnseen reports whether the model holds a decision on the claim that the informer has not
+// shown yet (then the claim must not be decided twice). A decision the informer contradicts
+// for longer than writeSettle is dropped. Caller holds mu.
+func (m *model) decidedUnseen(key string, now time.Time) bool {
+	rec := m.claims[key]
+	if rec == nil {
+		return false
+	}
+	if rec.assumed.IsZero() || now.Sub(rec.assumed) < writeSettle {
+		return true
+	}
+	m.remove(key)
+	return false
+}
+
+// EachGPU calls fn for every published GPU, under the model's lock.
+func (m *model) EachGPU(fn func(g *gpu)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, g := range m.gpus {
+		if g.known {
+			fn(g)
+		}
+	}
+}
+
+func (m *model) gpuFor(k gpuKey) *gpu {
+	g, ok := m.gpus[k]
+	if !ok {
+		g = &gpu{key: k, node: k.pool, tenants: map[types.UID]*tenant{}, compCap: 100}
+		m.gpus[k] = g
+		if m.byPool[k.pool] == nil {
+			m.byPool[k.pool] = map[string]*gpu{}
+		}
+		m.byPool[k.pool][k.device] = g
+	}
+	return g
+}
+
+func (m *model) dropGPU(k gpuKey) {
+	delete(m.gpus, k)
+	if p := m.byPool[k.pool]; p != nil {
+		delete(p, k.device)
+		if len(p) == 0 {
+			delete(m.byPool, k.pool)
+		}
+	}
+}
+
+// milliOf is a share in the placement core's units (1000 = one GPU), rounded down so the
+// core never thinks a GPU fuller than it is; exact accounting is the controller's.
+func milliOf(mem, memCap int64, whole bool) int64 {
+	if whole || memCap <= 0 || mem >= memCap {
+		return placement.DefaultGPUCapacity
+	}
+	return min(max(mem*placement.DefaultGPUCapacity/memCap, 1), placement.DefaultGPUCapacity-1)
+}
+
+// add records a claim's shares (replacing what was recorded for it). Caller holds mu.
+func (m *model) add(rec *claimRec) {
+	if old, ok := m.claims[rec.key]; ok {
+		m.remove(old.key)
+	}
+	m.claims[rec.key] = rec
+	for _, sh := range rec.shares {
+		g, t := sh.gpu, sh.t
+		g.tenants[t.shareID] = t
+		g.usedMem += t.mem
+		g.usedComp += t.comp
+		t.milli = milliOf(t.mem, g.memCap, t.whole)
+		m.coreAssign(g, t.milli, +1)
+		m.nsMem[rec.namespace] += t.mem
+		m.nsComp[rec.namespace] += t.comp
+	}
+}
+
+// remove forgets a claim's shares. Caller holds mu.
+func (m *model) remove(key string) *claimRec {
+	rec, ok := m.claims[key]
+	if !ok {
+		return nil
+	}
+	delete(m.claims, key)
+	for _, sh := range rec.shares {
+		g, t := sh.gpu, sh.t
+		delete(g.tenants, t.shareID)
+		g.usedMem -= t.mem
+		g.usedComp -= t.comp
+		m.coreAssign(g, t.milli, -1)
+		m.nsMem[rec.namespace] -= t.mem
+		m.nsComp[rec.namespace] -= t.comp
+		if !g.known && len(g.tenants) == 0 {
+			m.dropGPU(g.key)
+		}
+	}
+	return rec
+}
+
+func (m *model) coreAssign(g *gpu, milli int64, sign int) {
+	if m.dirty || m.core == nil || !g.known || g.coreNode < 0 || g.coreNode >= len(m.coreGPU) {
+		return
+	}
+	if g.coreIndex >= len(m.coreGPU[g.coreNode]) || m.coreGPU[g.coreNode][g.coreIndex] != g {
+		return
+	}
+	p := placement.Placement{Node: g.coreNode, GPUs: []int{g.coreIndex}, Share: []int64{milli}}
+	free, capa := m.core.GPUs(g.coreNode)
+	if sign > 0 {
+		p.Share[0] = min(milli, free[g.coreIndex])
+		_ = m.core.Assign(p, &placement.Request{})
+	} else {
+		p.Share[0] = min(milli, capa[g.coreIndex]-free[g.coreIndex])
+		_ = m.core.Release(p, &placement.Request{})
+	}
+}
+
+// ensureCore rebuilds the placement core when the set of nodes or GPUs changed, and replays
+// every share into it. Caller holds mu.
+func (m *model) ensureCore(policies func(api.LatencyClass) placement.Policy) error {
+	if !m.dirty && m.core != nil {
+		return nil
+	}
+	byNode := map[string][]*gpu{}
+	for _, g := range m.gpus {
+		g.coreNode, g.coreIndex = -1, -1
+		if g.known {
+			byNode[g.node] = append(byNode[g.node], g)
+		}
+	}
+	nodes := make([]string, 0, len(byNode))
+	for n := range byNode {
+		nodes = append(nodes, n)
+	}
+	sort.Strings(nodes)
+	specs := make([]placement.NodeSpec, len(nodes))
+	m.coreGPU = make([][]*gpu, len(nodes))
+	memCount := map[int64]int{}
+	for i, n := range nodes {
+		gs := byNode[n]
+		sort.Slice(gs, func(a, b int) bool { return gs[a].key.device < gs[b].key.device })
+		specs[i] = placement.NodeSpec{Name: n, GPUs: make([]placement.GPUSpec, len(gs))}
+		for j, g := range gs {
+			g.coreNode, g.coreIndex = i, j
+			specs[i].GPUs[j] = placement.GPUSpec{Model: modelOf(g)}
+			memCount[g.memCap]++
+		}
+		m.coreGPU[i] = gs
+	}
+	// Requests are sized in the core against the most common GPU memory.
+	m.refMem = 0
+	best := 0
+	for mem, c := range memCount {
+		if c > best || (c == best && mem > m.refMem) {
+			m.refMem, best = mem, c
+		}
+	}
+	c, err := placement.NewCluster(specs)
+	if err != nil {
+		return err
+	}
+	m.core = c
+	m.dirty = false
+	for _, g := range m.gpus {
+		for _, t := range g.tenants {
+			t.milli = milliOf(t.mem, g.memCap, t.whole)
+			m.coreAssign(g, t.milli, +1)
+		}
+	}
+	m.scheds = map[api.LatencyClass]*placement.Scheduler{}
+	for _, l := range []api.LatencyClass{api.LatencyCritical, api.LatencyStandard, api.LatencyBestEffort} {
+		m.seed++
+		m.scheds[l] = placement.NewScheduler(c, policies(l), m.seed)
+	}
+	return nil
+}
+
+// scheduler is the placement core's scheduler for a latency class.
+func (m *model) scheduler(l api.LatencyClass) *placement.Scheduler {
+	if s := m.scheds[l]; s != nil {
+		return s
+	}
+	return m.scheds[api.LatencyStandard]
+}
+
+func modelOf(g *gpu) string {
+	if a, ok := g.attrs["productName"]; ok && a.StringValue != nil {
+		return *a.StringValue
+	}
+	return ""
+}
+
+// recordFromClaim turns an allocated claim into the shares it holds. byUs says whether the
+// allocator placed it (its tenancy annotation then holds its rules). Caller holds mu.
+func (m *model) recordFromClaim(claim *resourceapi.ResourceClaim) *claimRec {
+	a := claim.Status.Allocation
+	if a == nil {
+		return nil
+	}
+	rec := &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace}
+	byUs := claim.Annotations[AnnotationAllocatedBy] == AllocatedByValue && hasFinalizer(claim, Finalizer)
+	ten := tenancy{Latency: api.LatencyStandard}
+	if raw, ok := claim.Annotations[AnnotationTenancy]; ok && byUs {
+		_ = json.Unmarshal([]byte(raw), &ten)
+	}
+	for i, r := range a.Devices.Results {
+		if r.Driver != m.driver {
+			continue
+		}
+		g := m.gpuFor(gpuKey{r.Pool, r.Device})
+		t := &tenant{claim: claim.UID, key: rec.key, namespace: claim.Namespace, byUs: byUs,
+			latency: ten.Latency, maxCo: ten.MaxCo, allowCrit: ten.AllowCrit, maxTenants: ten.MaxTenants, allowShare: ten.AllowShare}
+		if r.ShareID != nil {
+			t.shareID = *r.ShareID
+		} else {
+			t.shareID = types.UID(fmt.Sprintf("%s/%d", claim.UID, i))
+		}
+		if r.ConsumedCapacity == nil {
+			t.whole, t.mem, t.comp = true, g.memCap, g.compCap
+		} else {
+			mem, comp := r.ConsumedCapacity[capMemory], r.ConsumedCapacity[capCompute]
+			t.mem, t.comp = mem.Value(), comp.Value()
+			t.whole = g.known && t.mem >= g.memCap
+		}
+		cfg := allocationConfig(m.driver, a.Devices.Config, r.Request)
+		t.mode, t.domain = cfg.Mode, cfg.IsolationDomain
+		rec.shares = append(rec.shares, &tenantAt{gpu: g, t: t})
+	}
+	if len(rec.shares) == 0 {
+		return nil
+	}
+	return rec
+}
+
+func sameShares(a, b *claimRec) bool {
+	if len(a.shares) != len(b.shares) {
+		return false
+	}
+	for i := range a.shares {
+		if a.shares[i].t.shareID != b.shares[i].t.shareID || a.shares[i].gpu != b.shares[i].gpu || a.shares[i].t.mem != b.shares[i].t.mem {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,181 @@
+package controller
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/fgpu-dev/fgpu/pkg/podfit"
+)
+
+// nodeFit is one decision's memo of pod-fit verdicts: the filter asks once per GPU, and
+// hashing the node name, or filling a map of every node, cost a fifth of a decision; so
+// verdicts are kept by the placement core's node index.
+type nodeFit struct {
+	at     []int8 // by core node index: 0 unknown, 1 fits, 2 does not (err says why)
+	err    []error
+	byName map[string]error // nodes the core does not index
+	// checkers are the pending pods' pod-fit checkers, built once per decision; verdicts
+	// their node verdicts (model.verdicts), looked up once per decision.
+	checkers []*podfit.Checker
+	verdicts [][]nodeVerdict
+}
+
+// nodeFitsAt checks the claim's pods against node ni of the placement core: affinity,
+// taints, CPU, memory, pods, the pods' other claims, and nodes where an earlier allocation
+// timed out. Caller holds the model's lock.
+func (c *Controller) nodeFitsAt(in *input, ni int, nodeName string) error {
+	f := &in.fit
+	if f.at == nil {
+		f.at = make([]int8, len(c.model.coreGPU))
+		f.err = make([]error, len(c.model.coreGPU))
+	}
+	if ni >= len(f.at) {
+		if err, ok := f.byName[nodeName]; ok {
+			return err
+		}
+		err := c.nodeFits(in, nodeName, -1)
+		if f.byName == nil {
+			f.byName = map[string]error{}
+		}
+		f.byName[nodeName] = err
+		return err
+	}
+	switch f.at[ni] {
+	case 1:
+		return nil
+	case 2:
+		return f.err[ni]
+	}
+	err := c.nodeFits(in, nodeName, ni)
+	if err == nil {
+		f.at[ni] = 1
+	} else {
+		f.at[ni], f.err[ni] = 2, err
+	}
+	return err
+}
+
+// nodeFits checks the pods against node nodeName, which is node ni of the placement core
+// (-1: unknown). Caller holds the model's lock.
+func (c *Controller) nodeFits(in *input, nodeName string, ni int) error {
+	if in.avoid[nodeName] {
+		return fmt.Errorf("an earlier allocation on node %s timed out: the pod did not bind there", nodeName)
+	}
+	node, err := c.nodes.Get(nodeName)
+	if err != nil {
+		return fmt.Errorf("node %s: no Node object", nodeName)
+	}
+	if len(in.pods) == 0 {
+		return nil
+	}
+	requested := c.ledger.Requested(nodeName, in.pods)
+	f := &in.fit
+	if f.checkers == nil {
+		f.checkers = make([]*podfit.Checker, len(in.pods))
+		for i, pod := range in.pods {
+			f.checkers[i] = podfit.NewChecker(pod)
+		}
+	}
+	for i, pod := range in.pods {
+		if err := c.fitsNode(in, i, ni, node); err != nil {
+			return err
+		}
+		if err := f.checkers[i].FitsResources(node, requested); err != nil {
+			return err
+		}
+		requested.Add(f.checkers[i].Requests)
+		if err := c.otherClaimsFit(pod, in.claim, node); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nodeVerdict is podfit's FitsNode answer for one Node object.
+type nodeVerdict struct {
+	node *corev1.Node
+	err  error
+}
+
+// nodeVerdicts keeps FitsNode verdicts by pod constraints and core node index, across
+// decisions: pods of one template ask the same of every node, and a decision asks every
+// node. It belongs to the model and shares its lock.
+type nodeVerdicts map[string][]nodeVerdict
+
+// maxPodShapes bounds the pod constraint sets whose node verdicts are kept.
+const maxPodShapes = 256
+
+// fitsNode is podfit's FitsNode for pending pod i, remembered across decisions. A verdict
+// holds while the informer keeps the same Node object (any update replaces it). Caller
+// holds the model's lock.
+func (c *Controller) fitsNode(in *input, i, ni int, node *corev1.Node) error {
+	f := &in.fit
+	checker := f.checkers[i]
+	nodes := len(c.model.coreGPU)
+	if ni < 0 || ni >= nodes {
+		return checker.FitsNode(node)
+	}
+	if f.verdicts == nil {
+		f.verdicts = make([][]nodeVerdict, len(in.pods))
+	}
+	vs := f.verdicts[i]
+	if len(vs) != nodes {
+		key := checker.ConstraintsKey()
+		all := c.model.verdicts
+		vs = all[key]
+		if len(vs) != nodes {
+			if len(all) >= maxPodShapes {
+				clear(all)
+			}
+			vs = make([]nodeVerdict, nodes)
+			all[key] = vs
+		}
+		f.verdicts[i] = vs
+	}
+	v := &vs[ni]
+	if v.node != node {
+		v.node, v.err = node, checker.FitsNode(node)
+	}
+	return v.err
+}
+
+// otherClaimsFit checks that the pod's other allocated claims can be used on node.
+func (c *Controller) otherClaimsFit(pod *corev1.Pod, self *resourceapi.ResourceClaim, node *corev1.Node) error {
+	for _, name := range podClaimNames(pod) {
+		if name == self.Name {
+			continue
+		}
+		other, err := c.claims.ResourceClaims(pod.Namespace).Get(name)
+		if err != nil || other.Status.Allocation == nil || other.Status.Allocation.NodeSelector == nil {
+			continue
+		}
+		sel, err := nodeaffinity.NewNodeSelector(other.Status.Allocation.NodeSelector)
+		if err != nil {
+			continue
+		}
+		if !sel.Match(node) {
+			return fmt.Errorf("the pod's claim %s is allocated where node %s is not", name, node.Name)
+		}
+	}
+	return nil
+}
+
+// podClaimNames lists the ResourceClaim names a pod uses.
+func podClaimNames(pod *corev1.Pod) []string {
+	var out []string
+	for _, rc := range pod.Spec.ResourceClaims {
+		if rc.ResourceClaimName != nil {
+			out = append(out, *rc.ResourceClaimName)
+			continue
+		}
+		for _, s := range pod.Status.ResourceClaimStatuses {
+			if s.Name == rc.Name && s.ResourceClaimName != nil {
+				out = append(out, *s.ResourceClaimName)
+			}
+		}
+	}
+	return out
+}

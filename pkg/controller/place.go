@@ -1,0 +1,193 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/klog/v2"
+
+	"github.com/fgpu-dev/fgpu/pkg/policy"
+)
+
+// Sync looks at one claim: places it, times its allocation out, or releases it.
+func (c *Controller) Sync(ctx context.Context, key string) (time.Duration, error) {
+	ns, name, _ := strings.Cut(key, "/")
+	claim, err := c.claims.ResourceClaims(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		c.forget(key)
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if !c.cfg.isOurs(claim) {
+		return 0, nil
+	}
+	ctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("claim", klog.KObj(claim)))
+	switch {
+	case claim.DeletionTimestamp != nil:
+		c.forget(key)
+		return 0, c.finishDeletion(ctx, claim)
+	case claim.Status.Allocation != nil:
+		c.forget(key)
+		return c.checkAllocated(ctx, claim)
+	}
+	return c.place(ctx, claim)
+}
+
+// forget takes a claim out of the queue; the claims of its namespace that queued behind it
+// for quota are looked at again.
+func (c *Controller) forget(key string) {
+	if c.pending.Forget(key) {
+		ns, _, _ := strings.Cut(key, "/")
+		c.requeueNamespace(ns, key)
+	}
+}
+
+// place decides where a pending claim goes and writes it: gather what the decision needs,
+// pass the namespace's quota queue, decide, and commit (or say why it waits).
+func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim) (time.Duration, error) {
+	key := claimKey(claim)
+	c.pending.Add(key, claim.CreationTimestamp.Time, c.now())
+	in, hasPods := c.gather(claim)
+	if !hasPods {
+		return 0, nil // placed once a pod uses it (pod events requeue the claim)
+	}
+	start := c.now()
+	d, w, retry := c.decideInQueue(ctx, in)
+	if retry > 0 {
+		return retry, nil
+	}
+	c.metrics.decision.Observe(c.now().Sub(start).Seconds())
+	if w != nil {
+		klog.FromContext(ctx).V(4).Info("Claim waits", "reason", w.reason, "message", w.message)
+		c.setStatus(ctx, claim, in.consumers, "Pending: "+w.message, w.reason)
+		return 0, nil // requeued when quota frees up, or on any capacity, node or policy change
+	}
+	return c.commit(ctx, in, d)
+}
+
+// gather collects what a decision on the claim depends on besides the model: its pods,
+// classes, policy and the nodes its pods must avoid. It reports whether any pod uses it.
+func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
+	in := &input{claim: claim, classes: map[string]*resourceapi.DeviceClass{}}
+	in.consumers = c.consumers(claim)
+	if len(in.consumers) == 0 {
+		return in, false
+	}
+	for _, p := range in.consumers {
+		if p.Spec.NodeName != "" {
+			in.bound = p.Spec.NodeName
+		} else {
+			in.pods = append(in.pods, p)
+		}
+	}
+	for _, r := range claim.Spec.Devices.Requests {
+		for _, a := range alternatives(r) {
+			if cl, err := c.classes.Get(a.class); err == nil {
+				in.classes[a.class] = cl
+			}
+		}
+	}
+	nsLabels := map[string]string{}
+	if ns, err := c.namespaces.Get(claim.Namespace); err == nil && ns.Labels != nil {
+		nsLabels = ns.Labels
+	}
+	podLabels := in.consumers[0].Labels
+	if podLabels == nil {
+		podLabels = map[string]string{}
+	}
+	in.pol = policy.Resolve(c.policies.List(), nsLabels, podLabels)
+	in.avoid = c.ledger.Avoided(in.consumers)
+	return in, true
+}
+
+// decideInQueue decides on a claim in its place in the queue, under the model's lock: a
+// claim whose namespace has a quota waits for older claims of the namespace, and queues
+// for quota in the same step that finds it over quota, so that a younger claim can never
+// take the quota an older one waits for. retry > 0 asks to look again after it.
+func (c *Controller) decideInQueue(ctx context.Context, in *input) (d *decision, w *waitReason, retry time.Duration) {
+	claim, key := in.claim, claimKey(in.claim)
+	leftQuotaQueue := false
+	defer func() { // after the unlock below
+		if leftQuotaQueue {
+			c.requeueNamespace(claim.Namespace, key)
+		}
+	}()
+	c.model.mu.Lock()
+	defer c.model.mu.Unlock()
+	if c.model.decidedUnseen(key, c.now()) {
+		// Our own allocation, not shown by the informer yet: never decide twice.
+		c.pending.Decided(key)
+		return nil, nil, 100 * time.Millisecond
+	}
+	if in.pol.QuotaMemory != nil || in.pol.QuotaCompute != nil {
+		if c.pending.AnyUndecided(c.olderUnallocated(claim), c.now()) {
+			// With workers in parallel a younger claim can get here first: let the older
+			// one be looked at, or the younger could take quota it needs.
+			return nil, nil, 50 * time.Millisecond
+		}
+		if ahead, ok := c.pending.QuotaAhead(claim.Namespace, key, claim.CreationTimestamp.Time); ok {
+			w = &waitReason{reason: ReasonQuotaQueued, message: fmt.Sprintf("queued behind claim %s, which waits for quota in namespace %s (claims are placed in creation order)", ahead, claim.Namespace)}
+		}
+	}
+	if w == nil {
+		d, w = c.decide(ctx, in)
+	}
+	c.pending.Decided(key)
+	// Placed, or waiting for something else than quota: claims queued behind it go on.
+	leftQuotaQueue = c.pending.WaitForQuota(key, claim.CreationTimestamp.Time, w != nil && w.quota)
+	if w == nil {
+		c.ledger.Assume(in.pods, d.node, c.now())
+	}
+	return d, w, 0
+}
+
+// olderUnallocated lists the claims of the namespace that are fgpu's, unallocated, not being
+// deleted, and older than claim.
+func (c *Controller) olderUnallocated(claim *resourceapi.ResourceClaim) []string {
+	list, err := c.claims.ResourceClaims(claim.Namespace).List(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, o := range list {
+		if o.UID == claim.UID || o.Status.Allocation != nil || o.DeletionTimestamp != nil || !c.cfg.isOurs(o) {
+			continue
+		}
+		if o.CreationTimestamp.Before(&claim.CreationTimestamp) ||
+			(o.CreationTimestamp.Equal(&claim.CreationTimestamp) && o.Name < claim.Name) {
+			out = append(out, claimKey(o))
+		}
+	}
+	return out
+}
+
+// commit writes a decision; if the write fails, its shares and assumed pods are released
+// and the claim is retried.
+func (c *Controller) commit(ctx context.Context, in *input, d *decision) (time.Duration, error) {
+	claim, key := in.claim, claimKey(in.claim)
+	msg := "Allocated: " + describe(d)
+	if err := c.write(ctx, claim, d, msg); err != nil {
+		c.model.Release(key)
+		c.ledger.Drop(in.pods)
+		c.kick()
+		return 0, err
+	}
+	c.pending.Forget(key)
+	c.metrics.placed.Inc()
+	c.metrics.latency.Observe(c.now().Sub(claim.CreationTimestamp.Time).Seconds())
+	klog.FromContext(ctx).V(2).Info("Placed claim", "node", d.node, "summary", msg)
+	written := claim.DeepCopy() // its status annotation went out with the finalizer
+	if written.Annotations == nil {
+		written.Annotations = map[string]string{}
+	}
+	written.Annotations[AnnotationStatus] = msg
+	c.setStatus(ctx, written, in.consumers, msg, ReasonPlaced)
+	return c.cfg.BindTimeout, nil
+}

@@ -1,0 +1,147 @@
+package controller
+
+import (
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// claimQueue is the allocator's queue of claims it has yet to place: when each was created,
+// when the allocator first looked at it and whether it has decided on it since, and each
+// namespace's quota queue, a strict FIFO by creation (as Kueue's StrictFIFO): a claim that
+// waits for quota holds the claims of its namespace created after it.
+type claimQueue struct {
+	mu      sync.Mutex
+	pending map[string]*pendingClaim // claim key → its place in the queue
+	// quota holds, per namespace, the claims that wait for quota, by creation time.
+	quota map[string]map[string]time.Time
+}
+
+type pendingClaim struct {
+	created   time.Time
+	firstLook time.Time
+	decided   bool
+}
+
+func newClaimQueue() *claimQueue {
+	return &claimQueue{pending: map[string]*pendingClaim{}, quota: map[string]map[string]time.Time{}}
+}
+
+// Add records a claim the allocator is looking at, once: later calls keep the first look.
+func (q *claimQueue) Add(key string, created, now time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if _, ok := q.pending[key]; !ok {
+		q.pending[key] = &pendingClaim{created: created, firstLook: now}
+	}
+}
+
+// Decided records that the allocator decided on a claim: placed it, or made it wait.
+func (q *claimQueue) Decided(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if p := q.pending[key]; p != nil {
+		p.decided = true
+	}
+}
+
+// Forget drops a claim that is placed, allocated by someone else, or gone. It reports
+// whether the claim left its namespace's quota queue: the claims behind it may go on.
+func (q *claimQueue) Forget(key string) (leftQuotaQueue bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.pending, key)
+	return q.leaveQuota(key)
+}
+
+func (q *claimQueue) leaveQuota(key string) bool {
+	ns, _, _ := strings.Cut(key, "/")
+	w := q.quota[ns]
+	if _, ok := w[key]; !ok {
+		return false
+	}
+	delete(w, key)
+	if len(w) == 0 {
+		delete(q.quota, ns)
+	}
+	return true
+}
+
+// InOrder lists the pending claims of one namespace ("": all), oldest first.
+func (q *claimQueue) InOrder(ns string) []string {
+	type entry struct {
+		key     string
+		created time.Time
+	}
+	q.mu.Lock()
+	list := make([]entry, 0, len(q.pending))
+	for k, p := range q.pending {
+		if ns == "" || strings.HasPrefix(k, ns+"/") {
+			list = append(list, entry{k, p.created})
+		}
+	}
+	q.mu.Unlock()
+	sort.Slice(list, func(i, j int) bool {
+		return list[i].created.Before(list[j].created) || (list[i].created.Equal(list[j].created) && list[i].key < list[j].key)
+	})
+	out := make([]string, len(list))
+	for i, e := range list {
+		out[i] = e.key
+	}
+	return out
+}
+
+// Len is the number of pending claims.
+func (q *claimQueue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.pending)
+}
+
+// firstLookGrace is how long a claim that the allocator looked at but could not decide on
+// (its pod did not exist yet) holds the claims of its namespace created after it.
+const firstLookGrace = 5 * time.Second
+
+// AnyUndecided reports whether one of the claims is still to be decided on: never looked at,
+// or looked at less than firstLookGrace ago without a decision (a template's claim precedes
+// its pod by a moment). An unused standalone claim so holds its namespace for seconds only.
+func (q *claimQueue) AnyUndecided(keys []string, now time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, k := range keys {
+		p, seen := q.pending[k]
+		if !seen || (!p.decided && now.Sub(p.firstLook) < firstLookGrace) {
+			return true
+		}
+	}
+	return false
+}
+
+// QuotaAhead returns a claim of the namespace, created before key, that waits for quota.
+func (q *claimQueue) QuotaAhead(ns, key string, created time.Time) (string, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for other, c := range q.quota[ns] {
+		if other != key && (c.Before(created) || (c.Equal(created) && other < key)) {
+			return other, true
+		}
+	}
+	return "", false
+}
+
+// WaitForQuota puts a claim in its namespace's quota queue (waiting) or takes it out. It
+// reports whether the claim left the queue.
+func (q *claimQueue) WaitForQuota(key string, created time.Time, waiting bool) (leftQuotaQueue bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !waiting {
+		return q.leaveQuota(key)
+	}
+	ns, _, _ := strings.Cut(key, "/")
+	if q.quota[ns] == nil {
+		q.quota[ns] = map[string]time.Time{}
+	}
+	q.quota[ns][key] = created
+	return false
+}

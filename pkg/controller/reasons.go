@@ -1,0 +1,92 @@
+package controller
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+)
+
+// Event reasons.
+const (
+	ReasonPlaced      = "FgpuPlaced"
+	ReasonWaiting     = "FgpuWaiting"
+	ReasonOverQuota   = "FgpuOverQuota"
+	ReasonQuotaQueued = "FgpuQuotaQueued"
+	ReasonUnsupported = "FgpuUnsupported"
+	ReasonTimedOut    = "FgpuAllocationTimedOut"
+	ReasonDeallocated = "FgpuDeallocated"
+)
+
+// waitReason is why a claim is not placed now.
+type waitReason struct {
+	reason  string // event reason
+	message string
+	quota   bool // blocked on quota: later claims of the namespace queue behind it
+}
+
+func (w *waitReason) Error() string { return w.message }
+
+// rejects counts why GPUs were turned down, for the waiting message.
+type rejects struct {
+	counts  map[string]int
+	example map[string]string
+}
+
+func (r *rejects) add(cat, example string) {
+	if r.counts == nil {
+		r.counts, r.example = map[string]int{}, map[string]string{}
+	}
+	r.counts[cat]++
+	if _, ok := r.example[cat]; !ok && example != "" {
+		r.example[cat] = example
+	}
+}
+
+// onlyQuota reports whether every GPU turned down was turned down for quota.
+func (r *rejects) onlyQuota() bool {
+	return len(r.counts) == 1 && r.counts[reasonOverQuota] > 0
+}
+
+func (r *rejects) String() string {
+	cats := make([]string, 0, len(r.counts))
+	for k := range r.counts {
+		cats = append(cats, k)
+	}
+	sort.Slice(cats, func(i, j int) bool {
+		return r.counts[cats[i]] > r.counts[cats[j]] || (r.counts[cats[i]] == r.counts[cats[j]] && cats[i] < cats[j])
+	})
+	parts := make([]string, 0, len(cats))
+	for _, k := range cats {
+		p := fmt.Sprintf("%d GPU(s): %s", r.counts[k], k)
+		if e := r.example[k]; e != "" {
+			p += " (e.g. " + e + ")"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// describe is the placement in words: "placed on node-1/gpu-3: 10Gi, 12% compute, MPS
+// (domain ns-a), 2 co-tenants".
+func describe(d *decision) string {
+	parts := make([]string, 0, len(d.results))
+	for _, r := range d.results {
+		s := fmt.Sprintf("placed on %s: ", r.gpu.key)
+		if r.whole {
+			s += "whole GPU (" + fmtBytes(r.mem) + ")"
+		} else {
+			s += fmt.Sprintf("%s, %d%% compute, %s (domain %s), %d co-tenant(s)", fmtBytes(r.mem), r.comp, modeName(r.mode), r.domain, r.coTenants)
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "; ") + " [" + d.pol.DisplayName() + "]"
+}
+
+func modeName(m api.SharingMode) string {
+	if m == api.SharingModeTimeSlicing {
+		return "time-slicing (memory not enforced)"
+	}
+	return "MPS"
+}

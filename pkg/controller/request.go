@@ -1,0 +1,135 @@
+package controller
+
+import (
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/policy"
+)
+
+// alt is one way to satisfy a request: the request itself or one of its firstAvailable
+// subrequests.
+type alt struct {
+	name        string // result name: "req" or "req/sub"
+	class       string
+	selectors   []resourceapi.DeviceSelector
+	mode        resourceapi.DeviceAllocationMode
+	count       int64
+	tolerations []resourceapi.DeviceToleration
+	capacity    map[resourceapi.QualifiedName]resource.Quantity
+	adminAccess bool
+}
+
+func alternatives(r resourceapi.DeviceRequest) []alt {
+	if e := r.Exactly; e != nil {
+		a := alt{name: r.Name, class: e.DeviceClassName, selectors: e.Selectors, mode: e.AllocationMode, count: e.Count,
+			tolerations: e.Tolerations, adminAccess: e.AdminAccess != nil && *e.AdminAccess}
+		if e.Capacity != nil {
+			a.capacity = e.Capacity.Requests
+		}
+		return []alt{a}
+	}
+	out := make([]alt, 0, len(r.FirstAvailable))
+	for _, s := range r.FirstAvailable {
+		a := alt{name: r.Name + "/" + s.Name, class: s.DeviceClassName, selectors: s.Selectors, mode: s.AllocationMode, count: s.Count, tolerations: s.Tolerations}
+		if s.Capacity != nil {
+			a.capacity = s.Capacity.Requests
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// request is an alternative made concrete under the claim's policy and configs: what each
+// of its devices asks of a GPU before one is chosen.
+type request struct {
+	alt     alt
+	class   *resourceapi.DeviceClass
+	count   int64
+	whole   bool   // whole GPUs: an exclusive class, an exclusive policy, or no memory asked
+	mem     int64  // memory per device, rounded up to MemoryStep (0 when whole)
+	comp    *int64 // compute asked, if any
+	mode    api.SharingMode
+	domain  string
+	userCfg *api.GpuConfig
+}
+
+// resolveRequest sizes an alternative, and chooses its mode and isolation domain, from the
+// claim, its class and its policy; or says why the alternative cannot be allocated. It
+// looks at nothing else: no GPU, no node, no other claim.
+func resolveRequest(cfg *Config, in *input, a alt) (*request, *waitReason) {
+	unsupported := func(format string, args ...any) (*request, *waitReason) {
+		return nil, &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf(format, args...)}
+	}
+	if !cfg.isFgpuClass(a.class) {
+		return unsupported("request %q asks for DeviceClass %q, which the fgpu allocator does not allocate; a claim that mixes fgpu and other devices cannot be allocated in allocator mode", a.name, a.class)
+	}
+	class := in.classes[a.class]
+	if class == nil {
+		return nil, &waitReason{reason: ReasonWaiting, message: fmt.Sprintf("DeviceClass %q does not exist", a.class)}
+	}
+	if a.adminAccess {
+		return unsupported("request %q: adminAccess is not supported by the fgpu allocator", a.name)
+	}
+	if a.mode == resourceapi.DeviceAllocationModeAll {
+		return unsupported("request %q: allocationMode All is not supported by the fgpu allocator; ask for a count", a.name)
+	}
+	userCfg, err := userConfig(cfg.DriverName, class.Spec.Config, in.claim.Spec.Devices.Config, a.name)
+	if err != nil {
+		return unsupported("request %q: %v", a.name, err)
+	}
+	rq := &request{alt: a, class: class, count: max(a.count, 1), userCfg: userCfg}
+	memQ, hasMem := a.capacity[capMemory]
+	rq.whole = cfg.isExclusiveClass(a.class) || in.pol.Isolation == api.IsolationExclusive || !hasMem
+	if hasMem {
+		if memQ.Sign() <= 0 {
+			return unsupported("request %q: memory %s must be positive", a.name, memQ.String())
+		}
+		rq.mem = roundUp(memQ.Value(), MemoryStep)
+	}
+	if q, ok := a.capacity[capCompute]; ok {
+		v := q.Value()
+		if v < 0 || v > 100 {
+			return unsupported("request %q: compute %s must be 0-100 (percent of a GPU)", a.name, q.String())
+		}
+		rq.comp = &v
+	}
+	for k := range a.capacity {
+		if k != capMemory && k != capCompute {
+			return unsupported("request %q: unknown capacity %q (fgpu devices have memory and compute)", a.name, k)
+		}
+	}
+	rq.mode = sharingMode(in.pol, userCfg)
+	rq.domain = isolationDomain(in.pol, userCfg, in.claim.Namespace)
+	if rq.count > 1 && !rq.whole && rq.mode != api.SharingModeTimeSlicing {
+		return unsupported("request %q asks for %d shares of GPUs through MPS, but a container reaches one MPS server: ask for whole GPUs, one share, or mode timeSlicing", a.name, rq.count)
+	}
+	return rq, nil
+}
+
+// sharingMode is the mode the policy gives a claim; "" (auto) is decided per GPU.
+func sharingMode(pol policy.Effective, userCfg *api.GpuConfig) api.SharingMode {
+	switch pol.Mode {
+	case api.PolicyModeMPS:
+		return api.SharingModeMPS
+	case api.PolicyModeTimeSlicing:
+		return api.SharingModeTimeSlicing
+	}
+	return userCfg.Mode
+}
+
+// isolationDomain is the domain the policy gives a claim.
+func isolationDomain(pol policy.Effective, userCfg *api.GpuConfig, namespace string) string {
+	switch pol.Isolation {
+	case api.IsolationNamespace, api.IsolationExclusive:
+		return namespaceDomain(namespace)
+	case api.IsolationNone:
+		if userCfg.IsolationDomain != "" {
+			return userCfg.IsolationDomain
+		}
+	}
+	return api.DefaultIsolationDomain
+}

@@ -1,0 +1,70 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/klog/v2"
+)
+
+// statusMemo remembers the last status message told about each claim, so that a claim
+// looked at again and again is told once.
+type statusMemo struct {
+	mu   sync.Mutex
+	last map[string]string
+}
+
+func newStatusMemo() *statusMemo { return &statusMemo{last: map[string]string{}} }
+
+// Changed records msg as the claim's status and reports whether it differs from the last.
+func (m *statusMemo) Changed(key, msg string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.last[key] == msg {
+		return false
+	}
+	m.last[key] = msg
+	return true
+}
+
+// Forget drops a deleted claim.
+func (m *statusMemo) Forget(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.last, key)
+}
+
+// setStatus tells people where a claim stands: events on its pods (and, for a claim that
+// waits, on the claim) and the status annotation, each only when the message changed. A
+// placement is not repeated as an event on the claim: the annotation says it, and under a
+// burst every write counts (the API server is what limits placements per second).
+func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceClaim, pods []*corev1.Pod, msg, reason string) {
+	if !c.status.Changed(claimKey(claim), msg) {
+		return
+	}
+	typ := corev1.EventTypeNormal
+	if reason != ReasonPlaced {
+		typ = corev1.EventTypeWarning
+		c.recorder.Event(claim, typ, reason, msg)
+	}
+	for _, p := range pods {
+		c.recorder.Event(p, typ, reason, fmt.Sprintf("claim %s: %s", claim.Name, msg))
+	}
+	if claim.Annotations[AnnotationStatus] == msg {
+		return
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationStatus: msg}}})
+	if err == nil {
+		_, err = c.client.ResourceV1().ResourceClaims(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	}
+	if err != nil {
+		utilruntime.HandleErrorWithContext(ctx, err, "Patching the claim's status annotation", "claim", klog.KObj(claim))
+	}
+}

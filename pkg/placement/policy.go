@@ -36,7 +36,8 @@ type TieBreaker interface {
 func Names() []string { return []string{"fgpu", "fgd", "bestfit", "random"} }
 
 // New returns the named policy. The workload shape distribution is used by
-// the fragmentation-aware policies (fgd, fgpu) and ignored by the others.
+// the fragmentation-aware policies (fgd, fgpu) and ignored by the others;
+// fgpu gets DefaultOptions.
 func New(name string, w Workload) (Policy, error) {
 	switch name {
 	case "random":
@@ -46,7 +47,7 @@ func New(name string, w Workload) (Policy, error) {
 	case "fgd":
 		return NewFGD(w), nil
 	case "fgpu", "":
-		return NewFGPU(w), nil
+		return NewFGPU(w, DefaultOptions()), nil
 	}
 	return nil, fmt.Errorf("unknown policy %q (known: %v)", name, Names())
 }

@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 
@@ -46,7 +45,7 @@ departs. Prints the GPU allocation ratio as arrived demand grows.`,
 	fl.IntVar(&f.parallel, "parallel", 0, "seeds replayed at once (0 = all CPUs; 1 for clean latency figures)")
 	fl.StringVarP(&f.output, "output", "o", "table", "output: table or json")
 	fl.StringVar(&f.plot, "plot", "", "also draw the curve to this PNG file")
-	fl.StringVar(&f.knobs, "knobs", "", "with --policy fgpu: set FGPU fields for an ablation, e.g. ReserveRatio=3,TieWhole=1")
+	fl.StringVar(&f.knobs, "knobs", "", "with --policy fgpu: set options and ablations by name, e.g. MixReach=0,TieWhole=all (docs/placement.md, \"Knobs\")")
 	_ = cmd.MarkFlagRequired("nodes")
 	_ = cmd.MarkFlagRequired("pods")
 	return cmd
@@ -78,13 +77,12 @@ func runSim(w io.Writer, f simFlags) error {
 		if f.policy != "fgpu" && f.policy != "" {
 			return fmt.Errorf("--knobs needs --policy fgpu")
 		}
-		if err := setKnobs(placement.NewFGPU(nil), f.knobs); err != nil {
+		o, a := placement.DefaultOptions(), placement.Ablations{}
+		if err := setKnobs(&o, &a, f.knobs); err != nil {
 			return err
 		}
 		cfg.NewPolicy = func(w placement.Workload) placement.Policy {
-			p := placement.NewFGPU(w)
-			_ = setKnobs(p, f.knobs) // checked above
-			return p
+			return placement.NewAblatedFGPU(w, o, a)
 		}
 	}
 	var progress func(done, total int)
@@ -134,45 +132,6 @@ func printTable(w io.Writer, s *sim.Summary) {
 	fmt.Fprintf(w, "failed GPU demand (GPUs): fractional %.1f, one-GPU %.1f, multi-GPU %.1f\n",
 		s.FailedGPUs["fractional"], s.FailedGPUs["one_gpu"], s.FailedGPUs["multi_gpu"])
 	fmt.Fprintf(w, "decision latency: p50 %.1f us, p99 %.1f us; wall %.1f s\n", s.P50us, s.P99us, s.Wall)
-}
-
-// setKnobs sets exported bool, int, float64 and string fields of p from
-// "Name=value,Name=value".
-func setKnobs(p *placement.FGPU, spec string) error {
-	v := reflect.ValueOf(p).Elem()
-	for _, kv := range strings.Split(spec, ",") {
-		name, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
-		if !ok {
-			return fmt.Errorf("--knobs: %q is not Name=value", kv)
-		}
-		fv := v.FieldByName(name)
-		if !fv.IsValid() || !fv.CanSet() {
-			return fmt.Errorf("--knobs: FGPU has no field %q", name)
-		}
-		var err error
-		switch fv.Kind() {
-		case reflect.Bool:
-			var b bool
-			b, err = strconv.ParseBool(val)
-			fv.SetBool(b)
-		case reflect.Int, reflect.Int64:
-			var i int64
-			i, err = strconv.ParseInt(val, 10, 64)
-			fv.SetInt(i)
-		case reflect.Float64:
-			var x float64
-			x, err = strconv.ParseFloat(val, 64)
-			fv.SetFloat(x)
-		case reflect.String:
-			fv.SetString(val)
-		default:
-			return fmt.Errorf("--knobs: field %q cannot be set", name)
-		}
-		if err != nil {
-			return fmt.Errorf("--knobs: %s: %v", name, err)
-		}
-	}
-	return nil
 }
 
 // workloadName turns openb_pod_list_default.csv into "default".

@@ -52,7 +52,7 @@ func TestAllocateBatchLeavesConsistentState(t *testing.T) {
 		reqs = append(reqs, r)
 	}
 	c, _ := NewCluster(specs)
-	pol := NewFGPU(w)
+	pol := NewFGPU(w, DefaultOptions())
 	s := NewScheduler(c, pol, 1)
 	ref, _ := NewCluster(specs)
 	for start := 0; start < len(reqs); start += 16 {
@@ -96,7 +96,7 @@ func TestAllocateBatchLeavesConsistentState(t *testing.T) {
 // A batch with requests that can never fit reports them and places the rest.
 func TestAllocateBatchReportsUnplaceable(t *testing.T) {
 	c := testCluster(t)
-	s := NewScheduler(c, NewFGPU(nil), 1)
+	s := NewScheduler(c, NewFGPU(nil, DefaultOptions()), 1)
 	reqs := []*Request{
 		{Name: "ok", CPUMilli: 1000, GPUs: 1, Share: 500},
 		{Name: "huge", CPUMilli: 1 << 40, GPUs: 1},
@@ -163,13 +163,13 @@ func TestFragMixReach(t *testing.T) {
 	}
 	// Only when the workload is GPU-bound: the test cluster has 12.8
 	// milli-CPU per share unit.
-	f := NewFGPU(w)
+	f := NewFGPU(w, DefaultOptions())
 	NewScheduler(c, f, 1)
 	if f.fm.mixTheta != 0.5 {
 		t.Fatalf("GPU-bound workload: mixTheta %v, want 0.5", f.fm.mixTheta)
 	}
 	cpuHeavy := append(Workload{{CPUMilli: 64000, Weight: 0.5}}, w...)
-	f = NewFGPU(cpuHeavy)
+	f = NewFGPU(cpuHeavy, DefaultOptions())
 	NewScheduler(testCluster(t), f, 1)
 	if f.fm.mixTheta != 0 {
 		t.Fatalf("CPU-bound workload: mixTheta %v, want 0", f.fm.mixTheta)
@@ -187,8 +187,7 @@ func TestFragMixSplit(t *testing.T) {
 	free, capa := []int64{1000, 1000}, []int64{1000, 1000}
 	for _, tc := range []struct{ lo, hi, want float64 }{{1, 0, 375}, {0, 1, 750}, {0.5, 0.5, 562.5}} {
 		c := testCluster(t)
-		f := NewFGPU(w)
-		f.MixSplit, f.MixReachLo, f.MixReachHi = 600, tc.lo, tc.hi
+		f := NewAblatedFGPU(w, DefaultOptions(), Ablations{MixSplit: 600, MixReachLo: tc.lo, MixReachHi: tc.hi})
 		NewScheduler(c, f, 1)
 		if got := f.fm.frag(c.nodes[0].models, 8000, free, capa); got != tc.want {
 			t.Errorf("lo %v hi %v: frag %v, want %v", tc.lo, tc.hi, got, tc.want)

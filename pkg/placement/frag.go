@@ -27,9 +27,9 @@ type fragModel struct {
 	// CPU-short for a shape only when 1.25 x its free CPU cannot host
 	// enough copies).
 	cpuSlack float64
-	// reachGuard leaves cpuReach out on nodes that can still host a
-	// multi-GPU shape: 1 = the workload's largest (by GPUs), 2 = any.
-	reachGuard int
+	// reachGuard leaves cpuReach out on nodes that can still host the
+	// guarded multi-GPU shapes (fgpu's Ablations.ReachGuard).
+	reachGuard ReachGuard
 	multi      []fragShape
 	// mixTheta (fgpu's MixReach) relaxes each sharing shape's CPU reach
 	// towards the mix's: the share that cpuSlack x free CPU covers at the
@@ -39,7 +39,7 @@ type fragModel struct {
 	mixTheta    float64
 	cpuPerShare float64
 	// perShape uses each shape's own theta instead of mixTheta (fgpu's
-	// MixSplit).
+	// Ablations.MixSplit).
 	perShape bool
 }
 
@@ -152,7 +152,7 @@ func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float
 	v := fm.view(models)
 	out := v.fixed * float64(total)
 	reach := fm.cpuReach
-	if reach && fm.reachGuard > 0 && fm.hostsMulti(cpu, free, capa) {
+	if reach && fm.reachGuard != ReachGuardNone && fm.hostsMulti(cpu, free, capa) {
 		reach = false
 	}
 	var mix int64
@@ -237,10 +237,10 @@ func (fm *fragModel) hostsMulti(cpu int64, free, capa []int64) bool {
 }
 
 // setReachGuard picks the multi-GPU shapes whose hosts keep FGD's measure.
-func (fm *fragModel) setReachGuard(mode int) {
+func (fm *fragModel) setReachGuard(mode ReachGuard) {
 	fm.reachGuard = mode
 	fm.multi = nil
-	if mode == 0 {
+	if mode == ReachGuardNone {
 		return
 	}
 	var big fragShape
@@ -248,13 +248,13 @@ func (fm *fragModel) setReachGuard(mode int) {
 		if s.gpus < 2 || s.share != 0 || s.none {
 			continue
 		}
-		if mode == 2 {
+		if mode == ReachGuardAny {
 			fm.multi = append(fm.multi, s)
 		} else if s.gpus > big.gpus || (s.gpus == big.gpus && s.p > big.p) {
 			big = s
 		}
 	}
-	if mode == 1 && big.gpus > 0 {
+	if mode == ReachGuardLargest && big.gpus > 0 {
 		fm.multi = append(fm.multi, big)
 	}
 }

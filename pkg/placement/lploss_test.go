@@ -25,8 +25,9 @@ func TestPackPriceKeepsGapsForTheirComplement(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pol := NewFGPU(w)
-		pol.PackPrice = tc.packPrice
+		o := DefaultOptions()
+		o.PackPrice = tc.packPrice
+		pol := NewFGPU(w, o)
 		s := NewScheduler(c, pol, 1)
 		if err := c.Assign(Placement{Node: 0, GPUs: []int{0}, Share: []int64{470}}, &Request{}); err != nil {
 			t.Fatal(err)
@@ -56,7 +57,8 @@ func TestPackLoss(t *testing.T) {
 	}
 }
 
-// With PackCPU a gap is worth only what the CPU left beside it can host.
+// Counting CPU (unless NoPackCPU), a gap is worth only what the CPU left
+// beside it can host.
 func TestPackLossCountsCPU(t *testing.T) {
 	l := newLPLoss(Workload{
 		{CPUMilli: 1000, GPUs: 1, Share: 470, Weight: 0.4},
@@ -107,8 +109,8 @@ func TestNodeValueSharesCPU(t *testing.T) {
 
 // A whole-GPU pod whose CPU would strand a gap on one node goes to another
 // where it strands nothing. FGD's score ties the two nodes (its CPU reach,
-// with slack, still sees both gaps reachable), so without PackNode the
-// first node by name takes it.
+// with slack, still sees both gaps reachable), so without the node loss
+// (NoPackNode) the first node by name takes it.
 func TestPackNodeKeepsCPUBesideGaps(t *testing.T) {
 	for _, tc := range []struct {
 		packNode bool
@@ -121,8 +123,7 @@ func TestPackNodeKeepsCPUBesideGaps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pol := NewFGPU(halves)
-		pol.PackNode = tc.packNode
+		pol := NewAblatedFGPU(halves, DefaultOptions(), Ablations{NoPackNode: !tc.packNode})
 		s := NewScheduler(c, pol, 1)
 		for _, p := range []Placement{
 			{Node: 0, GPUs: []int{0}, Share: []int64{500}},
@@ -174,8 +175,8 @@ func TestNodeValueCountsMemory(t *testing.T) {
 
 // The same through the policy, for memory: a whole-GPU pod whose 20 GiB
 // would leave a 500m gap's pods without memory on one node goes to the
-// other. FGD ignores memory and ties the nodes, so without PackNode the
-// first by name takes it.
+// other. FGD ignores memory and ties the nodes, so without the node loss
+// (NoPackNode) the first by name takes it.
 func TestPackNodeKeepsMemoryBesideGaps(t *testing.T) {
 	w := Workload{
 		{CPUMilli: 1000, MemoryMiB: 20 << 10, GPUs: 1, Share: 500, Weight: 0.5},
@@ -192,8 +193,7 @@ func TestPackNodeKeepsMemoryBesideGaps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pol := NewFGPU(w)
-		pol.PackNode = tc.packNode
+		pol := NewAblatedFGPU(w, DefaultOptions(), Ablations{NoPackNode: !tc.packNode})
 		s := NewScheduler(c, pol, 1)
 		for _, p := range []Placement{
 			{Node: 0, GPUs: []int{0}, Share: []int64{500}},

@@ -74,7 +74,7 @@ func TestAssignReleaseRoundTrip(t *testing.T) {
 
 func TestPlaceReasons(t *testing.T) {
 	c := testCluster(t)
-	s := NewScheduler(c, NewFGPU(nil), 1)
+	s := NewScheduler(c, NewFGPU(nil, DefaultOptions()), 1)
 	cases := []struct {
 		name string
 		r    Request
@@ -104,7 +104,7 @@ func TestPlaceReasons(t *testing.T) {
 
 func TestPlaceRespectsModelsShareAndFilter(t *testing.T) {
 	c := testCluster(t)
-	s := NewScheduler(c, NewFGPU(nil), 1)
+	s := NewScheduler(c, NewFGPU(nil, DefaultOptions()), 1)
 	p, err := s.Allocate(&Request{GPUs: 1, Share: 600, Models: []string{"T4"}})
 	if err != nil || p.Node != 0 {
 		t.Fatalf("T4 request on node %d: %v", p.Node, err)
@@ -158,7 +158,7 @@ func TestFragHandWorked(t *testing.T) {
 func TestFGDAvoidsFragment(t *testing.T) {
 	c, _ := NewCluster([]NodeSpec{{Name: "n", CPUMilli: 64000, MemoryMiB: 1 << 20, GPUs: gpus("V100", 2)}})
 	w := Workload{{CPUMilli: 1000, GPUs: 1, Share: 500, Weight: 1}}
-	for _, pol := range []Policy{NewFGD(w), NewFGPU(w)} {
+	for _, pol := range []Policy{NewFGD(w), NewFGPU(w, DefaultOptions())} {
 		c, _ = NewCluster([]NodeSpec{{Name: "n", CPUMilli: 64000, MemoryMiB: 1 << 20, GPUs: gpus("V100", 2)}})
 		s := NewScheduler(c, pol, 1)
 		if err := c.Assign(Placement{Node: 0, GPUs: []int{1}, Share: []int64{400}}, &Request{}); err != nil {

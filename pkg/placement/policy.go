@@ -33,20 +33,25 @@ type TieBreaker interface {
 }
 
 // Names lists the policies New knows.
-func Names() []string { return []string{"fgpu", "fgd", "bestfit", "random"} }
+func Names() []string { return []string{"fgpu", "fgd", "bestfit", "random", "spread", "pack"} }
 
 // New returns the named policy. The workload shape distribution is used by
-// the fragmentation-aware policies (fgd, fgpu) and ignored by the others.
+// the fragmentation-aware policies (fgd, fgpu) and ignored by the others;
+// fgpu gets DefaultOptions.
 func New(name string, w Workload) (Policy, error) {
 	switch name {
 	case "random":
 		return &Random{}, nil
+	case "spread":
+		return Spread{}, nil
+	case "pack":
+		return Pack{}, nil
 	case "bestfit":
 		return &BestFit{ByName: true}, nil
 	case "fgd":
 		return NewFGD(w), nil
 	case "fgpu", "":
-		return NewFGPU(w), nil
+		return NewFGPU(w, DefaultOptions()), nil
 	}
 	return nil, fmt.Errorf("unknown policy %q (known: %v)", name, Names())
 }

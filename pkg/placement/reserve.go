@@ -4,8 +4,8 @@ package placement
 // many nodes could still host it (enough fully free GPUs of an allowed
 // model and enough free CPU), against the pods of that shape expected while
 // the cluster's free GPU share fills (the shape's frequency x free share /
-// the workload's mean GPU share per pod). FGPU's Reserve and ReserveRatio
-// knobs use it to penalise placements that stop a node hosting such a
+// the workload's mean GPU share per pod). fgpu's Reserve and ReserveRatio
+// ablations use it to penalise placements that stop a node hosting such a
 // shape. A change to a node refreshes that node's hosting set only.
 type reserve struct {
 	c      *Cluster

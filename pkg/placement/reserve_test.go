@@ -97,16 +97,14 @@ func TestReserveKeepsLastHostWhole(t *testing.T) {
 		}
 		return p.NodeName
 	}
-	if got := place(NewFGPU(w)); got != "a" {
+	if got := place(NewFGPU(w, DefaultOptions())); got != "a" {
 		t.Fatalf("plain fgpu placed on %s, want a", got)
 	}
-	for name, set := range map[string]func(*FGPU){
-		"threshold": func(f *FGPU) { f.Reserve, f.ReserveAbove = 100, true },
-		"ratio":     func(f *FGPU) { f.ReserveRatio = 1000 },
+	for name, a := range map[string]Ablations{
+		"threshold": {Reserve: 100, ReserveAbove: true},
+		"ratio":     {ReserveRatio: 1000},
 	} {
-		f := NewFGPU(w)
-		set(f)
-		if got := place(f); got != "b" {
+		if got := place(NewAblatedFGPU(w, DefaultOptions(), a)); got != "b" {
 			t.Errorf("%s reserve placed on %s, want b (a is the last 8-GPU host)", name, got)
 		}
 	}

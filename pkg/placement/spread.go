@@ -1,0 +1,63 @@
+package placement
+
+// Spread puts a request on the least-loaded GPUs: inside a node the GPUs
+// with the most free share, and among nodes the one whose chosen GPUs keep
+// the largest fraction of their capacity free. The allocator uses it for
+// latency-critical claims, which should share a GPU with as little as
+// possible.
+type Spread struct{}
+
+func (Spread) Name() string    { return "spread" }
+func (Spread) Attach(*Cluster) {}
+func (Spread) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, []int) {
+	return pick(c, n, r, elig, out, true)
+}
+
+// Pack puts a request on the fullest GPUs that still fit it: inside a node
+// the GPUs with the least free share, and among nodes the one whose chosen
+// GPUs keep the smallest fraction free. The allocator uses it for
+// best-effort claims, which leave whole GPUs to the others.
+type Pack struct{}
+
+func (Pack) Name() string    { return "pack" }
+func (Pack) Attach(*Cluster) {}
+func (Pack) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, []int) {
+	return pick(c, n, r, elig, out, false)
+}
+
+// pick chooses r.GPUs of the eligible GPUs, most free first (most) or least free first, and scores the node by the
+// fraction of the chosen GPUs' capacity left free after the placement,
+// negated for pack.
+func pick(c *Cluster, n int, r *Request, elig, out []int, most bool) (float64, []int) {
+	free, capa := c.GPUs(n)
+	chosen := append([]int(nil), elig...)
+	// Selection sort of the first r.GPUs: elig is at most a node's GPUs.
+	k := max(r.GPUs, 1)
+	for i := 0; i < k && i < len(chosen); i++ {
+		b := i
+		for j := i + 1; j < len(chosen); j++ {
+			if (most && free[chosen[j]] > free[chosen[b]]) || (!most && free[chosen[j]] < free[chosen[b]]) {
+				b = j
+			}
+		}
+		chosen[i], chosen[b] = chosen[b], chosen[i]
+	}
+	chosen = chosen[:min(k, len(chosen))]
+	var left, total float64
+	for _, g := range chosen {
+		take := r.Share
+		if r.Whole() || take >= capa[g] {
+			take = capa[g]
+		}
+		left += float64(free[g] - take)
+		total += float64(capa[g])
+	}
+	score := 0.0
+	if total > 0 {
+		score = left / total
+	}
+	if !most {
+		score = -score
+	}
+	return score, append(out, chosen...)
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned/fake"
 	"github.com/fgpu-dev/fgpu/pkg/client/informers/externalversions"
+	fgpuinformers "github.com/fgpu-dev/fgpu/pkg/client/informers/externalversions/fgpu.dev/v1alpha1"
 )
 
 func policy(name string, priority int32) *api.SharingPolicy {
@@ -29,14 +30,14 @@ func policy(name string, priority int32) *api.SharingPolicy {
 		Spec: api.SharingPolicySpec{Priority: priority, Isolation: api.IsolationNone, MaxTenantsPerGPU: ptr.To[int32](4)}}
 }
 
-// The typed informer delivers policies, those there at start and those created later, to its
-// handlers and its lister.
+// The typed informer delivers policies, those there at start and those created or deleted
+// later, to typed handlers (no type assertions) and to its lister.
 func TestInformerDeliversSharingPolicies(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	client := fake.NewSimpleClientset(policy("a", 10))
-	// The fake tracker does not replay what was created before a watch began: create "b"
-	// once the informer's watch is registered.
+	// The fake tracker does not replay what was created before a watch began: change
+	// policies once the informer's watch is registered.
 	watching := make(chan struct{})
 	var once sync.Once
 	client.PrependWatchReactor("sharingpolicies", func(a clienttesting.Action) (bool, watch.Interface, error) {
@@ -46,12 +47,11 @@ func TestInformerDeliversSharingPolicies(t *testing.T) {
 	})
 	factory := externalversions.NewSharedInformerFactory(client, 0)
 	inf := factory.Fgpu().V1alpha1().SharingPolicies()
-	got := make(chan *api.SharingPolicy, 2)
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(o any) {
-		if p, ok := o.(*api.SharingPolicy); ok {
-			got <- p
-		}
-	}}); err != nil {
+	added, deleted := make(chan *api.SharingPolicy, 2), make(chan string, 1)
+	if _, err := inf.TypedInformer().AddTypedEventHandler(fgpuinformers.SharingPolicyHandlerFuncs{
+		AddFunc:    func(p *api.SharingPolicy) { added <- p },
+		DeleteFunc: func(d fgpuinformers.DeletedSharingPolicy) { deleted <- d.GetName() },
+	}); err != nil {
 		t.Fatal(err)
 	}
 	factory.Start(ctx.Done())
@@ -69,13 +69,14 @@ func TestInformerDeliversSharingPolicies(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the informer never watched")
 	}
-	if _, err := client.FgpuV1alpha1().SharingPolicies().Create(ctx, policy("b", 20), metav1.CreateOptions{}); err != nil {
+	policies := client.FgpuV1alpha1().SharingPolicies()
+	if _, err := policies.Create(ctx, policy("b", 20), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	seen := map[string]int32{}
 	for len(seen) < 2 {
 		select {
-		case p := <-got:
+		case p := <-added:
 			seen[p.Name] = p.Spec.Priority
 		case <-ctx.Done():
 			t.Fatalf("handler saw only %v", seen)
@@ -90,6 +91,17 @@ func TestInformerDeliversSharingPolicies(t *testing.T) {
 	}
 	if p.Spec.Isolation != api.IsolationNone || p.Spec.MaxTenantsPerGPU == nil || *p.Spec.MaxTenantsPerGPU != 4 {
 		t.Fatalf("lister returned %+v", p.Spec)
+	}
+	if err := policies.Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case name := <-deleted:
+		if name != "a" {
+			t.Fatalf("deleted %q, want a", name)
+		}
+	case <-ctx.Done():
+		t.Fatal("the deletion was not delivered")
 	}
 }
 

@@ -13,9 +13,10 @@ const GroupName = "fgpu.dev"
 var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1alpha1"}
 
 var (
-	// SchemeBuilder registers fgpu's API objects; the generated clientset uses it.
+	// SchemeBuilder collects what registers fgpu's API objects in a scheme.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
-	// AddToScheme adds SharingPolicy and SharingPolicyList to a scheme.
+	// AddToScheme adds SharingPolicy and SharingPolicyList to a scheme (the generated
+	// clientset's among them).
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 

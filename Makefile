@@ -2,12 +2,21 @@
 SHELL := /bin/bash
 GO ?= go
 
-.PHONY: all build test test-unit test-e2e demo demo-down images cluster-up cluster-down bench-e2e plot gpucheck
+.PHONY: all build generate test test-unit test-e2e demo demo-down images cluster-up cluster-down bench-e2e plot gpucheck
 
 all: build
 
 build:
 	$(GO) build ./...
+
+## generate: deepcopy and the CRD (into the chart) from the API types with controller-gen, then
+## the typed clientset, listers and informers (hack/update-codegen.sh). Needs only the Go module
+## proxy; running it twice leaves the tree unchanged.
+CONTROLLER_TOOLS_VERSION ?= v0.23.0
+generate:
+	$(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION) \
+		object paths=./api/... crd paths=./api/... output:crd:dir=deployments/helm/fgpu/crds
+	GO=$(GO) hack/update-codegen.sh
 
 ## test: unit tests, then the e2e suites on a real local Kubernetes cluster.
 test: test-unit test-e2e

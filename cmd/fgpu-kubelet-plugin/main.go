@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/nvml"
@@ -44,13 +45,13 @@ func main() {
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&f.cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	fs.StringVar(&f.cfg.DriverName, "driver-name", "gpu.fgpu.dev", "DRA driver name")
+	fs.StringVar(&f.cfg.DriverName, "driver-name", api.DriverName, "DRA driver name")
 	fs.StringVar(&f.gpus, "gpus", "nvml", `GPU backend: "nvml", "fake:<count>x<model>[,...]" (e.g. fake:4xH100-80GB) or "fake-file:<fleet.yaml>"`)
 	fs.StringVar(&f.cfg.DevRoot, "dev-root", "", "directory of the GPU device nodes (default /dev; fake GPUs: /var/run/fgpu/fake-dev)")
 	fs.StringVar(&f.mpsControl, "mps-control-binary", "", "MPS control binary (default nvidia-cuda-mps-control; fake GPUs: fake-mps-control)")
 	fs.StringVar(&f.cfg.CDIDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs")
 	fs.StringVar(&f.cfg.MPSRoot, "mps-root", "/var/run/fgpu/mps", "directory for MPS pipe and log directories (same path on the host and in the container)")
-	fs.StringVar(&f.cfg.PluginDataDir, "plugin-data-dir", "/var/lib/kubelet/plugins/gpu.fgpu.dev", "plugin socket and checkpoint directory")
+	fs.StringVar(&f.cfg.PluginDataDir, "plugin-data-dir", "/var/lib/kubelet/plugins/"+api.DriverName, "plugin socket and checkpoint directory")
 	fs.StringVar(&f.cfg.RegistrarDir, "registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registry directory")
 	fs.StringVar(&f.reservedMemory, "reserved-memory", "1Gi", "memory kept back on each GPU for the driver and the MPS server")
 	fs.StringVar(&f.allocationMode, "allocation-mode", "scheduler", `"scheduler": kube-scheduler allocates shares; "allocator": devices are fenced with a taint only fgpu's allocator tolerates`)

@@ -7,6 +7,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/clusterview"
 )
 
@@ -32,7 +33,7 @@ func newGPUsCmd() *cobra.Command {
 			return clusterview.Print(os.Stdout, gpus)
 		},
 	}
-	cmd.Flags().StringVar(&driver, "driver", "gpu.fgpu.dev", "DRA driver name")
+	cmd.Flags().StringVar(&driver, "driver", api.DriverName, "DRA driver name")
 	cmd.Flags().StringVar(&flags.ExplicitPath, "kubeconfig", "", "kubeconfig (default $KUBECONFIG or ~/.kube/config)")
 	return cmd
 }

@@ -14,7 +14,6 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
-	"github.com/fgpu-dev/fgpu/pkg/controller"
 	"github.com/fgpu-dev/fgpu/pkg/controller/loadgen"
 )
 
@@ -35,10 +34,10 @@ func TestAllocatorPlacesShares(t *testing.T) {
 		}
 		_, claim := gpuOf(t, pod)
 		r := claim.Status.Allocation.Devices.Results[0]
-		if got := r.ConsumedCapacity["memory"]; got.String() != mem {
+		if got := r.ConsumedCapacity[api.CapacityMemory]; got.String() != mem {
 			t.Errorf("%s: consumed %s, want %s", name, got.String(), mem)
 		}
-		if len(r.Tolerations) == 0 || r.Tolerations[0].Key != controller.FenceTaintKey {
+		if len(r.Tolerations) == 0 || r.Tolerations[0].Key != api.FenceTaintKey {
 			t.Errorf("%s: no fence toleration in %+v", name, r)
 		}
 		if _, err := cluster.WaitEvent(ctx, ns, name, "placed on "+cluster.Node+"/gpu-", 30*time.Second); err != nil {
@@ -225,7 +224,7 @@ func TestAllocationTimesOut(t *testing.T) {
 func TestAdmissionRefusesFenceToleration(t *testing.T) {
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "admit")
-	fence := resourceapi.DeviceToleration{Key: controller.FenceTaintKey, Operator: resourceapi.DeviceTolerationOpExists}
+	fence := resourceapi.DeviceToleration{Key: api.FenceTaintKey, Operator: resourceapi.DeviceTolerationOpExists}
 	keyless := resourceapi.DeviceToleration{Operator: resourceapi.DeviceTolerationOpExists}
 	other := resourceapi.DeviceToleration{Key: "example.com/other", Operator: resourceapi.DeviceTolerationOpExists}
 	claim := func(name string, tol resourceapi.DeviceToleration) *resourceapi.ResourceClaim {
@@ -235,14 +234,14 @@ func TestAdmissionRefusesFenceToleration(t *testing.T) {
 	}
 	for _, c := range []*resourceapi.ResourceClaim{claim("fence", fence), claim("keyless", keyless)} {
 		_, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, c, metav1.CreateOptions{})
-		if err == nil || !strings.Contains(err.Error(), controller.FenceTaintKey) {
-			t.Errorf("claim %s: want refusal naming %s, got %v", c.Name, controller.FenceTaintKey, err)
+		if err == nil || !strings.Contains(err.Error(), api.FenceTaintKey) {
+			t.Errorf("claim %s: want refusal naming %s, got %v", c.Name, api.FenceTaintKey, err)
 		}
 	}
 	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "first"}, Spec: resourceapi.ResourceClaimTemplateSpec{
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu",
 			FirstAvailable: []resourceapi.DeviceSubRequest{{Name: "a", DeviceClassName: framework.Driver, Tolerations: []resourceapi.DeviceToleration{keyless}}}}}}}}}
-	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), controller.FenceTaintKey) {
+	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), api.FenceTaintKey) {
 		t.Errorf("template with a keyless firstAvailable toleration: want refusal, got %v", err)
 	}
 	if _, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim("other", other), metav1.CreateOptions{}); err != nil {

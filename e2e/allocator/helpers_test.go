@@ -13,8 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
@@ -27,23 +25,18 @@ import (
 func createPolicy(t *testing.T, name string, spec api.SharingPolicySpec) {
 	t.Helper()
 	ctx := context.Background()
-	p := &api.SharingPolicy{TypeMeta: metav1.TypeMeta{APIVersion: api.SchemeGroupVersion.String(), Kind: api.SharingPolicyKind},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"fgpu.dev/e2e": "true"}}, Spec: spec}
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dyn.Resource(controller.SharingPolicyGVR).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+	p := &api.SharingPolicy{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"fgpu.dev/e2e": "true"}}, Spec: spec}
+	if _, err := fgpuClient.FgpuV1alpha1().SharingPolicies().Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = dyn.Resource(controller.SharingPolicyGVR).Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = fgpuClient.FgpuV1alpha1().SharingPolicies().Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
 	time.Sleep(time.Second) // the allocator's informer
 }
 
 func deletePolicies(ctx context.Context) {
-	_ = dyn.Resource(controller.SharingPolicyGVR).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "fgpu.dev/e2e=true"})
+	_ = fgpuClient.FgpuV1alpha1().SharingPolicies().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "fgpu.dev/e2e=true"})
 }
 
 // labelNamespace sets a label on a test namespace (policies select by it).

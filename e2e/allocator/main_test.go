@@ -12,14 +12,14 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/fgpu-dev/fgpu/e2e/framework"
+	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
 )
 
 var (
-	cluster *framework.Cluster
-	dyn     dynamic.Interface
+	cluster    *framework.Cluster
+	fgpuClient versioned.Interface
 )
 
 // bindTimeout is short so that the timeout-and-replace path runs within a test.
@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	cluster = c
-	if dyn, err = dynamic.NewForConfig(c.Config); err == nil {
+	if fgpuClient, err = versioned.NewForConfig(c.Config); err == nil {
 		err = waitAllocatorReady(context.Background())
 	}
 	if err != nil {

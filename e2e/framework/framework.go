@@ -23,13 +23,15 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
 
 const (
 	// Namespace is where the chart is installed.
 	Namespace = "fgpu-system"
 	// Driver is the DRA driver name.
-	Driver = "gpu.fgpu.dev"
+	Driver = api.DriverName
 	// StateDir is the plugin's host directory (MPS directories, fake device nodes).
 	StateDir = "/var/run/fgpu"
 	// CDIDir is where the plugin writes claim specs.

@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
 
 // Image is the project's image; fgpu-probe is the workload.
@@ -33,18 +35,18 @@ type GPUPod struct {
 
 // MakeGPUPod starts a GPU pod of the share class.
 func MakeGPUPod(ns, name string) *GPUPod {
-	return &GPUPod{ns: ns, name: name, class: "gpu.fgpu.dev", capacity: map[resourceapi.QualifiedName]resource.Quantity{}}
+	return &GPUPod{ns: ns, name: name, class: api.DeviceClassShared, capacity: map[resourceapi.QualifiedName]resource.Quantity{}}
 }
 
 // Memory asks for device memory.
 func (p *GPUPod) Memory(q string) *GPUPod {
-	p.capacity["memory"] = resource.MustParse(q)
+	p.capacity[api.CapacityMemory] = resource.MustParse(q)
 	return p
 }
 
 // Compute asks for a percent of the GPU's SMs.
 func (p *GPUPod) Compute(pct int) *GPUPod {
-	p.capacity["compute"] = *resource.NewQuantity(int64(pct), resource.DecimalSI)
+	p.capacity[api.CapacityCompute] = *resource.NewQuantity(int64(pct), resource.DecimalSI)
 	return p
 }
 
@@ -74,7 +76,7 @@ func (p *GPUPod) Template() *resourceapi.ResourceClaimTemplate {
 	}
 	spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}
 	if p.config != nil {
-		body := map[string]any{"apiVersion": "fgpu.dev/v1alpha1", "kind": "GpuConfig"}
+		body := map[string]any{"apiVersion": api.SchemeGroupVersion.String(), "kind": api.GpuConfigKind}
 		for k, v := range p.config {
 			body[k] = v
 		}

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/nvml"
 	"github.com/fgpu-dev/fgpu/pkg/plugin"
@@ -66,7 +67,7 @@ func run(phase string, args []string) error {
 			resource.NewQuantity(d.MemoryBytes, resource.BinarySI), d.Minor, d.PCIBusID, d.NUMANode, d.ComputeMode, d.DeviceNodes)
 	}
 	cfg := plugin.Config{
-		DriverName: "gpu.fgpu.dev", NodeName: "gpu-host",
+		DriverName: api.DriverName, NodeName: "gpu-host",
 		CDIDir: filepath.Join(root, "cdi"), PluginDataDir: filepath.Join(root, "plugin"), MPSRoot: filepath.Join(root, "mps"),
 		DevRoot: "/dev", ReservedMemory: 1 << 30,
 	}
@@ -106,7 +107,7 @@ func prepare(ctx context.Context, state *plugin.State, cfg plugin.Config, out st
 			Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
 				Results: []resourceapi.DeviceRequestAllocationResult{{
 					Request: "gpu", Driver: cfg.DriverName, Pool: cfg.NodeName, Device: "gpu-0", ShareID: &share,
-					ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(mem)},
+					ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{api.CapacityMemory: resource.MustParse(mem)},
 				}},
 			}}},
 		}

@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
 
 // GPU is one published device and its tenants.
@@ -62,7 +64,7 @@ func Gather(ctx context.Context, c kubernetes.Interface, driver string) ([]GPU, 
 			if a, ok := d.Attributes["productName"]; ok && a.StringValue != nil {
 				g.Product = *a.StringValue
 			}
-			if m, ok := d.Capacity["memory"]; ok {
+			if m, ok := d.Capacity[api.CapacityMemory]; ok {
 				g.Memory = m.Value.Value()
 			}
 			byKey[key] = g
@@ -83,10 +85,10 @@ func Gather(ctx context.Context, c kubernetes.Interface, driver string) ([]GPU, 
 				continue
 			}
 			t := Tenant{Namespace: cl.Namespace, Claim: cl.Name, Memory: g.Memory, Mode: modeOf(cl, r)}
-			if q, ok := r.ConsumedCapacity["memory"]; ok {
+			if q, ok := r.ConsumedCapacity[api.CapacityMemory]; ok {
 				t.Memory = q.Value()
 			}
-			if q, ok := r.ConsumedCapacity["compute"]; ok {
+			if q, ok := r.ConsumedCapacity[api.CapacityCompute]; ok {
 				t.Compute = q.Value()
 			}
 			if r.ShareID != nil {

@@ -8,9 +8,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
 
-const testDriver = "gpu.fgpu.dev"
+const testDriver = configapi.DriverName
 
 // claimBuilder keeps tests short: makeClaim("ns", "a").memory("10Gi").obj().
 type claimBuilder struct{ c *resourceapi.ResourceClaim }
@@ -36,12 +38,12 @@ func (b *claimBuilder) device(name string) *claimBuilder {
 }
 
 func (b *claimBuilder) memory(q string) *claimBuilder {
-	b.c.Status.Allocation.Devices.Results[0].ConsumedCapacity[CapacityMemory] = resource.MustParse(q)
+	b.c.Status.Allocation.Devices.Results[0].ConsumedCapacity[configapi.CapacityMemory] = resource.MustParse(q)
 	return b
 }
 
 func (b *claimBuilder) compute(pct string) *claimBuilder {
-	b.c.Status.Allocation.Devices.Results[0].ConsumedCapacity[CapacityCompute] = resource.MustParse(pct)
+	b.c.Status.Allocation.Devices.Results[0].ConsumedCapacity[configapi.CapacityCompute] = resource.MustParse(pct)
 	return b
 }
 

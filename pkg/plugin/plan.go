@@ -34,10 +34,11 @@ func (s *State) plan(claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDev
 		if !ok {
 			return nil, fmt.Errorf("allocated device %q does not exist on node %s", r.Device, s.cfg.NodeName)
 		}
-		cfg, err := s.configFor(alloc.Devices.Config, r.Request)
+		cfg, err := configapi.MergeConfigs(s.cfg.DriverName, alloc.Devices.Config, r.Request)
 		if err != nil {
 			return nil, fmt.Errorf("request %q: %w", r.Request, err)
 		}
+		cfg.Normalize()
 		p, err := s.planDevice(d, r, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("request %q on %s: %w", r.Request, r.Device, err)
@@ -59,35 +60,12 @@ func (s *State) plan(claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDev
 	return planned, nil
 }
 
-// configFor merges the fgpu opaque configs that apply to a request: class configs first,
-// then the claim's, later ones overriding earlier ones field by field.
-func (s *State) configFor(configs []resourceapi.DeviceAllocationConfiguration, request string) (*configapi.GpuConfig, error) {
-	merged := &configapi.GpuConfig{}
-	for _, source := range []resourceapi.AllocationConfigSource{resourceapi.AllocationConfigSourceClass, resourceapi.AllocationConfigSourceClaim} {
-		for _, c := range configs {
-			if c.Source != source || c.Opaque == nil || c.Opaque.Driver != s.cfg.DriverName || !configapi.AppliesTo(c.Requests, request) {
-				continue
-			}
-			cfg, err := configapi.DecodeGpuConfig(c.Opaque.Parameters.Raw)
-			if err != nil {
-				return nil, err
-			}
-			if err := cfg.Validate(); err != nil {
-				return nil, fmt.Errorf("invalid fgpu config: %w", err)
-			}
-			merged.Overlay(cfg)
-		}
-	}
-	merged.Normalize()
-	return merged, nil
-}
-
 func (s *State) planDevice(d gpu.Device, r resourceapi.DeviceRequestAllocationResult, cfg *configapi.GpuConfig) (checkpoint.PreparedDevice, error) {
 	allocatable := AllocatableMemory(d, s.cfg.ReservedMemory)
 	mem, compute := allocatable, int64(100)
 	if r.ConsumedCapacity != nil {
-		mem = quantity(r.ConsumedCapacity, CapacityMemory, allocatable)
-		compute = quantity(r.ConsumedCapacity, CapacityCompute, 0)
+		mem = quantity(r.ConsumedCapacity, configapi.CapacityMemory, allocatable)
+		compute = quantity(r.ConsumedCapacity, configapi.CapacityCompute, 0)
 	}
 	if mem <= 0 || mem > allocatable {
 		return checkpoint.PreparedDevice{}, fmt.Errorf("allocated memory %s is outside GPU %s's %s allocatable", bytesStr(mem), d.UUID, bytesStr(allocatable))

@@ -10,31 +10,19 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 )
 
-const (
-	// CapacityMemory is device memory in bytes; CapacityCompute is the percent of SMs.
-	CapacityMemory  resourceapi.QualifiedName = "memory"
-	CapacityCompute resourceapi.QualifiedName = "compute"
-
-	// memoryStep is the granularity of memory shares; published memory is rounded down to
-	// it so that the whole GPU is always a valid request.
-	memoryStep = int64(256) << 20
-
-	// AllocatorTaintKey fences devices in allocator mode: only fgpu's allocator tolerates it.
-	AllocatorTaintKey   = "fgpu.dev/allocator"
-	AllocatorTaintValue = "required"
-)
-
 // AllocatableMemory is what a GPU offers to claims: its memory less the reserve for the
-// driver and the MPS server, rounded down to the share granularity.
+// driver and the MPS server, rounded down to the share granularity so that the whole GPU
+// is always a valid request.
 func AllocatableMemory(d gpu.Device, reserved int64) int64 {
 	free := d.MemoryBytes - reserved
-	if free < memoryStep {
+	if free < configapi.MemoryStep {
 		return 0
 	}
-	return free / memoryStep * memoryStep
+	return free / configapi.MemoryStep * configapi.MemoryStep
 }
 
 // DriverResources is the node's pool: one device per GPU, shareable by many claims, with
@@ -54,18 +42,18 @@ func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced 
 			AllowMultipleAllocations: ptr.To(true),
 			Attributes:               attributes(d),
 			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-				CapacityMemory: {
+				configapi.CapacityMemory: {
 					Value: *mem,
 					RequestPolicy: &resourceapi.CapacityRequestPolicy{
 						Default: mem,
 						ValidRange: &resourceapi.CapacityRequestPolicyRange{
-							Min:  resource.NewQuantity(memoryStep, resource.BinarySI),
+							Min:  resource.NewQuantity(configapi.MemoryStep, resource.BinarySI),
 							Max:  mem,
-							Step: resource.NewQuantity(memoryStep, resource.BinarySI),
+							Step: resource.NewQuantity(configapi.MemoryStep, resource.BinarySI),
 						},
 					},
 				},
-				CapacityCompute: {
+				configapi.CapacityCompute: {
 					Value: resource.MustParse("100"),
 					RequestPolicy: &resourceapi.CapacityRequestPolicy{
 						Default: ptr.To(resource.MustParse("0")),
@@ -79,7 +67,7 @@ func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced 
 			},
 		}
 		if fenced {
-			dev.Taints = []resourceapi.DeviceTaint{{Key: AllocatorTaintKey, Value: AllocatorTaintValue, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+			dev.Taints = []resourceapi.DeviceTaint{configapi.FenceTaint()}
 		}
 		devices = append(devices, dev)
 	}

@@ -13,18 +13,6 @@ import (
 // GpuConfigKind is the kind of GpuConfig in opaque device configuration.
 const GpuConfigKind = "GpuConfig"
 
-// SharingMode says how co-tenants of one GPU share it.
-type SharingMode string
-
-const (
-	// SharingModeMPS runs the claim as a client of the GPU's MPS server for its isolation
-	// domain: memory and compute caps are enforced by MPS.
-	SharingModeMPS SharingMode = "mps"
-	// SharingModeTimeSlicing lets the claim's processes time-share the GPU with no memory
-	// enforcement; fgpu still accounts the memory it was given.
-	SharingModeTimeSlicing SharingMode = "timeSlicing"
-)
-
 // GpuConfig is the opaque configuration of an fgpu device request. Users may set it in a
 // ResourceClaim's `config[].opaque.parameters`; the allocator writes it into the allocation.
 // Every field is optional: the defaults come from the allocated consumed capacity.

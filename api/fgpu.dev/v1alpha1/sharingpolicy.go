@@ -3,7 +3,6 @@ package v1alpha1
 import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // SharingPolicyKind and SharingPolicyResource name the SharingPolicy API.
@@ -52,6 +51,8 @@ const (
 	PolicyModeAuto        PolicyMode = "auto"
 )
 
+// +genclient
+// +genclient:nonNamespaced
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster,shortName=sp
 // +kubebuilder:printcolumn:name="Priority",type=integer,JSONPath=`.spec.priority`
@@ -162,11 +163,4 @@ type SharingPolicyList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []SharingPolicy `json:"items"`
-}
-
-// AddSharingPolicyToScheme registers SharingPolicy and SharingPolicyList.
-func AddSharingPolicyToScheme(s *runtime.Scheme) error {
-	s.AddKnownTypes(SchemeGroupVersion, &SharingPolicy{}, &SharingPolicyList{})
-	metav1.AddToGroupVersion(s, SchemeGroupVersion)
-	return nil
 }

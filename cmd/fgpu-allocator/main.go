@@ -14,11 +14,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
+	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
@@ -60,7 +63,7 @@ func main() {
 	fs.DurationVar(&f.cfg.BindTimeout, "bind-timeout", f.cfg.BindTimeout, "take an allocation back, and place the claim elsewhere, when its pod is not scheduled within this time")
 	fs.DurationVar(&f.cfg.OrphanGrace, "orphan-grace", f.cfg.OrphanGrace, "take an allocation back when no pod has used the claim for this long")
 	fs.IntVar(&f.cfg.Workers, "workers", f.cfg.Workers, "claims written in parallel (decisions are serialised; each placement waits on two API round trips, so this bounds placements per second)")
-	fs.StringVar(&f.cfg.Placement, "placement", f.cfg.Placement, "placement policy for standard claims: fgpu, fgd, bestfit, random")
+	fs.StringVar(&f.cfg.Placement, "placement", f.cfg.Placement, "placement policy for standard claims: "+strings.Join(placement.Names(), ", "))
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":9465", "address of the Prometheus /metrics and /healthz endpoint (empty: off)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
 	fs.BoolVar(&f.profiling, "profiling", false, "serve Go's pprof handlers under /debug/pprof/ on the metrics address")
@@ -89,6 +92,9 @@ func run(ctx context.Context, f flags) error {
 	logger := klog.FromContext(ctx)
 	f.cfg.DeviceClasses = splitList(f.classes)
 	f.cfg.ExclusiveClasses = splitList(f.exclusiveClasses)
+	if _, err := placement.New(f.cfg.Placement, nil); err != nil {
+		return fmt.Errorf("--placement: %w", err)
+	}
 	rc, err := serve.RestConfig(f.kubeconfig, "fgpu-allocator", f.qps, f.burst)
 	if err != nil {
 		return err
@@ -97,7 +103,10 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	dyn, err := dynamic.NewForConfig(rc)
+	// CRDs speak JSON only; the core client keeps protobuf.
+	crd := rest.CopyConfig(rc)
+	crd.ContentType, crd.AcceptContentTypes = runtime.ContentTypeJSON, runtime.ContentTypeJSON
+	fgpuClient, err := versioned.NewForConfig(crd)
 	if err != nil {
 		return err
 	}
@@ -105,7 +114,7 @@ func run(ctx context.Context, f flags) error {
 	metrics := controller.NewMetrics(reg)
 	defer serve.Metrics(ctx, f.metricsAddr, reg, f.profiling)()
 	runCtrl := func(ctx context.Context) error {
-		return controller.New(f.cfg, client, dyn, metrics).Run(ctx)
+		return controller.New(f.cfg, client, fgpuClient, metrics).Run(ctx)
 	}
 	if !f.leaderElect {
 		return runCtrl(ctx)

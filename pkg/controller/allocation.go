@@ -70,8 +70,8 @@ func (c *Controller) allocation(claim *resourceapi.ResourceClaim, d *decision) (
 			Request: r.request, Driver: c.cfg.DriverName, Pool: r.gpu.key.pool, Device: r.gpu.key.device,
 			Tolerations: r.tolerations, ShareID: &sid,
 			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{
-				capMemory:  *resource.NewQuantity(r.mem, resource.BinarySI),
-				capCompute: *resource.NewQuantity(r.comp, resource.DecimalSI),
+				api.CapacityMemory:  *resource.NewQuantity(r.mem, resource.BinarySI),
+				api.CapacityCompute: *resource.NewQuantity(r.comp, resource.DecimalSI),
 			},
 		})
 		// The class's configs, as kube-scheduler copies them.

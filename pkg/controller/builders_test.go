@@ -54,10 +54,10 @@ func MakeSlice(node string, n int, mem string) *resourceapi.ResourceSlice {
 			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 				"index": {IntValue: ptr.To(int64(i))}, "productName": {StringValue: ptr.To("H100")}},
 			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-				capMemory:  {Value: m, RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: &m}},
-				capCompute: {Value: resource.MustParse("100")},
+				api.CapacityMemory:  {Value: m, RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: &m}},
+				api.CapacityCompute: {Value: resource.MustParse("100")},
 			},
-			Taints: []resourceapi.DeviceTaint{{Key: FenceTaintKey, Value: FenceTaintValue, Effect: resourceapi.DeviceTaintEffectNoSchedule}},
+			Taints: []resourceapi.DeviceTaint{{Key: api.FenceTaintKey, Value: api.FenceTaintValue, Effect: resourceapi.DeviceTaintEffectNoSchedule}},
 		})
 	}
 	return s
@@ -90,8 +90,8 @@ func (b *ClaimBuilder) capa(k resourceapi.QualifiedName, q string) *ClaimBuilder
 	r.Capacity.Requests[k] = resource.MustParse(q)
 	return b
 }
-func (b *ClaimBuilder) Memory(q string) *ClaimBuilder  { return b.capa(capMemory, q) }
-func (b *ClaimBuilder) Compute(q string) *ClaimBuilder { return b.capa(capCompute, q) }
+func (b *ClaimBuilder) Memory(q string) *ClaimBuilder  { return b.capa(api.CapacityMemory, q) }
+func (b *ClaimBuilder) Compute(q string) *ClaimBuilder { return b.capa(api.CapacityCompute, q) }
 func (b *ClaimBuilder) Class(c string) *ClaimBuilder   { b.req().DeviceClassName = c; return b }
 func (b *ClaimBuilder) Created(sec int) *ClaimBuilder {
 	b.c.CreationTimestamp = metav1.NewTime(created.Add(timeSec(sec)))
@@ -113,7 +113,7 @@ func (b *ClaimBuilder) AllocatedOn(node, dev, mem string) *ClaimBuilder {
 	sid := types.UID("00000000-0000-0000-0000-" + fmt.Sprintf("%012d", len(b.c.Name)*7919))
 	b.c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
 		Request: "gpu", Driver: driver, Pool: node, Device: dev, ShareID: &sid,
-		ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{capMemory: resource.MustParse(mem), capCompute: resource.MustParse("0")},
+		ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{api.CapacityMemory: resource.MustParse(mem), api.CapacityCompute: resource.MustParse("0")},
 	}}}, NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}}
 	return b
 }

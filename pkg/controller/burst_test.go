@@ -10,6 +10,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 
+	fgpufake "github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned/fake"
 	"github.com/fgpu-dev/fgpu/pkg/controller/loadgen"
 )
 
@@ -65,8 +66,7 @@ func TestQuotaQueueDrainsInRunLoop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client := fake.NewSimpleClientset(MakeClass(shareClass), MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"))
-	c := New(DefaultConfig(), client, nil, nil)
-	c.SetPolicy(MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("21Gi").Obj())
+	c := New(DefaultConfig(), client, fgpufake.NewSimpleClientset(MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("21Gi").Obj()), nil)
 	go func() { _ = c.Run(ctx) }()
 	create := func(name, mem string, sec int) {
 		if _, err := client.ResourceV1().ResourceClaims("a").Create(ctx, MakeClaim("a", name).Memory(mem).Created(sec).Obj(), metav1.CreateOptions{}); err != nil {

@@ -14,9 +14,6 @@ import (
 )
 
 const (
-	capMemory  resourceapi.QualifiedName = "memory"
-	capCompute resourceapi.QualifiedName = "compute"
-
 	// Finalizer keeps a claim the allocator placed until it has released its shares.
 	Finalizer = "fgpu.dev/allocator"
 	// AnnotationAllocatedBy marks a claim the allocator manages.
@@ -29,19 +26,7 @@ const (
 	// AnnotationStatus says in words where the claim stands (ResourceClaim status has no
 	// conditions).
 	AnnotationStatus = "fgpu.dev/status"
-
-	// FenceTaintKey is the taint the plugin puts on devices in allocator mode.
-	FenceTaintKey   = "fgpu.dev/allocator"
-	FenceTaintValue = "required"
-
-	// MemoryStep is the granularity of memory shares (the devices' requestPolicy step).
-	MemoryStep = int64(256) << 20
 )
-
-// FenceToleration is the toleration the allocator puts in every result.
-func FenceToleration() resourceapi.DeviceToleration {
-	return resourceapi.DeviceToleration{Key: FenceTaintKey, Operator: resourceapi.DeviceTolerationOpEqual, Value: FenceTaintValue, Effect: resourceapi.DeviceTaintEffectNoSchedule}
-}
 
 // tenancy is what AnnotationTenancy records.
 type tenancy struct {
@@ -57,49 +42,13 @@ func tenancyOf(p policy.Effective) tenancy {
 	return tenancy{Latency: p.Latency, MaxCo: p.MaxCoTenants, AllowCrit: p.AllowCriticalCoTenants, MaxTenants: p.MaxTenants, AllowShare: p.AllowSharedGPU, Policy: p.Name}
 }
 
-// userConfig merges the fgpu opaque configs of the class and the claim that apply to a
-// request, as the plugin will (class first, claim later, later fields override).
-func userConfig(driver string, classCfg []resourceapi.DeviceClassConfiguration, claimCfg []resourceapi.DeviceClaimConfiguration, request string) (*api.GpuConfig, error) {
-	merged := &api.GpuConfig{}
-	apply := func(requests []string, opaque *resourceapi.OpaqueDeviceConfiguration) error {
-		if opaque == nil || opaque.Driver != driver || !api.AppliesTo(requests, request) {
-			return nil
-		}
-		cfg, err := api.DecodeGpuConfig(opaque.Parameters.Raw)
-		if err != nil {
-			return err
-		}
-		if err := cfg.Validate(); err != nil {
-			return err
-		}
-		merged.Overlay(cfg)
-		return nil
-	}
-	for _, c := range classCfg {
-		if err := apply(nil, c.Opaque); err != nil {
-			return nil, err
-		}
-	}
-	for _, c := range claimCfg {
-		if err := apply(c.Requests, c.Opaque); err != nil {
-			return nil, err
-		}
-	}
-	return merged, nil
-}
-
-// allocationConfig reads back the merged config of an allocated request.
+// allocationConfig reads back the merged config of an allocated request. A config that
+// does not decode (an allocation fgpu did not make) counts as the defaults: the plugin
+// refuses to prepare it anyway.
 func allocationConfig(driver string, cfgs []resourceapi.DeviceAllocationConfiguration, request string) *api.GpuConfig {
-	merged := &api.GpuConfig{}
-	for _, src := range []resourceapi.AllocationConfigSource{resourceapi.AllocationConfigSourceClass, resourceapi.AllocationConfigSourceClaim} {
-		for _, c := range cfgs {
-			if c.Source != src || c.Opaque == nil || c.Opaque.Driver != driver || !api.AppliesTo(c.Requests, request) {
-				continue
-			}
-			if cfg, err := api.DecodeGpuConfig(c.Opaque.Parameters.Raw); err == nil {
-				merged.Overlay(cfg)
-			}
-		}
+	merged, err := api.MergeConfigs(driver, cfgs, request)
+	if err != nil {
+		merged = &api.GpuConfig{}
 	}
 	merged.Normalize()
 	return merged

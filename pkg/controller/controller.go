@@ -8,7 +8,7 @@
 // queue's gate (claimQueue) → decide (model: GPU fit, node fit through the podLedger, quota,
 // the placement core) → commit (write the allocation, report). The state each step keeps
 // has one owner type with its own lock: claimQueue (queue.go), podLedger (ledger.go), model
-// (model.go), policySet (policies.go), statusMemo (status.go).
+// (model.go), statusMemo (status.go).
 package controller
 
 import (
@@ -19,9 +19,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -32,11 +30,8 @@ import (
 	"k8s.io/klog/v2"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
-	"github.com/fgpu-dev/fgpu/pkg/placement"
+	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
 )
-
-// SharingPolicyGVR is the SharingPolicy resource.
-var SharingPolicyGVR = schema.GroupVersionResource{Group: api.GroupName, Version: "v1alpha1", Resource: api.SharingPolicyResource}
 
 // Config configures the controller.
 type Config struct {
@@ -56,8 +51,8 @@ type Config struct {
 
 // DefaultConfig is the allocator's default configuration.
 func DefaultConfig() Config {
-	return Config{DriverName: "gpu.fgpu.dev", DeviceClasses: []string{"gpu.fgpu.dev", "exclusive.gpu.fgpu.dev"},
-		ExclusiveClasses: []string{"exclusive.gpu.fgpu.dev"}, BindTimeout: 2 * time.Minute, OrphanGrace: 30 * time.Second,
+	return Config{DriverName: api.DriverName, DeviceClasses: []string{api.DeviceClassShared, api.DeviceClassExclusive},
+		ExclusiveClasses: []string{api.DeviceClassExclusive}, BindTimeout: 2 * time.Minute, OrphanGrace: 30 * time.Second,
 		Workers: 32, Placement: "fgpu"}
 }
 
@@ -86,11 +81,10 @@ type Controller struct {
 	informers *informerSet
 	queue     workqueue.TypedRateLimitingInterface[string] // claim keys to Sync
 
-	pending  *claimQueue
-	ledger   *podLedger
-	model    *model
-	policies *policySet
-	status   *statusMemo
+	pending *claimQueue
+	ledger  *podLedger
+	model   *model
+	status  *statusMemo
 
 	cel        *cel.Cache
 	recorder   record.EventRecorder
@@ -99,14 +93,15 @@ type Controller struct {
 	metrics    *Metrics
 }
 
-// New builds the controller and its informers (not started).
-func New(cfg Config, client kubernetes.Interface, dyn dynamic.Interface, m *Metrics) *Controller {
+// New builds the controller and its informers (not started). fgpuClient reads the
+// SharingPolicies; nil means none (benchmarks).
+func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface, m *Metrics) *Controller {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	cfg.Workers = max(cfg.Workers, 1)
 	c := &Controller{cfg: cfg, client: client,
-		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), policies: newPolicySet(), status: newStatusMemo(),
+		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(),
 		cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
@@ -116,7 +111,7 @@ func New(cfg Config, client kubernetes.Interface, dyn dynamic.Interface, m *Metr
 		workqueue.NewTypedMaxOfRateLimiter(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second)),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "fgpu-claims"})
-	c.informers = newInformerSet(client, dyn, c.handlers())
+	c.informers = newInformerSet(client, fgpuClient, c.handlers())
 	c.listers = c.informers.listers
 	c.bcast = record.NewBroadcaster()
 	c.recorder = c.bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "fgpu-allocator"})
@@ -124,20 +119,6 @@ func New(cfg Config, client kubernetes.Interface, dyn dynamic.Interface, m *Metr
 }
 
 func (c *Controller) now() time.Time { return c.cfg.Now() }
-
-func (c *Controller) schedPolicy(l api.LatencyClass) placement.Policy {
-	switch l {
-	case api.LatencyCritical:
-		return spread{}
-	case api.LatencyBestEffort:
-		return pack{}
-	}
-	p, err := placement.New(c.cfg.Placement, defaultWorkload())
-	if err != nil {
-		p, _ = placement.New("fgpu", defaultWorkload())
-	}
-	return p
-}
 
 // Run starts the informers and workers and blocks until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {

@@ -48,13 +48,13 @@ func TestPlacementWritesValidAllocation(t *testing.T) {
 	if r.ShareID == nil || !uuidRE.MatchString(string(*r.ShareID)) {
 		t.Errorf("shareID %v is not a lowercase dashed UUID", r.ShareID)
 	}
-	if m := r.ConsumedCapacity[capMemory]; m.Value() != 10<<30 {
+	if m := r.ConsumedCapacity[api.CapacityMemory]; m.Value() != 10<<30 {
 		t.Errorf("consumed memory %s", m.String())
 	}
-	if cp := r.ConsumedCapacity[capCompute]; cp.Value() != 12 {
+	if cp := r.ConsumedCapacity[api.CapacityCompute]; cp.Value() != 12 {
 		t.Errorf("consumed compute %s", cp.String())
 	}
-	if len(r.Tolerations) == 0 || r.Tolerations[0] != FenceToleration() {
+	if len(r.Tolerations) == 0 || r.Tolerations[0] != api.FenceToleration() {
 		t.Errorf("tolerations %+v lack the fence toleration", r.Tolerations)
 	}
 	// The user's config is kept and the allocator's comes last.
@@ -156,7 +156,7 @@ func TestIsolationExclusiveTakesWholeGPU(t *testing.T) {
 		t.Fatalf("exclusive: %q %q %q", e.placedOn("a", "c1"), e.placedOn("a", "c2"), e.placedOn("a", "c3"))
 	}
 	r := e.claim("a", "c1").Status.Allocation.Devices.Results[0]
-	if m := r.ConsumedCapacity[capMemory]; m.String() != "80Gi" {
+	if m := r.ConsumedCapacity[api.CapacityMemory]; m.String() != "80Gi" {
 		t.Errorf("exclusive claim consumed %s, want the whole GPU", m.String())
 	}
 }
@@ -230,7 +230,7 @@ func TestComputeFromMemoryAndTimeSlicing(t *testing.T) {
 		MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"), MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj())
 	e.run()
 	c := e.claim("a", "c")
-	if cp := c.Status.Allocation.Devices.Results[0].ConsumedCapacity[capCompute]; cp.Value() != 13 {
+	if cp := c.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityCompute]; cp.Value() != 13 {
 		t.Errorf("compute %s, want ceil(10/80*100)=13", cp.String())
 	}
 	if m := allocCfg(t, c).Mode; m != api.SharingModeTimeSlicing {
@@ -450,7 +450,7 @@ func TestFirstAvailableAndWholeGPUs(t *testing.T) {
 		t.Fatalf("want two whole GPUs for subrequest gpu/two, got %+v", res)
 	}
 	for _, r := range res {
-		if m := r.ConsumedCapacity[capMemory]; m.String() != "80Gi" {
+		if m := r.ConsumedCapacity[api.CapacityMemory]; m.String() != "80Gi" {
 			t.Errorf("whole GPU consumed %s", m.String())
 		}
 	}

@@ -136,7 +136,7 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 		if mode == "" {
 			mode = gpuMode(g)
 		}
-		tol := append([]resourceapi.DeviceToleration{FenceToleration()}, rq.alt.tolerations...)
+		tol := append([]resourceapi.DeviceToleration{api.FenceToleration()}, rq.alt.tolerations...)
 		out = append(out, result{request: rq.alt.name, gpu: g, mem: mem, comp: comp, whole: rq.whole, mode: mode, domain: rq.domain,
 			userCfg: rq.userCfg, tolerations: tol, shareID: uuid.NewUUID()})
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	fgpufake "github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned/fake"
 	"github.com/fgpu-dev/fgpu/pkg/controller/invariant"
 )
 
@@ -58,12 +59,13 @@ func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPo
 		configure(&cfg)
 	}
 	e.reg = prometheus.NewRegistry()
-	e.c = New(cfg, e.client, nil, NewMetrics(e.reg))
+	pols := make([]runtime.Object, len(policies))
+	for i, p := range policies {
+		pols[i] = p
+	}
+	e.c = New(cfg, e.client, fgpufake.NewSimpleClientset(pols...), NewMetrics(e.reg))
 	e.rec = record.NewFakeRecorder(10000)
 	e.c.recorder = e.rec
-	for _, p := range policies {
-		e.c.SetPolicy(p)
-	}
 	if !e.c.WaitForCacheSync(ctx) {
 		t.Fatal("caches did not sync")
 	}

@@ -5,11 +5,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
-	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
 )
 
@@ -23,8 +21,6 @@ func (c *Controller) handlers() eventHandlers {
 		slice: handlerFuncs(c.onSlice, func(_, s *resourceapi.ResourceSlice) { c.onSlice(s) }, c.onSlice),
 		node:  handlerFuncs(func(*corev1.Node) { c.kick() }, c.onNodeUpdate, func(*corev1.Node) { c.kick() }),
 		pod:   handlerFuncs(func(p *corev1.Pod) { c.onPod(nil, p) }, c.onPod, c.onPodDelete),
-		policy: handlerFuncs(func(u *unstructured.Unstructured) { c.onPolicy(u, false) },
-			func(_, u *unstructured.Unstructured) { c.onPolicy(u, false) }, func(u *unstructured.Unstructured) { c.onPolicy(u, true) }),
 		other: cache.ResourceEventHandlerFuncs{AddFunc: kick, UpdateFunc: func(any, any) { c.kick() }, DeleteFunc: kick},
 	}
 }
@@ -100,21 +96,6 @@ func (c *Controller) onPodDelete(pod *corev1.Pod) {
 	for _, n := range podClaimNames(pod) {
 		c.queue.Add(pod.Namespace + "/" + n)
 	}
-	c.kick()
-}
-
-func (c *Controller) onPolicy(u *unstructured.Unstructured, deleted bool) {
-	if deleted {
-		c.policies.Delete(u.GetName())
-	} else {
-		c.policies.SetUnstructured(u)
-	}
-	c.kick()
-}
-
-// SetPolicy adds or replaces a policy directly (tests without a dynamic client).
-func (c *Controller) SetPolicy(p *api.SharingPolicy) {
-	c.policies.Set(p)
 	c.kick()
 }
 

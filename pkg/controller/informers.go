@@ -6,13 +6,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
+	fgpuinformers "github.com/fgpu-dev/fgpu/pkg/client/informers/externalversions"
+	fgpulisters "github.com/fgpu-dev/fgpu/pkg/client/listers/fgpu.dev/v1alpha1"
 )
 
 // listers are the informer caches the controller reads.
@@ -22,6 +24,9 @@ type listers struct {
 	nodes      corelisters.NodeLister
 	pods       corelisters.PodLister
 	namespaces corelisters.NamespaceLister
+	// policies is nil when the controller has no fgpu client: every claim then gets the
+	// default policy.
+	policies fgpulisters.SharingPolicyLister
 	// podsByClaim indexes pods by the claims they name ("namespace/claim").
 	podsByClaim cache.Indexer
 	// slicesByNode indexes ResourceSlices by node (or pool).
@@ -32,20 +37,20 @@ type listers struct {
 // and whether they have synced.
 type informerSet struct {
 	listers
-	factory   informers.SharedInformerFactory
-	dfactory  dynamicinformer.DynamicSharedInformerFactory
-	hasSynced []cache.InformerSynced
+	factory     informers.SharedInformerFactory
+	fgpuFactory fgpuinformers.SharedInformerFactory
+	hasSynced   []cache.InformerSynced
 }
 
 // eventHandlers are the controller's reactions to each kind of object.
 type eventHandlers struct {
-	claim, slice, node, pod, policy cache.ResourceEventHandler
-	other                           cache.ResourceEventHandler // classes and namespaces
+	claim, slice, node, pod cache.ResourceEventHandler
+	other                   cache.ResourceEventHandler // classes, namespaces and policies
 }
 
 const indexByKey = "key"
 
-func newInformerSet(client kubernetes.Interface, dyn dynamic.Interface, h eventHandlers) *informerSet {
+func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface, h eventHandlers) *informerSet {
 	// The allocator never reads managed fields: dropping them halves what the caches hold.
 	strip := func(obj any) (any, error) {
 		if a, ok := obj.(metav1.ObjectMetaAccessor); ok {
@@ -90,19 +95,20 @@ func newInformerSet(client kubernetes.Interface, dyn dynamic.Interface, h eventH
 		_, _ = ih.inf.AddEventHandler(ih.h)
 		s.hasSynced = append(s.hasSynced, ih.inf.HasSynced)
 	}
-	if dyn != nil {
-		s.dfactory = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
-		pInf := s.dfactory.ForResource(SharingPolicyGVR).Informer()
-		_, _ = pInf.AddEventHandler(h.policy)
-		s.hasSynced = append(s.hasSynced, pInf.HasSynced)
+	if fgpuClient != nil {
+		s.fgpuFactory = fgpuinformers.NewSharedInformerFactory(fgpuClient, 0)
+		pInf := s.fgpuFactory.Fgpu().V1alpha1().SharingPolicies()
+		s.policies = pInf.Lister()
+		_, _ = pInf.Informer().AddEventHandler(h.other)
+		s.hasSynced = append(s.hasSynced, pInf.Informer().HasSynced)
 	}
 	return s
 }
 
 func (s *informerSet) start(ctx context.Context) {
 	s.factory.Start(ctx.Done())
-	if s.dfactory != nil {
-		s.dfactory.Start(ctx.Done())
+	if s.fgpuFactory != nil {
+		s.fgpuFactory.Start(ctx.Done())
 	}
 }
 

@@ -177,10 +177,10 @@ func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) 
 	for name, d := range devs {
 		g := m.gpuFor(gpuKey{node, name})
 		memCap, compCap := int64(0), int64(100)
-		if c, ok := d.Capacity[capMemory]; ok {
+		if c, ok := d.Capacity[api.CapacityMemory]; ok {
 			memCap = c.Value.Value()
 		}
-		if c, ok := d.Capacity[capCompute]; ok {
+		if c, ok := d.Capacity[api.CapacityCompute]; ok {
 			compCap = c.Value.Value()
 		}
 		if !g.known || g.memCap != memCap || g.compCap != compCap {
@@ -191,7 +191,7 @@ func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) 
 		g.taints = g.taints[:0]
 		for _, t := range d.Taints {
 			// The fence is the allocator's own; None taints only inform.
-			if t.Key != FenceTaintKey && t.Effect != resourceapi.DeviceTaintEffectNone {
+			if t.Key != api.FenceTaintKey && t.Effect != resourceapi.DeviceTaintEffectNone {
 				g.taints = append(g.taints, t)
 			}
 		}
@@ -418,7 +418,7 @@ func (m *model) recordFromClaim(claim *resourceapi.ResourceClaim) *claimRec {
 		if r.ConsumedCapacity == nil {
 			t.whole, t.mem, t.comp = true, g.memCap, g.compCap
 		} else {
-			mem, comp := r.ConsumedCapacity[capMemory], r.ConsumedCapacity[capCompute]
+			mem, comp := r.ConsumedCapacity[api.CapacityMemory], r.ConsumedCapacity[api.CapacityCompute]
 			t.mem, t.comp = mem.Value(), comp.Value()
 			t.whole = g.known && t.mem >= g.memCap
 		}

@@ -102,7 +102,7 @@ func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
 	if podLabels == nil {
 		podLabels = map[string]string{}
 	}
-	in.pol = policy.Resolve(c.policies.List(), nsLabels, podLabels)
+	in.pol = policy.Resolve(c.policyList(), nsLabels, podLabels)
 	in.avoid = c.ledger.Avoided(in.consumers)
 	return in, true
 }

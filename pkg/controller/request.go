@@ -50,7 +50,7 @@ type request struct {
 	class   *resourceapi.DeviceClass
 	count   int64
 	whole   bool   // whole GPUs: an exclusive class, an exclusive policy, or no memory asked
-	mem     int64  // memory per device, rounded up to MemoryStep (0 when whole)
+	mem     int64  // memory per device, rounded up to api.MemoryStep (0 when whole)
 	comp    *int64 // compute asked, if any
 	mode    api.SharingMode
 	domain  string
@@ -77,20 +77,20 @@ func resolveRequest(cfg *Config, in *input, a alt) (*request, *waitReason) {
 	if a.mode == resourceapi.DeviceAllocationModeAll {
 		return unsupported("request %q: allocationMode All is not supported by the fgpu allocator; ask for a count", a.name)
 	}
-	userCfg, err := userConfig(cfg.DriverName, class.Spec.Config, in.claim.Spec.Devices.Config, a.name)
+	userCfg, err := api.MergeConfigs(cfg.DriverName, api.RequestConfigs(class.Spec.Config, in.claim.Spec.Devices.Config, a.name), a.name)
 	if err != nil {
 		return unsupported("request %q: %v", a.name, err)
 	}
 	rq := &request{alt: a, class: class, count: max(a.count, 1), userCfg: userCfg}
-	memQ, hasMem := a.capacity[capMemory]
+	memQ, hasMem := a.capacity[api.CapacityMemory]
 	rq.whole = cfg.isExclusiveClass(a.class) || in.pol.Isolation == api.IsolationExclusive || !hasMem
 	if hasMem {
 		if memQ.Sign() <= 0 {
 			return unsupported("request %q: memory %s must be positive", a.name, memQ.String())
 		}
-		rq.mem = roundUp(memQ.Value(), MemoryStep)
+		rq.mem = roundUp(memQ.Value(), api.MemoryStep)
 	}
-	if q, ok := a.capacity[capCompute]; ok {
+	if q, ok := a.capacity[api.CapacityCompute]; ok {
 		v := q.Value()
 		if v < 0 || v > 100 {
 			return unsupported("request %q: compute %s must be 0-100 (percent of a GPU)", a.name, q.String())
@@ -98,7 +98,7 @@ func resolveRequest(cfg *Config, in *input, a alt) (*request, *waitReason) {
 		rq.comp = &v
 	}
 	for k := range a.capacity {
-		if k != capMemory && k != capCompute {
+		if k != api.CapacityMemory && k != api.CapacityCompute {
 			return unsupported("request %q: unknown capacity %q (fgpu devices have memory and compute)", a.name, k)
 		}
 	}

@@ -33,7 +33,7 @@ func RestConfig(kubeconfig, userAgent string, qps float32, burst int) (*rest.Con
 	cfg.UserAgent = userAgent
 	// Protobuf costs the API server a fraction of JSON's CPU per request and per watch
 	// event, and kube-scheduler already watches claims, pods and slices in it (one cached
-	// encoding serves every watcher). CRDs still speak JSON: the dynamic client sets its own.
+	// encoding serves every watcher). CRDs speak JSON only: their clients set it on a copy.
 	cfg.ContentType = runtime.ContentTypeProtobuf
 	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
 	if qps > 0 {

@@ -11,19 +11,13 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
-)
 
-// Driver is fgpu's DRA driver name.
-const Driver = "gpu.fgpu.dev"
-
-const (
-	capMemory  resourceapi.QualifiedName = "memory"
-	capCompute resourceapi.QualifiedName = "compute"
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
 
 // Check checks the allocations of fgpu's driver in claims against the devices in slices.
 func Check(claims []*resourceapi.ResourceClaim, slices []*resourceapi.ResourceSlice) error {
-	return CheckDriver(Driver, claims, slices)
+	return CheckDriver(api.DriverName, claims, slices)
 }
 
 type devKey struct{ pool, device string }
@@ -45,10 +39,10 @@ func CheckDriver(driver string, claims []*resourceapi.ResourceClaim, slices []*r
 		}
 		for _, d := range s.Spec.Devices {
 			u := &usage{multi: d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations}
-			if c, ok := d.Capacity[capMemory]; ok {
+			if c, ok := d.Capacity[api.CapacityMemory]; ok {
 				u.memCap, u.hasMemCap = c.Value, true
 			}
-			if c, ok := d.Capacity[capCompute]; ok {
+			if c, ok := d.Capacity[api.CapacityCompute]; ok {
 				u.computeCap, u.hasCompCap = c.Value, true
 			}
 			devs[devKey{s.Spec.Pool.Name, d.Name}] = u
@@ -90,7 +84,7 @@ func CheckDriver(driver string, claims []*resourceapi.ResourceClaim, slices []*r
 			}
 			mem, comp := u.memCap, u.computeCap // no consumedCapacity: the whole device
 			if r.ConsumedCapacity != nil {
-				mem, comp = r.ConsumedCapacity[capMemory], r.ConsumedCapacity[capCompute]
+				mem, comp = r.ConsumedCapacity[api.CapacityMemory], r.ConsumedCapacity[api.CapacityCompute]
 			}
 			if mem.Sign() < 0 || comp.Sign() < 0 {
 				errs = append(errs, fmt.Errorf("claim %s: negative consumed capacity on %s/%s", name, r.Pool, r.Device))

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -13,9 +14,9 @@ import (
 )
 
 func slice(node string) *resourceapi.ResourceSlice {
-	return &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: Driver, Pool: resourceapi.ResourcePool{Name: node},
+	return &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: api.DriverName, Pool: resourceapi.ResourcePool{Name: node},
 		Devices: []resourceapi.Device{{Name: "gpu-0", AllowMultipleAllocations: ptr.To(true), Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-			capMemory: {Value: resource.MustParse("80Gi")}, capCompute: {Value: resource.MustParse("100")}}}}}}
+			api.CapacityMemory: {Value: resource.MustParse("80Gi")}, api.CapacityCompute: {Value: resource.MustParse("100")}}}}}}
 }
 
 func claim(name, node, dev, sid, mem, comp string) *resourceapi.ResourceClaim {
@@ -24,8 +25,8 @@ func claim(name, node, dev, sid, mem, comp string) *resourceapi.ResourceClaim {
 		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{
 			NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: "In", Values: []string{node}}}}}},
 			Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
-				Request: "gpu", Driver: Driver, Pool: node, Device: dev, ShareID: &id,
-				ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{capMemory: resource.MustParse(mem), capCompute: resource.MustParse(comp)}}}}}}}
+				Request: "gpu", Driver: api.DriverName, Pool: node, Device: dev, ShareID: &id,
+				ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{api.CapacityMemory: resource.MustParse(mem), api.CapacityCompute: resource.MustParse(comp)}}}}}}}
 }
 
 func TestCheck(t *testing.T) {

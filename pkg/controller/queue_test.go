@@ -1,0 +1,78 @@
+package controller
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestClaimQueueOrderAndForget(t *testing.T) {
+	q := newClaimQueue()
+	t0 := created.Time
+	q.Add("b/x", t0.Add(time.Second), t0)
+	q.Add("a/y", t0.Add(2*time.Second), t0)
+	q.Add("a/x", t0.Add(2*time.Second), t0)
+	q.Add("a/z", t0, t0)
+	q.Add("a/z", t0.Add(time.Hour), t0.Add(time.Hour)) // a second Add keeps the first
+	if got, want := q.InOrder("a"), []string{"a/z", "a/x", "a/y"}; !slices.Equal(got, want) {
+		t.Errorf("InOrder(a) = %v, want %v (oldest first, then by name)", got, want)
+	}
+	if got, want := q.InOrder(""), []string{"a/z", "b/x", "a/x", "a/y"}; !slices.Equal(got, want) {
+		t.Errorf("InOrder() = %v, want %v", got, want)
+	}
+	if q.Forget("a/z") {
+		t.Error("a claim that never waited for quota left the quota queue")
+	}
+	if q.Len() != 3 {
+		t.Errorf("Len = %d after Forget, want 3", q.Len())
+	}
+}
+
+func TestClaimQueueQuotaFIFO(t *testing.T) {
+	q := newClaimQueue()
+	t0 := created.Time
+	q.Add("a/old", t0, t0)
+	q.Add("a/young", t0.Add(time.Second), t0)
+	if _, ok := q.QuotaAhead("a", "a/young", t0.Add(time.Second)); ok {
+		t.Fatal("a claim is ahead before any waits for quota")
+	}
+	q.WaitForQuota("a/old", t0, true)
+	if ahead, ok := q.QuotaAhead("a", "a/young", t0.Add(time.Second)); !ok || ahead != "a/old" {
+		t.Errorf("QuotaAhead = %q, %v; want a/old ahead of a/young", ahead, ok)
+	}
+	if _, ok := q.QuotaAhead("a", "a/old", t0); ok {
+		t.Error("the head of the queue waits behind itself")
+	}
+	if _, ok := q.QuotaAhead("b", "b/c", t0.Add(time.Hour)); ok {
+		t.Error("another namespace's quota queue held a claim")
+	}
+	if !q.WaitForQuota("a/old", t0, false) {
+		t.Error("placing the head did not report that it left the quota queue")
+	}
+	q.WaitForQuota("a/old", t0, true)
+	if !q.Forget("a/old") {
+		t.Error("forgetting a claim that waits for quota did not report that it left the queue")
+	}
+	if _, ok := q.QuotaAhead("a", "a/young", t0.Add(time.Second)); ok {
+		t.Error("a forgotten claim still holds the quota queue")
+	}
+}
+
+func TestClaimQueueAnyUndecided(t *testing.T) {
+	q := newClaimQueue()
+	t0 := created.Time
+	if !q.AnyUndecided([]string{"a/unseen"}, t0) {
+		t.Error("a claim never looked at counts as decided")
+	}
+	q.Add("a/c", t0, t0)
+	if !q.AnyUndecided([]string{"a/c"}, t0.Add(firstLookGrace/2)) {
+		t.Error("a claim looked at a moment ago without a decision does not hold its namespace")
+	}
+	if q.AnyUndecided([]string{"a/c"}, t0.Add(firstLookGrace)) {
+		t.Error("an undecided claim holds its namespace past the grace")
+	}
+	q.Decided("a/c")
+	if q.AnyUndecided([]string{"a/c"}, t0) {
+		t.Error("a decided claim holds its namespace")
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/tools/cache"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
@@ -80,5 +81,8 @@ func fmtBytes(b int64) string {
 	return resource.NewQuantity(b, resource.BinarySI).String()
 }
 
-// claimKey is namespace/name: the state's key for a claim.
-func claimKey(claim *resourceapi.ResourceClaim) string { return claim.Namespace + "/" + claim.Name }
+// claimKey is namespace/name: the queue's and the model's key for a claim.
+func claimKey(claim *resourceapi.ResourceClaim) string { return cache.MetaObjectToName(claim).String() }
+
+// claimKeyIn is the key of the claim named name in namespace ns.
+func claimKeyIn(ns, name string) string { return cache.NewObjectName(ns, name).String() }

@@ -79,13 +79,13 @@ func (c *Controller) onPod(old, pod *corev1.Pod) {
 		c.kick() // the pod finished: its node's CPU and memory are free
 	}
 	for _, n := range podClaimNames(pod) {
-		c.queue.Add(pod.Namespace + "/" + n)
+		c.queue.Add(claimKeyIn(pod.Namespace, n))
 	}
 	// Template claims: the claim is owned by the pod.
 	if old == nil || len(old.Status.ResourceClaimStatuses) != len(pod.Status.ResourceClaimStatuses) {
 		for _, s := range pod.Status.ResourceClaimStatuses {
 			if s.ResourceClaimName != nil {
-				c.queue.Add(pod.Namespace + "/" + *s.ResourceClaimName)
+				c.queue.Add(claimKeyIn(pod.Namespace, *s.ResourceClaimName))
 			}
 		}
 	}
@@ -94,7 +94,7 @@ func (c *Controller) onPod(old, pod *corev1.Pod) {
 func (c *Controller) onPodDelete(pod *corev1.Pod) {
 	c.ledger.Bound(pod, true)
 	for _, n := range podClaimNames(pod) {
-		c.queue.Add(pod.Namespace + "/" + n)
+		c.queue.Add(claimKeyIn(pod.Namespace, n))
 	}
 	c.kick()
 }

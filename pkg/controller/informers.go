@@ -74,7 +74,7 @@ func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface,
 		names := podClaimNames(p)
 		out := make([]string, len(names))
 		for i, n := range names {
-			out[i] = p.Namespace + "/" + n
+			out[i] = claimKeyIn(p.Namespace, n)
 		}
 		return out, nil
 	}})

@@ -78,7 +78,7 @@ func (c *Controller) deallocate(ctx context.Context, claim *resourceapi.Resource
 		c.recorder.Event(p, corev1.EventTypeWarning, reason, fmt.Sprintf("claim %s: %s", claim.Name, why))
 	}
 	c.kick()
-	c.queue.Add(claim.Namespace + "/" + claim.Name)
+	c.queue.Add(claimKey(claim))
 	return nil
 }
 

@@ -2,24 +2,42 @@
 SHELL := /bin/bash
 GO ?= go
 
-.PHONY: all build generate test test-unit test-e2e demo demo-down images cluster-up cluster-down bench-e2e plot gpucheck
+.PHONY: all build test test-unit test-e2e verify generate lint golangci-lint logcheck demo demo-down images \
+	cluster-up cluster-down bench-e2e plot gpucheck
+
+# Developer tools run at the versions pinned in hack/tools (golangci-lint in its own module so its
+# dependencies stay as its authors tested them); `go tool` builds each once into the Go cache.
+TOOLS := $(GO) tool -modfile=hack/tools/go.mod
+GOLANGCI_LINT := $(GO) tool -modfile=hack/tools/golangci-lint/go.mod golangci-lint
 
 all: build
 
 build:
 	$(GO) build ./...
 
-## generate: deepcopy and the CRD (into the chart) from the API types with controller-gen, then
-## the typed clientset, listers and informers (hack/update-codegen.sh). Needs only the Go module
-## proxy; running it twice leaves the tree unchanged.
-CONTROLLER_TOOLS_VERSION ?= v0.23.0
+## test: the tree checks (verify, lint), unit tests, then the e2e suites on a real local
+## Kubernetes cluster; .ci/run calls this.
+test: verify lint test-unit test-e2e
+
+## verify: Go files formatted, every go.mod tidy, generated files up to date (hack/verify.sh).
+verify:
+	GO="$(GO)" MAKE="$(MAKE)" hack/verify.sh
+
+## generate: deepcopy and the SharingPolicy CRD (into the chart) from the API types with
+## controller-gen, then the typed clientset, listers and informers (hack/update-codegen.sh).
+## Needs only the Go module proxy; running it twice leaves the tree unchanged.
 generate:
-	$(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION) \
-		object paths=./api/... crd paths=./api/... output:crd:dir=deployments/helm/fgpu/crds
+	$(TOOLS) controller-gen object crd paths=./api/... output:crd:dir=deployments/helm/fgpu/crds
 	GO=$(GO) hack/update-codegen.sh
 
-## test: unit tests, then the e2e suites on a real local Kubernetes cluster.
-test: test-unit test-e2e
+## lint: golangci-lint (.golangci.yml) and Kubernetes' logcheck for contextual logging.
+lint: golangci-lint logcheck
+
+golangci-lint:
+	$(GOLANGCI_LINT) run ./...
+
+logcheck:
+	$(TOOLS) logcheck -check-contextual ./...
 
 test-unit:
 	$(GO) vet ./...

@@ -81,8 +81,9 @@ func main() {
 	cmd.AddCommand(benchCommand())
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer cancel()
-	if err := cmd.ExecuteContext(ctx); err != nil {
+	err := cmd.ExecuteContext(ctx)
+	cancel()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "fgpu-allocator:", err)
 		os.Exit(1)
 	}

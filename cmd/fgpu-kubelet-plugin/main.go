@@ -62,8 +62,9 @@ func main() {
 	fs.AddGoFlagSet(klogFlags)
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer cancel()
-	if err := cmd.ExecuteContext(ctx); err != nil {
+	err := cmd.ExecuteContext(ctx)
+	cancel()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "fgpu-kubelet-plugin:", err)
 		os.Exit(1)
 	}

@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
@@ -118,13 +117,5 @@ func killAllocator(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-	}
-}
-
-func waitFor(t *testing.T, what string, timeout time.Duration, f func(ctx context.Context) bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) { return f(ctx), nil })
-	if err != nil {
-		t.Fatalf("%s: not within %s", what, timeout)
 	}
 }

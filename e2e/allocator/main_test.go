@@ -52,9 +52,10 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
 	deletePolicies(ctx)
-	if err := c.Uninstall(ctx); err != nil {
+	err = c.Uninstall(ctx)
+	cancel()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
 		code = 1
 	}

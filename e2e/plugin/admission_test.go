@@ -46,7 +46,9 @@ func TestPluginWritesOnlyItsOwnNodesSlices(t *testing.T) {
 	other := pluginOn(t, "some-other-node")
 	_, err := other.ResourceV1().ResourceSlices().Create(ctx, slice("fgpu-e2e-intruder", cluster.Node), metav1.CreateOptions{})
 	if err == nil {
-		cluster.Client.ResourceV1().ResourceSlices().Delete(ctx, "fgpu-e2e-intruder", metav1.DeleteOptions{})
+		if err := cluster.Client.ResourceV1().ResourceSlices().Delete(ctx, "fgpu-e2e-intruder", metav1.DeleteOptions{}); err != nil {
+			t.Errorf("removing the intruding slice: %v", err)
+		}
 		t.Fatal("a plugin on another node created this node's slice")
 	}
 	if !strings.Contains(err.Error(), "may only write its own node's ResourceSlices, not those of node "+cluster.Node) {

@@ -31,8 +31,9 @@ func TestMain(m *testing.M) {
 	cluster = c
 	code := m.Run()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := c.Uninstall(ctx); err != nil {
+	err = c.Uninstall(ctx)
+	cancel()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
 		code = 1
 	}

@@ -84,7 +84,7 @@ func (w *Writer) Write(claimUID string, devices []Device) ([]string, error) {
 		spec.Devices = append(spec.Devices, cdispec.Device{Name: claimUID + "-" + d.Name, ContainerEdits: edits})
 		ids = append(ids, DeviceID(claimUID, d.Name))
 	}
-	version, err := cdiapi.MinimumRequiredVersion(spec)
+	version, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
 		return nil, fmt.Errorf("CDI spec version for claim %s: %w", claimUID, err)
 	}

@@ -65,7 +65,9 @@ func TestWriteIsAppliedByTheCDIRegistry(t *testing.T) {
 
 func TestClaimUIDsIgnoresOtherSpecs(t *testing.T) {
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "nvidia.com-gpu.yaml"), []byte("x"), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "nvidia.com-gpu.yaml"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	w, _ := NewWriter(dir)
 	uids, err := w.ClaimUIDs()
 	if err != nil || len(uids) != 0 {

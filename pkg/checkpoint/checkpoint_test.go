@@ -44,11 +44,15 @@ func TestLoadDetectsCorruption(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw, _ := os.ReadFile(path)
-	os.WriteFile(path, []byte(strings.Replace(string(raw), "gpu-0", "gpu-9", 1)), 0o600)
+	if err := os.WriteFile(path, []byte(strings.Replace(string(raw), "gpu-0", "gpu-9", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.Load(); err == nil || !strings.Contains(err.Error(), "corrupt") {
 		t.Fatalf("edited checkpoint accepted: %v", err)
 	}
-	os.WriteFile(path, raw[:len(raw)/2], 0o600)
+	if err := os.WriteFile(path, raw[:len(raw)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.Load(); err == nil {
 		t.Fatal("truncated checkpoint accepted")
 	}

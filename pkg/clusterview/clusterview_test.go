@@ -47,7 +47,9 @@ func TestGatherAndPrint(t *testing.T) {
 		t.Fatalf("used %d %d", mem, compute)
 	}
 	var buf bytes.Buffer
-	Print(&buf, gpus)
+	if err := Print(&buf, gpus); err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{"n1/gpu-0", "10Gi / 79Gi", "team-a/web-1", "mps", "25%"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, buf.String())

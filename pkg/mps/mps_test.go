@@ -74,12 +74,20 @@ func TestEnsureRecoversFromStalePipe(t *testing.T) {
 	ctx := context.Background()
 	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
 	d := Daemon{GPUUUID: "GPU-1", Domain: "default"}
-	os.MkdirAll(m.PipeDir(d.Key()), 0o755)
-	os.WriteFile(filepath.Join(m.PipeDir(d.Key()), "control"), nil, 0o644)
+	if err := os.MkdirAll(m.PipeDir(d.Key()), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(m.PipeDir(d.Key()), "control"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := m.Ensure(ctx, d, Limits{}); err != nil {
 		t.Fatal(err)
 	}
-	defer m.Stop(ctx, d.Key())
+	t.Cleanup(func() {
+		if err := m.Stop(ctx, d.Key()); err != nil {
+			t.Error(err)
+		}
+	})
 	if !m.Running(ctx, d.Key()) {
 		t.Fatal("not running")
 	}

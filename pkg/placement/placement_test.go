@@ -156,10 +156,9 @@ func TestFragHandWorked(t *testing.T) {
 // FGD puts a 500 share on the free GPU rather than leave 100 on the 600 one:
 // [500,600] leaves nothing the workload's 500 shape cannot use.
 func TestFGDAvoidsFragment(t *testing.T) {
-	c, _ := NewCluster([]NodeSpec{{Name: "n", CPUMilli: 64000, MemoryMiB: 1 << 20, GPUs: gpus("V100", 2)}})
 	w := Workload{{CPUMilli: 1000, GPUs: 1, Share: 500, Weight: 1}}
 	for _, pol := range []Policy{NewFGD(w), NewFGPU(w, DefaultOptions())} {
-		c, _ = NewCluster([]NodeSpec{{Name: "n", CPUMilli: 64000, MemoryMiB: 1 << 20, GPUs: gpus("V100", 2)}})
+		c, _ := NewCluster([]NodeSpec{{Name: "n", CPUMilli: 64000, MemoryMiB: 1 << 20, GPUs: gpus("V100", 2)}})
 		s := NewScheduler(c, pol, 1)
 		if err := c.Assign(Placement{Node: 0, GPUs: []int{1}, Share: []int64{400}}, &Request{}); err != nil {
 			t.Fatal(err)

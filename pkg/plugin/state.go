@@ -378,9 +378,13 @@ func (c Config) pauseForTest(ctx context.Context) {
 	if _, err := os.Stat(c.TestPausePrepareFile); err != nil {
 		return
 	}
-	os.WriteFile(c.TestPausePrepareFile+".paused", nil, 0o644)
+	logger := klog.FromContext(ctx)
+	if err := os.WriteFile(c.TestPausePrepareFile+".paused", nil, 0o644); err != nil {
+		logger.Error(err, "Test hook: cannot signal the pause, not pausing")
+		return
+	}
 	defer os.Remove(c.TestPausePrepareFile + ".paused")
-	klog.FromContext(ctx).Info("Test hook: pausing prepare", "trigger", c.TestPausePrepareFile)
+	logger.Info("Test hook: pausing prepare", "trigger", c.TestPausePrepareFile)
 	for {
 		if _, err := os.Stat(c.TestPausePrepareFile); err != nil || ctx.Err() != nil {
 			return

@@ -33,7 +33,9 @@ func BenchmarkPrepare(b *testing.B) {
 			b.StopTimer()
 			for uid := range s.cp.Claims {
 				if uid != "uid-ns-warm" {
-					s.Unprepare(ctx, uid)
+					if err := s.Unprepare(ctx, uid); err != nil {
+						b.Fatal(err)
+					}
 				}
 			}
 			b.StartTimer()
@@ -45,6 +47,8 @@ func BenchmarkPrepare(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 	keys, _ := s.mps.Keys()
 	for _, k := range keys {
-		s.mps.Stop(ctx, k)
+		if err := s.mps.Stop(ctx, k); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

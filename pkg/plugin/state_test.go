@@ -68,7 +68,9 @@ func (e *env) state() *State {
 	e.t.Cleanup(func() {
 		keys, _ := s.mps.Keys()
 		for _, k := range keys {
-			s.mps.Stop(context.Background(), k)
+			if err := s.mps.Stop(context.Background(), k); err != nil {
+				e.t.Error(err)
+			}
 		}
 	})
 	return s
@@ -301,10 +303,17 @@ func TestRestartRecoversFromACrashMidPrepare(t *testing.T) {
 	// The crash also takes the daemons with it (they live in the plugin's container).
 	keys, _ := s.mps.Keys()
 	for _, k := range keys {
-		s.mps.Stop(ctx, k)
-		os.MkdirAll(s.mps.PipeDir(k), 0o755)
+		if err := s.mps.Stop(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(s.mps.PipeDir(k), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	os.WriteFile(filepath.Join(e.cfg.CDIDir, "fgpu.dev-gpu_orphan.yaml"), []byte("cdiVersion: 0.5.0\nkind: fgpu.dev/gpu\ndevices: []\n"), 0o644)
+	orphan := []byte("cdiVersion: 0.5.0\nkind: fgpu.dev/gpu\ndevices: []\n")
+	if err := os.WriteFile(filepath.Join(e.cfg.CDIDir, "fgpu.dev-gpu_orphan.yaml"), orphan, 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	restarted := e.state()
 	claims := restarted.PreparedClaims()

@@ -64,7 +64,8 @@ func (d *Driver) publishDeviceStatus(ctx context.Context, claim *resourceapi.Res
 				devices = append(devices, s)
 			}
 		}
-		current.Status.Devices = append(devices, ours...)
+		devices = append(devices, ours...)
+		current.Status.Devices = devices
 		_, err = claims.UpdateStatus(ctx, current, metav1.UpdateOptions{FieldManager: "fgpu-kubelet-plugin"})
 		return err
 	})

@@ -2,12 +2,12 @@ package sim
 
 import (
 	"math"
-
-	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"runtime"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/fgpu-dev/fgpu/pkg/placement"
 )
 
 // Summary aggregates replays over seeds; percentages are of cluster GPUs.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -38,8 +39,14 @@ func run(rounds, claims int, mode string) error {
 	}
 	ctx := context.Background()
 	ns := "podbench"
-	c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	defer deleteAll(ctx, c, ns)
+	if err := createNamespace(ctx, c, ns); err != nil {
+		return err
+	}
+	defer func() {
+		if err := deleteAll(ctx, c, ns); err != nil {
+			fmt.Fprintln(os.Stderr, "podbench: cleanup:", err)
+		}
+	}()
 
 	var plain, withClaim []time.Duration
 	for i := 0; i < rounds; i++ {
@@ -62,8 +69,12 @@ func run(rounds, claims int, mode string) error {
 	if claims == 0 {
 		return nil
 	}
-	deleteAll(ctx, c, ns)
-	c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err := deleteAll(ctx, c, ns); err != nil {
+		return err
+	}
+	if err := createNamespace(ctx, c, ns); err != nil {
+		return err
+	}
 	for i := 0; i < claims; i++ {
 		if _, err := c.Create(ctx, framework.MakeGPUPod(ns, fmt.Sprintf("hold-%d", i)).Memory("512Mi")); err != nil {
 			return err
@@ -107,13 +118,27 @@ func timePod(ctx context.Context, c *framework.Cluster, ns, name string, gpu *fr
 	}
 	d := time.Since(start)
 	zero := int64(0)
-	c.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		return 0, err
+	}
 	return d, nil
 }
 
-func deleteAll(ctx context.Context, c *framework.Cluster, ns string) {
-	c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
-	wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+// createNamespace creates ns; one left by an earlier run is reused.
+func createNamespace(ctx context.Context, c *framework.Cluster, ns string) error {
+	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return nil
+}
+
+// deleteAll deletes ns and waits until it is gone.
+func deleteAll(ctx context.Context, c *framework.Cluster, ns string) error {
+	if err := c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, err := c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 		return err != nil, nil
 	})

@@ -88,12 +88,16 @@ func TestNewRefusesUnknownModel(t *testing.T) {
 
 func TestLoadFleetFile(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "fleet.yaml")
-	os.WriteFile(p, []byte("gpus:\n- model: L4-24GB\n  count: 2\n"), 0o644)
+	if err := os.WriteFile(p, []byte("gpus:\n- model: L4-24GB\n  count: 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	f, err := LoadFleetFile(p)
 	if err != nil || len(f.GPUs) != 1 || f.GPUs[0].Count != 2 {
 		t.Fatalf("got %+v, %v", f, err)
 	}
-	os.WriteFile(p, []byte("gpu:\n- model: L4-24GB\n"), 0o644)
+	if err := os.WriteFile(p, []byte("gpu:\n- model: L4-24GB\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := LoadFleetFile(p); err == nil {
 		t.Fatal("misspelled key accepted")
 	}

@@ -29,8 +29,8 @@ func newMock(t *testing.T) *server.Server {
 	if len(s.Devices) != 8 {
 		t.Fatalf("dgxh100 mock has %d devices, want 8", len(s.Devices))
 	}
-	for _, dev := range s.Devices {
-		d := dev.(*server.Device)
+	for i := range s.Devices {
+		d := mockDevice(t, s, i)
 		var (
 			mu   sync.Mutex
 			mode = gonvml.COMPUTEMODE_DEFAULT
@@ -71,7 +71,14 @@ func newMock(t *testing.T) *server.Server {
 	return s
 }
 
-func mockDevice(s *server.Server, i int) *server.Device { return s.Devices[i].(*server.Device) }
+func mockDevice(t *testing.T, s *server.Server, i int) *server.Device {
+	t.Helper()
+	d, ok := s.Devices[i].(*server.Device)
+	if !ok {
+		t.Fatalf("mock device %d is a %T, want *server.Device", i, s.Devices[i])
+	}
+	return d
+}
 
 // fakeFS answers the existence check from a set (nil: everything exists) and records what was asked.
 type fakeFS struct {
@@ -111,7 +118,7 @@ func TestDevicesDGXH100(t *testing.T) {
 	}
 	seen := map[string]int{}
 	for i, d := range devs {
-		m := mockDevice(s, i)
+		m := mockDevice(t, s, i)
 		if d.Index != i || d.Name() != fmt.Sprintf("gpu-%d", i) {
 			t.Errorf("device %d: Index %d Name %q", i, d.Index, d.Name())
 		}
@@ -205,7 +212,7 @@ func TestDefaultDevRootAndRealExistenceCheck(t *testing.T) {
 func TestNUMANode(t *testing.T) {
 	t.Run("not supported", func(t *testing.T) {
 		s := newMock(t)
-		mockDevice(s, 3).GetNumaNodeIdFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
+		mockDevice(t, s, 3).GetNumaNodeIdFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
 		devs, err := newBackend(t, s).Devices()
 		if err != nil {
 			t.Fatal(err)
@@ -230,14 +237,14 @@ func TestNUMANode(t *testing.T) {
 			if d.NUMANode != -1 {
 				t.Errorf("gpu-%d NUMA node %d, want -1", i, d.NUMANode)
 			}
-			if n := len(mockDevice(s, i).GetNumaNodeIdCalls()); n != 0 {
+			if n := len(mockDevice(t, s, i).GetNumaNodeIdCalls()); n != 0 {
 				t.Errorf("gpu-%d: GetNumaNodeId called %d times though the symbol is missing", i, n)
 			}
 		}
 	})
 	t.Run("other error fails", func(t *testing.T) {
 		s := newMock(t)
-		mockDevice(s, 6).GetNumaNodeIdFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_GPU_IS_LOST }
+		mockDevice(t, s, 6).GetNumaNodeIdFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_GPU_IS_LOST }
 		_, err := newBackend(t, s).Devices()
 		wantErr(t, err, gonvml.ERROR_GPU_IS_LOST, "GetNumaNodeId", "GPU 6")
 	})
@@ -268,19 +275,19 @@ func TestDevicesErrorsNameCallAndIndex(t *testing.T) {
 			}
 		}, []string{"DeviceGetHandleByIndex", "GPU 2"}},
 		{"memory", func(s *server.Server) {
-			mockDevice(s, 5).GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) { return gonvml.Memory{}, gonvml.ERROR_UNKNOWN }
+			mockDevice(t, s, 5).GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) { return gonvml.Memory{}, gonvml.ERROR_UNKNOWN }
 		}, []string{"GetMemoryInfo", "GPU 5"}},
 		{"uuid", func(s *server.Server) {
-			mockDevice(s, 7).GetUUIDFunc = func() (string, gonvml.Return) { return "", gonvml.ERROR_UNKNOWN }
+			mockDevice(t, s, 7).GetUUIDFunc = func() (string, gonvml.Return) { return "", gonvml.ERROR_UNKNOWN }
 		}, []string{"GetUUID", "GPU 7"}},
 		{"compute capability", func(s *server.Server) {
-			mockDevice(s, 1).GetCudaComputeCapabilityFunc = func() (int, int, gonvml.Return) { return 0, 0, gonvml.ERROR_UNKNOWN }
+			mockDevice(t, s, 1).GetCudaComputeCapabilityFunc = func() (int, int, gonvml.Return) { return 0, 0, gonvml.ERROR_UNKNOWN }
 		}, []string{"GetCudaComputeCapability", "GPU 1"}},
 		{"pci", func(s *server.Server) {
-			mockDevice(s, 4).GetPciInfoFunc = func() (gonvml.PciInfo, gonvml.Return) { return gonvml.PciInfo{}, gonvml.ERROR_UNKNOWN }
+			mockDevice(t, s, 4).GetPciInfoFunc = func() (gonvml.PciInfo, gonvml.Return) { return gonvml.PciInfo{}, gonvml.ERROR_UNKNOWN }
 		}, []string{"GetPciInfo", "GPU 4"}},
 		{"compute mode", func(s *server.Server) {
-			mockDevice(s, 0).GetComputeModeFunc = func() (gonvml.ComputeMode, gonvml.Return) { return 0, gonvml.ERROR_UNKNOWN }
+			mockDevice(t, s, 0).GetComputeModeFunc = func() (gonvml.ComputeMode, gonvml.Return) { return 0, gonvml.ERROR_UNKNOWN }
 		}, []string{"GetComputeMode", "GPU 0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -297,7 +304,7 @@ func TestDevicesErrorsNameCallAndIndex(t *testing.T) {
 
 func TestMalformedPCIBusIDFails(t *testing.T) {
 	s := newMock(t)
-	mockDevice(s, 3).GetPciInfoFunc = func() (gonvml.PciInfo, gonvml.Return) { return gonvml.PciInfo{}, gonvml.SUCCESS }
+	mockDevice(t, s, 3).GetPciInfoFunc = func() (gonvml.PciInfo, gonvml.Return) { return gonvml.PciInfo{}, gonvml.SUCCESS }
 	_, err := newBackend(t, s).Devices()
 	if err == nil || !strings.Contains(err.Error(), "GetPciInfo on GPU 3") {
 		t.Fatalf("err = %v, want one naming GetPciInfo on GPU 3", err)
@@ -306,7 +313,7 @@ func TestMalformedPCIBusIDFails(t *testing.T) {
 
 func TestArchitectureNotSupportedIsUnknown(t *testing.T) {
 	s := newMock(t)
-	mockDevice(s, 0).GetArchitectureFunc = func() (gonvml.DeviceArchitecture, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
+	mockDevice(t, s, 0).GetArchitectureFunc = func() (gonvml.DeviceArchitecture, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
 	devs, err := newBackend(t, s).Devices()
 	if err != nil {
 		t.Fatal(err)
@@ -319,7 +326,7 @@ func TestArchitectureNotSupportedIsUnknown(t *testing.T) {
 func TestSetComputeMode(t *testing.T) {
 	s := newMock(t)
 	b := newBackend(t, s)
-	target := mockDevice(s, 3)
+	target := mockDevice(t, s, 3)
 
 	if err := b.SetComputeMode(target.UUID, gpu.ComputeModeExclusiveProcess); err != nil {
 		t.Fatalf("SetComputeMode: %v", err)
@@ -329,7 +336,7 @@ func TestSetComputeMode(t *testing.T) {
 		t.Fatalf("mock gpu-3 SetComputeMode calls %+v, want one with EXCLUSIVE_PROCESS", calls)
 	}
 	for i := range s.Devices {
-		if i != 3 && len(mockDevice(s, i).SetComputeModeCalls()) != 0 {
+		if i != 3 && len(mockDevice(t, s, i).SetComputeModeCalls()) != 0 {
 			t.Errorf("gpu-%d's compute mode was set too", i)
 		}
 	}
@@ -399,10 +406,10 @@ func TestCloseShutsDownOnce(t *testing.T) {
 	if _, err := b.Devices(); err == nil {
 		t.Error("Devices after Close succeeded")
 	}
-	if err := b.SetComputeMode(mockDevice(s, 0).UUID, gpu.ComputeModeDefault); err == nil {
+	if err := b.SetComputeMode(mockDevice(t, s, 0).UUID, gpu.ComputeModeDefault); err == nil {
 		t.Error("SetComputeMode after Close succeeded")
 	}
-	if len(s.DeviceGetCountCalls()) != counts || len(mockDevice(s, 0).SetComputeModeCalls()) != 0 {
+	if len(s.DeviceGetCountCalls()) != counts || len(mockDevice(t, s, 0).SetComputeModeCalls()) != 0 {
 		t.Error("NVML was called after Shutdown")
 	}
 }

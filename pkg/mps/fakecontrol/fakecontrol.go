@@ -78,7 +78,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 func daemonize(sock string) error {
 	if c, err := net.Dial("unix", sock); err == nil {
 		c.Close()
-		return errors.New("An instance of this daemon is already running")
+		return errors.New("An instance of this daemon is already running") //nolint:staticcheck // ST1005: the real control binary's words
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -90,7 +90,8 @@ func daemonize(sock string) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start daemon: %w", err)
 	}
-	go cmd.Wait()
+	// Reaps the daemon should it exit early; its exit status has no reader.
+	go func() { _ = cmd.Wait() }()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if c, err := net.Dial("unix", sock); err == nil {
 			c.Close()
@@ -161,7 +162,7 @@ func handle(conn net.Conn, st *State, logDir string) (quit bool) {
 }
 
 func client(sock string, stdin io.Reader, stdout, stderr io.Writer) int {
-	conn, err := net.Dial("unix", sock)
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
 		fmt.Fprintln(stderr, "Cannot find MPS control daemon process")
 		return 1
@@ -171,7 +172,10 @@ func client(sock string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
-	conn.(*net.UnixConn).CloseWrite()
+	if err := conn.CloseWrite(); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
 	out, _ := io.ReadAll(conn)
 	text := strings.TrimSpace(string(out))
 	if text != "" {

@@ -77,7 +77,11 @@ func admit(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy, resource, use
 	vars["variables"] = v
 	for _, val := range p.Spec.Validations {
 		if evalCEL(t, val.Expression, vars) != true {
-			return evalCEL(t, val.MessageExpression, vars).(string)
+			msg, ok := evalCEL(t, val.MessageExpression, vars).(string)
+			if !ok {
+				t.Fatalf("messageExpression %q is not a string", val.MessageExpression)
+			}
+			return msg
 		}
 	}
 	return ""

@@ -9,10 +9,10 @@ import (
 
 // policies lists the SharingPolicies (none without an fgpu client).
 func (c *Controller) policyList() []*api.SharingPolicy {
-	if c.listers.policies == nil {
+	if c.policies == nil {
 		return nil
 	}
-	list, err := c.listers.policies.List(labels.Everything())
+	list, err := c.policies.List(labels.Everything())
 	if err != nil {
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // GpuConfigKind is the kind of GpuConfig in opaque device configuration.
@@ -64,7 +65,7 @@ func (c *GpuConfig) Validate() error {
 	if c.ComputePercent != nil && (*c.ComputePercent < 1 || *c.ComputePercent > 100) {
 		return fmt.Errorf("computePercent %d must be between 1 and 100", *c.ComputePercent)
 	}
-	if c.IsolationDomain != "" && !isDNSLabel(c.IsolationDomain) {
+	if c.IsolationDomain != "" && len(validation.IsDNS1123Label(c.IsolationDomain)) > 0 {
 		return fmt.Errorf("isolationDomain %q must be a DNS label (lowercase letters, digits, '-', at most 63)", c.IsolationDomain)
 	}
 	return nil
@@ -78,18 +79,6 @@ func (c *GpuConfig) Normalize() {
 	if c.IsolationDomain == "" {
 		c.IsolationDomain = DefaultIsolationDomain
 	}
-}
-
-func isDNSLabel(s string) bool {
-	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
-		return false
-	}
-	for _, r := range s {
-		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
-			return false
-		}
-	}
-	return true
 }
 
 // Overlay sets the fields src sets: configs are applied class first, then claim, each

@@ -57,7 +57,6 @@ func main() {
 	fs.StringVar(&f.allocationMode, "allocation-mode", "scheduler", `"scheduler": kube-scheduler allocates shares; "allocator": devices are fenced with a taint only fgpu's allocator tolerates`)
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":9464", "address of the Prometheus /metrics endpoint (empty: off)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
-	fs.StringVar(&f.cfg.TestPausePrepareFile, "test-pause-prepare-file", "", "tests only: while this file exists, a prepare pauses before it completes")
 	klogFlags := goflagSet()
 	fs.AddGoFlagSet(klogFlags)
 

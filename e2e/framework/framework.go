@@ -36,7 +36,8 @@ const (
 	StateDir = "/var/run/fgpu"
 	// CDIDir is where the plugin writes claim specs.
 	CDIDir = "/var/run/cdi"
-	// PauseTrigger is the plugin's test hook: while it exists, a prepare pauses.
+	// PauseTrigger pauses a prepare while it exists, in a plugin built with -tags fgpu_e2e
+	// (pkg/plugin/faults_e2e.go names the same path).
 	PauseTrigger = StateDir + "/test-pause-prepare"
 	// CheckpointPath is the plugin's checkpoint on the host.
 	CheckpointPath = "/var/lib/kubelet/plugins/" + Driver + "/checkpoint.json"

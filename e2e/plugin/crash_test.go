@@ -32,7 +32,7 @@ func TestPluginKilledMidPrepare(t *testing.T) {
 		return err == nil, nil
 	})
 	if err != nil {
-		t.Fatal("the plugin never reached the pause point")
+		t.Fatal("the plugin never reached the pause point (is its image built with FGPU_BUILD_TAGS=fgpu_e2e, as hack/e2e.sh does?)")
 	}
 	claim, err := cluster.ClaimOf(ctx, pod)
 	if err != nil {

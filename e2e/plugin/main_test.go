@@ -19,7 +19,6 @@ func TestMain(m *testing.M) {
 	c, err := framework.Setup(
 		"allocationMode=scheduler",
 		"kubeletPlugin.gpus=fake:1xH100-80GB",
-		"kubeletPlugin.testPausePrepareFile="+framework.PauseTrigger,
 	)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e setup:", err)

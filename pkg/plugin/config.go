@@ -23,8 +23,6 @@ type Config struct {
 	ReservedMemory int64
 	// Fenced publishes devices with the allocator taint (allocator mode).
 	Fenced bool
-	// TestPausePrepareFile, when set, lets an e2e test stop a prepare mid-way (see pauseForTest).
-	TestPausePrepareFile string
 }
 
 // CheckpointPath is where the checkpoint lives.

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -109,7 +108,9 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 		}
 		return nil, err
 	}
-	s.cfg.pauseForTest(ctx)
+	if faults != nil {
+		faults.PrepareApplied(ctx)
+	}
 	entry.State = checkpoint.PrepareCompleted
 	if err := s.store.Save(s.cp); err != nil {
 		entry.State = checkpoint.PrepareStarted
@@ -367,30 +368,6 @@ func (s *State) PreparedClaims() map[string]checkpoint.ClaimEntry {
 		out[uid] = *e
 	}
 	return out
-}
-
-// pauseForTest blocks while the test hook's trigger file exists, after the side effects
-// and before the checkpoint says Completed, so an e2e test can kill the plugin exactly there.
-func (c Config) pauseForTest(ctx context.Context) {
-	if c.TestPausePrepareFile == "" {
-		return
-	}
-	if _, err := os.Stat(c.TestPausePrepareFile); err != nil {
-		return
-	}
-	logger := klog.FromContext(ctx)
-	if err := os.WriteFile(c.TestPausePrepareFile+".paused", nil, 0o644); err != nil {
-		logger.Error(err, "Test hook: cannot signal the pause, not pausing")
-		return
-	}
-	defer os.Remove(c.TestPausePrepareFile + ".paused")
-	logger.Info("Test hook: pausing prepare", "trigger", c.TestPausePrepareFile)
-	for {
-		if _, err := os.Stat(c.TestPausePrepareFile); err != nil || ctx.Err() != nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func (c Config) containerDevicePath(hostPath string) string {

@@ -7,10 +7,11 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -43,12 +44,7 @@ func main() {
 		}
 	}
 
-	keys := make([]string, 0, len(r.Env))
-	for k := range r.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(r.Env)) {
 		fmt.Printf("env    %s=%s\n", k, r.Env[k])
 	}
 	for _, d := range r.Devices {

@@ -1,5 +1,7 @@
 package placement
 
+import "strings"
+
 // fragModel measures a node's GPU fragmentation against a workload, as FGD
 // defines it: for each shape, the free GPU share that shape could not use,
 // weighted by how often the shape occurs. A shape the node cannot host at all
@@ -265,18 +267,9 @@ func (fm *fragModel) nodeFrag(n int) float64 {
 	return fm.frag(nd.models, nd.cpuFree, nd.gpuFree, nd.gpuCap)
 }
 
+// splitModels splits a shape's "A|B" model list, dropping empty names.
 func splitModels(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == '|' {
-			if i > start {
-				out = append(out, s[start:i])
-			}
-			start = i + 1
-		}
-	}
-	return out
+	return strings.FieldsFunc(s, func(r rune) bool { return r == '|' })
 }
 
 // nodeFrags keeps each node's fragmentation, and their sum, current as the cluster changes:

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"math/rand"
+	"strings"
 )
 
 // Scheduler places requests on a Cluster with a Policy.
@@ -39,7 +40,7 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 	}
 	mask, ok := s.c.modelMask(r.Models)
 	if !ok && r.GPUs > 0 {
-		return Placement{}, &UnplaceableError{Request: r.Name, Reason: ReasonNoModel, Detail: "models " + joinModels(r.Models)}
+		return Placement{}, &UnplaceableError{Request: r.Name, Reason: ReasonNoModel, Detail: "models " + strings.Join(r.Models, "|")}
 	}
 	bestNode, bestScore, ties := -1, 0.0, 0
 	tb, _ := s.p.(TieBreaker)
@@ -136,15 +137,4 @@ func (s *Scheduler) whyNot(r *Request, mask uint64) error {
 		}
 	}
 	return &UnplaceableError{Request: r.Name, Reason: ReasonTooLarge}
-}
-
-func joinModels(m []string) string {
-	out := ""
-	for i, s := range m {
-		if i > 0 {
-			out += "|"
-		}
-		out += s
-	}
-	return out
 }

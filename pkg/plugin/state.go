@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	"github.com/fgpu-dev/fgpu/pkg/cdi"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
@@ -351,8 +352,7 @@ func pluginDevices(e *checkpoint.ClaimEntry) []kubeletplugin.Device {
 	for _, p := range e.Devices {
 		d := kubeletplugin.Device{Requests: []string{p.Request}, PoolName: p.Pool, DeviceName: p.Device, CDIDeviceIDs: p.CDIDeviceIDs}
 		if p.ShareID != "" {
-			id := types.UID(p.ShareID)
-			d.ShareID = &id
+			d.ShareID = ptr.To(types.UID(p.ShareID))
 		}
 		out = append(out, d)
 	}

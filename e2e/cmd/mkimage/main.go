@@ -18,10 +18,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"runtime"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -223,14 +224,9 @@ func buildLayer(files, dirs []string) ([]byte, error) {
 		addFile(path.Clean(parts[1]), mode, data)
 	}
 
-	keys := make([]string, 0, len(entries))
-	for k := range entries {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(entries)) {
 		e := entries[k]
 		e.hdr.ModTime = epoch
 		e.hdr.Uname, e.hdr.Gname = "root", "root"

@@ -8,7 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -145,8 +145,8 @@ func deleteAll(ctx context.Context, c *framework.Cluster, ns string) error {
 }
 
 func pct(d []time.Duration, p int) float64 {
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	s := slices.Clone(d)
+	slices.Sort(s)
 	return float64(s[(len(s)-1)*p/100].Milliseconds())
 }
 

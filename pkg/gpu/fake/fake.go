@@ -6,10 +6,11 @@ import (
 	"crypto/sha1"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -208,10 +209,5 @@ func ensureDeviceNode(path string) error {
 }
 
 func knownModels() string {
-	names := make([]string, 0, len(Models))
-	for n := range Models {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return strings.Join(names, ", ")
+	return strings.Join(slices.Sorted(maps.Keys(Models)), ", ")
 }

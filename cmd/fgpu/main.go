@@ -1,5 +1,6 @@
-// Command fgpu is fgpu's command-line tool: placement simulation, benchmarks
-// and plots. The logic lives in pkg/placement and pkg/sim; this is wiring.
+// Command fgpu is fgpu's command-line tool: placement simulation and plots, and a view
+// of the cluster's GPUs. The logic lives in pkg/placement, pkg/sim and pkg/clusterview;
+// this is wiring.
 package main
 
 import (
@@ -16,7 +17,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSimCmd(), newBenchCmd(), newPlotCmd(), newGPUsCmd())
+	root.AddCommand(newSimCmd(), newPlotCmd(), newGPUsCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "fgpu:", err)
 		os.Exit(1)

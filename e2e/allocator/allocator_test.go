@@ -14,7 +14,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
-	"github.com/fgpu-dev/fgpu/pkg/controller/loadgen"
+	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
 // The allocator, not kube-scheduler, places three shares; the pods run and say where.

@@ -17,7 +17,7 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 	"github.com/fgpu-dev/fgpu/pkg/controller"
-	"github.com/fgpu-dev/fgpu/pkg/controller/loadgen"
+	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
 // createPolicy creates a SharingPolicy for the duration of the test.

@@ -11,7 +11,7 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 
 	fgpufake "github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned/fake"
-	"github.com/fgpu-dev/fgpu/pkg/controller/loadgen"
+	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
 // TestBurstNeverOvercommits runs the allocator with parallel workers over a fake API server

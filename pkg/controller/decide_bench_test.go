@@ -9,8 +9,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/fgpu-dev/fgpu/pkg/controller/loadgen"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
+	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
 // BenchmarkDecide times one placement decision (pod fit, device checks and the fgpu

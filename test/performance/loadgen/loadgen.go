@@ -1,7 +1,8 @@
 // Package loadgen measures the allocator: it publishes fake GPU nodes (Node objects and
 // fenced ResourceSlices, no kubelet), then creates a burst of claims with a pod each and
 // times each claim from creation to allocation. It runs against any cluster (the local
-// one, through `fgpu-allocator bench`) or a fake API server (the Go benchmark).
+// one, through test/performance/cmd/allocator-bench) or a fake API server (the Go
+// benchmarks).
 package loadgen
 
 import (

@@ -1,27 +1,47 @@
+// Command allocator-bench drives a burst of claims against a cluster whose allocator is
+// running and reports throughput and claim-created→allocated latency:
+//
+//	go run ./test/performance/cmd/allocator-bench --kubeconfig _output/cluster/kubeconfig --cleanup
+//
+// It publishes fake GPU nodes (Node objects and fenced ResourceSlices, no kubelet) first;
+// see test/performance/loadgen.
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
-	"strings"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/fgpu-dev/fgpu/pkg/controller/loadgen"
 	"github.com/fgpu-dev/fgpu/pkg/serve"
+	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
-// benchCommand drives a burst of claims against a cluster whose allocator is running and
-// reports throughput and claim-created→allocated latency.
-func benchCommand() *cobra.Command {
+func main() {
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := command().ExecuteContext(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "allocator-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func command() *cobra.Command {
 	o := loadgen.Defaults()
-	var kubeconfig, sizes string
+	var kubeconfig string
 	var setup, burst, cleanup bool
 	cmd := &cobra.Command{
-		Use:   "bench",
-		Short: "Publish fake GPU nodes, create a burst of claims with pods, report allocation throughput and latency",
+		Use:           "allocator-bench",
+		Short:         "Publish fake GPU nodes, create a burst of claims with pods, report allocation throughput and latency",
+		SilenceUsage:  true,
+		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.Sizes = splitList(sizes)
 			rc, err := serve.RestConfig(kubeconfig, "fgpu-allocator-bench", 500, 1000)
 			if err != nil {
 				return err
@@ -46,7 +66,7 @@ func benchCommand() *cobra.Command {
 					if cleanup {
 						_ = loadgen.Cleanup(ctx, c, o)
 					}
-					return fmt.Errorf("bench failed")
+					return errors.New("bench failed")
 				}
 			}
 			if cleanup {
@@ -61,7 +81,7 @@ func benchCommand() *cobra.Command {
 	fs.IntVar(&o.GPUsPerNode, "gpus-per-node", o.GPUsPerNode, "GPUs per node")
 	fs.StringVar(&o.GPUMemory, "gpu-memory", o.GPUMemory, "allocatable memory per GPU")
 	fs.IntVar(&o.Claims, "claims", o.Claims, "claims in the burst")
-	fs.StringVar(&sizes, "sizes", strings.Join(o.Sizes, ","), "claim memory sizes, used in turn")
+	fs.StringSliceVar(&o.Sizes, "sizes", o.Sizes, "claim memory sizes, used in turn")
 	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "namespace of the claims and pods")
 	fs.StringVar(&o.Prefix, "prefix", o.Prefix, "prefix of node, claim and pod names")
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "parallel creators")

@@ -9,6 +9,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 
 	fgpufake "github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned/fake"
 	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
@@ -21,7 +22,7 @@ func TestBurstNeverOvercommits(t *testing.T) {
 	defer cancel()
 	o := loadgen.Defaults()
 	o.Nodes, o.Claims, o.Timeout = 20, 200, time.Minute
-	client := fake.NewSimpleClientset(MakeClass(shareClass))
+	client := fake.NewSimpleClientset(builders.MakeClass(api.DeviceClassShared))
 	if err := loadgen.Setup(ctx, client, o); err != nil {
 		t.Fatal(err)
 	}
@@ -65,14 +66,14 @@ func TestBurstNeverOvercommits(t *testing.T) {
 func TestQuotaQueueDrainsInRunLoop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	client := fake.NewSimpleClientset(MakeClass(shareClass), MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"))
-	c := New(DefaultConfig(), client, fgpufake.NewSimpleClientset(MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("21Gi").Obj()), nil)
+	client := fake.NewSimpleClientset(builders.MakeClass(api.DeviceClassShared), builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"))
+	c := New(DefaultConfig(), client, fgpufake.NewSimpleClientset(builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("21Gi").Obj()), nil)
 	go func() { _ = c.Run(ctx) }()
 	create := func(name, mem string, sec int) {
-		if _, err := client.ResourceV1().ResourceClaims("a").Create(ctx, MakeClaim("a", name).Memory(mem).Created(sec).Obj(), metav1.CreateOptions{}); err != nil {
+		if _, err := client.ResourceV1().ResourceClaims("a").Create(ctx, builders.MakeClaim("a", name).Memory(mem).Created(sec).Obj(), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := client.CoreV1().Pods("a").Create(ctx, MakePod("a", name).Claim(name).Obj(), metav1.CreateOptions{}); err != nil {
+		if _, err := client.CoreV1().Pods("a").Create(ctx, builders.MakePod("a", name).Claim(name).Obj(), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

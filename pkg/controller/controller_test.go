@@ -16,13 +16,14 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 )
 
 var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
 func TestPlacementWritesValidAllocation(t *testing.T) {
-	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"),
-		MakeClaim("a", "c").Memory("10Gi").Compute("12").Config(map[string]any{"memoryLimit": "8Gi"}).Obj(), MakePod("a", "p").Claim("c").Obj())
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Compute("12").Config(map[string]any{"memoryLimit": "8Gi"}).Obj(), builders.MakePod("a", "p").Claim("c").Obj())
 	e.run()
 	c := e.claim("a", "c")
 	a := c.Status.Allocation
@@ -42,7 +43,7 @@ func TestPlacementWritesValidAllocation(t *testing.T) {
 		t.Fatalf("results %+v", a.Devices.Results)
 	}
 	r := a.Devices.Results[0]
-	if r.Request != "gpu" || r.Driver != driver || r.Pool != "n1" || !strings.HasPrefix(r.Device, "gpu-") {
+	if r.Request != "gpu" || r.Driver != api.DriverName || r.Pool != "n1" || !strings.HasPrefix(r.Device, "gpu-") {
 		t.Errorf("result %+v", r)
 	}
 	if r.ShareID == nil || !uuidRE.MatchString(string(*r.ShareID)) {
@@ -82,12 +83,12 @@ func TestPlacementWritesValidAllocation(t *testing.T) {
 }
 
 func TestWaitsForPod(t *testing.T) {
-	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"), MakeClaim("a", "c").Memory("10Gi").Obj())
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"), builders.MakeClaim("a", "c").Memory("10Gi").Obj())
 	e.run()
 	if e.placedOn("a", "c") != "" {
 		t.Fatal("a claim no pod uses was allocated")
 	}
-	e.create(MakePod("a", "p").Claim("c").Obj())
+	e.create(builders.MakePod("a", "p").Claim("c").Obj())
 	e.run()
 	if e.placedOn("a", "c") == "" {
 		t.Fatal("not placed once a pod uses it")
@@ -95,10 +96,10 @@ func TestWaitsForPod(t *testing.T) {
 }
 
 func TestAccountsSchedulerAllocations(t *testing.T) {
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("none").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
-		MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"),
-		MakeClaim("a", "old").Memory("70Gi").AllocatedOn("n1", "gpu-0", "70Gi").Obj(),
-		MakeClaim("a", "new").Memory("20Gi").Obj(), MakePod("a", "p").Claim("new").Obj())
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("none").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"),
+		builders.MakeClaim("a", "old").Memory("70Gi").AllocatedOn("n1", "gpu-0").Obj(),
+		builders.MakeClaim("a", "new").Memory("20Gi").Obj(), builders.MakePod("a", "p").Claim("new").Obj())
 	e.run()
 	if got := e.placedOn("a", "new"); got != "n1/gpu-1" {
 		t.Fatalf("placed on %q; gpu-0 has only 10Gi free", got)
@@ -106,9 +107,9 @@ func TestAccountsSchedulerAllocations(t *testing.T) {
 }
 
 func TestIsolationNamespace(t *testing.T) {
-	objs := []runtime.Object{MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"),
-		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj(),
-		MakeClaim("b", "c").Memory("10Gi").Created(1).Obj(), MakePod("b", "p").Claim("c").Obj()}
+	objs := []runtime.Object{builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj(),
+		builders.MakeClaim("b", "c").Memory("10Gi").Created(1).Obj(), builders.MakePod("b", "p").Claim("c").Obj()}
 	e := newEnv(t, nil, objs...)
 	e.run()
 	if e.placedOn("a", "c") == "" || e.placedOn("b", "c") != "" {
@@ -119,7 +120,7 @@ func TestIsolationNamespace(t *testing.T) {
 	}
 
 	// allowSharedGPU: same GPU, separate MPS servers (domains).
-	e2 := newEnv(t, []*api.SharingPolicy{MakePolicy("shared").AllowShared().Obj()}, objs...)
+	e2 := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("shared").AllowShared().Obj()}, objs...)
 	e2.run()
 	if e2.placedOn("a", "c") != "n1/gpu-0" || e2.placedOn("b", "c") != "n1/gpu-0" {
 		t.Fatalf("allowSharedGPU: %q %q", e2.placedOn("a", "c"), e2.placedOn("b", "c"))
@@ -132,10 +133,10 @@ func TestIsolationNamespace(t *testing.T) {
 }
 
 func TestIsolationNoneShares(t *testing.T) {
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("none").Isolation(api.IsolationNone).Obj()},
-		MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"),
-		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj(),
-		MakeClaim("b", "c").Memory("10Gi").Obj(), MakePod("b", "p").Claim("c").Obj())
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("none").Isolation(api.IsolationNone).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj(),
+		builders.MakeClaim("b", "c").Memory("10Gi").Obj(), builders.MakePod("b", "p").Claim("c").Obj())
 	e.run()
 	if e.placedOn("a", "c") != "n1/gpu-0" || e.placedOn("b", "c") != "n1/gpu-0" {
 		t.Fatal("isolation none did not share")
@@ -146,11 +147,11 @@ func TestIsolationNoneShares(t *testing.T) {
 }
 
 func TestIsolationExclusiveTakesWholeGPU(t *testing.T) {
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("x").Isolation(api.IsolationExclusive).Obj()},
-		MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"),
-		MakeClaim("a", "c1").Memory("10Gi").Obj(), MakePod("a", "p1").Claim("c1").Obj(),
-		MakeClaim("a", "c2").Memory("10Gi").Created(1).Obj(), MakePod("a", "p2").Claim("c2").Obj(),
-		MakeClaim("a", "c3").Memory("10Gi").Created(2).Obj(), MakePod("a", "p3").Claim("c3").Obj())
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("x").Isolation(api.IsolationExclusive).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"),
+		builders.MakeClaim("a", "c1").Memory("10Gi").Obj(), builders.MakePod("a", "p1").Claim("c1").Obj(),
+		builders.MakeClaim("a", "c2").Memory("10Gi").Created(1).Obj(), builders.MakePod("a", "p2").Claim("c2").Obj(),
+		builders.MakeClaim("a", "c3").Memory("10Gi").Created(2).Obj(), builders.MakePod("a", "p3").Claim("c3").Obj())
 	e.run()
 	if e.placedOn("a", "c1") == e.placedOn("a", "c2") || e.placedOn("a", "c3") != "" {
 		t.Fatalf("exclusive: %q %q %q", e.placedOn("a", "c1"), e.placedOn("a", "c2"), e.placedOn("a", "c3"))
@@ -162,9 +163,9 @@ func TestIsolationExclusiveTakesWholeGPU(t *testing.T) {
 }
 
 func TestExclusiveClass(t *testing.T) {
-	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"),
-		MakeClaim("a", "w").Class(wholeClass).Obj(), MakePod("a", "p").Claim("w").Obj(),
-		MakeClaim("a", "s").Memory("1Gi").Created(1).Obj(), MakePod("a", "q").Claim("s").Obj())
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "w").Class(api.DeviceClassExclusive).Obj(), builders.MakePod("a", "p").Claim("w").Obj(),
+		builders.MakeClaim("a", "s").Memory("1Gi").Created(1).Obj(), builders.MakePod("a", "q").Claim("s").Obj())
 	e.run()
 	if e.placedOn("a", "w") != "n1/gpu-0" || e.placedOn("a", "s") != "" {
 		t.Fatalf("whole GPU shared: %q %q", e.placedOn("a", "w"), e.placedOn("a", "s"))
@@ -173,23 +174,23 @@ func TestExclusiveClass(t *testing.T) {
 
 func TestLatencyCritical(t *testing.T) {
 	pols := []*api.SharingPolicy{
-		MakePolicy("crit").Latency(api.LatencyCritical).MaxCo(1).Isolation(api.IsolationNone).Pods("tier", "critical").Priority(10).Obj(),
-		MakePolicy("rest").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj(),
+		builders.MakePolicy("crit").Latency(api.LatencyCritical).MaxCo(1).Isolation(api.IsolationNone).Pods("tier", "critical").Priority(10).Obj(),
+		builders.MakePolicy("rest").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj(),
 	}
-	e := newEnv(t, pols, MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"),
-		MakeClaim("a", "be1").Memory("10Gi").Obj(), MakePod("a", "be1").Claim("be1").Obj())
+	e := newEnv(t, pols, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"),
+		builders.MakeClaim("a", "be1").Memory("10Gi").Obj(), builders.MakePod("a", "be1").Claim("be1").Obj())
 	e.run()
 	// The critical claim takes the least-loaded GPU: the empty one.
-	e.create(MakeClaim("a", "crit1").Memory("10Gi").Created(1).Obj(), MakePod("a", "crit1").Claim("crit1").Label("tier", "critical").Obj())
+	e.create(builders.MakeClaim("a", "crit1").Memory("10Gi").Created(1).Obj(), builders.MakePod("a", "crit1").Claim("crit1").Label("tier", "critical").Obj())
 	e.run()
 	if e.placedOn("a", "crit1") == e.placedOn("a", "be1") {
 		t.Fatalf("critical claim put next to a tenant while an empty GPU was free")
 	}
 	// Another critical claim never shares with the first; best-effort ones fill up to
 	// maxCoTenants 1 next to it.
-	e.create(MakeClaim("a", "crit2").Memory("10Gi").Created(2).Obj(), MakePod("a", "crit2").Claim("crit2").Label("tier", "critical").Obj(),
-		MakeClaim("a", "be2").Memory("10Gi").Created(3).Obj(), MakePod("a", "be2").Claim("be2").Obj(),
-		MakeClaim("a", "be3").Memory("10Gi").Created(4).Obj(), MakePod("a", "be3").Claim("be3").Obj())
+	e.create(builders.MakeClaim("a", "crit2").Memory("10Gi").Created(2).Obj(), builders.MakePod("a", "crit2").Claim("crit2").Label("tier", "critical").Obj(),
+		builders.MakeClaim("a", "be2").Memory("10Gi").Created(3).Obj(), builders.MakePod("a", "be2").Claim("be2").Obj(),
+		builders.MakeClaim("a", "be3").Memory("10Gi").Created(4).Obj(), builders.MakePod("a", "be3").Claim("be3").Obj())
 	e.run()
 	crit1 := e.placedOn("a", "crit1")
 	if e.placedOn("a", "crit2") == crit1 {
@@ -207,10 +208,10 @@ func TestLatencyCritical(t *testing.T) {
 }
 
 func TestMaxTenantsAndBestEffortPacks(t *testing.T) {
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).MaxTenants(2).Obj()},
-		MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"))
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).MaxTenants(2).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"))
 	for i, n := range []string{"c1", "c2", "c3", "c4", "c5"} {
-		e.create(MakeClaim("a", n).Memory("1Gi").Created(i).Obj(), MakePod("a", n).Claim(n).Obj())
+		e.create(builders.MakeClaim("a", n).Memory("1Gi").Created(i).Obj(), builders.MakePod("a", n).Claim(n).Obj())
 	}
 	e.run()
 	count := map[string]int{}
@@ -226,8 +227,8 @@ func TestMaxTenantsAndBestEffortPacks(t *testing.T) {
 }
 
 func TestComputeFromMemoryAndTimeSlicing(t *testing.T) {
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).ComputeFromMemory().Mode(api.PolicyModeTimeSlicing).Obj()},
-		MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"), MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj())
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("p").Isolation(api.IsolationNone).ComputeFromMemory().Mode(api.PolicyModeTimeSlicing).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"), builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
 	e.run()
 	c := e.claim("a", "c")
 	if cp := c.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityCompute]; cp.Value() != 13 {
@@ -239,12 +240,12 @@ func TestComputeFromMemoryAndTimeSlicing(t *testing.T) {
 }
 
 func TestQuotaFIFO(t *testing.T) {
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("20Gi").Obj()},
-		MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"))
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("20Gi").Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"))
 	for i, n := range []string{"c1", "c2", "c3"} {
-		e.create(MakeClaim("a", n).Memory("10Gi").Created(i).Obj(), MakePod("a", n).Claim(n).Obj())
+		e.create(builders.MakeClaim("a", n).Memory("10Gi").Created(i).Obj(), builders.MakePod("a", n).Claim(n).Obj())
 	}
-	e.create(MakeClaim("a", "small").Memory("1Gi").Created(5).Obj(), MakePod("a", "small").Claim("small").Obj())
+	e.create(builders.MakeClaim("a", "small").Memory("1Gi").Created(5).Obj(), builders.MakePod("a", "small").Claim("small").Obj())
 	e.run()
 	if e.placedOn("a", "c1") == "" || e.placedOn("a", "c2") == "" || e.placedOn("a", "c3") != "" {
 		t.Fatal("quota 20Gi: want c1, c2 placed and c3 pending")
@@ -273,9 +274,9 @@ func TestQuotaFIFO(t *testing.T) {
 }
 
 func TestTimeoutAndReplace(t *testing.T) {
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
-		MakeNode("n1").Obj(), MakeNode("n2").Obj(), MakeSlice("n1", 1, "80Gi"), MakeSlice("n2", 1, "80Gi"),
-		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj())
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(), builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
 	e.run()
 	first := e.placedOn("a", "c")
 	if first == "" {
@@ -293,8 +294,8 @@ func TestTimeoutAndReplace(t *testing.T) {
 }
 
 func TestDeallocatesWhenPodGone(t *testing.T) {
-	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"),
-		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj())
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
 	e.run()
 	if e.placedOn("a", "c") == "" {
 		t.Fatal("not placed")
@@ -311,8 +312,8 @@ func TestDeallocatesWhenPodGone(t *testing.T) {
 }
 
 func TestDeletedClaimReleased(t *testing.T) {
-	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"),
-		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").Obj())
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
 	e.run()
 	c := e.claim("a", "c")
 	now := metav1.Now()
@@ -328,15 +329,15 @@ func TestDeletedClaimReleased(t *testing.T) {
 }
 
 func TestPodFit(t *testing.T) {
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).Obj()},
-		MakeNode("tainted").Taint("dedicated", "x").Obj(), MakeNode("small").CPU("1").Obj(), MakeNode("other").Label("zone", "b").Obj(), MakeNode("good").Label("zone", "a").Obj(),
-		MakeSlice("tainted", 1, "80Gi"), MakeSlice("small", 1, "80Gi"), MakeSlice("other", 1, "80Gi"), MakeSlice("good", 1, "80Gi"),
-		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").CPU("2").NodeSelector("zone", "a").Obj())
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("p").Isolation(api.IsolationNone).Obj()},
+		builders.MakeNode("tainted").Taint("dedicated", "x").Obj(), builders.MakeNode("small").CPU("1").Obj(), builders.MakeNode("other").Label("zone", "b").Obj(), builders.MakeNode("good").Label("zone", "a").Obj(),
+		builders.MakeSlice("tainted", 1, "80Gi"), builders.MakeSlice("small", 1, "80Gi"), builders.MakeSlice("other", 1, "80Gi"), builders.MakeSlice("good", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").CPU("2").NodeSelector("zone", "a").Obj())
 	e.run()
 	if got := e.placedOn("a", "c"); got != "good/gpu-0" {
 		t.Fatalf("placed on %q, the only node the pod fits is good", got)
 	}
-	e.create(MakeClaim("a", "d").Memory("10Gi").Obj(), MakePod("a", "q").Claim("d").CPU("2").NodeSelector("zone", "c").Obj())
+	e.create(builders.MakeClaim("a", "d").Memory("10Gi").Obj(), builders.MakePod("a", "q").Claim("d").CPU("2").NodeSelector("zone", "c").Obj())
 	e.run()
 	if e.placedOn("a", "d") != "" {
 		t.Fatal("placed a claim whose pod fits no node")
@@ -349,10 +350,10 @@ func TestPodFit(t *testing.T) {
 // Node verdicts are remembered across decisions (fitsNode): a changed Node must be judged
 // again, not by what its previous version said.
 func TestPodFitFollowsNodeUpdates(t *testing.T) {
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).Obj()},
-		MakeNode("n1").Label("zone", "a").Obj(), MakeNode("n2").Label("zone", "b").Obj(),
-		MakeSlice("n1", 1, "80Gi"), MakeSlice("n2", 1, "80Gi"),
-		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").NodeSelector("zone", "a").Obj())
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("p").Isolation(api.IsolationNone).Obj()},
+		builders.MakeNode("n1").Label("zone", "a").Obj(), builders.MakeNode("n2").Label("zone", "b").Obj(),
+		builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").NodeSelector("zone", "a").Obj())
 	e.run()
 	if got := e.placedOn("a", "c"); got != "n1/gpu-0" {
 		t.Fatalf("placed on %q, want n1/gpu-0", got)
@@ -377,7 +378,7 @@ func TestPodFitFollowsNodeUpdates(t *testing.T) {
 			t.Fatal("the informer never showed the relabelled nodes")
 		}
 	}
-	e.create(MakeClaim("a", "d").Memory("10Gi").Obj(), MakePod("a", "q").Claim("d").NodeSelector("zone", "a").Obj())
+	e.create(builders.MakeClaim("a", "d").Memory("10Gi").Obj(), builders.MakePod("a", "q").Claim("d").NodeSelector("zone", "a").Obj())
 	e.run()
 	if got := e.placedOn("a", "d"); got != "n2/gpu-0" {
 		t.Fatalf("placed on %q, want n2/gpu-0 (n1 is zone c now)", got)
@@ -385,10 +386,10 @@ func TestPodFitFollowsNodeUpdates(t *testing.T) {
 }
 
 func TestPodFitCountsBoundPods(t *testing.T) {
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
-		MakeNode("n1").CPU("4").Obj(), MakeNode("n2").CPU("4").Obj(), MakeSlice("n1", 1, "80Gi"), MakeSlice("n2", 1, "80Gi"),
-		MakePod("x", "hog").CPU("3").Bound("n1").Obj(),
-		MakeClaim("a", "c").Memory("10Gi").Obj(), MakePod("a", "p").Claim("c").CPU("2").Obj())
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
+		builders.MakeNode("n1").CPU("4").Obj(), builders.MakeNode("n2").CPU("4").Obj(), builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"),
+		builders.MakePod("x", "hog").CPU("3").Bound("n1").Obj(),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").CPU("2").Obj())
 	e.run()
 	if got := e.placedOn("a", "c"); got != "n2/gpu-0" {
 		t.Fatalf("placed on %q; n1 has 1 CPU left", got)
@@ -396,10 +397,10 @@ func TestPodFitCountsBoundPods(t *testing.T) {
 }
 
 func TestUnsupportedRequestSaysWhy(t *testing.T) {
-	c := MakeClaim("a", "c").Memory("10Gi").Obj()
+	c := builders.MakeClaim("a", "c").Memory("10Gi").Obj()
 	c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, resourceapi.DeviceRequest{Name: "nic",
 		Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nic.example.com", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}})
-	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"), c, MakePod("a", "p").Claim("c").Obj())
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"), c, builders.MakePod("a", "p").Claim("c").Obj())
 	e.run()
 	if e.placedOn("a", "c") != "" {
 		t.Fatal("mixed claim allocated")
@@ -414,19 +415,19 @@ func allocCfg(t *testing.T, c *resourceapi.ResourceClaim) *api.GpuConfig {
 	if c.Status.Allocation == nil {
 		t.Fatalf("claim %s not allocated", c.Name)
 	}
-	return allocationConfig(driver, c.Status.Allocation.Devices.Config, c.Status.Allocation.Devices.Results[0].Request)
+	return allocationConfig(api.DriverName, c.Status.Allocation.Devices.Config, c.Status.Allocation.Devices.Results[0].Request)
 }
 
 var _ = corev1.PodScheduled
 
 func TestRequestSelectorAndDeviceTaint(t *testing.T) {
-	sl := MakeSlice("n1", 3, "80Gi")
+	sl := builders.MakeSlice("n1", 3, "80Gi")
 	// gpu-0 is unhealthy: the plugin tainted it.
 	sl.Spec.Devices[0].Taints = append(sl.Spec.Devices[0].Taints, resourceapi.DeviceTaint{Key: "gpu.fgpu.dev/unhealthy", Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoSchedule})
-	c := MakeClaim("a", "c").Memory("10Gi").Obj()
+	c := builders.MakeClaim("a", "c").Memory("10Gi").Obj()
 	c.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 		Expression: `device.attributes["gpu.fgpu.dev"].index != 1`}}}
-	e := newEnv(t, nil, MakeNode("n1").Obj(), sl, c, MakePod("a", "p").Claim("c").Obj())
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), sl, c, builders.MakePod("a", "p").Claim("c").Obj())
 	e.run()
 	if got := e.placedOn("a", "c"); got != "n1/gpu-2" {
 		t.Fatalf("placed on %q; gpu-0 is tainted and the selector excludes gpu-1", got)
@@ -434,12 +435,12 @@ func TestRequestSelectorAndDeviceTaint(t *testing.T) {
 }
 
 func TestFirstAvailableAndWholeGPUs(t *testing.T) {
-	c := MakeClaim("a", "c").Obj()
+	c := builders.MakeClaim("a", "c").Obj()
 	c.Spec.Devices.Requests[0] = resourceapi.DeviceRequest{Name: "gpu", FirstAvailable: []resourceapi.DeviceSubRequest{
-		{Name: "big", DeviceClassName: wholeClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 4},
-		{Name: "two", DeviceClassName: wholeClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 2},
+		{Name: "big", DeviceClassName: api.DeviceClassExclusive, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 4},
+		{Name: "two", DeviceClassName: api.DeviceClassExclusive, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 2},
 	}}
-	e := newEnv(t, nil, MakeNode("n1").Obj(), MakeSlice("n1", 3, "80Gi"), c, MakePod("a", "p").Claim("c").Obj())
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 3, "80Gi"), c, builders.MakePod("a", "p").Claim("c").Obj())
 	e.run()
 	got := e.claim("a", "c")
 	if got.Status.Allocation == nil {
@@ -457,15 +458,15 @@ func TestFirstAvailableAndWholeGPUs(t *testing.T) {
 }
 
 func TestClassConfigCopiedAndUserModeKept(t *testing.T) {
-	class := MakeClass("mps-class.example")
+	class := builders.MakeClass("mps-class.example")
 	raw := []byte(`{"apiVersion":"fgpu.dev/v1alpha1","kind":"GpuConfig","computePercent":5}`)
 	class.Spec.Config = []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
-		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: driver, Parameters: runtime.RawExtension{Raw: raw}}}}}
+		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: api.DriverName, Parameters: runtime.RawExtension{Raw: raw}}}}}
 	e := newEnvWith(t, func(cfg *Config) { cfg.DeviceClasses = append(cfg.DeviceClasses, "mps-class.example") },
-		[]*api.SharingPolicy{MakePolicy("none").Isolation(api.IsolationNone).Obj()},
-		MakeNode("n1").Obj(), MakeSlice("n1", 1, "80Gi"), class,
-		MakeClaim("a", "c").Class("mps-class.example").Memory("10Gi").Compute("20").Config(map[string]any{"mode": "timeSlicing"}).Obj(),
-		MakePod("a", "p").Claim("c").Obj())
+		[]*api.SharingPolicy{builders.MakePolicy("none").Isolation(api.IsolationNone).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"), class,
+		builders.MakeClaim("a", "c").Class("mps-class.example").Memory("10Gi").Compute("20").Config(map[string]any{"mode": "timeSlicing"}).Obj(),
+		builders.MakePod("a", "p").Claim("c").Obj())
 	e.run()
 	cl := e.claim("a", "c")
 	if cl.Status.Allocation == nil {
@@ -482,10 +483,10 @@ func TestClassConfigCopiedAndUserModeKept(t *testing.T) {
 }
 
 func TestMetrics(t *testing.T) {
-	e := newEnv(t, []*api.SharingPolicy{MakePolicy("none").Isolation(api.IsolationNone).Obj()},
-		MakeNode("n1").Obj(), MakeSlice("n1", 2, "80Gi"),
-		MakeClaim("a", "c").Memory("10Gi").Compute("12").Obj(), MakePod("a", "p").Claim("c").Obj(),
-		MakeClaim("a", "big").Memory("100Gi").Obj(), MakePod("a", "q").Claim("big").Obj())
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("none").Isolation(api.IsolationNone).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Compute("12").Obj(), builders.MakePod("a", "p").Claim("c").Obj(),
+		builders.MakeClaim("a", "big").Memory("100Gi").Obj(), builders.MakePod("a", "q").Claim("big").Obj())
 	e.run()
 	gpu := strings.TrimPrefix(e.placedOn("a", "c"), "n1/")
 	want := fmt.Sprintf(`

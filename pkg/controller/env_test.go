@@ -20,11 +20,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	fgpufake "github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned/fake"
 	"github.com/fgpu-dev/fgpu/pkg/controller/invariant"
 )
-
-func timeSec(s int) time.Duration { return time.Duration(s) * time.Second }
 
 // env is a controller over a fake API server, driven by hand.
 type env struct {
@@ -49,8 +48,8 @@ func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPo
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	objs = append(objs, MakeClass(shareClass), MakeClass(wholeClass))
-	e := &env{t: t, ctx: ctx, client: fake.NewSimpleClientset(objs...), clock: testingclock.NewFakeClock(created.Add(time.Minute))}
+	objs = append(objs, builders.MakeClass(api.DeviceClassShared), builders.MakeClass(api.DeviceClassExclusive))
+	e := &env{t: t, ctx: ctx, client: fake.NewSimpleClientset(objs...), clock: testingclock.NewFakeClock(builders.Created.Add(time.Minute))}
 	cfg := DefaultConfig()
 	cfg.Workers = 1
 	cfg.BindTimeout = time.Minute

@@ -7,18 +7,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
 )
 
 func ledgerPod(uid, cpu string) *corev1.Pod {
-	p := MakePod("a", uid).CPU(cpu).Obj()
+	p := builders.MakePod("a", uid).CPU(cpu).Obj()
 	p.UID = types.UID(uid)
 	return p
 }
 
 func TestPodLedgerAssumeBindDelete(t *testing.T) {
 	l := newPodLedger()
-	t0 := created.Time
+	t0 := builders.Created.Time
 	p, q := ledgerPod("p", "2"), ledgerPod("q", "3")
 	l.Assume([]*corev1.Pod{p, q}, "n1", t0)
 	if got := l.Requested("n1", nil).MilliCPU; got != 5000 {
@@ -48,7 +49,7 @@ func TestPodLedgerAssumeBindDelete(t *testing.T) {
 
 func TestPodLedgerAvoidAndExpire(t *testing.T) {
 	l := newPodLedger()
-	t0 := created.Time
+	t0 := builders.Created.Time
 	p := ledgerPod("p", "1")
 	l.Assume([]*corev1.Pod{p}, "n1", t0)
 	l.Avoid([]*corev1.Pod{p}, "n1")

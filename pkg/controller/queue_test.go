@@ -4,11 +4,13 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 )
 
 func TestClaimQueueOrderAndForget(t *testing.T) {
 	q := newClaimQueue()
-	t0 := created.Time
+	t0 := builders.Created.Time
 	q.Add("b/x", t0.Add(time.Second), t0)
 	q.Add("a/y", t0.Add(2*time.Second), t0)
 	q.Add("a/x", t0.Add(2*time.Second), t0)
@@ -30,7 +32,7 @@ func TestClaimQueueOrderAndForget(t *testing.T) {
 
 func TestClaimQueueQuotaFIFO(t *testing.T) {
 	q := newClaimQueue()
-	t0 := created.Time
+	t0 := builders.Created.Time
 	q.Add("a/old", t0, t0)
 	q.Add("a/young", t0.Add(time.Second), t0)
 	if _, ok := q.QuotaAhead("a", "a/young", t0.Add(time.Second)); ok {
@@ -60,7 +62,7 @@ func TestClaimQueueQuotaFIFO(t *testing.T) {
 
 func TestClaimQueueAnyUndecided(t *testing.T) {
 	q := newClaimQueue()
-	t0 := created.Time
+	t0 := builders.Created.Time
 	if !q.AnyUndecided([]string{"a/unseen"}, t0) {
 		t.Error("a claim never looked at counts as decided")
 	}

@@ -4,33 +4,18 @@ import (
 	"strings"
 	"testing"
 
-	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
+
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 )
 
-func slice(node string) *resourceapi.ResourceSlice {
-	return &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: api.DriverName, Pool: resourceapi.ResourcePool{Name: node},
-		Devices: []resourceapi.Device{{Name: "gpu-0", AllowMultipleAllocations: ptr.To(true), Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-			api.CapacityMemory: {Value: resource.MustParse("80Gi")}, api.CapacityCompute: {Value: resource.MustParse("100")}}}}}}
-}
-
+// claim is claim name of namespace a, allocated on node's device with share ID sid.
 func claim(name, node, dev, sid, mem, comp string) *resourceapi.ResourceClaim {
-	id := types.UID(sid)
-	return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name, UID: types.UID(name)},
-		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{
-			NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: "In", Values: []string{node}}}}}},
-			Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
-				Request: "gpu", Driver: api.DriverName, Pool: node, Device: dev, ShareID: &id,
-				ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{api.CapacityMemory: resource.MustParse(mem), api.CapacityCompute: resource.MustParse(comp)}}}}}}}
+	return builders.MakeClaim("a", name).Memory(mem).Compute(comp).AllocatedOn(node, dev).ShareID(sid).Obj()
 }
 
 func TestCheck(t *testing.T) {
-	slices := []*resourceapi.ResourceSlice{slice("n1")}
+	slices := []*resourceapi.ResourceSlice{builders.MakeSlice("n1", 1, "80Gi")}
 	for _, tc := range []struct {
 		name   string
 		claims []*resourceapi.ResourceClaim

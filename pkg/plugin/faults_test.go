@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 )
 
@@ -32,7 +33,7 @@ func TestFaultInjectorStopsPrepareBeforeCompleted(t *testing.T) {
 	e := newEnv(t)
 	s := e.state()
 	ctx := context.Background()
-	claim := makeClaim("ns", "victim").memory("10Gi").obj()
+	claim := builders.MakeClaim("ns", "victim").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
 	hook := &crashAt{s: s, uid: string(claim.UID)}
 	prev := faults
 	faults = hook

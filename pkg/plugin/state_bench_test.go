@@ -6,6 +6,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 )
 
 // BenchmarkPrepare measures one claim's prepare with its MPS daemon already running (the
@@ -17,13 +19,14 @@ func BenchmarkPrepare(b *testing.B) {
 	e := newEnv(b)
 	s := e.state()
 	ctx := context.Background()
-	if _, err := s.Prepare(ctx, makeClaim("ns", "warm").memory("256Mi").obj()); err != nil {
+	warm := builders.MakeClaim("ns", "warm").Memory("256Mi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, warm); err != nil {
 		b.Fatal(err)
 	}
 	var lat []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		c := makeClaim("ns", fmt.Sprintf("c%d", i)).memory("256Mi").obj()
+		c := builders.MakeClaim("ns", fmt.Sprintf("c%d", i)).Memory("256Mi").AllocatedOn(node, "gpu-0").Obj()
 		start := time.Now()
 		if _, err := s.Prepare(ctx, c); err != nil {
 			b.Fatal(err)
@@ -32,7 +35,7 @@ func BenchmarkPrepare(b *testing.B) {
 		if len(s.cp.Claims) > 200 {
 			b.StopTimer()
 			for uid := range s.cp.Claims {
-				if uid != "uid-ns-warm" {
+				if uid != string(warm.UID) {
 					if err := s.Unprepare(ctx, uid); err != nil {
 						b.Fatal(err)
 					}

@@ -11,6 +11,8 @@ import (
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
@@ -18,6 +20,9 @@ import (
 )
 
 var standIn string
+
+// node is the plugin's node; the tests' claims are allocated on its gpu-0 unless they say.
+const node = "node-a"
 
 func TestMain(m *testing.M) {
 	dir, _ := os.MkdirTemp("", "fgpu-standin")
@@ -46,7 +51,7 @@ func newEnv(t testing.TB) *env {
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
 	return &env{t: t, cfg: Config{
-		DriverName: testDriver, NodeName: "node-a",
+		DriverName: configapi.DriverName, NodeName: node,
 		CDIDir: filepath.Join(root, "cdi"), PluginDataDir: filepath.Join(root, "plugin"),
 		MPSRoot: filepath.Join(root, "mps"), DevRoot: filepath.Join(root, "dev"),
 		ReservedMemory: 1 << 30,
@@ -57,7 +62,7 @@ func newEnv(t testing.TB) *env {
 func (e *env) state() *State {
 	e.t.Helper()
 	fleet, _ := fake.ParseSpec("2xH100-80GB")
-	b, err := fake.New(fleet, "node-a", e.cfg.DevRoot, standIn)
+	b, err := fake.New(fleet, node, e.cfg.DevRoot, standIn)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -100,16 +105,19 @@ func TestThreeClaimsShareOneGPUThroughOneMPSServer(t *testing.T) {
 	e := newEnv(t)
 	s := e.state()
 	ctx := context.Background()
+	uids := map[string]string{}
 	for _, c := range []struct{ name, mem string }{{"a", "10Gi"}, {"b", "20Gi"}, {"c", "30Gi"}} {
-		devs, err := s.Prepare(ctx, makeClaim("ns", c.name).memory(c.mem).compute("20").obj())
+		claim := builders.MakeClaim("ns", c.name).Memory(c.mem).Compute("20").AllocatedOn(node, "gpu-0").Obj()
+		uids[c.name] = string(claim.UID)
+		devs, err := s.Prepare(ctx, claim)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(devs) != 1 || string(*devs[0].ShareID) != "share-"+c.name || len(devs[0].CDIDeviceIDs) != 1 {
+		if len(devs) != 1 || *devs[0].ShareID != *claim.Status.Allocation.Devices.Results[0].ShareID || len(devs[0].CDIDeviceIDs) != 1 {
 			t.Fatalf("devices %+v", devs)
 		}
 	}
-	envA := e.specEnv("uid-ns-a")
+	envA := e.specEnv(uids["a"])
 	for _, want := range []string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20", "FGPU_MEMORY_LIMIT=10Gi", "FGPU_SHARING_MODE=mps"} {
 		if !slices.Contains(envA, want) {
 			t.Errorf("claim a's spec lacks %s: %v", want, envA)
@@ -123,7 +131,7 @@ func TestThreeClaimsShareOneGPUThroughOneMPSServer(t *testing.T) {
 		}
 		return ""
 	}
-	if pa, pc := pipeOf(envA), pipeOf(e.specEnv("uid-ns-c")); pa == "" || pa != pc {
+	if pa, pc := pipeOf(envA), pipeOf(e.specEnv(uids["c"])); pa == "" || pa != pc {
 		t.Fatalf("claims of one domain on one GPU must share the MPS pipe directory: %q vs %q", pa, pc)
 	}
 	keys, _ := s.mps.Keys()
@@ -143,10 +151,10 @@ func TestIsolationDomainsGetSeparateServers(t *testing.T) {
 	e := newEnv(t)
 	s := e.state()
 	ctx := context.Background()
-	if _, err := s.Prepare(ctx, makeClaim("a", "x").memory("10Gi").config(map[string]any{"isolationDomain": "team-a"}).obj()); err != nil {
+	if _, err := s.Prepare(ctx, builders.MakeClaim("a", "x").Memory("10Gi").Config(map[string]any{"isolationDomain": "team-a"}).AllocatedOn(node, "gpu-0").Obj()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Prepare(ctx, makeClaim("b", "y").memory("10Gi").config(map[string]any{"isolationDomain": "team-b"}).obj()); err != nil {
+	if _, err := s.Prepare(ctx, builders.MakeClaim("b", "y").Memory("10Gi").Config(map[string]any{"isolationDomain": "team-b"}).AllocatedOn(node, "gpu-0").Obj()); err != nil {
 		t.Fatal(err)
 	}
 	keys, _ := s.mps.Keys()
@@ -176,14 +184,14 @@ func TestPrepareRefusesOverCommit(t *testing.T) {
 	e := newEnv(t)
 	s := e.state()
 	ctx := context.Background()
-	if _, err := s.Prepare(ctx, makeClaim("ns", "a").memory("60Gi").compute("70").obj()); err != nil {
+	if _, err := s.Prepare(ctx, builders.MakeClaim("ns", "a").Memory("60Gi").Compute("70").AllocatedOn(node, "gpu-0").Obj()); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Prepare(ctx, makeClaim("ns", "b").memory("20Gi").obj())
+	_, err := s.Prepare(ctx, builders.MakeClaim("ns", "b").Memory("20Gi").AllocatedOn(node, "gpu-0").Obj())
 	if err == nil || !strings.Contains(err.Error(), "refusing to over-commit GPU gpu-0") || !strings.Contains(err.Error(), "asks 20Gi memory, 60Gi of 79Gi") {
 		t.Fatalf("memory over-commit: %v", err)
 	}
-	_, err = s.Prepare(ctx, makeClaim("ns", "c").memory("1Gi").compute("40").obj())
+	_, err = s.Prepare(ctx, builders.MakeClaim("ns", "c").Memory("1Gi").Compute("40").AllocatedOn(node, "gpu-0").Obj())
 	if err == nil || !strings.Contains(err.Error(), "asks 40% compute, 70% of 100%") {
 		t.Fatalf("compute over-commit: %v", err)
 	}
@@ -207,13 +215,13 @@ func TestBadConfigLeavesNothingBehind(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
 			s := e.state()
-			b := makeClaim("ns", "bad").memory("10Gi")
+			b, dev := builders.MakeClaim("ns", "bad").Memory("10Gi"), "gpu-0"
 			if tc.cfg != nil {
-				b.config(tc.cfg)
+				b.Config(tc.cfg)
 			} else {
-				b.device("gpu-7")
+				dev = "gpu-7"
 			}
-			_, err := s.Prepare(context.Background(), b.obj())
+			_, err := s.Prepare(context.Background(), b.AllocatedOn(node, dev).Obj())
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want %q", err, tc.want)
 			}
@@ -229,7 +237,7 @@ func TestUnprepareStopsTheServerAfterTheLastTenant(t *testing.T) {
 	e := newEnv(t)
 	s := e.state()
 	ctx := context.Background()
-	a, b := makeClaim("ns", "a").memory("10Gi").obj(), makeClaim("ns", "b").memory("10Gi").obj()
+	a, b := builders.MakeClaim("ns", "a").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj(), builders.MakeClaim("ns", "b").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
 	if _, err := s.Prepare(ctx, a); err != nil {
 		t.Fatal(err)
 	}
@@ -265,10 +273,11 @@ func TestUnprepareStopsTheServerAfterTheLastTenant(t *testing.T) {
 func TestWholeGPUNeedsNoMPS(t *testing.T) {
 	e := newEnv(t)
 	s := e.state()
-	if _, err := s.Prepare(context.Background(), makeClaim("ns", "whole").memory("79Gi").obj()); err != nil {
+	whole := builders.MakeClaim("ns", "whole").Memory("79Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(context.Background(), whole); err != nil {
 		t.Fatal(err)
 	}
-	env := e.specEnv("uid-ns-whole")
+	env := e.specEnv(string(whole.UID))
 	if !slices.Contains(env, "FGPU_SHARING_MODE=exclusive") || slices.ContainsFunc(env, func(v string) bool { return strings.HasPrefix(v, "CUDA_MPS_") }) {
 		t.Fatalf("whole GPU env %v", env)
 	}
@@ -283,11 +292,11 @@ func TestRestartRecoversFromACrashMidPrepare(t *testing.T) {
 	e := newEnv(t)
 	s := e.state()
 	ctx := context.Background()
-	done := makeClaim("ns", "done").memory("10Gi").obj()
+	done := builders.MakeClaim("ns", "done").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
 	if _, err := s.Prepare(ctx, done); err != nil {
 		t.Fatal(err)
 	}
-	half := makeClaim("ns", "half").memory("10Gi").config(map[string]any{"isolationDomain": "other"}).obj()
+	half := builders.MakeClaim("ns", "half").Memory("10Gi").Config(map[string]any{"isolationDomain": "other"}).AllocatedOn(node, "gpu-0").Obj()
 	planned, err := s.plan(half)
 	if err != nil {
 		t.Fatal(err)

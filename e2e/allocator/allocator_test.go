@@ -10,10 +10,10 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
@@ -91,11 +91,10 @@ func TestLatencyCritical(t *testing.T) {
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "lat")
 	labelNamespace(t, ns, "fgpu.dev/e2e-latency", ns)
-	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"fgpu.dev/e2e-latency": ns}}
-	createPolicy(t, "e2e-critical", api.SharingPolicySpec{NamespaceSelector: sel, Priority: 10,
-		PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "critical"}},
-		Isolation:   api.IsolationNone, LatencyClass: api.LatencyCritical, MaxCoTenants: ptr.To[int32](0)})
-	createPolicy(t, "e2e-packed", api.SharingPolicySpec{NamespaceSelector: sel, Priority: 5, Isolation: api.IsolationNone, LatencyClass: api.LatencyBestEffort})
+	createPolicy(t, builders.MakePolicy("e2e-critical").Namespaces("fgpu.dev/e2e-latency", ns).Priority(10).Pods("tier", "critical").
+		Isolation(api.IsolationNone).Latency(api.LatencyCritical).MaxCo(0).Obj())
+	createPolicy(t, builders.MakePolicy("e2e-packed").Namespaces("fgpu.dev/e2e-latency", ns).Priority(5).
+		Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj())
 
 	run := func(name string, critical bool) string {
 		p := framework.MakeGPUPod(ns, name).Memory("10Gi")
@@ -127,10 +126,8 @@ func TestQuota(t *testing.T) {
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "quota")
 	labelNamespace(t, ns, "fgpu.dev/e2e-quota", ns)
-	q := resource.MustParse("20Gi")
-	createPolicy(t, "e2e-quota", api.SharingPolicySpec{Priority: 10, Isolation: api.IsolationNone,
-		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"fgpu.dev/e2e-quota": ns}},
-		Quota:             &api.Quota{Memory: &q}})
+	createPolicy(t, builders.MakePolicy("e2e-quota").Priority(10).Isolation(api.IsolationNone).
+		Namespaces("fgpu.dev/e2e-quota", ns).QuotaMemory("20Gi").Obj())
 	for _, name := range []string{"p1", "p2"} {
 		if _, err := cluster.Create(ctx, framework.MakeGPUPod(ns, name).Memory("10Gi")); err != nil {
 			t.Fatal(err)
@@ -228,9 +225,7 @@ func TestAdmissionRefusesFenceToleration(t *testing.T) {
 	keyless := resourceapi.DeviceToleration{Operator: resourceapi.DeviceTolerationOpExists}
 	other := resourceapi.DeviceToleration{Key: "example.com/other", Operator: resourceapi.DeviceTolerationOpExists}
 	claim := func(name string, tol resourceapi.DeviceToleration) *resourceapi.ResourceClaim {
-		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: resourceapi.ResourceClaimSpec{
-			Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: framework.Driver, Tolerations: []resourceapi.DeviceToleration{tol}}}}}}}
+		return builders.MakeClaim(ns, name).Toleration(tol).Obj()
 	}
 	for _, c := range []*resourceapi.ResourceClaim{claim("fence", fence), claim("keyless", keyless)} {
 		_, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, c, metav1.CreateOptions{})

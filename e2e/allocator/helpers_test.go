@@ -20,16 +20,17 @@ import (
 	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
-// createPolicy creates a SharingPolicy for the duration of the test.
-func createPolicy(t *testing.T, name string, spec api.SharingPolicySpec) {
+// createPolicy creates a SharingPolicy for the duration of the test, labelled for
+// deletePolicies.
+func createPolicy(t *testing.T, p *api.SharingPolicy) {
 	t.Helper()
 	ctx := context.Background()
-	p := &api.SharingPolicy{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"fgpu.dev/e2e": "true"}}, Spec: spec}
+	p.Labels = map[string]string{"fgpu.dev/e2e": "true"}
 	if _, err := fgpuClient.FgpuV1alpha1().SharingPolicies().Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = fgpuClient.FgpuV1alpha1().SharingPolicies().Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = fgpuClient.FgpuV1alpha1().SharingPolicies().Delete(context.Background(), p.Name, metav1.DeleteOptions{})
 	})
 	time.Sleep(time.Second) // the allocator's informer
 }

@@ -53,8 +53,10 @@ demo:
 demo-down:
 	demo/down.sh
 
+## images: the fgpu image for the local cluster, with the plugin's e2e fault hooks
+## (-tags fgpu_e2e); demo and release images are built without them.
 images:
-	e2e/cluster/images.sh fgpu
+	FGPU_BUILD_TAGS=fgpu_e2e e2e/cluster/images.sh fgpu
 
 cluster-up:
 	hack/install-prereqs.sh

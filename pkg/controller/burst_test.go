@@ -22,6 +22,8 @@ func TestBurstNeverOvercommits(t *testing.T) {
 	defer cancel()
 	o := loadgen.Defaults()
 	o.Nodes, o.Claims, o.Timeout = 20, 200, time.Minute
+	// NewSimpleClientset, not NewClientset: the field-managed tracker rebuilds a REST mapper
+	// on every write, which turns the burst of 200 claims into a trickle of seconds.
 	client := fake.NewSimpleClientset(builders.MakeClass(api.DeviceClassShared))
 	if err := loadgen.Setup(ctx, client, o); err != nil {
 		t.Fatal(err)
@@ -66,7 +68,7 @@ func TestBurstNeverOvercommits(t *testing.T) {
 func TestQuotaQueueDrainsInRunLoop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	client := fake.NewSimpleClientset(builders.MakeClass(api.DeviceClassShared), builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"))
+	client := fake.NewClientset(builders.MakeClass(api.DeviceClassShared), builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"))
 	c := New(DefaultConfig(), client, fgpufake.NewSimpleClientset(builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("21Gi").Obj()), nil)
 	go func() { _ = c.Run(ctx) }()
 	create := func(name, mem string, sec int) {

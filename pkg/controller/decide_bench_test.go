@@ -23,7 +23,7 @@ func BenchmarkDecide(b *testing.B) {
 			defer cancel()
 			o := loadgen.Defaults()
 			o.Nodes, o.Claims = nodes, 1
-			client := fake.NewSimpleClientset()
+			client := fake.NewSimpleClientset() // NewClientset's field management would dominate the setup
 			if err := loadgen.Setup(ctx, client, o); err != nil {
 				b.Fatal(err)
 			}

@@ -49,7 +49,7 @@ func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPo
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	objs = append(objs, builders.MakeClass(api.DeviceClassShared), builders.MakeClass(api.DeviceClassExclusive))
-	e := &env{t: t, ctx: ctx, client: fake.NewSimpleClientset(objs...), clock: testingclock.NewFakeClock(builders.Created.Add(time.Minute))}
+	e := &env{t: t, ctx: ctx, client: fake.NewClientset(objs...), clock: testingclock.NewFakeClock(builders.Created.Add(time.Minute))}
 	cfg := DefaultConfig()
 	cfg.Workers = 1
 	cfg.BindTimeout = time.Minute

@@ -17,7 +17,7 @@ func celSelector(expr string) []resourceapi.DeviceSelector {
 // The per-GPU selector memo is indexed by interned selector: when the interning starts
 // over, a new expression may reuse the index of an old one, and must not inherit its verdict.
 func TestSelectorMemoSurvivesInterningReset(t *testing.T) {
-	c := New(DefaultConfig(), fake.NewSimpleClientset(), nil, nil)
+	c := New(DefaultConfig(), fake.NewClientset(), nil, nil)
 	g := &gpu{attrs: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(3))}}}
 	ctx := context.Background()
 	no := c.model.selectors.refs(celSelector(`device.attributes["gpu.fgpu.dev"].index == 7`))

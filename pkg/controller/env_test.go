@@ -22,7 +22,7 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	fgpufake "github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned/fake"
-	"github.com/fgpu-dev/fgpu/pkg/controller/invariant"
+	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
 // env is a controller over a fake API server, driven by hand.
@@ -144,17 +144,7 @@ func (e *env) snapshot() map[string]resourceapi.ResourceClaimStatus {
 
 func (e *env) checkInvariant() {
 	e.t.Helper()
-	cl, _ := e.client.ResourceV1().ResourceClaims("").List(e.ctx, metav1.ListOptions{})
-	sl, _ := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{})
-	claims := make([]*resourceapi.ResourceClaim, len(cl.Items))
-	for i := range cl.Items {
-		claims[i] = &cl.Items[i]
-	}
-	slices := make([]*resourceapi.ResourceSlice, len(sl.Items))
-	for i := range sl.Items {
-		slices[i] = &sl.Items[i]
-	}
-	if err := invariant.Check(claims, slices); err != nil {
+	if err := loadgen.Check(e.ctx, e.client, api.DriverName); err != nil {
 		e.t.Fatalf("invariant: %v", err)
 	}
 }

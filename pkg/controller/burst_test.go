@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -105,4 +107,83 @@ func TestQuotaQueueDrainsInRunLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil("c3 then small placed once c1 freed its quota", func() bool { return allocated("c3") && allocated("small") })
+}
+
+// With 32 workers in parallel, claims of a namespace with a quota are placed in creation
+// order however they arrive and whichever frees quota: the placed claims are always the
+// oldest of those not deleted, and the quota is never exceeded.
+func TestQuotaQueueKeepsOrderInRunLoop(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := fake.NewSimpleClientset(builders.MakeClass(api.DeviceClassShared), builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"))
+	c := New(DefaultConfig(), client, fgpufake.NewSimpleClientset(builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("100Gi").Obj()), nil)
+	go func() { _ = c.Run(ctx) }()
+	const n = 30
+	name := func(i int) string { return fmt.Sprintf("c%02d", i) }
+	// Odd claims, youngest first, then even ones: younger claims often arrive first.
+	var order []int
+	for i := n - 1; i >= 0; i -= 2 {
+		order = append(order, i)
+	}
+	for i := 0; i < n; i += 2 {
+		order = append(order, i)
+	}
+	for _, i := range order {
+		mem := "10Gi"
+		if i%7 == 3 {
+			mem = "25Gi"
+		}
+		if _, err := client.ResourceV1().ResourceClaims("a").Create(ctx, builders.MakeClaim("a", name(i)).Memory(mem).Created(i).Obj(), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.CoreV1().Pods("a").Create(ctx, builders.MakePod("a", name(i)).Claim(name(i)).Obj(), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleted := map[string]bool{}
+	placed := func() (used int64, names []string) {
+		for i := range n {
+			cl, err := client.ResourceV1().ResourceClaims("a").Get(ctx, name(i), metav1.GetOptions{})
+			if err != nil || cl.Status.Allocation == nil {
+				continue
+			}
+			q := cl.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]
+			used += q.Value()
+			names = append(names, name(i))
+		}
+		return used, names
+	}
+	// settled waits until the placed claims stop changing for a moment.
+	settled := func() (int64, []string) {
+		used, last := placed()
+		for stable, deadline := 0, time.Now().Add(10*time.Second); stable < 10 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			u, now := placed()
+			if slices.Equal(now, last) {
+				stable++
+			} else {
+				stable, used, last = 0, u, now
+			}
+		}
+		return used, last
+	}
+	for round := range 5 {
+		used, names := settled()
+		if used > 100<<30 {
+			t.Fatalf("round %d: %s placed over the 100Gi quota: %v", round, fmtBytes(used), names)
+		}
+		var oldest []string
+		for i := 0; i < n && len(oldest) < len(names); i++ {
+			if !deleted[name(i)] {
+				oldest = append(oldest, name(i))
+			}
+		}
+		if !slices.Equal(names, oldest) {
+			t.Fatalf("round %d: placed %v, want the oldest claims %v", round, names, oldest)
+		}
+		for _, p := range names[:min(3, len(names))] {
+			_ = client.ResourceV1().ResourceClaims("a").Delete(ctx, p, metav1.DeleteOptions{})
+			_ = client.CoreV1().Pods("a").Delete(ctx, p, metav1.DeleteOptions{})
+			deleted[p] = true
+		}
+	}
 }

@@ -273,6 +273,26 @@ func TestQuotaFIFO(t *testing.T) {
 	}
 }
 
+// A claim whose pod is gone is not placed, so it must not hold its namespace's quota queue.
+func TestQuotaQueueReleasedByClaimWithoutPod(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("20Gi").Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"),
+		builders.MakeClaim("a", "used").Memory("10Gi").Created(0).Obj(), builders.MakePod("a", "used").Claim("used").Obj(),
+		builders.MakeClaim("a", "big").Memory("15Gi").Created(1).Obj(), builders.MakePod("a", "big").Claim("big").Obj(),
+		builders.MakeClaim("a", "small").Memory("5Gi").Created(2).Obj(), builders.MakePod("a", "small").Claim("small").Obj())
+	e.run()
+	if e.placedOn("a", "used") == "" || e.placedOn("a", "big") != "" || e.placedOn("a", "small") != "" {
+		t.Fatal("quota 20Gi with 10Gi used: want big waiting for quota and small queued behind it")
+	}
+	if err := e.client.CoreV1().Pods("a").Delete(e.ctx, "big", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.run()
+	if e.placedOn("a", "small") == "" {
+		t.Fatalf("small still waits behind a claim no pod uses: %s", e.claim("a", "small").Annotations[AnnotationStatus])
+	}
+}
+
 func TestTimeoutAndReplace(t *testing.T) {
 	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
 		builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(), builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"),

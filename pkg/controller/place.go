@@ -56,7 +56,12 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	c.pending.Add(key, claim.CreationTimestamp.Time, c.now())
 	in, hasPods := c.gather(claim)
 	if !hasPods {
-		return 0, nil // placed once a pod uses it (pod events requeue the claim)
+		// Placed once a pod uses it (pod events requeue the claim); until then it must not
+		// hold its namespace's quota queue.
+		if c.pending.WaitForQuota(key, claim.CreationTimestamp.Time, false) {
+			c.requeueNamespace(claim.Namespace, key)
+		}
+		return 0, nil
 	}
 	start := c.now()
 	d, w, retry := c.decideInQueue(ctx, in)
@@ -133,7 +138,8 @@ func (c *Controller) decideInQueue(ctx context.Context, in *input) (d *decision,
 			return nil, nil, 50 * time.Millisecond
 		}
 		if ahead, ok := c.pending.QuotaAhead(claim.Namespace, key, claim.CreationTimestamp.Time); ok {
-			w = &waitReason{reason: ReasonQuotaQueued, message: fmt.Sprintf("queued behind claim %s, which waits for quota in namespace %s (claims are placed in creation order)", ahead, claim.Namespace)}
+			// In the queue too: when the head goes, it is still ahead of younger claims.
+			w = &waitReason{reason: ReasonQuotaQueued, quota: true, message: fmt.Sprintf("queued behind claim %s, which waits for quota in namespace %s (claims are placed in creation order)", ahead, claim.Namespace)}
 		}
 	}
 	if w == nil {

@@ -10,7 +10,8 @@ import (
 // claimQueue is the allocator's queue of claims it has yet to place: when each was created,
 // when the allocator first looked at it and whether it has decided on it since, and each
 // namespace's quota queue, a strict FIFO by creation (as Kueue's StrictFIFO): a claim that
-// waits for quota holds the claims of its namespace created after it.
+// waits for quota holds the claims of its namespace created after it, and they wait in the
+// queue behind it, so that when it goes the next in line is still ahead of the younger ones.
 type claimQueue struct {
 	mu      sync.Mutex
 	pending map[string]*pendingClaim // claim key → its place in the queue
@@ -118,16 +119,21 @@ func (q *claimQueue) AnyUndecided(keys []string, now time.Time) bool {
 	return false
 }
 
-// QuotaAhead returns a claim of the namespace, created before key, that waits for quota.
+// QuotaAhead returns the oldest claim of the namespace's quota queue if it was created
+// before key: the claim at the head, which waits for quota.
 func (q *claimQueue) QuotaAhead(ns, key string, created time.Time) (string, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	head, headCreated := "", time.Time{}
 	for other, c := range q.quota[ns] {
-		if other != key && (c.Before(created) || (c.Equal(created) && other < key)) {
-			return other, true
+		if head == "" || c.Before(headCreated) || (c.Equal(headCreated) && other < head) {
+			head, headCreated = other, c
 		}
 	}
-	return "", false
+	if head == "" || head == key || created.Before(headCreated) || (created.Equal(headCreated) && key < head) {
+		return "", false
+	}
+	return head, true
 }
 
 // WaitForQuota puts a claim in its namespace's quota queue (waiting) or takes it out. It

@@ -45,6 +45,14 @@ func TestClaimQueueQuotaFIFO(t *testing.T) {
 	if _, ok := q.QuotaAhead("a", "a/old", t0); ok {
 		t.Error("the head of the queue waits behind itself")
 	}
+	q.WaitForQuota("a/young", t0.Add(time.Second), true) // queued behind the head
+	if ahead, ok := q.QuotaAhead("a", "a/youngest", t0.Add(2*time.Second)); !ok || ahead != "a/old" {
+		t.Errorf("QuotaAhead = %q, %v; want the head a/old, the claim that waits for quota", ahead, ok)
+	}
+	if ahead, ok := q.QuotaAhead("a", "a/young", t0.Add(time.Second)); !ok || ahead != "a/old" {
+		t.Errorf("QuotaAhead for a queued claim = %q, %v; want a/old", ahead, ok)
+	}
+	q.WaitForQuota("a/young", t0.Add(time.Second), false)
 	if _, ok := q.QuotaAhead("b", "b/c", t0.Add(time.Hour)); ok {
 		t.Error("another namespace's quota queue held a claim")
 	}

@@ -39,9 +39,12 @@ golangci-lint:
 logcheck:
 	$(TOOLS) logcheck -check-contextual ./...
 
+## test-unit: also the plugin as the e2e image builds it (-tags fgpu_e2e: its fault hooks).
 test-unit:
 	$(GO) vet ./...
+	$(GO) vet -tags fgpu_e2e ./pkg/plugin/
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/e2e/')
+	$(GO) test -count=1 -tags fgpu_e2e ./pkg/plugin/
 
 test-e2e:
 	hack/e2e.sh

@@ -2,15 +2,19 @@ package controller
 
 import (
 	"context"
+	"errors"
+	"io"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
 	fgpuinformers "github.com/fgpu-dev/fgpu/pkg/client/informers/externalversions"
@@ -99,6 +103,14 @@ func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface,
 		s.fgpuFactory = fgpuinformers.NewSharedInformerFactory(fgpuClient, 0)
 		pInf := s.fgpuFactory.Fgpu().V1alpha1().SharingPolicies()
 		s.policies = pInf.Lister()
+		// A policy that does not decode fails the whole list: say what that means for
+		// placements, where the reflector alone would only log a decoding error.
+		_ = pInf.Informer().SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			if !errors.Is(err, io.EOF) && !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) {
+				klog.FromContext(ctx).Error(err, "Cannot read the SharingPolicies: until they can be read, no claim is placed at startup, and a running allocator keeps the policies it last read")
+			}
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+		})
 		_, _ = pInf.Informer().AddEventHandler(h.other)
 		s.hasSynced = append(s.hasSynced, pInf.Informer().HasSynced)
 	}

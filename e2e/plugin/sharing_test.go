@@ -43,6 +43,9 @@ func TestThreePodsShareOneGPU(t *testing.T) {
 		if r.Env["FGPU_MEMORY_LIMIT"] != mem || r.Env["FGPU_SHARING_MODE"] != "mps" {
 			t.Errorf("%s: env %v", name, r.Env)
 		}
+		if r.Env["FGPU_MEMORY_LIMIT_0"] != mem || r.Env["FGPU_SHARE_ID_0"] != r.Env["FGPU_SHARE_ID"] {
+			t.Errorf("%s: a one-device claim's FGPU_*_0 must repeat its FGPU_*: %v", name, r.Env)
+		}
 		pipe := r.Env["CUDA_MPS_PIPE_DIRECTORY"]
 		if pipe == "" || !slices.Contains(r.Mounts, pipe) || !r.PipeDirWritable {
 			t.Errorf("%s: pipe directory %q not mounted writable (mounts %v)", name, pipe, r.Mounts)

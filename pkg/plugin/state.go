@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -133,7 +134,7 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 				return err
 			}
 		}
-		specs = append(specs, s.cdiDevice(p))
+		specs = append(specs, s.cdiDevice(p, i, len(e.Devices)))
 	}
 	ids, err := s.cdi.Write(uid, specs)
 	if err != nil {
@@ -309,24 +310,36 @@ func (s *State) recover(ctx context.Context) error {
 	return nil
 }
 
-// cdiDevice is what a container of the claim receives for one device.
-func (s *State) cdiDevice(p *checkpoint.PreparedDevice) cdi.Device {
+// cdiDevice is what a container of the claim receives for device i of its n devices.
+//
+// A runtime applies all CDI devices a container names in one pass, and of two devices that set
+// one variable the last applied wins. So each device sets only names no other device of the
+// claim sets: FGPU_<NAME>_<i> for every claim, and the plain FGPU_<NAME> only in a claim of one
+// device, where it cannot be contradicted. A container that names one request of a claim gets
+// that request's devices only, and with them exactly their own variables.
+func (s *State) cdiDevice(p *checkpoint.PreparedDevice, i, n int) cdi.Device {
 	d := s.devices[p.Device]
 	dev := cdi.Device{Name: p.Device}
-	for _, n := range d.DeviceNodes {
-		dev.DeviceNodes = append(dev.DeviceNodes, cdi.DeviceNode{HostPath: n, Path: s.cfg.containerDevicePath(n)})
+	for _, node := range d.DeviceNodes {
+		dev.DeviceNodes = append(dev.DeviceNodes, cdi.DeviceNode{HostPath: node, Path: s.cfg.containerDevicePath(node)})
 	}
-	dev.Env = []string{
-		"FGPU_GPU_UUID=" + d.UUID,
-		"FGPU_DEVICE=" + p.Device,
-		"FGPU_SHARE_ID=" + p.ShareID,
-		"FGPU_SHARING_MODE=" + p.Mode,
-		"FGPU_ISOLATION_DOMAIN=" + p.IsolationDomain,
-		fmt.Sprintf("FGPU_MEMORY_LIMIT_BYTES=%d", p.MemoryLimitBytes),
-		"FGPU_MEMORY_LIMIT=" + bytesStr(p.MemoryLimitBytes),
-		fmt.Sprintf("FGPU_COMPUTE_PERCENT=%d", p.ThreadPercent),
-		fmt.Sprintf("FGPU_MEMORY_ENFORCED=%t", p.Mode != "timeSlicing"),
+	for _, v := range []struct{ name, value string }{
+		{"FGPU_GPU_UUID", d.UUID},
+		{"FGPU_DEVICE", p.Device},
+		{"FGPU_SHARE_ID", p.ShareID},
+		{"FGPU_SHARING_MODE", p.Mode},
+		{"FGPU_ISOLATION_DOMAIN", p.IsolationDomain},
+		{"FGPU_MEMORY_LIMIT_BYTES", strconv.FormatInt(p.MemoryLimitBytes, 10)},
+		{"FGPU_MEMORY_LIMIT", bytesStr(p.MemoryLimitBytes)},
+		{"FGPU_COMPUTE_PERCENT", strconv.FormatInt(p.ThreadPercent, 10)},
+		{"FGPU_MEMORY_ENFORCED", strconv.FormatBool(p.Mode != "timeSlicing")},
+	} {
+		if n == 1 {
+			dev.Env = append(dev.Env, v.name+"="+v.value)
+		}
+		dev.Env = append(dev.Env, fmt.Sprintf("%s_%d=%s", v.name, i, v.value))
 	}
+	// CUDA_MPS_* come from the claim's one MPS share (plan allows no second one).
 	if p.MPSKey == "" {
 		return dev
 	}

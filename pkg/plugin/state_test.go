@@ -2,6 +2,8 @@ package plugin
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,11 @@ import (
 	"strings"
 	"testing"
 
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
@@ -339,5 +346,124 @@ func TestRestartRecoversFromACrashMidPrepare(t *testing.T) {
 	}
 	if _, err := restarted.Prepare(ctx, half); err != nil {
 		t.Fatalf("kubelet's retry must succeed: %v", err)
+	}
+}
+
+// containerEnv is the environment a runtime gives a container that names the given CDI
+// devices: all of them applied in one pass, as containerd does.
+func (e *env) containerEnv(ids ...string) []string {
+	e.t.Helper()
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(e.cfg.CDIDir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if _, err := cache.InjectDevices(spec, ids...); err != nil {
+		e.t.Fatal(err)
+	}
+	return spec.Process.Env
+}
+
+func fgpuEnv(env []string) map[string]string {
+	out := map[string]string{}
+	for _, kv := range env {
+		if k, v, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "FGPU_") {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// twoDeviceClaim is a claim allocated gpu-0 and gpu-1 of the node, in that order, by two
+// requests; shares names the memory of each (empty: the whole GPU).
+func twoDeviceClaim(name string, mode configapi.SharingMode, shares ...string) *resourceapi.ResourceClaim {
+	c := builders.MakeClaim("ns", name).Class(configapi.DeviceClassExclusive).Config(map[string]any{"mode": string(mode)}).AllocatedOn(node, "gpu-0").Obj()
+	results := []resourceapi.DeviceRequestAllocationResult{}
+	for i, mem := range shares {
+		r := resourceapi.DeviceRequestAllocationResult{Request: fmt.Sprintf("gpu%d", i), Driver: configapi.DriverName, Pool: node, Device: fmt.Sprintf("gpu-%d", i)}
+		if mem != "" {
+			r.ShareID = ptr.To(types.UID(fmt.Sprintf("00000000-0000-4000-8000-00000000000%d", i)))
+			r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{configapi.CapacityMemory: resource.MustParse(mem)}
+		}
+		results = append(results, r)
+	}
+	c.Status.Allocation.Devices.Results = results
+	return c
+}
+
+// A container of a claim with two whole GPUs sees both, each under its own index, and no
+// singular variable that names only one of them.
+func TestTwoWholeGPUsAreBothVisible(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	claim := twoDeviceClaim("two", configapi.SharingModeMPS, "", "")
+	devs, err := s.Prepare(context.Background(), claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, d := range devs {
+		ids = append(ids, d.CDIDeviceIDs...)
+	}
+	got := fgpuEnv(e.containerEnv(ids...))
+	gpus := s.Devices()
+	want := map[string]string{}
+	for i, d := range gpus {
+		for k, v := range map[string]string{
+			"FGPU_GPU_UUID": d.UUID, "FGPU_DEVICE": d.Name(), "FGPU_SHARE_ID": "", "FGPU_SHARING_MODE": ModeExclusive,
+			"FGPU_ISOLATION_DOMAIN": s.cp.Claims[string(claim.UID)].Devices[i].IsolationDomain, "FGPU_MEMORY_LIMIT_BYTES": "84825604096", "FGPU_MEMORY_LIMIT": "79Gi",
+			"FGPU_COMPUTE_PERCENT": "100", "FGPU_MEMORY_ENFORCED": "true",
+		} {
+			want[fmt.Sprintf("%s_%d", k, i)] = v
+		}
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("container env\n got %v\nwant %v", got, want)
+	}
+
+	// A container that names only the second request gets only the second GPU's variables.
+	got = fgpuEnv(e.containerEnv(devs[1].CDIDeviceIDs...))
+	if len(got) != 9 || got["FGPU_GPU_UUID_1"] != gpus[1].UUID || got["FGPU_DEVICE_1"] != "gpu-1" {
+		t.Fatalf("env of a container of the second request: %v", got)
+	}
+}
+
+// Time-sliced shares of two GPUs keep their own memory limits and share IDs.
+func TestTimeSlicedSharesOfTwoGPUsKeepTheirOwnLimits(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	claim := twoDeviceClaim("sliced", configapi.SharingModeTimeSlicing, "10Gi", "20Gi")
+	devs, err := s.Prepare(context.Background(), claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fgpuEnv(e.containerEnv(append(devs[0].CDIDeviceIDs, devs[1].CDIDeviceIDs...)...))
+	for k, v := range map[string]string{
+		"FGPU_MEMORY_LIMIT_0": "10Gi", "FGPU_MEMORY_LIMIT_1": "20Gi",
+		"FGPU_SHARE_ID_0": "00000000-0000-4000-8000-000000000000", "FGPU_SHARE_ID_1": "00000000-0000-4000-8000-000000000001",
+		"FGPU_MEMORY_ENFORCED_0": "false", "FGPU_MEMORY_ENFORCED_1": "false",
+	} {
+		if got[k] != v {
+			t.Errorf("%s=%q, want %q", k, got[k], v)
+		}
+	}
+	if _, ok := got["FGPU_MEMORY_LIMIT"]; ok {
+		t.Errorf("a claim of two devices has a singular FGPU_MEMORY_LIMIT: %v", got)
+	}
+}
+
+// A claim of one device keeps the singular names it always had, and gets index 0 as well.
+func TestOneDeviceClaimHasSingularAndIndexedNames(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	claim := builders.MakeClaim("ns", "one").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()
+	devs, err := s.Prepare(context.Background(), claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fgpuEnv(e.containerEnv(devs[0].CDIDeviceIDs...))
+	uuid := s.Devices()[1].UUID
+	if got["FGPU_GPU_UUID"] != uuid || got["FGPU_GPU_UUID_0"] != uuid || got["FGPU_MEMORY_LIMIT"] != "10Gi" || got["FGPU_MEMORY_LIMIT_0"] != "10Gi" || len(got) != 18 {
+		t.Fatalf("env %v", got)
 	}
 }

@@ -28,6 +28,9 @@ func (c *Controller) gpuFits(ctx context.Context, in *input, rq *request, sels [
 	if mem > g.memCap {
 		return "GPU too small", fmt.Sprintf("%s has %s", g.key, fmtBytes(g.memCap))
 	}
+	if why, ex := rq.limitsFit(mem, comp, g); why != "" {
+		return why, ex
+	}
 	for _, t := range g.tenants {
 		if t.whole {
 			return "held whole by another claim", ""

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
@@ -84,6 +85,33 @@ func TestLimitsAboveTheAllocation(t *testing.T) {
 			}
 			if len(e.events(tc.reason+" ")) == 0 || len(e.events(tc.message)) == 0 {
 				t.Errorf("no %s event says %q: %v", tc.reason, tc.message, e.events(""))
+			}
+		})
+	}
+}
+
+// A SharingPolicy that does not validate is ignored, and says so in an event, instead of
+// silently selecting nothing or holding every claim of a namespace over a negative quota.
+func TestInvalidPolicyIgnoredWithEvent(t *testing.T) {
+	badSelector := builders.MakePolicy("bad").QuotaMemory("1Gi").Obj()
+	badSelector.Spec.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: metav1.LabelSelectorOpIn}}}
+	for name, tc := range map[string]struct {
+		pol  *api.SharingPolicy
+		want string
+	}{
+		"negative quota":   {builders.MakePolicy("bad").QuotaMemory("-1Gi").Obj(), "quota.memory -1Gi must not be negative"},
+		"invalid selector": {badSelector, "namespaceSelector: "},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, []*api.SharingPolicy{tc.pol}, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+				builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+			e.run()
+			if got := e.placedOn("a", "c"); got == "" {
+				t.Errorf("not placed: %s", e.claim("a", "c").Annotations[AnnotationStatus])
+			}
+			want := "Warning " + ReasonInvalidPolicy + " SharingPolicy bad is ignored until it is fixed (no claim is placed under it, its quota binds no one): " + tc.want
+			if len(e.events(want)) == 0 {
+				t.Errorf("no event %q: %v", want, e.events(""))
 			}
 		})
 	}

@@ -95,12 +95,8 @@ func (c *Controller) allocation(claim *resourceapi.ResourceClaim, d *decision) (
 		cfg := api.GpuConfig{TypeMeta: metav1.TypeMeta{APIVersion: api.SchemeGroupVersion.String(), Kind: api.GpuConfigKind},
 			Mode: r.mode, IsolationDomain: r.domain}
 		if r.userCfg != nil {
-			if r.userCfg.MemoryLimit != nil && r.userCfg.MemoryLimit.Value() <= r.mem {
-				cfg.MemoryLimit = r.userCfg.MemoryLimit
-			}
-			if p := r.userCfg.ComputePercent; p != nil && (r.comp == 0 || int64(*p) <= r.comp) {
-				cfg.ComputePercent = p
-			}
+			// resolveRequest and limitsFit refused limits above the shares, as the plugin does.
+			cfg.MemoryLimit, cfg.ComputePercent = r.userCfg.MemoryLimit, r.userCfg.ComputePercent
 		}
 		raw, err := json.Marshal(cfg)
 		if err != nil {

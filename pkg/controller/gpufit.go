@@ -16,7 +16,10 @@ import (
 // gpuFits says why GPU g cannot take one device of the request ("" if it can), with an
 // example for the waiting message. Caller holds the model's lock.
 func (c *Controller) gpuFits(ctx context.Context, in *input, rq *request, sels []selRef, g *gpu) (string, string) {
-	if !c.selectorsMatch(ctx, g, sels) {
+	if ok, failed := c.selectorsMatch(ctx, g, sels); !ok {
+		if failed != "" {
+			return "device selector cannot be evaluated", fmt.Sprintf("%s: %s", g.key, failed)
+		}
 		return "device selectors do not match", ""
 	}
 	for _, t := range g.taints {
@@ -27,6 +30,9 @@ func (c *Controller) gpuFits(ctx context.Context, in *input, rq *request, sels [
 	mem, comp := rq.size(in.pol, g)
 	if mem > g.memCap {
 		return "GPU too small", fmt.Sprintf("%s has %s", g.key, fmtBytes(g.memCap))
+	}
+	if why, ex := rq.limitsFit(mem, comp, g); why != "" {
+		return why, ex
 	}
 	for _, t := range g.tenants {
 		if t.whole {
@@ -138,8 +144,9 @@ type selRef struct {
 // selectorTable interns CEL selector expressions for the per-GPU memo; gen changes when it
 // starts over. It belongs to the model and shares its lock.
 type selectorTable struct {
-	ids map[string]int
-	gen int
+	ids  map[string]int
+	errs map[int]string // why a selector failed to evaluate: kept once per selector, not per GPU
+	gen  int
 }
 
 const maxSelectors = 1024
@@ -159,6 +166,7 @@ func (t *selectorTable) refs(lists ...[]resourceapi.DeviceSelector) []selRef {
 					// Many distinct per-request selectors: start over, and let every
 					// GPU's memo go stale with the old generation.
 					clear(t.ids)
+					clear(t.errs)
 					t.gen++
 				}
 				id = len(t.ids)
@@ -170,34 +178,50 @@ func (t *selectorTable) refs(lists ...[]resourceapi.DeviceSelector) []selRef {
 	return out
 }
 
-// selectorsMatch evaluates interned selectors on a device, memoised per device. Caller
-// holds the model's lock.
-func (c *Controller) selectorsMatch(ctx context.Context, g *gpu, sels []selRef) bool {
-	if g.selGen != c.model.selectors.gen {
-		g.sel, g.selGen = g.sel[:0], c.model.selectors.gen
+// selectorsMatch evaluates interned selectors on a device, memoised per device. A selector
+// that fails to evaluate does not match; then failed is the selector and its error, as
+// kube-scheduler reports them. Caller holds the model's lock.
+func (c *Controller) selectorsMatch(ctx context.Context, g *gpu, sels []selRef) (ok bool, failed string) {
+	t := &c.model.selectors
+	if g.selGen != t.gen {
+		g.sel, g.selGen = g.sel[:0], t.gen
 	}
 	for _, s := range sels {
 		for len(g.sel) <= s.id {
 			g.sel = append(g.sel, selUnknown)
 		}
 		if g.sel[s.id] == selUnknown {
-			g.sel[s.id] = selNo
-			if c.evalSelector(ctx, g, s.expr) {
-				g.sel[s.id] = selYes
-			}
+			g.sel[s.id] = c.evalSelector(ctx, g, s)
 		}
-		if g.sel[s.id] != selYes {
-			return false
+		switch g.sel[s.id] {
+		case selYes:
+		case selErr:
+			return false, fmt.Sprintf("selector `%s`: %s", s.expr, t.errs[s.id])
+		default:
+			return false, ""
 		}
 	}
-	return true
+	return true, ""
 }
 
-func (c *Controller) evalSelector(ctx context.Context, g *gpu, expr string) bool {
-	res := c.cel.GetOrCompile(expr)
+func (c *Controller) evalSelector(ctx context.Context, g *gpu, s selRef) selVerdict {
+	res := c.cel.GetOrCompile(s.expr)
+	var err error
+	ok := false
 	if res.Error != nil {
-		return false
+		err = fmt.Errorf("CEL compile error: %w", res.Error)
+	} else if ok, _, err = res.DeviceMatches(ctx, cel.Device{Driver: c.cfg.DriverName, Attributes: g.attrs, Capacity: g.capacity, AllowMultipleAllocations: ptr.To(true)}); err != nil {
+		err = fmt.Errorf("CEL runtime error: %w", err)
 	}
-	ok, _, err := res.DeviceMatches(ctx, cel.Device{Driver: c.cfg.DriverName, Attributes: g.attrs, Capacity: g.capacity, AllowMultipleAllocations: ptr.To(true)})
-	return err == nil && ok
+	switch {
+	case err != nil:
+		t := &c.model.selectors
+		if _, seen := t.errs[s.id]; !seen {
+			t.errs[s.id] = err.Error()
+		}
+		return selErr
+	case ok:
+		return selYes
+	}
+	return selNo
 }

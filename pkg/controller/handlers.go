@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
@@ -8,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
 )
 
@@ -18,11 +20,23 @@ func (c *Controller) handlers() eventHandlers {
 	return eventHandlers{
 		claim: handlerFuncs(func(cl *resourceapi.ResourceClaim) { c.onClaim(cl) },
 			func(_, cl *resourceapi.ResourceClaim) { c.onClaim(cl) }, c.onClaimDelete),
-		slice: handlerFuncs(c.onSlice, func(_, s *resourceapi.ResourceSlice) { c.onSlice(s) }, c.onSlice),
-		node:  handlerFuncs(func(*corev1.Node) { c.kick() }, c.onNodeUpdate, func(*corev1.Node) { c.kick() }),
-		pod:   handlerFuncs(func(p *corev1.Pod) { c.onPod(nil, p) }, c.onPod, c.onPodDelete),
-		other: cache.ResourceEventHandlerFuncs{AddFunc: kick, UpdateFunc: func(any, any) { c.kick() }, DeleteFunc: kick},
+		slice:  handlerFuncs(c.onSlice, func(_, s *resourceapi.ResourceSlice) { c.onSlice(s) }, c.onSlice),
+		node:   handlerFuncs(func(*corev1.Node) { c.kick() }, c.onNodeUpdate, func(*corev1.Node) { c.kick() }),
+		pod:    handlerFuncs(func(p *corev1.Pod) { c.onPod(nil, p) }, c.onPod, c.onPodDelete),
+		policy: handlerFuncs(c.onPolicy, func(_, p *api.SharingPolicy) { c.onPolicy(p) }, func(*api.SharingPolicy) { c.kick() }),
+		other:  cache.ResourceEventHandlerFuncs{AddFunc: kick, UpdateFunc: func(any, any) { c.kick() }, DeleteFunc: kick},
 	}
+}
+
+// onPolicy says on a SharingPolicy that does not validate that it is ignored (policy.Resolve
+// skips it), rather than let it silently select nothing and enforce no quota.
+func (c *Controller) onPolicy(p *api.SharingPolicy) {
+	if err := p.Spec.Validate(); err != nil {
+		// A reference, not the object: the event recorder's scheme does not know fgpu's types.
+		ref := &corev1.ObjectReference{APIVersion: api.SchemeGroupVersion.String(), Kind: api.SharingPolicyKind, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion}
+		c.recorder.Event(ref, corev1.EventTypeWarning, ReasonInvalidPolicy, fmt.Sprintf("SharingPolicy %s is ignored until it is fixed (no claim is placed under it, its quota binds no one): %v", p.Name, err))
+	}
+	c.kick()
 }
 
 func (c *Controller) onClaim(claim *resourceapi.ResourceClaim) {

@@ -48,8 +48,8 @@ type informerSet struct {
 
 // eventHandlers are the controller's reactions to each kind of object.
 type eventHandlers struct {
-	claim, slice, node, pod cache.ResourceEventHandler
-	other                   cache.ResourceEventHandler // classes, namespaces and policies
+	claim, slice, node, pod, policy cache.ResourceEventHandler
+	other                           cache.ResourceEventHandler // classes and namespaces
 }
 
 const indexByKey = "key"
@@ -111,7 +111,7 @@ func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface,
 			}
 			cache.DefaultWatchErrorHandler(ctx, r, err)
 		})
-		_, _ = pInf.Informer().AddEventHandler(h.other)
+		_, _ = pInf.Informer().AddEventHandler(h.policy)
 		s.hasSynced = append(s.hasSynced, pInf.Informer().HasSynced)
 	}
 	return s

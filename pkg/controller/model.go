@@ -107,12 +107,13 @@ const (
 	selUnknown selVerdict = iota
 	selYes
 	selNo
+	selErr // failed to evaluate; the error is in selectorTable.errs
 )
 
 func newModel(driver string) *model {
 	return &model{driver: driver, gpus: map[gpuKey]*gpu{}, byPool: map[string]map[string]*gpu{}, claims: map[string]*claimRec{},
 		nsMem: map[string]int64{}, nsComp: map[string]int64{}, dirty: true,
-		selectors: selectorTable{ids: map[string]int{}}, verdicts: nodeVerdicts{}}
+		selectors: selectorTable{ids: map[string]int{}, errs: map[int]string{}}, verdicts: nodeVerdicts{}}
 }
 
 // Account brings the model in line with a claim seen by the informer; it reports whether

@@ -17,6 +17,8 @@ const (
 	ReasonUnsupported = "FgpuUnsupported"
 	ReasonTimedOut    = "FgpuAllocationTimedOut"
 	ReasonDeallocated = "FgpuDeallocated"
+	// ReasonInvalidPolicy is on a SharingPolicy that does not validate.
+	ReasonInvalidPolicy = "FgpuInvalidPolicy"
 )
 
 // waitReason is why a claim is not placed now.

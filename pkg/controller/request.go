@@ -107,7 +107,33 @@ func resolveRequest(cfg *Config, in *input, a alt) (*request, *waitReason) {
 	if rq.count > 1 && !rq.whole && rq.mode != api.SharingModeTimeSlicing {
 		return unsupported("request %q asks for %d shares of GPUs through MPS, but a container reaches one MPS server: ask for whole GPUs, one share, or mode timeSlicing", a.name, rq.count)
 	}
+	// The plugin refuses to prepare limits above the allocation (pkg/plugin planDevice):
+	// allocating them would leave the pod in ContainerCreating, holding the capacity. What a
+	// share gets is known here; what a whole GPU or a derived compute gets, per GPU (limitsFit).
+	if l := userCfg.MemoryLimit; l != nil && !rq.whole && l.Value() > rq.mem {
+		asked := memQ.String()
+		if memQ.Value() != rq.mem {
+			asked += ", " + fmtBytes(rq.mem) + " once rounded up to the " + fmtBytes(api.MemoryStep) + " step"
+		}
+		return unsupported("request %q: memoryLimit %s is above the memory it asks (%s); lower the limit or ask for more memory", a.name, l.String(), asked)
+	}
+	if p := userCfg.ComputePercent; p != nil && !rq.whole && rq.comp != nil && *rq.comp > 0 && int64(*p) > *rq.comp {
+		return unsupported("request %q: computePercent %d is above the compute it asks (%d%%); lower the limit or ask for more compute", a.name, *p, *rq.comp)
+	}
 	return rq, nil
+}
+
+// limitsFit says why the claim's memoryLimit or computePercent exceed what a device of the
+// request gets on GPU g (mem, comp from size): the plugin would refuse to prepare it. A
+// compute of 0 is uncapped, so any computePercent fits it, as in the plugin.
+func (rq *request) limitsFit(mem, comp int64, g *gpu) (string, string) {
+	if l := rq.userCfg.MemoryLimit; l != nil && l.Value() > mem {
+		return "less memory than the claim's memoryLimit " + l.String(), fmt.Sprintf("%s gives %s", g.key, fmtBytes(mem))
+	}
+	if p := rq.userCfg.ComputePercent; p != nil && comp > 0 && int64(*p) > comp {
+		return fmt.Sprintf("less compute than the claim's computePercent %d", *p), fmt.Sprintf("%s gives %d%%", g.key, comp)
+	}
+	return "", ""
 }
 
 // sharingMode is the mode the policy gives a claim; "" (auto) is decided per GPU.

@@ -81,7 +81,8 @@ func FromSpec(name string, s *api.SharingPolicySpec) Effective {
 // Resolve returns the policy that applies to a claim of a namespace with nsLabels whose pod
 // has podLabels (nil when the claim has no pod yet: only policies without a podSelector
 // match). The highest priority wins; equal priorities go to the alphabetically first name.
-// Policies with invalid selectors select nothing.
+// A policy that does not validate (a bad selector, a negative quota) selects nothing: the
+// allocator says so when it reads one (Controller.checkPolicy).
 func Resolve(policies []*api.SharingPolicy, nsLabels, podLabels map[string]string) Effective {
 	sorted := append([]*api.SharingPolicy(nil), policies...)
 	sort.Slice(sorted, func(i, j int) bool {
@@ -91,7 +92,7 @@ func Resolve(policies []*api.SharingPolicy, nsLabels, podLabels map[string]strin
 		return sorted[i].Name < sorted[j].Name
 	})
 	for _, p := range sorted {
-		if p.DeletionTimestamp != nil {
+		if p.DeletionTimestamp != nil || p.Spec.Validate() != nil {
 			continue
 		}
 		if !matches(p.Spec.NamespaceSelector, nsLabels, true) {

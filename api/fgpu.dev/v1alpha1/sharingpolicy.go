@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"fmt"
+
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -143,11 +145,32 @@ type SharingPolicySpec struct {
 	Quota *Quota `json:"quota,omitempty"`
 }
 
+// Validate says what is wrong with a policy that the CRD's schema cannot refuse (a label
+// selector's operators and values), or that was stored before the schema refused it.
+func (s *SharingPolicySpec) Validate() error {
+	if _, err := metav1.LabelSelectorAsSelector(s.NamespaceSelector); err != nil {
+		return fmt.Errorf("namespaceSelector: %w", err)
+	}
+	if _, err := metav1.LabelSelectorAsSelector(s.PodSelector); err != nil {
+		return fmt.Errorf("podSelector: %w", err)
+	}
+	if q := s.Quota; q != nil {
+		if q.Memory != nil && q.Memory.Sign() < 0 {
+			return fmt.Errorf("quota.memory %s must not be negative", q.Memory)
+		}
+		if q.Compute != nil && *q.Compute < 0 {
+			return fmt.Errorf("quota.compute %d must not be negative", *q.Compute)
+		}
+	}
+	return nil
+}
+
 // Quota is a per-namespace cap on allocated GPU memory and compute.
 // +kubebuilder:object:generate=true
 // +kubebuilder:validation:XValidation:rule="has(self.memory) || has(self.compute)",message="a quota caps memory, compute or both"
 type Quota struct {
 	// Memory is the GPU memory the namespace's claims may hold together.
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="memory must not be negative"
 	// +optional
 	Memory *resource.Quantity `json:"memory,omitempty"`
 	// Compute is the compute percent (100 = one whole GPU) the namespace's claims may hold.

@@ -1,0 +1,104 @@
+package v1alpha1
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/google/cel-go/cel"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/apiserver/pkg/cel/environment"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+)
+
+func TestSharingPolicySpecValidate(t *testing.T) {
+	bad := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: "In"}}}
+	for name, tc := range map[string]struct {
+		spec SharingPolicySpec
+		want string // "" when valid
+	}{
+		"empty":                     {SharingPolicySpec{}, ""},
+		"zero quota":                {SharingPolicySpec{Quota: &Quota{Memory: ptr.To(resource.MustParse("0")), Compute: ptr.To[int64](0)}}, ""},
+		"valid selectors and quota": {SharingPolicySpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}}, Quota: &Quota{Memory: ptr.To(resource.MustParse("80Gi"))}}, ""},
+		"negative memory quota":     {SharingPolicySpec{Quota: &Quota{Memory: ptr.To(resource.MustParse("-1Gi"))}}, "quota.memory -1Gi must not be negative"},
+		"negative compute quota":    {SharingPolicySpec{Quota: &Quota{Compute: ptr.To[int64](-5)}}, "quota.compute -5 must not be negative"},
+		"In without values":         {SharingPolicySpec{NamespaceSelector: bad}, "namespaceSelector: "},
+		"invalid pod selector":      {SharingPolicySpec{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"bad key!": "x"}}}, "podSelector: "},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := tc.spec.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("valid spec refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// The CRD's rule on quota.memory, evaluated as the API server would: the value is an int or
+// a string (x-kubernetes-int-or-string).
+func TestCRDRefusesNegativeMemoryQuota(t *testing.T) {
+	raw, err := os.ReadFile("../../../deployments/helm/fgpu/crds/fgpu.dev_sharingpolicies.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crd struct {
+		Spec struct {
+			Versions []struct {
+				Schema struct {
+					OpenAPIV3Schema struct {
+						Properties struct {
+							Spec struct {
+								Properties struct {
+									Quota struct {
+										Properties struct {
+											Memory struct {
+												Rules []struct{ Rule, Message string } `json:"x-kubernetes-validations"`
+											} `json:"memory"`
+										} `json:"properties"`
+									} `json:"quota"`
+								} `json:"properties"`
+							} `json:"spec"`
+						} `json:"properties"`
+					} `json:"openAPIV3Schema"`
+				} `json:"schema"`
+			} `json:"versions"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(raw, &crd); err != nil {
+		t.Fatal(err)
+	}
+	rules := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties.Spec.Properties.Quota.Properties.Memory.Rules
+	if len(rules) != 1 {
+		t.Fatalf("want one rule on quota.memory, got %+v", rules)
+	}
+	env, err := environment.MustBaseEnvSet(version.MajorMinor(1, 37)).NewExpressionsEnv().Extend(cel.Variable("self", cel.DynType))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ast, iss := env.Compile(rules[0].Rule)
+	if iss.Err() != nil {
+		t.Fatalf("compile %q: %v", rules[0].Rule, iss.Err())
+	}
+	prg, err := env.Program(ast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		value any
+		ok    bool
+	}{{"80Gi", true}, {"0", true}, {int64(1024), true}, {"-1Gi", false}, {"-0.5", false}, {int64(-1), false}} {
+		out, _, err := prg.Eval(map[string]any{"self": tc.value})
+		if err != nil {
+			t.Fatalf("%v: %v", tc.value, err)
+		}
+		if out.Value() != tc.ok {
+			t.Errorf("memory %v: rule says %v, want %v", tc.value, out.Value(), tc.ok)
+		}
+	}
+}

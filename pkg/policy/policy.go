@@ -82,7 +82,7 @@ func FromSpec(name string, s *api.SharingPolicySpec) Effective {
 // has podLabels (nil when the claim has no pod yet: only policies without a podSelector
 // match). The highest priority wins; equal priorities go to the alphabetically first name.
 // A policy that does not validate (a bad selector, a negative quota) selects nothing: the
-// allocator says so when it reads one (Controller.checkPolicy).
+// allocator says so in an event when it reads one (pkg/controller, onPolicy).
 func Resolve(policies []*api.SharingPolicy, nsLabels, podLabels map[string]string) Effective {
 	sorted := append([]*api.SharingPolicy(nil), policies...)
 	sort.Slice(sorted, func(i, j int) bool {

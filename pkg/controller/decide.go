@@ -59,20 +59,20 @@ func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitRea
 	if err := c.model.ensureCore(c.schedPolicy); err != nil {
 		return nil, &waitReason{reason: ReasonWaiting, message: "cannot model the cluster: " + err.Error()}
 	}
+	if w := c.claimQuotaCheck(in); w != nil {
+		return nil, w
+	}
 	d := &decision{pol: in.pol, rec: &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace, assumed: c.now()}}
-	// The first reason any alternative of any request gave is the one the claim waits for.
-	var firstWait *waitReason
 	for _, req := range claim.Spec.Devices.Requests {
+		// The claim waits for the request it could not place, not for an alternative an
+		// earlier request did without: that one may say the claim is beyond its quota.
 		placed, w := c.decideRequest(ctx, in, d, req)
-		if firstWait == nil {
-			firstWait = w
-		}
 		if !placed {
 			c.model.remove(d.rec.key)
-			if firstWait == nil {
-				firstWait = &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf("request %q has no way to be satisfied", req.Name)}
+			if w == nil {
+				w = &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf("request %q has no way to be satisfied", req.Name)}
 			}
-			return nil, firstWait
+			return nil, w
 		}
 	}
 	if len(d.results) == 0 {
@@ -86,13 +86,14 @@ func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitRea
 
 // decideRequest places the first alternative of a request that fits, and reserves its
 // shares in the model so that the claim's next requests see them. It returns the first
-// reason an alternative gave for not fitting.
+// reason an alternative gave for not fitting, unless that one is beyond the quota and a
+// later one is not: a claim that can fit its quota must not be told it never will.
 func (c *Controller) decideRequest(ctx context.Context, in *input, d *decision, req resourceapi.DeviceRequest) (bool, *waitReason) {
 	var firstWait *waitReason
 	for _, a := range alternatives(req) {
 		res, w := c.placeAlt(ctx, in, d, a)
 		if w != nil {
-			if firstWait == nil {
+			if firstWait == nil || (firstWait.beyondQuota && !w.beyondQuota) {
 				firstWait = w
 			}
 			continue
@@ -115,7 +116,7 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 	if w != nil {
 		return nil, w
 	}
-	if w := c.quotaCheck(in, rq); w != nil {
+	if w := c.quotaCheck(in, d, rq); w != nil {
 		return nil, w
 	}
 	var rj rejects
@@ -126,7 +127,7 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 	p, err := c.model.scheduler(in.pol.Latency).Place(&placement.Request{Name: claimKey(in.claim), GPUs: int(rq.count), Share: share,
 		Filter: c.gpuFilter(ctx, in, d, rq, &rj)})
 	if err != nil {
-		return nil, c.unplaceable(rq, err, &rj)
+		return nil, c.unplaceable(in, rq, err, &rj)
 	}
 	out := make([]result, 0, len(p.GPUs))
 	for _, gi := range p.GPUs {
@@ -156,6 +157,7 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 		used[r.gpu] = true
 	}
 	sels := c.model.selectors.refs(rq.class.Spec.Selectors, rq.alt.selectors)
+	own := d.use()
 	return func(ni, gi int) bool {
 		if gi < 0 || ni >= len(c.model.coreGPU) || gi >= len(c.model.coreGPU[ni]) {
 			return false
@@ -173,7 +175,7 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 			rj.add("pod does not fit the node", err.Error())
 			return false
 		}
-		if why, ex := c.gpuFits(ctx, in, rq, sels, g); why != "" {
+		if why, ex := c.gpuFits(ctx, in, own, rq, sels, g); why != "" {
 			rj.add(why, ex)
 			return false
 		}
@@ -182,7 +184,7 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 }
 
 // unplaceable says why no GPU could take a request.
-func (c *Controller) unplaceable(rq *request, err error, rj *rejects) *waitReason {
+func (c *Controller) unplaceable(in *input, rq *request, err error, rj *rejects) *waitReason {
 	what := "a whole GPU"
 	if !rq.whole {
 		what = fmtBytes(rq.mem)
@@ -201,8 +203,13 @@ func (c *Controller) unplaceable(rq *request, err error, rj *rejects) *waitReaso
 	if s := rj.String(); s != "" {
 		msg += ": " + s
 	}
-	if rj.onlyQuota() {
+	switch {
+	case rj.onlyQuota():
 		return &waitReason{reason: ReasonOverQuota, message: msg, quota: true}
+	case rj.onlyBeyondQuota():
+		return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
+			"larger than the GPU quota of namespace %s (%s: %s): %s would take more than the whole quota on %d GPU(s), and no other GPU can take it; it will not be placed unless the quota is raised or smaller GPUs can take it",
+			in.claim.Namespace, in.pol.DisplayName(), quotaText(in.pol), what, rj.counts[reasonBeyondQuota])}
 	}
 	return &waitReason{reason: ReasonWaiting, message: msg}
 }

@@ -30,6 +30,7 @@ type env struct {
 	t      *testing.T
 	ctx    context.Context
 	client *fake.Clientset
+	fgpu   *fgpufake.Clientset
 	c      *Controller
 	rec    *record.FakeRecorder
 	clock  *testingclock.FakeClock
@@ -62,7 +63,8 @@ func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPo
 	for i, p := range policies {
 		pols[i] = p
 	}
-	e.c = New(cfg, e.client, fgpufake.NewSimpleClientset(pols...), NewMetrics(e.reg))
+	e.fgpu = fgpufake.NewSimpleClientset(pols...)
+	e.c = New(cfg, e.client, e.fgpu, NewMetrics(e.reg))
 	e.rec = record.NewFakeRecorder(10000)
 	e.c.recorder = e.rec
 	if !e.c.WaitForCacheSync(ctx) {

@@ -14,8 +14,9 @@ import (
 )
 
 // gpuFits says why GPU g cannot take one device of the request ("" if it can), with an
-// example for the waiting message. Caller holds the model's lock.
-func (c *Controller) gpuFits(ctx context.Context, in *input, rq *request, sels []selRef, g *gpu) (string, string) {
+// example for the waiting message; own is what the claim's earlier requests hold. Caller
+// holds the model's lock.
+func (c *Controller) gpuFits(ctx context.Context, in *input, own usage, rq *request, sels []selRef, g *gpu) (string, string) {
 	if ok, failed := c.selectorsMatch(ctx, g, sels); !ok {
 		if failed != "" {
 			return "device selector cannot be evaluated", fmt.Sprintf("%s: %s", g.key, failed)
@@ -48,8 +49,8 @@ func (c *Controller) gpuFits(ctx context.Context, in *input, rq *request, sels [
 	if g.usedComp+comp > g.compCap {
 		return "not enough free compute", fmt.Sprintf("%s has %d%% free", g.key, g.compCap-g.usedComp)
 	}
-	if c.overQuotaWith(in, mem, comp) {
-		return reasonOverQuota, ""
+	if why := c.quotaFits(in, own, rq, mem, comp); why != "" {
+		return why, ""
 	}
 	return coTenancy(in, rq, g)
 }

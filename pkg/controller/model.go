@@ -97,6 +97,10 @@ type model struct {
 	scheds  map[api.LatencyClass]*placement.Scheduler
 	seed    int64
 
+	// minMem and minComp are the smallest GPU's memory and compute: the least a whole GPU
+	// takes of a quota before one is chosen.
+	minMem, minComp int64
+
 	selectors selectorTable
 	verdicts  nodeVerdicts
 }
@@ -337,6 +341,7 @@ func (m *model) ensureCore(policies func(api.LatencyClass) placement.Policy) err
 	specs := make([]placement.NodeSpec, len(nodes))
 	m.coreGPU = make([][]*gpu, len(nodes))
 	memCount := map[int64]int{}
+	m.minMem, m.minComp = 0, 0
 	for i, n := range nodes {
 		gs := byNode[n]
 		sort.Slice(gs, func(a, b int) bool { return gs[a].key.device < gs[b].key.device })
@@ -345,6 +350,13 @@ func (m *model) ensureCore(policies func(api.LatencyClass) placement.Policy) err
 			g.coreNode, g.coreIndex = i, j
 			specs[i].GPUs[j] = placement.GPUSpec{Model: modelOf(g)}
 			memCount[g.memCap]++
+			first := i == 0 && j == 0
+			if first || g.memCap < m.minMem {
+				m.minMem = g.memCap
+			}
+			if first || g.compCap < m.minComp {
+				m.minComp = g.compCap
+			}
 		}
 		m.coreGPU[i] = gs
 	}

@@ -2,42 +2,181 @@ package controller
 
 import (
 	"fmt"
+	"strings"
+
+	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
-// reasonOverQuota is the rejection of a GPU that the claim's share would put over quota.
-const reasonOverQuota = "over quota"
+const (
+	// reasonOverQuota is the rejection of a GPU that the claim's shares would put over quota
+	// now: it fits once the namespace frees quota.
+	reasonOverQuota = "over quota"
+	// reasonBeyondQuota is the rejection of a GPU on which the claim's shares would exceed
+	// the quota even with nothing else of the namespace in use.
+	reasonBeyondQuota = "more than the namespace's whole quota"
+)
 
-// quotaCheck checks a request against its namespace's quota, with the sizes known before a
-// GPU is chosen (compute derived from memory is checked per GPU, by overQuotaWith). Caller
-// holds the model's lock.
-func (c *Controller) quotaCheck(in *input, rq *request) *waitReason {
-	if rq.whole {
+// usage is GPU memory and compute held against a quota.
+type usage struct{ mem, comp int64 }
+
+// use is what the claim's requests decided so far hold: the namespace's usage in the
+// model counts them already, and the claim's next request must fit the quota with them.
+func (d *decision) use() usage {
+	var u usage
+	for _, r := range d.results {
+		u.mem += r.mem
+		u.comp += r.comp
+	}
+	return u
+}
+
+// quotaCheck checks a request against its namespace's quota before a GPU is chosen, with
+// what is known then: the memory and compute asked, and for whole GPUs at least the
+// smallest GPU's (the exact sizes are checked per GPU, by quotaFits). A request that
+// would exceed the quota with nothing but its claim's earlier requests in use is refused:
+// no quota freed would let it in, so it must not hold the namespace's quota queue.
+// Caller holds the model's lock.
+func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason {
+	p, ns := in.pol, in.claim.Namespace
+	if p.QuotaMemory == nil && p.QuotaCompute == nil {
 		return nil
 	}
-	p, ns := in.pol, in.claim.Namespace
+	own := d.use()
+	need, compKnown := c.leastNeed(rq)
+	what := c.needText(rq, need)
+	ownMem, ownComp := "", ""
+	if own.mem > 0 {
+		ownMem = fmt.Sprintf(" on top of the %s of its other requests", fmtBytes(own.mem))
+	}
+	if own.comp > 0 {
+		ownComp = fmt.Sprintf(" on top of the %d%% of its other requests", own.comp)
+	}
 	if p.QuotaMemory != nil {
-		q, mem := p.QuotaMemory.Value(), rq.mem*rq.count
-		if used := c.model.nsMem[ns]; used+mem > q {
+		q := p.QuotaMemory.Value()
+		if own.mem+need.mem > q {
+			return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
+				"larger than the GPU memory quota of namespace %s (%s: %s): this claim needs %s%s; it will not be placed unless the quota is raised",
+				ns, p.DisplayName(), p.QuotaMemory.String(), what, ownMem)}
+		}
+		if used := c.model.nsMem[ns]; used+need.mem > q {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU memory quota of namespace %s (%s: %s): %s in use, this claim needs %s, %s over; it will be placed when quota frees up",
-				ns, p.DisplayName(), p.QuotaMemory.String(), fmtBytes(used), fmtBytes(mem), fmtBytes(used+mem-q))}
+				ns, p.DisplayName(), p.QuotaMemory.String(), fmtBytes(used), what, fmtBytes(used+need.mem-q))}
 		}
 	}
-	if p.QuotaCompute != nil && rq.comp != nil {
-		q, need := *p.QuotaCompute, *rq.comp*rq.count
-		if used := c.model.nsComp[ns]; used+need > q {
+	if p.QuotaCompute != nil && compKnown {
+		q := *p.QuotaCompute
+		if own.comp+need.comp > q {
+			return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
+				"larger than the GPU compute quota of namespace %s (%s: %d%%): this claim needs %d%%%s; it will not be placed unless the quota is raised",
+				ns, p.DisplayName(), q, need.comp, ownComp)}
+		}
+		if used := c.model.nsComp[ns]; used+need.comp > q {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU compute quota of namespace %s (%s: %d%%): %d%% in use, this claim needs %d%%, %d%% over; it will be placed when quota frees up",
-				ns, p.DisplayName(), q, used, need, used+need-q)}
+				ns, p.DisplayName(), q, used, need.comp, used+need.comp-q)}
 		}
 	}
 	return nil
 }
 
-// overQuotaWith reports whether one more share of mem and comp on a chosen GPU would put
-// the namespace over quota. Caller holds the model's lock.
-func (c *Controller) overQuotaWith(in *input, mem, comp int64) bool {
+// claimQuotaCheck refuses a claim that needs more than its namespace's whole quota
+// whichever alternatives it gets: a request of it that waited in the quota queue would
+// hold the namespace's younger claims for ever. Caller holds the model's lock.
+func (c *Controller) claimQuotaCheck(in *input) *waitReason {
 	p, ns := in.pol, in.claim.Namespace
-	return (p.QuotaMemory != nil && c.model.nsMem[ns]+mem > p.QuotaMemory.Value()) ||
-		(p.QuotaCompute != nil && c.model.nsComp[ns]+comp > *p.QuotaCompute)
+	if p.QuotaMemory == nil && p.QuotaCompute == nil {
+		return nil
+	}
+	var least usage
+	memText, compText := "", ""
+	reqs := in.claim.Spec.Devices.Requests
+	for _, req := range reqs {
+		alts := alternatives(req)
+		var low *usage
+		for _, a := range alts {
+			rq, w := resolveRequest(&c.cfg, in, a)
+			if w != nil {
+				continue // said when the request is decided
+			}
+			need, _ := c.leastNeed(rq)
+			if low == nil {
+				low = &need
+			}
+			low.mem, low.comp = min(low.mem, need.mem), min(low.comp, need.comp)
+			if len(reqs) == 1 && len(alts) == 1 {
+				memText, compText = c.needText(rq, need), fmt.Sprintf("%d%%", need.comp)
+			}
+		}
+		if low != nil {
+			least.mem += low.mem
+			least.comp += low.comp
+		}
+	}
+	if memText == "" {
+		memText, compText = "at least "+fmtBytes(least.mem)+" in all", fmt.Sprintf("at least %d%% in all", least.comp)
+	}
+	if p.QuotaMemory != nil && least.mem > p.QuotaMemory.Value() {
+		return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
+			"larger than the GPU memory quota of namespace %s (%s: %s): this claim needs %s; it will not be placed unless the quota is raised",
+			ns, p.DisplayName(), p.QuotaMemory.String(), memText)}
+	}
+	if p.QuotaCompute != nil && least.comp > *p.QuotaCompute {
+		return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
+			"larger than the GPU compute quota of namespace %s (%s: %d%%): this claim needs %s; it will not be placed unless the quota is raised",
+			ns, p.DisplayName(), *p.QuotaCompute, compText)}
+	}
+	return nil
+}
+
+// needText is a request's need of quota memory in words: "10Gi", or "4 whole GPU(s) of at
+// least 80Gi" when the GPUs are not chosen yet. Caller holds the model's lock.
+func (c *Controller) needText(rq *request, need usage) string {
+	if rq.whole {
+		return fmt.Sprintf("%d whole GPU(s) of at least %s", rq.count, fmtBytes(c.model.minMem))
+	}
+	return fmtBytes(need.mem)
+}
+
+// leastNeed is the least that all of a request's devices take of the quota, whichever GPUs
+// they get, and whether its compute is known before a GPU is chosen (not when it is
+// derived from the GPU's memory). Caller holds the model's lock.
+func (c *Controller) leastNeed(rq *request) (need usage, compKnown bool) {
+	if rq.whole {
+		return usage{rq.count * c.model.minMem, rq.count * c.model.minComp}, true
+	}
+	need.mem = rq.mem * rq.count
+	if rq.comp != nil {
+		need.comp, compKnown = *rq.comp*rq.count, true
+	}
+	return need, compKnown
+}
+
+// quotaFits says whether the request's devices keep the namespace within quota if each
+// takes what GPU g would give it (mem and comp): "" if they do, else reasonOverQuota or
+// reasonBeyondQuota. Counting every device at g's size keeps the claim within quota
+// whichever GPUs the placement core picks for it: each passed with its own size times the
+// count, so the sum of their sizes fits too. Caller holds the model's lock.
+func (c *Controller) quotaFits(in *input, own usage, rq *request, mem, comp int64) string {
+	p, ns := in.pol, in.claim.Namespace
+	mem, comp = mem*rq.count, comp*rq.count
+	if (p.QuotaMemory != nil && own.mem+mem > p.QuotaMemory.Value()) || (p.QuotaCompute != nil && own.comp+comp > *p.QuotaCompute) {
+		return reasonBeyondQuota
+	}
+	if (p.QuotaMemory != nil && c.model.nsMem[ns]+mem > p.QuotaMemory.Value()) || (p.QuotaCompute != nil && c.model.nsComp[ns]+comp > *p.QuotaCompute) {
+		return reasonOverQuota
+	}
+	return ""
+}
+
+// quotaText is a policy's quota in words: "80Gi memory, 50% compute".
+func quotaText(p policy.Effective) string {
+	var parts []string
+	if p.QuotaMemory != nil {
+		parts = append(parts, p.QuotaMemory.String()+" memory")
+	}
+	if p.QuotaCompute != nil {
+		parts = append(parts, fmt.Sprintf("%d%% compute", *p.QuotaCompute))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -26,6 +26,9 @@ type waitReason struct {
 	reason  string // event reason
 	message string
 	quota   bool // blocked on quota: later claims of the namespace queue behind it
+	// beyondQuota: more than the whole quota, so no quota freed lets it in; it must not
+	// hold the namespace's quota queue.
+	beyondQuota bool
 }
 
 func (w *waitReason) Error() string { return w.message }
@@ -46,9 +49,24 @@ func (r *rejects) add(cat, example string) {
 	}
 }
 
-// onlyQuota reports whether every GPU turned down was turned down for quota.
+// onlyQuota reports whether every GPU turned down was turned down for quota, and some of
+// them only for what the namespace uses now.
 func (r *rejects) onlyQuota() bool {
-	return len(r.counts) == 1 && r.counts[reasonOverQuota] > 0
+	return r.counts[reasonOverQuota] > 0 && r.counts[reasonOverQuota]+r.counts[reasonBeyondQuota] == r.total()
+}
+
+// onlyBeyondQuota reports whether every GPU turned down would have put the claim over the
+// whole quota.
+func (r *rejects) onlyBeyondQuota() bool {
+	return len(r.counts) == 1 && r.counts[reasonBeyondQuota] > 0
+}
+
+func (r *rejects) total() int {
+	n := 0
+	for _, c := range r.counts {
+		n += c
+	}
+	return n
 }
 
 func (r *rejects) String() string {

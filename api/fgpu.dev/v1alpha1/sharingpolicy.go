@@ -139,8 +139,9 @@ type SharingPolicySpec struct {
 	// +optional
 	DefaultCompute *int32 `json:"defaultCompute,omitempty"`
 
-	// Quota caps what the claims of each selected namespace hold together. A claim over
-	// quota waits (in creation order) until quota frees up.
+	// Quota caps what the claims of each selected namespace hold together, whole GPUs
+	// included. A claim over quota waits (in creation order) until quota frees up; a claim
+	// larger than the whole quota is refused and holds no other claim.
 	// +optional
 	Quota *Quota `json:"quota,omitempty"`
 }

@@ -555,3 +555,23 @@ fgpu_allocator_gpu_allocated_memory_bytes{gpu="%s",node="n1"} 1.073741824e+10
 		t.Errorf("metrics missing: %d series, %v", n, err)
 	}
 }
+
+// Two shares of GPUs through MPS in one claim (two requests) are refused at allocation: the
+// plugin would refuse to prepare them, and the bound pod would wait for ever.
+func TestTwoMPSSharesInOneClaimRefused(t *testing.T) {
+	c := builders.MakeClaim("a", "c").Memory("10Gi").Obj()
+	second := *c.Spec.Devices.Requests[0].DeepCopy()
+	second.Name = "gpu2"
+	c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, second)
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"), c, builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") != "" {
+		t.Fatal("a claim with two MPS shares was allocated")
+	}
+	if ev := e.events(ReasonUnsupported); len(ev) == 0 || !strings.Contains(ev[0], "one MPS server") {
+		t.Errorf("events %v: want FgpuUnsupported naming the one MPS server", ev)
+	}
+	if len(e.c.model.claims) != 0 {
+		t.Error("the refused claim's shares stayed in the model")
+	}
+}

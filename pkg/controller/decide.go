@@ -78,6 +78,12 @@ func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitRea
 	if len(d.results) == 0 {
 		return nil, &waitReason{reason: ReasonUnsupported, message: "claim has no fgpu requests"}
 	}
+	if n := mpsShares(d); n > 1 {
+		// The plugin refuses to prepare it, and a bound pod would wait for ever.
+		c.model.remove(d.rec.key)
+		return nil, &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf(
+			"the claim would share %d GPUs through MPS, but a container reaches one MPS server: ask for whole GPUs, one share, or mode %s", n, api.SharingModeTimeSlicing)}
+	}
 	for i := range d.results {
 		d.results[i].coTenants = len(d.results[i].gpu.tenants) - 1
 	}
@@ -205,7 +211,7 @@ func (c *Controller) unplaceable(in *input, rq *request, err error, rj *rejects)
 	}
 	switch {
 	case rj.onlyQuota():
-		return &waitReason{reason: ReasonOverQuota, message: msg, quota: true}
+		return &waitReason{reason: ReasonOverQuota, message: msg + "; it will be placed when quota frees up", quota: true}
 	case rj.onlyBeyondQuota():
 		return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
 			"larger than the GPU quota of namespace %s (%s: %s): %s would take more than the whole quota on %d GPU(s), and no other GPU can take it; it will not be placed unless the quota is raised or smaller GPUs can take it",
@@ -220,4 +226,16 @@ func tenantOf(in *input, r result) *tenant {
 		shareID: r.shareID, mem: r.mem, comp: r.comp, whole: r.whole, domain: r.domain, mode: r.mode,
 		latency: in.pol.Latency, maxCo: in.pol.MaxCoTenants, allowCrit: in.pol.AllowCriticalCoTenants,
 		maxTenants: in.pol.MaxTenants, allowShare: in.pol.AllowSharedGPU, byUs: true}
+}
+
+// mpsShares counts the results that the plugin will serve through an MPS server: MPS, and
+// less than the whole GPU (a whole GPU needs no server).
+func mpsShares(d *decision) int {
+	n := 0
+	for _, r := range d.results {
+		if r.mode == api.SharingModeMPS && r.mem < r.gpu.memCap {
+			n++
+		}
+	}
+	return n
 }

@@ -58,7 +58,9 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 				"larger than the GPU memory quota of namespace %s (%s: %s): this claim needs %s%s; it will not be placed unless the quota is raised",
 				ns, p.DisplayName(), p.QuotaMemory.String(), what, ownMem)}
 		}
-		if used := c.model.nsMem[ns]; used+need.mem > q {
+		// Whole GPUs: their size is known per GPU only (quotaFits), and a lower bound that
+		// queued the claim for quota could hold the namespace for a claim that never fits.
+		if used := c.model.nsMem[ns]; !rq.whole && used+need.mem > q {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU memory quota of namespace %s (%s: %s): %s in use, this claim needs %s, %s over; it will be placed when quota frees up",
 				ns, p.DisplayName(), p.QuotaMemory.String(), fmtBytes(used), what, fmtBytes(used+need.mem-q))}
@@ -71,7 +73,7 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 				"larger than the GPU compute quota of namespace %s (%s: %d%%): this claim needs %d%%%s; it will not be placed unless the quota is raised",
 				ns, p.DisplayName(), q, need.comp, ownComp)}
 		}
-		if used := c.model.nsComp[ns]; used+need.comp > q {
+		if used := c.model.nsComp[ns]; !rq.whole && used+need.comp > q {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU compute quota of namespace %s (%s: %d%%): %d%% in use, this claim needs %d%%, %d%% over; it will be placed when quota frees up",
 				ns, p.DisplayName(), q, used, need.comp, used+need.comp-q)}

@@ -240,3 +240,20 @@ func TestQuotaAlternativeBeyondQuotaDoesNotRefuseClaim(t *testing.T) {
 		})
 	}
 }
+
+// A claim for whole GPUs that can never fit the quota (2 × 80Gi under 100Gi; the 40Gi GPU is
+// alone on its node) must not wait in the quota queue and hold the namespace's younger claims.
+func TestWholeGPUsThatNeverFitDoNotHoldTheQueue(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("100Gi").Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"), builders.MakeNode("n2").Obj(), builders.MakeSlice("n2", 1, "40Gi"),
+		builders.MakeClaim("a", "used").Memory("30Gi").Obj(), builders.MakePod("a", "used").Claim("used").Obj(),
+		wholeGPUs("a", "two", 2, 1), builders.MakePod("a", "two").Claim("two").Obj(),
+		builders.MakeClaim("a", "later").Memory("1Gi").Created(2).Obj(), builders.MakePod("a", "later").Claim("later").Obj())
+	e.run()
+	if e.placedOn("a", "two") != "" {
+		t.Fatal("2 whole GPUs placed over a 100Gi quota")
+	}
+	if e.placedOn("a", "later") == "" {
+		t.Errorf("a 1Gi claim held behind a claim that can never fit the quota: %s", e.claim("a", "later").Annotations[AnnotationStatus])
+	}
+}

@@ -41,6 +41,13 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 	if p.QuotaMemory == nil && p.QuotaCompute == nil {
 		return nil
 	}
+	if p.QuotaCompute != nil && !rq.whole && uncappedCompute(p, rq) {
+		// A share with no compute is charged 0% and its kernels are not capped: under a
+		// compute quota it would use the GPU without counting against it.
+		return &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf(
+			"request %q asks for no compute, but namespace %s has a GPU compute quota (%s: %d%%), and a share without compute runs uncapped and uncounted: ask for compute (e.g. compute: 10), or have the policy set defaultCompute or computeFromMemory",
+			rq.alt.name, ns, p.DisplayName(), *p.QuotaCompute)}
+	}
 	own := d.use()
 	need, compKnown := c.leastNeed(rq)
 	what := c.needText(rq, need)
@@ -152,6 +159,15 @@ func (c *Controller) leastNeed(rq *request) (need usage, compKnown bool) {
 		need.comp, compKnown = *rq.comp*rq.count, true
 	}
 	return need, compKnown
+}
+
+// uncappedCompute reports whether a share gets no compute: none asked (or 0), and the
+// policy derives none.
+func uncappedCompute(p policy.Effective, rq *request) bool {
+	if rq.comp != nil {
+		return *rq.comp == 0
+	}
+	return !p.ComputeFromMemory && p.DefaultCompute == 0
 }
 
 // quotaFits says whether the request's devices keep the namespace within quota if each

@@ -257,3 +257,47 @@ func TestWholeGPUsThatNeverFitDoNotHoldTheQueue(t *testing.T) {
 		t.Errorf("a 1Gi claim held behind a claim that can never fit the quota: %s", e.claim("a", "later").Annotations[AnnotationStatus])
 	}
 }
+
+// Under a compute quota, a share that would get no compute (charged 0%, its kernels
+// uncapped) is refused with what to do; with compute asked, or a policy that derives it,
+// shares are placed and charged.
+func TestComputeQuotaRefusesUncappedShares(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		policy  *api.SharingPolicy
+		compute string // "" asks none
+		placed  bool
+	}{
+		{"no compute asked", builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaCompute(50).Obj(), "", false},
+		{"compute 0 asked", builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaCompute(50).Obj(), "0", false},
+		{"compute asked", builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaCompute(50).Obj(), "10", true},
+		{"policy default", builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaCompute(50).DefaultCompute(10).Obj(), "", true},
+		{"from memory", builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaCompute(50).ComputeFromMemory().Obj(), "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			claim := builders.MakeClaim("a", "c").Memory("10Gi")
+			if tc.compute != "" {
+				claim = claim.Compute(tc.compute)
+			}
+			e := newEnv(t, []*api.SharingPolicy{tc.policy}, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+				claim.Obj(), builders.MakePod("a", "c").Claim("c").Obj())
+			e.run()
+			placed := e.placedOn("a", "c") != ""
+			if placed != tc.placed {
+				t.Fatalf("placed %v, want %v: %s", placed, tc.placed, e.claim("a", "c").Annotations[AnnotationStatus])
+			}
+			if placed {
+				e.c.model.mu.Lock()
+				charged := e.c.model.nsComp["a"]
+				e.c.model.mu.Unlock()
+				if charged == 0 {
+					t.Error("a placed share was charged no compute")
+				}
+				return
+			}
+			if ev := e.events(ReasonUnsupported); len(ev) == 0 || !strings.Contains(ev[0], "compute quota") || !strings.Contains(ev[0], "defaultCompute") {
+				t.Errorf("events %v: want FgpuUnsupported naming the compute quota and what to do", ev)
+			}
+		})
+	}
+}

@@ -282,5 +282,20 @@ func (b *PolicyBuilder) QuotaMemory(q string) *PolicyBuilder {
 	return b
 }
 
+// QuotaCompute sets the compute quota (percent; 100 = one whole GPU).
+func (b *PolicyBuilder) QuotaCompute(percent int64) *PolicyBuilder {
+	if b.p.Spec.Quota == nil {
+		b.p.Spec.Quota = &api.Quota{}
+	}
+	b.p.Spec.Quota.Compute = &percent
+	return b
+}
+
+// DefaultCompute sets the compute a share that asks none gets.
+func (b *PolicyBuilder) DefaultCompute(percent int32) *PolicyBuilder {
+	b.p.Spec.DefaultCompute = &percent
+	return b
+}
+
 // Obj returns the policy.
 func (b *PolicyBuilder) Obj() *api.SharingPolicy { return b.p }

@@ -31,6 +31,28 @@ type GpuConfig struct {
 	// IsolationDomain names the set of tenants that may share one MPS server. Claims in
 	// different domains never share a server or pipe directory. Default: "default".
 	IsolationDomain string `json:"isolationDomain,omitempty"`
+	// Placement is written by the allocator only; see Placement.
+	Placement *Placement `json:"placement,omitempty"`
+}
+
+// Placement is what the allocator decided for a request, beyond mode and domain. Only the
+// allocator writes it, into the allocation in the claim's status, which tenants cannot
+// write; the allocator refuses it in a claim's or a class's own config. The allocator reads
+// it back when it rebuilds its state, so that a restart keeps the rules each claim was placed
+// under; the plugin reads from it whether another isolation domain may share the GPU.
+type Placement struct {
+	// Policy names the SharingPolicy the claim was placed under ("" for the built-in default).
+	Policy string `json:"policy,omitempty"`
+	// LatencyClass, MaxCoTenants, AllowCriticalCoTenants and MaxTenantsPerGPU are the
+	// co-tenancy rules the claim keeps on its GPU.
+	LatencyClass           LatencyClass `json:"latencyClass,omitempty"`
+	MaxCoTenants           int32        `json:"maxCoTenants,omitempty"`
+	AllowCriticalCoTenants bool         `json:"allowCriticalCoTenants,omitempty"`
+	MaxTenantsPerGPU       int32        `json:"maxTenantsPerGPU,omitempty"`
+	// AllowSharedGPU says other isolation domains may share the GPU, each with its own MPS
+	// server: the GPU then stays in the default compute mode, and a process that bypasses
+	// MPS is not capped.
+	AllowSharedGPU bool `json:"allowSharedGPU,omitempty"`
 }
 
 // DefaultIsolationDomain is the domain of claims that name none.
@@ -95,6 +117,9 @@ func (c *GpuConfig) Overlay(src *GpuConfig) {
 	}
 	if src.IsolationDomain != "" {
 		c.IsolationDomain = src.IsolationDomain
+	}
+	if src.Placement != nil {
+		c.Placement = src.Placement
 	}
 }
 

@@ -49,12 +49,18 @@ type PreparedDevice struct {
 	MemoryBytes    int64  `json:"memoryBytes"`
 	ComputePercent int64  `json:"computePercent"`
 	// MemoryLimitBytes and ThreadPercent are the caps enforced (≤ the allocation).
-	MemoryLimitBytes int64    `json:"memoryLimitBytes"`
-	ThreadPercent    int64    `json:"threadPercent"`
-	Mode             string   `json:"mode"`
-	IsolationDomain  string   `json:"isolationDomain"`
-	MPSKey           string   `json:"mpsKey,omitempty"`
-	CDIDeviceIDs     []string `json:"cdiDeviceIDs"`
+	MemoryLimitBytes int64  `json:"memoryLimitBytes"`
+	ThreadPercent    int64  `json:"threadPercent"`
+	Mode             string `json:"mode"`
+	// IsolationDomain is "<namespace>/<sub-domain>" (entries of earlier versions: the
+	// domain string their allocation named).
+	IsolationDomain string `json:"isolationDomain"`
+	MPSKey          string `json:"mpsKey,omitempty"`
+	// MemoryEnforced says whether nothing in the claim's containers can pin more than
+	// MemoryLimitBytes; MemoryEnforcement says why, in words.
+	MemoryEnforced    bool     `json:"memoryEnforced,omitempty"`
+	MemoryEnforcement string   `json:"memoryEnforcement,omitempty"`
+	CDIDeviceIDs      []string `json:"cdiDeviceIDs"`
 }
 
 // New returns an empty checkpoint.

@@ -19,25 +19,37 @@ import (
 	"time"
 )
 
-// Daemon identifies one control daemon: a GPU and the isolation domain it serves.
+// Daemon identifies one control daemon: a GPU and the isolation domain it serves. A domain is
+// always the pair (namespace, sub-domain): the sub-domain, which a claim may name, only
+// subdivides its own namespace, so no claim can name its way onto another namespace's server.
 type Daemon struct {
-	GPUUUID string
-	Domain  string
+	GPUUUID   string
+	Namespace string
+	// Domain is the sub-domain within Namespace (a DNS label; "default" when unnamed).
+	Domain string
 }
+
+// Name is the domain in words: "<namespace>/<sub-domain>".
+func (d Daemon) Name() string { return d.Namespace + "/" + d.Domain }
 
 // Key is the daemon's directory name under the manager's root; it is stable, so a
-// restarted plugin finds the daemons it started before. It is short because the pipe
-// directory holds a unix socket, whose path may not exceed 107 bytes.
+// restarted plugin finds the daemons it started before. Its readable prefix may be cut; the
+// hash covers the whole identity (neither a UUID nor a namespace contains '/', and a
+// sub-domain is a DNS label, so the hashed string is unambiguous) with 128 bits, so that no
+// tenant can search out a sub-domain whose key collides with another namespace's. It stays
+// short because the pipe directory holds a unix socket, whose path may not exceed 107 bytes.
 func (d Daemon) Key() string {
-	domain := d.Domain
-	if len(domain) > 20 {
-		domain = domain[:20]
+	prefix := d.Namespace + "-" + d.Domain
+	if len(prefix) > 20 {
+		prefix = strings.TrimRight(prefix[:20], "-")
 	}
-	sum := sha256.Sum256([]byte(d.GPUUUID + "/" + d.Domain))
-	return fmt.Sprintf("%s_%x", domain, sum[:6])
+	sum := sha256.Sum256([]byte(d.GPUUUID + "/" + d.Namespace + "/" + d.Domain))
+	return fmt.Sprintf("%s_%x", prefix, sum[:16])
 }
 
-var keyRE = regexp.MustCompile(`^[a-z0-9-]+_[0-9a-f]{12}$`)
+// keyRE also accepts the 48-bit keys of earlier versions, so that a restarted plugin still
+// restarts or stops the daemons its checkpoint names.
+var keyRE = regexp.MustCompile(`^[a-z0-9-]+_([0-9a-f]{32}|[0-9a-f]{12})$`)
 
 // Limits are the server-side defaults: a client can only lower them, so they bound a
 // tenant that drops the per-claim environment.
@@ -74,9 +86,13 @@ func (m *Manager) Running(ctx context.Context, key string) bool {
 	return err == nil
 }
 
-// Ensure starts the daemon if it is not running and sets its defaults. Idempotent.
-func (m *Manager) Ensure(ctx context.Context, d Daemon, limits Limits) error {
-	key := d.Key()
+// Ensure starts the daemon with directory key on GPU gpuUUID if it is not running and sets
+// its defaults. Idempotent. The key is the one recorded when the claim was planned (Daemon.Key
+// then), so that a daemon started by an earlier version keeps serving its claims.
+func (m *Manager) Ensure(ctx context.Context, key, gpuUUID string, limits Limits) error {
+	if !keyRE.MatchString(key) {
+		return fmt.Errorf("refusing to start MPS daemon with malformed key %q", key)
+	}
 	for _, dir := range []string{m.PipeDir(key), m.LogDir(key), m.ShmDir(key)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("create MPS directory: %w", err)
@@ -88,9 +104,9 @@ func (m *Manager) Ensure(ctx context.Context, d Daemon, limits Limits) error {
 		if err := clearDir(m.PipeDir(key)); err != nil {
 			return err
 		}
-		env := []string{"CUDA_VISIBLE_DEVICES=" + d.GPUUUID}
+		env := []string{"CUDA_VISIBLE_DEVICES=" + gpuUUID}
 		if out, err := m.run(ctx, key, env, nil, "-d"); err != nil {
-			return fmt.Errorf("start MPS control daemon for GPU %s (domain %s): %w: %s", d.GPUUUID, d.Domain, err, out)
+			return fmt.Errorf("start MPS control daemon %s for GPU %s: %w: %s", key, gpuUUID, err, out)
 		}
 	}
 	if m.unchanged(key, limits) {
@@ -105,7 +121,7 @@ func (m *Manager) Ensure(ctx context.Context, d Daemon, limits Limits) error {
 	}
 	if len(cmds) > 0 {
 		if out, err := m.control(ctx, key, nil, cmds...); err != nil {
-			return fmt.Errorf("set MPS defaults for GPU %s (domain %s): %w: %s", d.GPUUUID, d.Domain, err, out)
+			return fmt.Errorf("set MPS defaults of daemon %s for GPU %s: %w: %s", key, gpuUUID, err, out)
 		}
 	}
 	m.mu.Lock()

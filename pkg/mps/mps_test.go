@@ -26,12 +26,12 @@ func buildStandIn(t *testing.T) string {
 func TestEnsureStartsConfiguresAndStops(t *testing.T) {
 	ctx := context.Background()
 	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
-	d := Daemon{GPUUUID: "GPU-ABC", Domain: "team-a"}
+	d := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "team-a"}
 	key := d.Key()
 	if m.Running(ctx, key) {
 		t.Fatal("daemon running before start")
 	}
-	if err := m.Ensure(ctx, d, Limits{PinnedMemBytes: 10 << 30, ThreadPercent: 40}); err != nil {
+	if err := m.Ensure(ctx, key, d.GPUUUID, Limits{PinnedMemBytes: 10 << 30, ThreadPercent: 40}); err != nil {
 		t.Fatal(err)
 	}
 	if !m.Running(ctx, key) {
@@ -45,7 +45,7 @@ func TestEnsureStartsConfiguresAndStops(t *testing.T) {
 		t.Fatalf("daemon got %+v", st)
 	}
 	// A second Ensure reuses the daemon and only updates its defaults.
-	if err := m.Ensure(ctx, d, Limits{PinnedMemBytes: 20 << 30}); err != nil {
+	if err := m.Ensure(ctx, key, d.GPUUUID, Limits{PinnedMemBytes: 20 << 30}); err != nil {
 		t.Fatal(err)
 	}
 	st2, _ := fakecontrol.ReadState(m.LogDir(key))
@@ -73,14 +73,14 @@ func TestEnsureStartsConfiguresAndStops(t *testing.T) {
 func TestEnsureRecoversFromStalePipe(t *testing.T) {
 	ctx := context.Background()
 	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
-	d := Daemon{GPUUUID: "GPU-1", Domain: "default"}
+	d := Daemon{GPUUUID: "GPU-1", Namespace: "a", Domain: "default"}
 	if err := os.MkdirAll(m.PipeDir(d.Key()), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(m.PipeDir(d.Key()), "control"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Ensure(ctx, d, Limits{}); err != nil {
+	if err := m.Ensure(ctx, d.Key(), d.GPUUUID, Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -111,12 +111,67 @@ func shortDir(t *testing.T) string {
 }
 
 func TestKeyIsShortStableAndDistinct(t *testing.T) {
-	long := Daemon{GPUUUID: "GPU-7f2dfaf7-66d1-fddc-4f3f-b64f6048037b", Domain: strings.Repeat("a", 63)}
-	if k := long.Key(); len(k) > 33 || !keyRE.MatchString(k) || k != long.Key() {
+	long := Daemon{GPUUUID: "GPU-7f2dfaf7-66d1-fddc-4f3f-b64f6048037b", Namespace: strings.Repeat("n", 63), Domain: strings.Repeat("a", 63)}
+	if k := long.Key(); len(k) > 53 || !keyRE.MatchString(k) || k != long.Key() {
 		t.Fatalf("key %q", k)
 	}
-	a := Daemon{GPUUUID: "GPU-1", Domain: "x"}
-	if a.Key() == (Daemon{GPUUUID: "GPU-2", Domain: "x"}).Key() || a.Key() == (Daemon{GPUUUID: "GPU-1", Domain: "y"}).Key() {
-		t.Fatal("keys collide across GPUs or domains")
+	a := Daemon{GPUUUID: "GPU-1", Namespace: "ns", Domain: "x"}
+	for _, b := range []Daemon{
+		{GPUUUID: "GPU-2", Namespace: "ns", Domain: "x"},
+		{GPUUUID: "GPU-1", Namespace: "ns", Domain: "y"},
+		{GPUUUID: "GPU-1", Namespace: "other", Domain: "x"},
+	} {
+		if a.Key() == b.Key() {
+			t.Errorf("%+v and %+v share key %s", a, b, a.Key())
+		}
+	}
+}
+
+// A domain is the pair (namespace, sub-domain): no choice of sub-domain in one namespace
+// reaches another namespace's daemon, however the names are cut or joined.
+func TestKeyKeepsNamespacesApart(t *testing.T) {
+	prefix := strings.Repeat("a", 60)
+	ns1, ns2 := prefix+"xyz", prefix+"xyw" // 63 characters, the first 60 shared
+	seen := map[string]Daemon{}
+	for _, d := range []Daemon{
+		{GPUUUID: "GPU-1", Namespace: ns1, Domain: "default"},
+		{GPUUUID: "GPU-1", Namespace: ns2, Domain: "default"},
+		{GPUUUID: "GPU-1", Namespace: "a", Domain: "b-c"},
+		{GPUUUID: "GPU-1", Namespace: "a-b", Domain: "c"},
+		{GPUUUID: "GPU-1", Namespace: "victim", Domain: "default"},
+		{GPUUUID: "GPU-1", Namespace: "attacker", Domain: "victim"},
+		{GPUUUID: "GPU-1", Namespace: "attacker", Domain: "ns-victim"},
+	} {
+		k := d.Key()
+		if !keyRE.MatchString(k) {
+			t.Errorf("%+v: malformed key %q", d, k)
+		}
+		if prev, ok := seen[k]; ok {
+			t.Errorf("%+v and %+v share key %s", prev, d, k)
+		}
+		seen[k] = d
+	}
+	if n := (Daemon{Namespace: "team-a", Domain: "default"}).Name(); n != "team-a/default" {
+		t.Errorf("Name() = %q", n)
+	}
+}
+
+// A plugin upgraded over running claims keeps managing the daemons its checkpoint names
+// with the keys of earlier versions.
+func TestEarlierKeysStayManageable(t *testing.T) {
+	ctx := context.Background()
+	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
+	old := "ns-team-a_0123456789ab"
+	if err := m.Ensure(ctx, old, "GPU-1", Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	if keys, _ := m.Keys(); len(keys) != 1 || keys[0] != old {
+		t.Fatalf("Keys() = %v", keys)
+	}
+	if err := m.Stop(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx, "../etc", "GPU-1", Limits{}); err == nil {
+		t.Fatal("malformed key accepted")
 	}
 }

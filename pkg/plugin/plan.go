@@ -39,7 +39,7 @@ func (s *State) plan(claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDev
 			return nil, fmt.Errorf("request %q: %w", r.Request, err)
 		}
 		cfg.Normalize()
-		p, err := s.planDevice(d, r, cfg)
+		p, err := s.planDevice(claim.Namespace, d, r, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("request %q on %s: %w", r.Request, r.Device, err)
 		}
@@ -60,7 +60,10 @@ func (s *State) plan(claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDev
 	return planned, nil
 }
 
-func (s *State) planDevice(d gpu.Device, r resourceapi.DeviceRequestAllocationResult, cfg *configapi.GpuConfig) (checkpoint.PreparedDevice, error) {
+// planDevice plans one device of a claim of namespace ns. The MPS daemon is the GPU's and
+// the pair (ns, the config's sub-domain): the config, which tenants write in scheduler mode,
+// can only subdivide the claim's own namespace, never name another's server.
+func (s *State) planDevice(ns string, d gpu.Device, r resourceapi.DeviceRequestAllocationResult, cfg *configapi.GpuConfig) (checkpoint.PreparedDevice, error) {
 	allocatable := AllocatableMemory(d, s.cfg.ReservedMemory)
 	mem, compute := allocatable, int64(100)
 	if r.ConsumedCapacity != nil {
@@ -77,8 +80,10 @@ func (s *State) planDevice(d gpu.Device, r resourceapi.DeviceRequestAllocationRe
 		Request: r.Request, Pool: r.Pool, Device: r.Device, GPUUUID: d.UUID,
 		MemoryBytes: mem, ComputePercent: compute,
 		MemoryLimitBytes: mem, ThreadPercent: compute,
-		Mode: string(cfg.Mode), IsolationDomain: cfg.IsolationDomain,
+		Mode: string(cfg.Mode),
 	}
+	daemon := mps.Daemon{GPUUUID: d.UUID, Namespace: ns, Domain: cfg.IsolationDomain}
+	p.IsolationDomain = daemon.Name()
 	if r.ShareID != nil {
 		p.ShareID = string(*r.ShareID)
 	}
@@ -100,9 +105,32 @@ func (s *State) planDevice(d gpu.Device, r resourceapi.DeviceRequestAllocationRe
 		p.Mode = ModeExclusive
 	}
 	if p.Mode == string(configapi.SharingModeMPS) {
-		p.MPSKey = mps.Daemon{GPUUUID: d.UUID, Domain: p.IsolationDomain}.Key()
+		p.MPSKey = daemon.Key()
 	}
+	p.MemoryEnforced, p.MemoryEnforcement = s.memoryEnforcement(p.Mode, cfg.Placement)
 	return p, nil
+}
+
+// memoryEnforcement says whether nothing in the claim's containers can use more GPU memory
+// than its limit, and why in one line. MPS caps bind MPS clients only; a process that
+// bypasses the server (the device nodes are mounted) is stopped only by the GPU's
+// EXCLUSIVE_PROCESS compute mode, which a GPU gets while one MPS server owns it. That holds
+// only where the allocator placed the claim on a GPU no other isolation domain may share:
+// in scheduler mode kube-scheduler may put any namespace's claim next to it.
+func (s *State) memoryEnforcement(mode string, pl *configapi.Placement) (bool, string) {
+	switch {
+	case mode == ModeExclusive:
+		return true, "exclusive: the claim holds the whole GPU"
+	case mode == string(configapi.SharingModeTimeSlicing):
+		return false, "time-slicing: no memory cap"
+	case !s.cfg.Fenced:
+		return false, "mps per-process caps; in scheduler mode the GPU may host other namespaces' MPS servers, so a process that bypasses MPS is not capped"
+	case pl == nil:
+		return false, "mps per-process caps; the allocation does not say the GPU is this MPS server's alone, so a process that bypasses MPS is not capped"
+	case pl.AllowSharedGPU:
+		return false, "mps per-process caps; the GPU may host other MPS servers, so a process that bypasses MPS is not capped"
+	}
+	return true, "mps: GPU exclusive to this MPS server"
 }
 
 func quantity(m map[resourceapi.QualifiedName]resource.Quantity, name resourceapi.QualifiedName, def int64) int64 {

@@ -130,7 +130,7 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 			if err := s.syncComputeMode(p.GPUUUID); err != nil {
 				return err
 			}
-			if err := s.mps.Ensure(ctx, mps.Daemon{GPUUUID: p.GPUUUID, Domain: p.IsolationDomain}, s.domainLimits(p.MPSKey)); err != nil {
+			if err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey)); err != nil {
 				return err
 			}
 		}
@@ -301,7 +301,7 @@ func (s *State) recover(ctx context.Context) error {
 		for _, p := range e.Devices {
 			if p.MPSKey != "" && !s.mps.Running(ctx, p.MPSKey) {
 				logger.Info("Restarting the MPS daemon of a prepared claim", "claim", klog.KRef(e.Namespace, e.Name), "daemon", p.MPSKey)
-				if err := s.mps.Ensure(ctx, mps.Daemon{GPUUUID: p.GPUUUID, Domain: p.IsolationDomain}, s.domainLimits(p.MPSKey)); err != nil {
+				if err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey)); err != nil {
 					return err
 				}
 			}
@@ -332,7 +332,8 @@ func (s *State) cdiDevice(p *checkpoint.PreparedDevice, i, n int) cdi.Device {
 		{"FGPU_MEMORY_LIMIT_BYTES", strconv.FormatInt(p.MemoryLimitBytes, 10)},
 		{"FGPU_MEMORY_LIMIT", bytesStr(p.MemoryLimitBytes)},
 		{"FGPU_COMPUTE_PERCENT", strconv.FormatInt(p.ThreadPercent, 10)},
-		{"FGPU_MEMORY_ENFORCED", strconv.FormatBool(p.Mode != "timeSlicing")},
+		{"FGPU_MEMORY_ENFORCED", strconv.FormatBool(p.MemoryEnforced)},
+		{"FGPU_MEMORY_ENFORCEMENT", p.MemoryEnforcement},
 	} {
 		if n == 1 {
 			dev.Env = append(dev.Env, v.name+"="+v.value)

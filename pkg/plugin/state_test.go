@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -170,6 +171,97 @@ func TestIsolationDomainsGetSeparateServers(t *testing.T) {
 	}
 	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeDefault {
 		t.Fatalf("two MPS servers on one GPU need the default compute mode, got %s", m)
+	}
+}
+
+// Two namespaces' claims with the same config never share an MPS server, pipe directory or
+// shm, whatever domain the config names: in scheduler mode tenants write the config, and the
+// plugin derives the daemon from the claim's namespace.
+func TestNamespacesNeverShareAServer(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	claims := []*resourceapi.ResourceClaim{
+		builders.MakeClaim("victim", "v").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj(),
+		builders.MakeClaim("attacker", "same").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj(),
+		builders.MakeClaim("attacker", "named").Memory("10Gi").Config(map[string]any{"isolationDomain": "victim"}).AllocatedOn(node, "gpu-0").Obj(),
+		builders.MakeClaim("attacker", "ns").Memory("10Gi").Config(map[string]any{"isolationDomain": "ns-victim"}).AllocatedOn(node, "gpu-0").Obj(),
+		builders.MakeClaim("victim", "v2").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj(),
+	}
+	dev := map[string]checkpoint.PreparedDevice{}
+	for _, c := range claims {
+		if _, err := s.Prepare(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		dev[c.Namespace+"/"+c.Name] = s.cp.Claims[string(c.UID)].Devices[0]
+	}
+	v := dev["victim/v"]
+	if v.IsolationDomain != "victim/default" || v.MPSKey == "" {
+		t.Fatalf("victim's share %+v", v)
+	}
+	if dev["victim/v2"].MPSKey != v.MPSKey {
+		t.Errorf("two claims of one namespace and domain got servers %s and %s", v.MPSKey, dev["victim/v2"].MPSKey)
+	}
+	for _, k := range []string{"attacker/same", "attacker/named", "attacker/ns"} {
+		a := dev[k]
+		if a.MPSKey == v.MPSKey || !strings.HasPrefix(a.IsolationDomain, "attacker/") {
+			t.Errorf("%s shares the victim's server: %+v", k, a)
+		}
+		if s.mps.PipeDir(a.MPSKey) == s.mps.PipeDir(v.MPSKey) || s.mps.ShmDir(a.MPSKey) == s.mps.ShmDir(v.MPSKey) {
+			t.Errorf("%s: the victim's pipe or shm directory", k)
+		}
+	}
+	if dev["attacker/same"].MPSKey == dev["attacker/named"].MPSKey {
+		t.Error("two sub-domains of one namespace share a server")
+	}
+	if !slices.Contains(e.specEnv(string(claims[0].UID)), "FGPU_ISOLATION_DOMAIN=victim/default") {
+		t.Errorf("victim's env %v", e.specEnv(string(claims[0].UID)))
+	}
+}
+
+// FGPU_MEMORY_ENFORCED is true only where nothing can pin more than the cap: a whole GPU,
+// or MPS on a GPU the allocator keeps to this domain alone.
+func TestMemoryEnforcedEnv(t *testing.T) {
+	for name, tc := range map[string]struct {
+		fenced bool
+		claim  *builders.ClaimBuilder
+		want   string
+		why    string
+	}{
+		"scheduler mode mps": {false, builders.MakeClaim("ns", "c").Memory("10Gi"), "false", "in scheduler mode"},
+		"scheduler mode mps with a placement the tenant wrote": {false, builders.MakeClaim("ns", "c").Memory("10Gi").Config(map[string]any{"placement": map[string]any{}}), "false", "in scheduler mode"},
+		"allocator mode, GPU kept to the domain": {true, builders.MakeClaim("ns", "c").Memory("10Gi").Config(map[string]any{"placement": map[string]any{}}), "true", "mps: GPU exclusive to this MPS server"},
+		"allocator mode, other domains may share": {true, builders.MakeClaim("ns", "c").Memory("10Gi").Config(map[string]any{"placement": map[string]any{"allowSharedGPU": true}}), "false", "the GPU may host other MPS servers"},
+		"allocator mode, no placement": {true, builders.MakeClaim("ns", "c").Memory("10Gi"), "false", "does not say the GPU is this MPS server's alone"},
+		"time-slicing": {true, builders.MakeClaim("ns", "c").Memory("10Gi").Config(map[string]any{"mode": "timeSlicing", "placement": map[string]any{}}), "false", "time-slicing: no memory cap"},
+		"whole GPU, scheduler mode": {false, builders.MakeClaim("ns", "c").Class(configapi.DeviceClassExclusive), "true", "exclusive: the claim holds the whole GPU"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			e.cfg.Fenced = tc.fenced
+			s := e.state()
+			claim := tc.claim.AllocatedOn(node, "gpu-0").Obj()
+			if _, err := s.Prepare(context.Background(), claim); err != nil {
+				t.Fatal(err)
+			}
+			env := e.specEnv(string(claim.UID))
+			if !slices.Contains(env, "FGPU_MEMORY_ENFORCED="+tc.want) || !slices.Contains(env, "FGPU_MEMORY_ENFORCED_0="+tc.want) {
+				t.Errorf("want FGPU_MEMORY_ENFORCED=%s: %v", tc.want, env)
+			}
+			var why string
+			for _, v := range env {
+				if w, ok := strings.CutPrefix(v, "FGPU_MEMORY_ENFORCEMENT="); ok {
+					why = w
+				}
+			}
+			if !strings.Contains(why, tc.why) {
+				t.Errorf("FGPU_MEMORY_ENFORCEMENT=%q, want it to say %q", why, tc.why)
+			}
+			p := s.cp.Claims[string(claim.UID)].Devices[0]
+			if strconv.FormatBool(p.MemoryEnforced) != tc.want || p.MemoryEnforcement != why {
+				t.Errorf("checkpoint (status source) says %v %q", p.MemoryEnforced, p.MemoryEnforcement)
+			}
+		})
 	}
 }
 
@@ -412,7 +504,7 @@ func TestTwoWholeGPUsAreBothVisible(t *testing.T) {
 		for k, v := range map[string]string{
 			"FGPU_GPU_UUID": d.UUID, "FGPU_DEVICE": d.Name(), "FGPU_SHARE_ID": "", "FGPU_SHARING_MODE": ModeExclusive,
 			"FGPU_ISOLATION_DOMAIN": s.cp.Claims[string(claim.UID)].Devices[i].IsolationDomain, "FGPU_MEMORY_LIMIT_BYTES": "84825604096", "FGPU_MEMORY_LIMIT": "79Gi",
-			"FGPU_COMPUTE_PERCENT": "100", "FGPU_MEMORY_ENFORCED": "true",
+			"FGPU_COMPUTE_PERCENT": "100", "FGPU_MEMORY_ENFORCED": "true", "FGPU_MEMORY_ENFORCEMENT": "exclusive: the claim holds the whole GPU",
 		} {
 			want[fmt.Sprintf("%s_%d", k, i)] = v
 		}
@@ -423,7 +515,7 @@ func TestTwoWholeGPUsAreBothVisible(t *testing.T) {
 
 	// A container that names only the second request gets only the second GPU's variables.
 	got = fgpuEnv(e.containerEnv(devs[1].CDIDeviceIDs...))
-	if len(got) != 9 || got["FGPU_GPU_UUID_1"] != gpus[1].UUID || got["FGPU_DEVICE_1"] != "gpu-1" {
+	if len(got) != 10 || got["FGPU_GPU_UUID_1"] != gpus[1].UUID || got["FGPU_DEVICE_1"] != "gpu-1" {
 		t.Fatalf("env of a container of the second request: %v", got)
 	}
 }
@@ -463,7 +555,7 @@ func TestOneDeviceClaimHasSingularAndIndexedNames(t *testing.T) {
 	}
 	got := fgpuEnv(e.containerEnv(devs[0].CDIDeviceIDs...))
 	uuid := s.Devices()[1].UUID
-	if got["FGPU_GPU_UUID"] != uuid || got["FGPU_GPU_UUID_0"] != uuid || got["FGPU_MEMORY_LIMIT"] != "10Gi" || got["FGPU_MEMORY_LIMIT_0"] != "10Gi" || len(got) != 18 {
+	if got["FGPU_GPU_UUID"] != uuid || got["FGPU_GPU_UUID_0"] != uuid || got["FGPU_MEMORY_LIMIT"] != "10Gi" || got["FGPU_MEMORY_LIMIT_0"] != "10Gi" || len(got) != 20 {
 		t.Fatalf("env %v", got)
 	}
 }

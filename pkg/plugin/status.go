@@ -14,15 +14,20 @@ import (
 // DeviceStatusData is what `kubectl get resourceclaim -o yaml` shows under
 // status.devices[].data for an fgpu share.
 type DeviceStatusData struct {
-	GPUUUID         string `json:"gpuUUID"`
-	Memory          string `json:"memory"`
-	MemoryLimit     string `json:"memoryLimit"`
-	ComputePercent  int64  `json:"computePercent"`
-	ThreadPercent   int64  `json:"threadPercent"`
-	Mode            string `json:"mode"`
+	GPUUUID        string `json:"gpuUUID"`
+	Memory         string `json:"memory"`
+	MemoryLimit    string `json:"memoryLimit"`
+	ComputePercent int64  `json:"computePercent"`
+	ThreadPercent  int64  `json:"threadPercent"`
+	Mode           string `json:"mode"`
+	// IsolationDomain is "<namespace>/<sub-domain>": the MPS server the share uses.
 	IsolationDomain string `json:"isolationDomain"`
-	// MemoryEnforced is false under time-slicing: nothing stops a tenant from using more.
+	// MemoryEnforced says whether nothing in the claim's containers can pin more than
+	// MemoryLimit: false under time-slicing, and under MPS where other isolation domains
+	// may share the GPU (a process that bypasses MPS is not capped).
 	MemoryEnforced bool `json:"memoryEnforced"`
+	// MemoryEnforcement says why, in one line.
+	MemoryEnforcement string `json:"memoryEnforcement,omitempty"`
 }
 
 // publishDeviceStatus records the prepared shares in the claim's status.devices, replacing
@@ -38,7 +43,7 @@ func (d *Driver) publishDeviceStatus(ctx context.Context, claim *resourceapi.Res
 		data, err := json.Marshal(DeviceStatusData{
 			GPUUUID: p.GPUUUID, Memory: bytesStr(p.MemoryBytes), MemoryLimit: bytesStr(p.MemoryLimitBytes),
 			ComputePercent: p.ComputePercent, ThreadPercent: p.ThreadPercent, Mode: p.Mode,
-			IsolationDomain: p.IsolationDomain, MemoryEnforced: p.Mode != "timeSlicing",
+			IsolationDomain: p.IsolationDomain, MemoryEnforced: p.MemoryEnforced, MemoryEnforcement: p.MemoryEnforcement,
 		})
 		if err != nil {
 			return err

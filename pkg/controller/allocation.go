@@ -93,7 +93,8 @@ func (c *Controller) allocation(claim *resourceapi.ResourceClaim, d *decision) (
 	// The allocator's config last: it overrides what the policy decides (mode, domain).
 	for _, r := range d.results {
 		cfg := api.GpuConfig{TypeMeta: metav1.TypeMeta{APIVersion: api.SchemeGroupVersion.String(), Kind: api.GpuConfigKind},
-			Mode: r.mode, IsolationDomain: r.domain}
+			Mode: r.mode, IsolationDomain: r.domain.sub,
+			Placement: &api.Placement{AllowSharedGPU: d.pol.AllowSharedGPU}}
 		if r.userCfg != nil {
 			// resolveRequest and limitsFit refused limits above the shares, as the plugin does.
 			cfg.MemoryLimit, cfg.ComputePercent = r.userCfg.MemoryLimit, r.userCfg.ComputePercent

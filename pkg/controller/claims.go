@@ -1,10 +1,7 @@
 package controller
 
 import (
-	"hash/fnv"
 	"slices"
-	"strconv"
-	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -55,16 +52,13 @@ func allocationConfig(driver string, cfgs []resourceapi.DeviceAllocationConfigur
 	return merged
 }
 
-// namespaceDomain is the isolation domain of a namespace: a DNS label.
-func namespaceDomain(ns string) string {
-	d := "ns-" + ns
-	if len(d) <= 63 {
-		return d
-	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(ns))
-	return strings.TrimRight(d[:54], "-") + "-" + strconv.FormatUint(uint64(h.Sum32()), 16)
-}
+// domain is an isolation domain: a namespace and a sub-domain of it. Claims share an MPS
+// server only within one domain; the sub-domain, which a claim may name, only subdivides its
+// own namespace. The plugin derives the MPS server from the same pair (pkg/mps Daemon).
+type domain struct{ namespace, sub string }
+
+// String is the domain as the plugin shows it (FGPU_ISOLATION_DOMAIN): "<namespace>/<sub>".
+func (d domain) String() string { return d.namespace + "/" + d.sub }
 
 func hasFinalizer(claim *resourceapi.ResourceClaim, f string) bool {
 	return slices.Contains(claim.Finalizers, f)

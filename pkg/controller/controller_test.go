@@ -67,7 +67,8 @@ func TestPlacementWritesValidAllocation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Mode != api.SharingModeMPS || got.IsolationDomain != "ns-a" || got.MemoryLimit == nil || got.MemoryLimit.String() != "8Gi" {
+	if got.Mode != api.SharingModeMPS || got.IsolationDomain != api.DefaultIsolationDomain || got.MemoryLimit == nil || got.MemoryLimit.String() != "8Gi" ||
+		got.Placement == nil || got.Placement.AllowSharedGPU {
 		t.Errorf("allocator config %+v", got)
 	}
 	if !hasFinalizer(c, Finalizer) || !hasFinalizer(c, resourceapi.Finalizer) {
@@ -125,10 +126,13 @@ func TestIsolationNamespace(t *testing.T) {
 	if e2.placedOn("a", "c") != "n1/gpu-0" || e2.placedOn("b", "c") != "n1/gpu-0" {
 		t.Fatalf("allowSharedGPU: %q %q", e2.placedOn("a", "c"), e2.placedOn("b", "c"))
 	}
-	da := allocCfg(t, e2.claim("a", "c")).IsolationDomain
-	db := allocCfg(t, e2.claim("b", "c")).IsolationDomain
-	if da == db {
-		t.Errorf("both namespaces got isolation domain %q", da)
+	for _, ns := range []string{"a", "b"} {
+		if pl := allocCfg(t, e2.claim(ns, "c")).Placement; pl == nil || !pl.AllowSharedGPU {
+			t.Errorf("claim of %s: placement %+v does not say other domains may share the GPU", ns, pl)
+		}
+		if d := domainsOn(e2, "n1", "gpu-0")[ns+"/c"]; d != ns+"/default" {
+			t.Errorf("claim of %s is in domain %q", ns, d)
+		}
 	}
 }
 

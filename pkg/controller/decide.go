@@ -42,7 +42,7 @@ type result struct {
 	mem, comp   int64
 	whole       bool
 	mode        api.SharingMode
-	domain      string
+	domain      domain
 	userCfg     *api.GpuConfig
 	tolerations []resourceapi.DeviceToleration
 	shareID     types.UID
@@ -139,12 +139,8 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 	for _, gi := range p.GPUs {
 		g := c.model.coreGPU[p.Node][gi]
 		mem, comp := rq.size(in.pol, g)
-		mode := rq.mode
-		if mode == "" {
-			mode = gpuMode(g)
-		}
 		tol := append([]resourceapi.DeviceToleration{api.FenceToleration()}, rq.alt.tolerations...)
-		out = append(out, result{request: rq.alt.name, gpu: g, mem: mem, comp: comp, whole: rq.whole, mode: mode, domain: rq.domain,
+		out = append(out, result{request: rq.alt.name, gpu: g, mem: mem, comp: comp, whole: rq.whole, mode: rq.mode, domain: rq.domain,
 			userCfg: rq.userCfg, tolerations: tol, shareID: uuid.NewUUID()})
 	}
 	d.node = c.model.coreGPU[p.Node][0].node

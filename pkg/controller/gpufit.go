@@ -80,8 +80,8 @@ func coTenancy(in *input, rq *request, g *gpu) (string, string) {
 		if t.domain != rq.domain && (!p.AllowSharedGPU || !t.allowShare) {
 			return "isolation: used by another namespace or isolation domain", ""
 		}
-		if rq.mode != "" && t.mode != "" && t.mode != rq.mode {
-			return "its tenants use another sharing mode", fmt.Sprintf("%s is %s", g.key, t.mode)
+		if t.mode != "" && t.mode != rq.mode {
+			return "its tenants use another sharing mode", fmt.Sprintf("%s is %s, the claim %s", g.key, t.mode, rq.mode)
 		}
 	}
 	return "", ""
@@ -103,16 +103,6 @@ func (rq *request) size(pol policy.Effective, g *gpu) (mem, comp int64) {
 		comp = pol.DefaultCompute
 	}
 	return mem, min(comp, g.compCap)
-}
-
-// gpuMode is the mode of a GPU's tenants (MPS on an empty GPU).
-func gpuMode(g *gpu) api.SharingMode {
-	for _, t := range g.tenants {
-		if !t.whole && t.mode != "" {
-			return t.mode
-		}
-	}
-	return api.SharingModeMPS
 }
 
 func tolerated(tols []resourceapi.DeviceToleration, t resourceapi.DeviceTaint) bool {

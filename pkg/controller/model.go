@@ -47,7 +47,7 @@ type tenant struct {
 	mem, comp  int64
 	milli      int64
 	whole      bool
-	domain     string
+	domain     domain
 	mode       api.SharingMode
 	latency    api.LatencyClass
 	maxCo      int
@@ -436,7 +436,7 @@ func (m *model) recordFromClaim(claim *resourceapi.ResourceClaim) *claimRec {
 			t.whole = g.known && t.mem >= g.memCap
 		}
 		cfg := allocationConfig(m.driver, a.Devices.Config, r.Request)
-		t.mode, t.domain = cfg.Mode, cfg.IsolationDomain
+		t.mode, t.domain = cfg.Mode, domain{claim.Namespace, cfg.IsolationDomain}
 		rec.shares = append(rec.shares, &tenantAt{gpu: g, t: t})
 	}
 	if len(rec.shares) == 0 {

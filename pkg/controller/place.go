@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -195,5 +196,13 @@ func (c *Controller) commit(ctx context.Context, in *input, d *decision) (time.D
 	}
 	written.Annotations[AnnotationStatus] = msg
 	c.setStatus(ctx, written, in.consumers, msg, ReasonPlaced)
+	if warn := notEnforcedMessage(d); warn != "" {
+		// Told once per placement, on the claim and its pods: the tenant must not take the
+		// cap for a guarantee.
+		c.recorder.Event(written, corev1.EventTypeWarning, ReasonMemoryNotEnforced, warn)
+		for _, p := range in.consumers {
+			c.recorder.Event(p, corev1.EventTypeWarning, ReasonMemoryNotEnforced, fmt.Sprintf("claim %s: %s", claim.Name, warn))
+		}
+	}
 	return c.cfg.BindTimeout, nil
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
 // Event reasons.
@@ -17,6 +18,9 @@ const (
 	ReasonUnsupported = "FgpuUnsupported"
 	ReasonTimedOut    = "FgpuAllocationTimedOut"
 	ReasonDeallocated = "FgpuDeallocated"
+	// ReasonMemoryNotEnforced is on a claim placed where its memory cap does not bind every
+	// process of its pods, and on those pods.
+	ReasonMemoryNotEnforced = "FgpuMemoryNotEnforced"
 	// ReasonInvalidPolicy is on a SharingPolicy that does not validate.
 	ReasonInvalidPolicy = "FgpuInvalidPolicy"
 )
@@ -89,7 +93,7 @@ func (r *rejects) String() string {
 }
 
 // describe is the placement in words: "placed on node-1/gpu-3: 10Gi, 12% compute, MPS
-// (domain ns-a), 2 co-tenants".
+// (domain a/default), 2 co-tenants".
 func describe(d *decision) string {
 	parts := make([]string, 0, len(d.results))
 	for _, r := range d.results {
@@ -98,6 +102,9 @@ func describe(d *decision) string {
 			s += "whole GPU (" + fmtBytes(r.mem) + ")"
 		} else {
 			s += fmt.Sprintf("%s, %d%% compute, %s (domain %s), %d co-tenant(s)", fmtBytes(r.mem), r.comp, modeName(r.mode), r.domain, r.coTenants)
+			if why := memoryNotEnforced(r, d.pol); why != "" && r.mode != api.SharingModeTimeSlicing {
+				s += ", memory not enforced: " + why
+			}
 		}
 		parts = append(parts, s)
 	}
@@ -109,4 +116,35 @@ func modeName(m api.SharingMode) string {
 		return "time-slicing (memory not enforced)"
 	}
 	return "MPS"
+}
+
+// memoryNotEnforced says why a result's memory cap does not bind every process of the claim,
+// or "" where it does; the plugin tells the container the same (FGPU_MEMORY_ENFORCED,
+// pkg/plugin memoryEnforcement). MPS caps bind MPS clients only: a process that bypasses
+// the server is stopped only by the EXCLUSIVE_PROCESS compute mode, which a GPU keeps only
+// while one MPS server owns it, so only where no other isolation domain may join.
+func memoryNotEnforced(r result, pol policy.Effective) string {
+	switch {
+	case r.mode == api.SharingModeTimeSlicing:
+		return "time-slicing: no memory cap"
+	case r.whole || r.mem >= r.gpu.memCap:
+		return ""
+	case pol.AllowSharedGPU:
+		return fmt.Sprintf("MPS caps per process, and %s lets other isolation domains share the GPU with their own MPS servers, so a process that bypasses MPS is not capped", pol.DisplayName())
+	}
+	return ""
+}
+
+// notEnforcedMessage lists the results of a decision whose memory is not enforced, or "".
+func notEnforcedMessage(d *decision) string {
+	var parts []string
+	for _, r := range d.results {
+		if why := memoryNotEnforced(r, d.pol); why != "" {
+			parts = append(parts, fmt.Sprintf("%s on %s: %s", r.request, r.gpu.key, why))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "memory limit not enforced for every process: " + strings.Join(parts, "; ")
 }

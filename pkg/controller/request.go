@@ -53,7 +53,7 @@ type request struct {
 	mem     int64  // memory per device, rounded up to api.MemoryStep (0 when whole)
 	comp    *int64 // compute asked, if any
 	mode    api.SharingMode
-	domain  string
+	domain  domain
 	userCfg *api.GpuConfig
 }
 
@@ -103,7 +103,7 @@ func resolveRequest(cfg *Config, in *input, a alt) (*request, *waitReason) {
 		}
 	}
 	rq.mode = sharingMode(in.pol, userCfg)
-	rq.domain = isolationDomain(in.pol, userCfg, in.claim.Namespace)
+	rq.domain = domain{in.claim.Namespace, subDomain(userCfg)}
 	if rq.count > 1 && !rq.whole && rq.mode != api.SharingModeTimeSlicing {
 		return unsupported("request %q asks for %d shares of GPUs through MPS, but a container reaches one MPS server: ask for whole GPUs, one share, or mode timeSlicing", a.name, rq.count)
 	}
@@ -136,26 +136,27 @@ func (rq *request) limitsFit(mem, comp int64, g *gpu) (string, string) {
 	return "", ""
 }
 
-// sharingMode is the mode the policy gives a claim; "" (auto) is decided per GPU.
+// sharingMode is the mode a claim gets: the policy's, else the claim's own, else MPS. Mode
+// auto never follows a GPU's other tenants: a claim that names no mode keeps MPS's memory
+// caps, and waits for or goes to another GPU rather than be time-sliced because another
+// tenant chose time-slicing.
 func sharingMode(pol policy.Effective, userCfg *api.GpuConfig) api.SharingMode {
-	switch pol.Mode {
-	case api.PolicyModeMPS:
+	switch {
+	case pol.Mode == api.PolicyModeMPS:
 		return api.SharingModeMPS
-	case api.PolicyModeTimeSlicing:
+	case pol.Mode == api.PolicyModeTimeSlicing:
 		return api.SharingModeTimeSlicing
+	case userCfg.Mode != "":
+		return userCfg.Mode
 	}
-	return userCfg.Mode
+	return api.SharingModeMPS
 }
 
-// isolationDomain is the domain the policy gives a claim.
-func isolationDomain(pol policy.Effective, userCfg *api.GpuConfig, namespace string) string {
-	switch pol.Isolation {
-	case api.IsolationNamespace, api.IsolationExclusive:
-		return namespaceDomain(namespace)
-	case api.IsolationNone:
-		if userCfg.IsolationDomain != "" {
-			return userCfg.IsolationDomain
-		}
+// subDomain is the sub-domain a claim names within its namespace, under every policy: it
+// can only subdivide the namespace, so the policy need not restrict it.
+func subDomain(userCfg *api.GpuConfig) string {
+	if userCfg.IsolationDomain != "" {
+		return userCfg.IsolationDomain
 	}
 	return api.DefaultIsolationDomain
 }

@@ -15,8 +15,10 @@ import (
 // Effective is a policy with every default applied.
 type Effective struct {
 	// Name is the SharingPolicy's name, or "" for the built-in default.
-	Name                   string
-	Isolation              api.Isolation
+	Name      string
+	Isolation api.Isolation
+	// AllowSharedGPU: other isolation domains may share the claim's GPU (the spec's
+	// allowSharedGPU, or isolation none).
 	AllowSharedGPU         bool
 	Latency                api.LatencyClass
 	MaxCoTenants           int // critical only
@@ -50,7 +52,9 @@ func FromSpec(name string, s *api.SharingPolicySpec) Effective {
 	if s.Isolation != "" {
 		e.Isolation = s.Isolation
 	}
-	e.AllowSharedGPU = s.AllowSharedGPU
+	// Isolation none lets any namespace share a GPU; each domain still gets its own MPS
+	// server (a domain is always within one namespace).
+	e.AllowSharedGPU = s.AllowSharedGPU || e.Isolation == api.IsolationNone
 	if s.LatencyClass != "" {
 		e.Latency = s.LatencyClass
 	}

@@ -41,6 +41,9 @@ func TestResolve(t *testing.T) {
 	if e := Resolve(nil, nil, nil); e.Isolation != api.IsolationNamespace || e.Name != "" {
 		t.Errorf("built-in default %+v", e)
 	}
+	if e := FromSpec("x", &api.SharingPolicySpec{Isolation: api.IsolationNone}); !e.AllowSharedGPU {
+		t.Error("isolation none must let other domains share the GPU")
+	}
 	if e := FromSpec("x", &api.SharingPolicySpec{Isolation: api.IsolationExclusive}); e.MaxTenants != 1 {
 		t.Errorf("exclusive: maxTenants %d", e.MaxTenants)
 	}

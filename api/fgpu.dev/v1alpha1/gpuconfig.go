@@ -28,8 +28,9 @@ type GpuConfig struct {
 	// ComputePercent caps the share of SMs (MPS active thread percentage), 1–100.
 	// Default: the compute the claim was allocated, or no cap when it reserved none.
 	ComputePercent *int32 `json:"computePercent,omitempty"`
-	// IsolationDomain names the set of tenants that may share one MPS server. Claims in
-	// different domains never share a server or pipe directory. Default: "default".
+	// IsolationDomain subdivides the claim's namespace: claims share an MPS server, its pipe
+	// directory and shm only with claims of the same namespace and the same IsolationDomain.
+	// It cannot name another namespace's domain. A DNS label; default: "default".
 	IsolationDomain string `json:"isolationDomain,omitempty"`
 	// Placement is written by the allocator only; see Placement.
 	Placement *Placement `json:"placement,omitempty"`

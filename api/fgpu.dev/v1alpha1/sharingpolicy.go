@@ -18,11 +18,13 @@ const (
 type Isolation string
 
 const (
-	// IsolationNamespace gives each namespace its own isolation domain: claims of different
-	// namespaces never share an MPS server, and share a GPU only when AllowSharedGPU is set.
+	// IsolationNamespace: claims of different namespaces (or of different isolationDomains
+	// of one namespace) never share an MPS server, and share a GPU only when AllowSharedGPU
+	// is set.
 	IsolationNamespace Isolation = "namespace"
-	// IsolationNone lets any claims share a GPU and its MPS server (domain "default" unless
-	// the claim names its own).
+	// IsolationNone lets claims of any namespace share a GPU, as AllowSharedGPU does; each
+	// isolation domain (a namespace, or an isolationDomain within it) still gets its own MPS
+	// server: no policy lets two namespaces share one.
 	IsolationNone Isolation = "none"
 	// IsolationExclusive never shares a GPU: each claim gets a whole GPU.
 	IsolationExclusive Isolation = "exclusive"
@@ -42,8 +44,8 @@ const (
 	LatencyBestEffort LatencyClass = "bestEffort"
 )
 
-// PolicyMode is the sharing mode a policy imposes; auto follows the GPU's existing tenants
-// (MPS on an empty GPU) unless the claim asks for a mode itself.
+// PolicyMode is the sharing mode a policy imposes; auto is the mode the claim asks for, and
+// MPS when it names none: a claim is never time-sliced because of its GPU's other tenants.
 // +kubebuilder:validation:Enum=mps;timeSlicing;auto
 type PolicyMode string
 
@@ -95,12 +97,16 @@ type SharingPolicySpec struct {
 	// +optional
 	Priority int32 `json:"priority,omitempty"`
 
-	// Isolation: namespace (default), none or exclusive.
+	// Isolation: namespace (default), none or exclusive. An isolation domain is always a
+	// namespace, or an isolationDomain a claim names within its namespace; claims share an
+	// MPS server only within one domain, whatever the isolation.
 	// +kubebuilder:default=namespace
 	// +optional
 	Isolation Isolation `json:"isolation,omitempty"`
-	// AllowSharedGPU lets claims of different namespaces share a GPU as separate MPS
-	// servers (isolation namespace only); default false: they never share a GPU.
+	// AllowSharedGPU lets claims of different isolation domains share a GPU as separate MPS
+	// servers (isolation namespace; isolation none implies it); default false: they never
+	// share a GPU. Every claim on the GPU must allow it. The GPU then stays in the default
+	// compute mode, so a process that bypasses MPS is not capped (FGPU_MEMORY_ENFORCED=false).
 	// +optional
 	AllowSharedGPU bool `json:"allowSharedGPU,omitempty"`
 
@@ -123,7 +129,8 @@ type SharingPolicySpec struct {
 	// +optional
 	MaxTenantsPerGPU *int32 `json:"maxTenantsPerGPU,omitempty"`
 
-	// Mode: mps, timeSlicing or auto (default). A GPU's tenants all share one mode.
+	// Mode: mps, timeSlicing or auto (default: the claim's own mode, else mps). A GPU's
+	// tenants all share one mode.
 	// +kubebuilder:default=auto
 	// +optional
 	Mode PolicyMode `json:"mode,omitempty"`

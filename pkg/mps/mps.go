@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -160,7 +161,7 @@ func (m *Manager) Stop(ctx context.Context, key string) error {
 		}
 	}
 	m.forget(key)
-	if err := os.RemoveAll(filepath.Join(m.Root, key)); err != nil {
+	if err := m.removeDirs(key); err != nil {
 		return fmt.Errorf("remove MPS directories of %s: %w", key, err)
 	}
 	return nil
@@ -182,6 +183,20 @@ func (m *Manager) Keys() ([]string, error) {
 		}
 	}
 	return keys, nil
+}
+
+// removeDirs removes a stopped daemon's directories. A daemon stops answering before it has
+// exited and may still write its last log lines, so a directory that refills while it is
+// removed is tried again until the timeout.
+func (m *Manager) removeDirs(key string) error {
+	deadline := time.Now().Add(m.timeout())
+	for {
+		err := os.RemoveAll(filepath.Join(m.Root, key))
+		if !errors.Is(err, syscall.ENOTEMPTY) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (m *Manager) waitStopped(ctx context.Context, key string) error {

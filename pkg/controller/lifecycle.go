@@ -17,8 +17,15 @@ import (
 // uses the claim any more, or when its pod was not scheduled within BindTimeout (then the
 // claim is placed again, away from that node for that pod).
 func (c *Controller) checkAllocated(ctx context.Context, claim *resourceapi.ResourceClaim) (time.Duration, error) {
-	if claim.Annotations[AnnotationAllocatedBy] != AllocatedByValue || !hasFinalizer(claim, Finalizer) {
+	if !PlacedByAllocator(c.cfg.DriverName, claim) {
 		return 0, nil // kube-scheduler's: only accounted
+	}
+	if !hasFinalizer(claim, Finalizer) {
+		restored, err := c.restoreFinalizer(ctx, claim)
+		if err != nil {
+			return 0, err
+		}
+		claim = restored
 	}
 	if len(claim.Status.ReservedFor) > 0 {
 		return 0, nil // in use; kube-controller-manager deallocates it when its pods are gone
@@ -82,10 +89,27 @@ func (c *Controller) deallocate(ctx context.Context, claim *resourceapi.Resource
 	return nil
 }
 
+// restoreFinalizer adds the allocator's finalizer back to a claim it placed that lost it
+// (someone removed it): without it a deleted claim could go before its shares are released.
+func (c *Controller) restoreFinalizer(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error) {
+	cl := claim.DeepCopy()
+	cl.Finalizers = append(cl.Finalizers, Finalizer)
+	updated, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("restore finalizer: %w", err)
+	}
+	msg := fmt.Sprintf("the allocator's finalizer %s was removed from a claim it placed; added it back (it keeps the claim until its GPU shares are released)", Finalizer)
+	klog.FromContext(ctx).Info("Restored the allocator's finalizer", "finalizer", Finalizer)
+	c.recorder.Event(claim, corev1.EventTypeWarning, ReasonFinalizerRestored, msg)
+	return updated, nil
+}
+
 // finishDeletion releases a deleted claim's allocation (once no pod holds it) and drops
-// the allocator's finalizer.
+// the allocator's finalizer. A claim the allocator placed is released even when its
+// finalizer was removed (kube-controller-manager's may still hold it).
 func (c *Controller) finishDeletion(ctx context.Context, claim *resourceapi.ResourceClaim) error {
-	if !hasFinalizer(claim, Finalizer) {
+	ours := hasFinalizer(claim, Finalizer)
+	if !ours && !PlacedByAllocator(c.cfg.DriverName, claim) {
 		return nil
 	}
 	if len(claim.Status.ReservedFor) > 0 {
@@ -102,6 +126,9 @@ func (c *Controller) finishDeletion(ctx context.Context, claim *resourceapi.Reso
 		cl = updated
 		c.model.Release(claimKey(claim))
 		c.kick()
+	}
+	if !ours {
+		return nil
 	}
 	cl.Finalizers = slices.DeleteFunc(cl.Finalizers, func(f string) bool { return f == Finalizer })
 	if _, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {

@@ -17,6 +17,9 @@ const (
 	ReasonUnsupported = "FgpuUnsupported"
 	ReasonTimedOut    = "FgpuAllocationTimedOut"
 	ReasonDeallocated = "FgpuDeallocated"
+	// ReasonFinalizerRestored: someone removed the allocator's finalizer from a claim it
+	// placed, and the allocator added it back.
+	ReasonFinalizerRestored = "FgpuFinalizerRestored"
 	// ReasonInvalidPolicy is on a SharingPolicy that does not validate.
 	ReasonInvalidPolicy = "FgpuInvalidPolicy"
 )

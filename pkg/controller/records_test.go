@@ -1,0 +1,152 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+)
+
+// restart is a fresh controller (an allocator restart) over what the API server holds now.
+func (e *env) restart(policies []*api.SharingPolicy) *env {
+	e.t.Helper()
+	var objs []runtime.Object
+	claims, _ := e.client.ResourceV1().ResourceClaims("").List(e.ctx, metav1.ListOptions{})
+	for i := range claims.Items {
+		claims.Items[i].ResourceVersion = ""
+		objs = append(objs, &claims.Items[i])
+	}
+	pods, _ := e.client.CoreV1().Pods("").List(e.ctx, metav1.ListOptions{})
+	for i := range pods.Items {
+		pods.Items[i].ResourceVersion = ""
+		objs = append(objs, &pods.Items[i])
+	}
+	nodes, _ := e.client.CoreV1().Nodes().List(e.ctx, metav1.ListOptions{})
+	for i := range nodes.Items {
+		nodes.Items[i].ResourceVersion = ""
+		objs = append(objs, &nodes.Items[i])
+	}
+	slices, _ := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{})
+	for i := range slices.Items {
+		slices.Items[i].ResourceVersion = ""
+		objs = append(objs, &slices.Items[i])
+	}
+	n := newEnv(e.t, policies, objs...)
+	n.clock.SetTime(e.clock.Now())
+	return n
+}
+
+// tamper rewrites a claim's metadata as its tenant (edit in the namespace) can.
+func (e *env) tamper(ns, name string, fn func(c *resourceapi.ResourceClaim)) {
+	e.t.Helper()
+	c := e.claim(ns, name)
+	fn(c)
+	if _, err := e.client.ResourceV1().ResourceClaims(ns).Update(e.ctx, c, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// The co-tenancy rules a claim was placed under live in its allocation: a tenant that
+// writes its own rules into the claim's metadata does not change them, after a restart
+// either.
+func TestRestartKeepsRulesFromAllocationNotMetadata(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c1").Memory("10Gi").Obj(), builders.MakePod("a", "p1").Claim("c1").Obj())
+	e.run()
+	if e.placedOn("a", "c1") != "n1/gpu-0" {
+		t.Fatal("c1 not placed")
+	}
+	p := allocCfg(t, e.claim("a", "c1")).Placement
+	if p == nil || p.LatencyClass != api.LatencyStandard || p.MaxTenantsPerGPU != 0 || p.Policy != "" {
+		t.Fatalf("allocation's placement %+v", p)
+	}
+	// The tenant keeps the whole GPU to itself, as the former tenancy annotation allowed.
+	e.tamper("a", "c1", func(c *resourceapi.ResourceClaim) {
+		c.Annotations["fgpu.dev/tenancy"] = `{"latency":"standard","maxTenants":1}`
+		c.Annotations["fgpu.dev/allocated-by"] = "fgpu-allocator"
+	})
+	e2 := e.restart(nil)
+	e2.create(builders.MakeClaim("a", "c2").Memory("10Gi").Created(5).Obj(), builders.MakePod("a", "p2").Claim("c2").Obj())
+	e2.run()
+	if got := e2.placedOn("a", "c2"); got != "n1/gpu-0" {
+		t.Fatalf("c2 placed on %q (%s): the tenant's annotation decided c1's rules", got, e2.claim("a", "c2").Annotations[AnnotationStatus])
+	}
+}
+
+// A claim the allocator placed stays under its orphan and bind-timeout handling when its
+// tenant removes the finalizer and annotations; the finalizer comes back.
+func TestFinalizerRemovedStillTimesOutAndIsRestored(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(),
+		builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	first := e.placedOn("a", "c")
+	if first == "" {
+		t.Fatal("not placed")
+	}
+	e.tamper("a", "c", func(c *resourceapi.ResourceClaim) {
+		c.Annotations = nil
+		c.Finalizers = []string{resourceapi.Finalizer}
+	})
+	e2 := e.restart(nil)
+	e2.run()
+	if !hasFinalizer(e2.claim("a", "c"), Finalizer) {
+		t.Errorf("finalizer not restored: %v", e2.claim("a", "c").Finalizers)
+	}
+	if ev := e2.events(ReasonFinalizerRestored); len(ev) != 1 || !strings.Contains(ev[0], "added it back") {
+		t.Errorf("finalizer events %v", ev)
+	}
+	e2.tamper("a", "c", func(c *resourceapi.ResourceClaim) { c.Finalizers = nil })
+	e2.clock.Step(2 * time.Minute) // the pod never bound
+	e2.run()
+	if second := e2.placedOn("a", "c"); second == "" || second == first {
+		t.Fatalf("after the bind timeout: first %q, now %q; want another node", first, second)
+	}
+}
+
+func TestFinalizerRemovedOrphanStillReleased(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") == "" {
+		t.Fatal("not placed")
+	}
+	e.tamper("a", "c", func(c *resourceapi.ResourceClaim) {
+		c.Annotations = nil
+		c.Finalizers = nil
+	})
+	_ = e.client.CoreV1().Pods("a").Delete(e.ctx, "p", metav1.DeleteOptions{})
+	e2 := e.restart(nil)
+	e2.clock.Step(time.Minute)
+	e2.run()
+	if e2.placedOn("a", "c") != "" {
+		t.Fatal("allocation kept though no pod uses the claim")
+	}
+	if len(e2.c.model.claims) != 0 {
+		t.Errorf("state still holds %d claims", len(e2.c.model.claims))
+	}
+}
+
+// A tenant cannot forge the allocator's record through the claim configs it may write.
+func TestClaimConfigWithPlacementRefused(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Config(map[string]any{"placement": map[string]any{"latencyClass": "critical", "maxCoTenants": 0}}).Obj(),
+		builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") != "" {
+		t.Fatal("a claim carrying its own placement was allocated")
+	}
+	const want = `request "gpu": placement is written by the fgpu allocator only`
+	if st := e.claim("a", "c").Annotations[AnnotationStatus]; !strings.Contains(st, want) {
+		t.Errorf("status %q", st)
+	}
+	if ev := e.events(ReasonUnsupported); len(ev) == 0 || !strings.Contains(ev[0], want) {
+		t.Errorf("events %v", ev)
+	}
+}

@@ -34,6 +34,9 @@ func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim
 		cl.Annotations[AnnotationStatus] = status
 		changed = true
 	}
+	if err := c.fenced(); err != nil {
+		return err
+	}
 	if changed {
 		updated, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{})
 		if err != nil {
@@ -46,6 +49,9 @@ func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim
 		return err
 	}
 	cl.Status.Allocation = alloc
+	if err := c.fenced(); err != nil {
+		return err
+	}
 	if _, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).UpdateStatus(ctx, cl, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("write allocation: %w", err)
 	}

@@ -46,7 +46,11 @@ type Config struct {
 	Workers     int
 	// Placement is the placement core's policy for standard claims (fgpu, fgd, bestfit).
 	Placement string
-	Now       func() time.Time
+	// Fence, when set, is asked before every write to the API server (allocations,
+	// deallocations, finalizers, status): a replica that may no longer lead must not write.
+	// cmd/fgpu-allocator passes its leader election's (pkg/leader).
+	Fence interface{ Allow() error }
+	Now   func() time.Time
 }
 
 // DefaultConfig is the allocator's default configuration.
@@ -119,6 +123,14 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 }
 
 func (c *Controller) now() time.Time { return c.cfg.Now() }
+
+// fenced says why the controller may not write now (nil: it may).
+func (c *Controller) fenced() error {
+	if c.cfg.Fence == nil {
+		return nil
+	}
+	return c.cfg.Fence.Allow()
+}
 
 // Run starts the informers and workers and blocks until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {

@@ -68,6 +68,9 @@ func (c *Controller) checkAllocated(ctx context.Context, claim *resourceapi.Reso
 
 // deallocate clears an allocation the allocator made.
 func (c *Controller) deallocate(ctx context.Context, claim *resourceapi.ResourceClaim, pods []*corev1.Pod, why string) error {
+	if err := c.fenced(); err != nil {
+		return err
+	}
 	cl := claim.DeepCopy()
 	cl.Status.Allocation = nil
 	cl.Status.Devices = nil
@@ -92,6 +95,9 @@ func (c *Controller) deallocate(ctx context.Context, claim *resourceapi.Resource
 // restoreFinalizer adds the allocator's finalizer back to a claim it placed that lost it
 // (someone removed it): without it a deleted claim could go before its shares are released.
 func (c *Controller) restoreFinalizer(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error) {
+	if err := c.fenced(); err != nil {
+		return nil, err
+	}
 	cl := claim.DeepCopy()
 	cl.Finalizers = append(cl.Finalizers, Finalizer)
 	updated, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{})
@@ -115,6 +121,9 @@ func (c *Controller) finishDeletion(ctx context.Context, claim *resourceapi.Reso
 	if len(claim.Status.ReservedFor) > 0 {
 		return nil // kube-controller-manager removes consumers that are gone; we see the update
 	}
+	if err := c.fenced(); err != nil {
+		return err
+	}
 	cl := claim.DeepCopy()
 	if cl.Status.Allocation != nil {
 		cl.Status.Allocation = nil
@@ -131,6 +140,9 @@ func (c *Controller) finishDeletion(ctx context.Context, claim *resourceapi.Reso
 		return nil
 	}
 	cl.Finalizers = slices.DeleteFunc(cl.Finalizers, func(f string) bool { return f == Finalizer })
+	if err := c.fenced(); err != nil {
+		return err
+	}
 	if _, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}

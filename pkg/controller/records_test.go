@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -8,9 +10,12 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	testingclock "k8s.io/utils/clock/testing"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/leader"
 )
 
 // restart is a fresh controller (an allocator restart) over what the API server holds now.
@@ -150,3 +155,50 @@ func TestClaimConfigWithPlacementRefused(t *testing.T) {
 		t.Errorf("events %v", ev)
 	}
 }
+
+// A replica past its renew deadline writes nothing: no allocation, finalizer or status.
+func TestFenceRefusesWritesAfterRenewDeadline(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Unix(1000, 0))
+	fence := leader.NewFence(clk, 10*time.Second)
+	lock := fence.Lock(&fakeLeaseLock{})
+	renew := func() {
+		if err := lock.Update(context.Background(), resourcelock.LeaderElectionRecord{HolderIdentity: "me"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	renew()
+	e := newEnvWith(t, func(cfg *Config) { cfg.Fence = fence }, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c1").Memory("10Gi").Obj(), builders.MakePod("a", "p1").Claim("c1").Obj())
+	e.run()
+	if e.placedOn("a", "c1") == "" {
+		t.Fatal("the leader did not place c1")
+	}
+	clk.Step(10 * time.Second) // no renew since: another replica may lead 5s from now
+	e.create(builders.MakeClaim("a", "c2").Memory("10Gi").Created(5).Obj(), builders.MakePod("a", "p2").Claim("c2").Obj())
+	e.run()
+	c2 := e.claim("a", "c2")
+	if c2.Status.Allocation != nil || len(c2.Finalizers) != 0 || len(c2.Annotations) != 0 {
+		t.Fatalf("a fenced replica wrote c2: allocation %v, finalizers %v, annotations %v", c2.Status.Allocation != nil, c2.Finalizers, c2.Annotations)
+	}
+	_, err := e.c.Sync(e.ctx, "a/c2")
+	if !errors.Is(err, leader.ErrFenced) {
+		t.Fatalf("Sync: %v, want the fence's error", err)
+	}
+	// Nor does it take allocations back.
+	_ = e.client.CoreV1().Pods("a").Delete(e.ctx, "p1", metav1.DeleteOptions{})
+	e.clock.Step(time.Minute)
+	e.run()
+	if e.placedOn("a", "c1") == "" {
+		t.Fatal("a fenced replica deallocated c1")
+	}
+	renew()
+	e.run()
+	if e.placedOn("a", "c2") == "" || e.placedOn("a", "c1") != "" {
+		t.Fatalf("renewed: c2 on %q, c1 on %q; want c2 placed and c1 released", e.placedOn("a", "c2"), e.placedOn("a", "c1"))
+	}
+}
+
+type fakeLeaseLock struct{ resourcelock.Interface }
+
+func (fakeLeaseLock) Update(context.Context, resourcelock.LeaderElectionRecord) error { return nil }
+func (fakeLeaseLock) Identity() string                                                { return "me" }

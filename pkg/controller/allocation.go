@@ -49,6 +49,9 @@ func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim
 		return err
 	}
 	cl.Status.Allocation = alloc
+	if len(d.reservedFor) > 0 {
+		cl.Status.ReservedFor = d.reservedFor
+	}
 	if err := c.fenced(); err != nil {
 		return err
 	}

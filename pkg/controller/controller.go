@@ -89,6 +89,7 @@ type Controller struct {
 	ledger  *podLedger
 	model   *model
 	status  *statusMemo
+	refused *refusedGPUs
 
 	cel        *cel.Cache
 	recorder   record.EventRecorder
@@ -105,7 +106,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	}
 	cfg.Workers = max(cfg.Workers, 1)
 	c := &Controller{cfg: cfg, client: client,
-		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(),
+		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(), refused: newRefusedGPUs(),
 		cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)

@@ -27,6 +27,9 @@ func (c *Controller) checkAllocated(ctx context.Context, claim *resourceapi.Reso
 		}
 		claim = restored
 	}
+	if g, cond := prepareRefusal(c.cfg.DriverName, claim); cond != nil {
+		return c.replace(ctx, claim, g, cond)
+	}
 	if len(claim.Status.ReservedFor) > 0 {
 		return 0, nil // in use; kube-controller-manager deallocates it when its pods are gone
 	}

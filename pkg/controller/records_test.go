@@ -202,3 +202,94 @@ type fakeLeaseLock struct{ resourcelock.Interface }
 
 func (fakeLeaseLock) Update(context.Context, resourcelock.LeaderElectionRecord) error { return nil }
 func (fakeLeaseLock) Identity() string                                                { return "me" }
+
+// refusePrepare records on a claim what the kubelet plugin does when it refuses to prepare
+// the claim's device (over-commit), with the claim reserved for its pod, bound to node.
+func (e *env) refusePrepare(ns, name, pod, node string) {
+	e.t.Helper()
+	p, err := e.client.CoreV1().Pods(ns).Get(e.ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	p.Spec.NodeName = node
+	if _, err := e.client.CoreV1().Pods(ns).Update(e.ctx, p, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	c := e.claim(ns, name)
+	r := c.Status.Allocation.Devices.Results[0]
+	sid := string(*r.ShareID)
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: p.Name, UID: p.UID}}
+	c.Status.Devices = []resourceapi.AllocatedDeviceStatus{{Driver: r.Driver, Pool: r.Pool, Device: r.Device, ShareID: &sid,
+		Conditions: []metav1.Condition{{Type: api.DeviceConditionPrepared, Status: metav1.ConditionFalse, Reason: api.PrepareReasonOverCommitted,
+			Message: "refusing to over-commit GPU " + r.Device, LastTransitionTime: metav1.Now()}}}}
+	if _, err := e.client.ResourceV1().ResourceClaims(ns).UpdateStatus(e.ctx, c, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// A prepare the plugin refused is noticed: the claim is placed again on another GPU of the
+// node its pod is bound to, reserved for that pod again, and the model counts only the new
+// share.
+func TestRefusedPreparePlacedAgainOnBoundNode(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(),
+		builders.MakeSlice("n1", 2, "80Gi"), builders.MakeSlice("n2", 2, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	first := e.placedOn("a", "c")
+	node, _, _ := strings.Cut(first, "/")
+	if first == "" {
+		t.Fatal("not placed")
+	}
+	e.refusePrepare("a", "c", "p", node)
+	e.run()
+	c := e.claim("a", "c")
+	second := e.placedOn("a", "c")
+	if second == "" || second == first || !strings.HasPrefix(second, node+"/") {
+		t.Fatalf("refused on %s: now on %q; want another GPU of %s (%s)", first, second, node, c.Annotations[AnnotationStatus])
+	}
+	if len(c.Status.ReservedFor) != 1 || c.Status.ReservedFor[0].Name != "p" || len(c.Status.Devices) != 0 {
+		t.Errorf("reservedFor %+v, devices %+v", c.Status.ReservedFor, c.Status.Devices)
+	}
+	ev := e.events(ReasonPrepareRefused)
+	if len(ev) != 2 || !strings.Contains(ev[0], "the kubelet plugin refused to prepare "+first+" (OverCommitted: refusing to over-commit") ||
+		!strings.Contains(ev[0], "placing the claim again on node "+node+", where its pod is bound") {
+		t.Errorf("events %v", ev)
+	}
+	e.c.model.mu.Lock()
+	defer e.c.model.mu.Unlock()
+	for k, g := range e.c.model.gpus {
+		want := int64(0)
+		if k.String() == second {
+			want = 10 << 30
+		}
+		if g.usedMem != want || (want == 0) != (len(g.tenants) == 0) {
+			t.Errorf("model: %s uses %d bytes, %d tenant(s); want %d", k, g.usedMem, len(g.tenants), want)
+		}
+	}
+	if e.c.model.nsMem["a"] != 10<<30 || len(e.c.model.claims) != 1 {
+		t.Errorf("model: namespace a uses %d, %d claim(s)", e.c.model.nsMem["a"], len(e.c.model.claims))
+	}
+}
+
+// A claim that cannot be placed again says why, on the claim and its pod.
+func TestRefusedPrepareNoOtherGPUSaysWhy(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") != "n1/gpu-0" {
+		t.Fatal("not placed")
+	}
+	e.refusePrepare("a", "c", "p", "n1")
+	e.run()
+	c := e.claim("a", "c")
+	if c.Status.Allocation != nil || len(c.Status.ReservedFor) != 0 {
+		t.Fatalf("allocation %v, reservedFor %v", c.Status.Allocation != nil, c.Status.ReservedFor)
+	}
+	const why = "its kubelet plugin refused to prepare this claim on it"
+	if st := c.Annotations[AnnotationStatus]; !strings.HasPrefix(st, "Pending: ") || !strings.Contains(st, why) {
+		t.Errorf("status %q", st)
+	}
+	if ev := e.events("claim c: Pending: "); len(ev) == 0 || !strings.Contains(ev[len(ev)-1], why) {
+		t.Errorf("pod events %v", ev)
+	}
+}

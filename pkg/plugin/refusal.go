@@ -75,7 +75,8 @@ func (d *Driver) publishRefusal(ctx context.Context, claim *resourceapi.Resource
 				devices = append(devices, s)
 			}
 		}
-		current.Status.Devices = append(devices, entry)
+		devices = append(devices, entry)
+		current.Status.Devices = devices
 		_, err = claims.UpdateStatus(ctx, current, metav1.UpdateOptions{FieldManager: "fgpu-kubelet-plugin"})
 		if err != nil {
 			return fmt.Errorf("recording the refused prepare: %w", err)

@@ -25,8 +25,10 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/fgpu-dev/fgpu/pkg/controller"
+	"github.com/fgpu-dev/fgpu/pkg/leader"
 	"github.com/fgpu-dev/fgpu/pkg/serve"
 )
 
@@ -70,8 +72,8 @@ func main() {
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run only while holding the Lease")
 	fs.StringVar(&f.leaseNamespace, "leader-elect-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the Lease (default $POD_NAMESPACE)")
 	fs.StringVar(&f.leaseName, "leader-elect-name", "fgpu-allocator", "name of the Lease")
-	fs.DurationVar(&f.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "Lease duration")
-	fs.DurationVar(&f.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "renew deadline")
+	fs.DurationVar(&f.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "Lease duration: how long other replicas wait after the leader's last renew before they take over; must exceed the renew deadline")
+	fs.DurationVar(&f.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "renew deadline: the leader stops writing this long after its last successful renew (the rest of the lease duration is the margin for a write in flight)")
 	fs.DurationVar(&f.retryPeriod, "leader-elect-retry-period", 2*time.Second, "retry period")
 	fs.Float32Var(&f.qps, "kube-api-qps", 1000, "API requests per second (a placement costs about 4: finalizer, allocation, two events)")
 	fs.IntVar(&f.burst, "kube-api-burst", 2000, "API request burst")
@@ -110,6 +112,16 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	var fence *leader.Fence
+	if f.leaderElect {
+		if err := leader.ValidateTimings(f.leaseDuration, f.renewDeadline, f.retryPeriod); err != nil {
+			return err
+		}
+		// Every write the controller makes asks the fence first: a deposed leader stops
+		// writing before another replica can take the Lease.
+		fence = leader.NewFence(clock.RealClock{}, f.renewDeadline)
+		f.cfg.Fence = fence
+	}
 	reg := serve.Registry()
 	metrics := controller.NewMetrics(reg)
 	defer serve.Metrics(ctx, f.metricsAddr, reg, f.profiling)()
@@ -124,11 +136,11 @@ func run(ctx context.Context, f flags) error {
 	}
 	host, _ := os.Hostname()
 	id := host + "_" + string(uuid.NewUUID())
-	lock := &resourcelock.LeaseLock{
+	lock := fence.Lock(&resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: f.leaseNamespace, Name: f.leaseName},
 		Client:     client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
-	}
+	})
 	var runErr error
 	lost := make(chan struct{})
 	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{

@@ -63,8 +63,8 @@ func gpuOf(t *testing.T, pod *corev1.Pod) (string, *resourceapi.ResourceClaim) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if claim.Annotations[controller.AnnotationAllocatedBy] != controller.AllocatedByValue || claim.Status.Allocation == nil {
-		t.Fatalf("claim %s not placed by the allocator: %v", claim.Name, claim.Annotations)
+	if !controller.PlacedByAllocator(framework.Driver, claim) {
+		t.Fatalf("claim %s not placed by the allocator: %v", claim.Name, claim.Annotations[controller.AnnotationStatus])
 	}
 	return claim.Status.Allocation.Devices.Results[0].Device, claim
 }

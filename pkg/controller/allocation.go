@@ -14,8 +14,9 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
 
-// write pins the claim: finalizers and markers first, then the allocation, both guarded by
-// the resourceVersion the decision was made on.
+// write pins the claim: finalizers and the status annotation first, then the allocation
+// (which carries the allocator's Placement), both guarded by the resourceVersion the
+// decision was made on.
 func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim, d *decision, status string) error {
 	cl := claim.DeepCopy()
 	changed := false
@@ -25,16 +26,16 @@ func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim
 			changed = true
 		}
 	}
-	ten, _ := json.Marshal(tenancyOf(d.pol))
 	if cl.Annotations == nil {
 		cl.Annotations = map[string]string{}
 	}
-	if cl.Annotations[AnnotationAllocatedBy] != AllocatedByValue || cl.Annotations[AnnotationTenancy] != string(ten) || cl.Annotations[AnnotationStatus] != status {
-		cl.Annotations[AnnotationAllocatedBy] = AllocatedByValue
-		cl.Annotations[AnnotationTenancy] = string(ten)
+	if cl.Annotations[AnnotationStatus] != status {
 		// Written with the finalizer, in the same request: setStatus then has nothing to patch.
 		cl.Annotations[AnnotationStatus] = status
 		changed = true
+	}
+	if err := c.fenced(); err != nil {
+		return err
 	}
 	if changed {
 		updated, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{})
@@ -48,6 +49,12 @@ func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim
 		return err
 	}
 	cl.Status.Allocation = alloc
+	if len(d.reservedFor) > 0 {
+		cl.Status.ReservedFor = d.reservedFor
+	}
+	if err := c.fenced(); err != nil {
+		return err
+	}
 	if _, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).UpdateStatus(ctx, cl, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("write allocation: %w", err)
 	}
@@ -90,11 +97,11 @@ func (c *Controller) allocation(claim *resourceapi.ResourceClaim, d *decision) (
 		a.Devices.Config = append(a.Devices.Config, resourceapi.DeviceAllocationConfiguration{
 			Source: resourceapi.AllocationConfigSourceClaim, Requests: cc.Requests, DeviceConfiguration: cc.DeviceConfiguration})
 	}
-	// The allocator's config last: it overrides what the policy decides (mode, domain).
+	// The allocator's config last: it overrides what the policy decides (mode, domain), and
+	// records the rules the claim was placed under where tenants cannot write them.
 	for _, r := range d.results {
 		cfg := api.GpuConfig{TypeMeta: metav1.TypeMeta{APIVersion: api.SchemeGroupVersion.String(), Kind: api.GpuConfigKind},
-			Mode: r.mode, IsolationDomain: r.domain.sub,
-			Placement: &api.Placement{AllowSharedGPU: d.pol.AllowSharedGPU}}
+			Mode: r.mode, IsolationDomain: r.domain.sub, Placement: placementOf(d.pol)}
 		if r.userCfg != nil {
 			// resolveRequest and limitsFit refused limits above the shares, as the plugin does.
 			cfg.MemoryLimit, cfg.ComputePercent = r.userCfg.MemoryLimit, r.userCfg.ComputePercent

@@ -12,32 +12,37 @@ import (
 )
 
 const (
-	// Finalizer keeps a claim the allocator placed until it has released its shares.
+	// Finalizer keeps a claim the allocator placed until it has released its shares. It is
+	// a convenience, not what the allocator trusts: a tenant can remove it, and the
+	// allocator adds it back (PlacedByAllocator says which claims are its own).
 	Finalizer = "fgpu.dev/allocator"
-	// AnnotationAllocatedBy marks a claim the allocator manages.
-	AnnotationAllocatedBy = "fgpu.dev/allocated-by"
-	// AllocatedByValue is AnnotationAllocatedBy's value.
-	AllocatedByValue = "fgpu-allocator"
-	// AnnotationTenancy records the co-tenancy rules a placed claim was given, so that
-	// they survive a restart of the allocator.
-	AnnotationTenancy = "fgpu.dev/tenancy"
 	// AnnotationStatus says in words where the claim stands (ResourceClaim status has no
-	// conditions).
+	// conditions). It only informs: the allocator never reads it back.
 	AnnotationStatus = "fgpu.dev/status"
 )
 
-// tenancy is what AnnotationTenancy records.
-type tenancy struct {
-	Latency    api.LatencyClass `json:"latency"`
-	MaxCo      int              `json:"maxCoTenants,omitempty"`
-	AllowCrit  bool             `json:"allowCritical,omitempty"`
-	MaxTenants int              `json:"maxTenants,omitempty"`
-	AllowShare bool             `json:"allowSharedGPU,omitempty"`
-	Policy     string           `json:"policy,omitempty"`
+// placementOf is the Placement the allocator records for a claim placed under p.
+func placementOf(p policy.Effective) *api.Placement {
+	return &api.Placement{Policy: p.Name, LatencyClass: p.Latency, MaxCoTenants: int32(p.MaxCoTenants),
+		AllowCriticalCoTenants: p.AllowCriticalCoTenants, MaxTenantsPerGPU: int32(p.MaxTenants), AllowSharedGPU: p.AllowSharedGPU}
 }
 
-func tenancyOf(p policy.Effective) tenancy {
-	return tenancy{Latency: p.Latency, MaxCo: p.MaxCoTenants, AllowCrit: p.AllowCriticalCoTenants, MaxTenants: p.MaxTenants, AllowShare: p.AllowSharedGPU, Policy: p.Name}
+// PlacedByAllocator reports whether the allocator placed the claim: its allocation carries
+// the allocator's Placement for one of driver's devices. Only the allocator can write that:
+// tenants cannot write claim status, the allocator refuses a placement in a claim's or a
+// class's config, and in allocator mode kube-scheduler cannot allocate fenced devices.
+// Metadata (annotations, finalizers) is not looked at: a tenant can write it.
+func PlacedByAllocator(driver string, claim *resourceapi.ResourceClaim) bool {
+	a := claim.Status.Allocation
+	if a == nil {
+		return false
+	}
+	for _, r := range a.Devices.Results {
+		if r.Driver == driver && allocationConfig(driver, a.Devices.Config, r.Request).Placement != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // allocationConfig reads back the merged config of an allocated request. A config that

@@ -46,7 +46,11 @@ type Config struct {
 	Workers     int
 	// Placement is the placement core's policy for standard claims (fgpu, fgd, bestfit).
 	Placement string
-	Now       func() time.Time
+	// Fence, when set, is asked before every write to the API server (allocations,
+	// deallocations, finalizers, status): a replica that may no longer lead must not write.
+	// cmd/fgpu-allocator passes its leader election's (pkg/leader).
+	Fence interface{ Allow() error }
+	Now   func() time.Time
 }
 
 // DefaultConfig is the allocator's default configuration.
@@ -85,6 +89,7 @@ type Controller struct {
 	ledger  *podLedger
 	model   *model
 	status  *statusMemo
+	refused *refusedGPUs
 
 	cel        *cel.Cache
 	recorder   record.EventRecorder
@@ -101,7 +106,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	}
 	cfg.Workers = max(cfg.Workers, 1)
 	c := &Controller{cfg: cfg, client: client,
-		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(),
+		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(), refused: newRefusedGPUs(),
 		cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
@@ -119,6 +124,14 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 }
 
 func (c *Controller) now() time.Time { return c.cfg.Now() }
+
+// fenced says why the controller may not write now (nil: it may).
+func (c *Controller) fenced() error {
+	if c.cfg.Fence == nil {
+		return nil
+	}
+	return c.cfg.Fence.Allow()
+}
 
 // Run starts the informers and workers and blocks until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {

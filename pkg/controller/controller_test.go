@@ -74,7 +74,7 @@ func TestPlacementWritesValidAllocation(t *testing.T) {
 	if !hasFinalizer(c, Finalizer) || !hasFinalizer(c, resourceapi.Finalizer) {
 		t.Errorf("finalizers %v", c.Finalizers)
 	}
-	if c.Annotations[AnnotationAllocatedBy] != AllocatedByValue || !strings.Contains(c.Annotations[AnnotationStatus], "placed on n1/gpu-") {
+	if !PlacedByAllocator(api.DriverName, c) || !strings.Contains(c.Annotations[AnnotationStatus], "placed on n1/gpu-") {
 		t.Errorf("annotations %v", c.Annotations)
 	}
 	// One event, on the pod (it names the claim); the claim carries the annotation.

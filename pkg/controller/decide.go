@@ -33,6 +33,9 @@ type decision struct {
 	pol     policy.Effective
 	results []result
 	rec     *claimRec
+	// reservedFor is written with the allocation: the consuming pods already bound (a
+	// claim placed again after a refused prepare), which the scheduler will not reserve.
+	reservedFor []resourceapi.ResourceClaimConsumerReference
 }
 
 // result is one device share the decision hands out.
@@ -171,6 +174,10 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 		}
 		if used[g] {
 			rj.add("already used by this claim", "")
+			return false
+		}
+		if c.refused.Has(in.claim.UID, g.key) {
+			rj.add("its kubelet plugin refused to prepare this claim on it", "")
 			return false
 		}
 		if err := c.nodeFitsAt(in, ni, g.node); err != nil {

@@ -58,6 +58,7 @@ func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 		c.kick()
 	}
 	c.status.Forget(key)
+	c.refused.Forget(claim.UID)
 	c.forget(key)
 }
 

@@ -17,8 +17,18 @@ import (
 // uses the claim any more, or when its pod was not scheduled within BindTimeout (then the
 // claim is placed again, away from that node for that pod).
 func (c *Controller) checkAllocated(ctx context.Context, claim *resourceapi.ResourceClaim) (time.Duration, error) {
-	if claim.Annotations[AnnotationAllocatedBy] != AllocatedByValue || !hasFinalizer(claim, Finalizer) {
+	if !PlacedByAllocator(c.cfg.DriverName, claim) {
 		return 0, nil // kube-scheduler's: only accounted
+	}
+	if !hasFinalizer(claim, Finalizer) {
+		restored, err := c.restoreFinalizer(ctx, claim)
+		if err != nil {
+			return 0, err
+		}
+		claim = restored
+	}
+	if g, cond := prepareRefusal(c.cfg.DriverName, claim); cond != nil {
+		return c.replace(ctx, claim, g, cond)
 	}
 	if len(claim.Status.ReservedFor) > 0 {
 		return 0, nil // in use; kube-controller-manager deallocates it when its pods are gone
@@ -61,6 +71,9 @@ func (c *Controller) checkAllocated(ctx context.Context, claim *resourceapi.Reso
 
 // deallocate clears an allocation the allocator made.
 func (c *Controller) deallocate(ctx context.Context, claim *resourceapi.ResourceClaim, pods []*corev1.Pod, why string) error {
+	if err := c.fenced(); err != nil {
+		return err
+	}
 	cl := claim.DeepCopy()
 	cl.Status.Allocation = nil
 	cl.Status.Devices = nil
@@ -82,14 +95,37 @@ func (c *Controller) deallocate(ctx context.Context, claim *resourceapi.Resource
 	return nil
 }
 
+// restoreFinalizer adds the allocator's finalizer back to a claim it placed that lost it
+// (someone removed it): without it a deleted claim could go before its shares are released.
+func (c *Controller) restoreFinalizer(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error) {
+	if err := c.fenced(); err != nil {
+		return nil, err
+	}
+	cl := claim.DeepCopy()
+	cl.Finalizers = append(cl.Finalizers, Finalizer)
+	updated, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("restore finalizer: %w", err)
+	}
+	msg := fmt.Sprintf("the allocator's finalizer %s was removed from a claim it placed; added it back (it keeps the claim until its GPU shares are released)", Finalizer)
+	klog.FromContext(ctx).Info("Restored the allocator's finalizer", "finalizer", Finalizer)
+	c.recorder.Event(claim, corev1.EventTypeWarning, ReasonFinalizerRestored, msg)
+	return updated, nil
+}
+
 // finishDeletion releases a deleted claim's allocation (once no pod holds it) and drops
-// the allocator's finalizer.
+// the allocator's finalizer. A claim the allocator placed is released even when its
+// finalizer was removed (kube-controller-manager's may still hold it).
 func (c *Controller) finishDeletion(ctx context.Context, claim *resourceapi.ResourceClaim) error {
-	if !hasFinalizer(claim, Finalizer) {
+	ours := hasFinalizer(claim, Finalizer)
+	if !ours && !PlacedByAllocator(c.cfg.DriverName, claim) {
 		return nil
 	}
 	if len(claim.Status.ReservedFor) > 0 {
 		return nil // kube-controller-manager removes consumers that are gone; we see the update
+	}
+	if err := c.fenced(); err != nil {
+		return err
 	}
 	cl := claim.DeepCopy()
 	if cl.Status.Allocation != nil {
@@ -103,7 +139,13 @@ func (c *Controller) finishDeletion(ctx context.Context, claim *resourceapi.Reso
 		c.model.Release(claimKey(claim))
 		c.kick()
 	}
+	if !ours {
+		return nil
+	}
 	cl.Finalizers = slices.DeleteFunc(cl.Finalizers, func(f string) bool { return f == Finalizer })
+	if err := c.fenced(); err != nil {
+		return err
+	}
 	if _, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}

@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"encoding/json"
 	"fmt"
 	"sort"
 	"sync"
@@ -403,26 +402,30 @@ func modelOf(g *gpu) string {
 	return ""
 }
 
-// recordFromClaim turns an allocated claim into the shares it holds. byUs says whether the
-// allocator placed it (its tenancy annotation then holds its rules). Caller holds mu.
+// recordFromClaim turns an allocated claim into the shares it holds. A share the allocator
+// placed carries its Placement in the allocation (PlacedByAllocator), with the co-tenancy
+// rules it keeps; others (kube-scheduler's) get the standard class and no rules. Nothing
+// is read from the claim's metadata, which its tenant can write. Caller holds mu.
 func (m *model) recordFromClaim(claim *resourceapi.ResourceClaim) *claimRec {
 	a := claim.Status.Allocation
 	if a == nil {
 		return nil
 	}
 	rec := &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace}
-	byUs := claim.Annotations[AnnotationAllocatedBy] == AllocatedByValue && hasFinalizer(claim, Finalizer)
-	ten := tenancy{Latency: api.LatencyStandard}
-	if raw, ok := claim.Annotations[AnnotationTenancy]; ok && byUs {
-		_ = json.Unmarshal([]byte(raw), &ten)
-	}
 	for i, r := range a.Devices.Results {
 		if r.Driver != m.driver {
 			continue
 		}
 		g := m.gpuFor(gpuKey{r.Pool, r.Device})
-		t := &tenant{claim: claim.UID, key: rec.key, namespace: claim.Namespace, byUs: byUs,
-			latency: ten.Latency, maxCo: ten.MaxCo, allowCrit: ten.AllowCrit, maxTenants: ten.MaxTenants, allowShare: ten.AllowShare}
+		cfg := allocationConfig(m.driver, a.Devices.Config, r.Request)
+		t := &tenant{claim: claim.UID, key: rec.key, namespace: claim.Namespace, latency: api.LatencyStandard,
+			mode: cfg.Mode, domain: domain{claim.Namespace, cfg.IsolationDomain}}
+		if p := cfg.Placement; p != nil {
+			t.byUs, t.maxCo, t.allowCrit, t.maxTenants, t.allowShare = true, int(p.MaxCoTenants), p.AllowCriticalCoTenants, int(p.MaxTenantsPerGPU), p.AllowSharedGPU
+			if p.LatencyClass != "" {
+				t.latency = p.LatencyClass
+			}
+		}
 		if r.ShareID != nil {
 			t.shareID = *r.ShareID
 		} else {
@@ -435,8 +438,6 @@ func (m *model) recordFromClaim(claim *resourceapi.ResourceClaim) *claimRec {
 			t.mem, t.comp = mem.Value(), comp.Value()
 			t.whole = g.known && t.mem >= g.memCap
 		}
-		cfg := allocationConfig(m.driver, a.Devices.Config, r.Request)
-		t.mode, t.domain = cfg.Mode, domain{claim.Namespace, cfg.IsolationDomain}
 		rec.shares = append(rec.shares, &tenantAt{gpu: g, t: t})
 	}
 	if len(rec.shares) == 0 {

@@ -180,6 +180,7 @@ func (c *Controller) olderUnallocated(claim *resourceapi.ResourceClaim) []string
 func (c *Controller) commit(ctx context.Context, in *input, d *decision) (time.Duration, error) {
 	claim, key := in.claim, claimKey(in.claim)
 	msg := "Allocated: " + describe(d)
+	d.reservedFor = boundReservations(in.consumers)
 	if err := c.write(ctx, claim, d, msg); err != nil {
 		c.model.Release(key)
 		c.ledger.Drop(in.pods)

@@ -21,6 +21,12 @@ const (
 	// ReasonMemoryNotEnforced is on a claim placed where its memory cap does not bind every
 	// process of its pods, and on those pods.
 	ReasonMemoryNotEnforced = "FgpuMemoryNotEnforced"
+	// ReasonFinalizerRestored: someone removed the allocator's finalizer from a claim it
+	// placed, and the allocator added it back.
+	ReasonFinalizerRestored = "FgpuFinalizerRestored"
+	// ReasonPrepareRefused: the kubelet plugin refused to prepare the allocation (the GPU
+	// is over-committed or gone); the allocator places the claim again.
+	ReasonPrepareRefused = "FgpuPrepareRefused"
 	// ReasonInvalidPolicy is on a SharingPolicy that does not validate.
 	ReasonInvalidPolicy = "FgpuInvalidPolicy"
 )

@@ -81,6 +81,10 @@ func resolveRequest(cfg *Config, in *input, a alt) (*request, *waitReason) {
 	if err != nil {
 		return unsupported("request %q: %v", a.name, err)
 	}
+	if userCfg.Placement != nil {
+		// It would be copied into the allocation, where the allocator reads its own rules.
+		return unsupported("request %q: placement is written by the fgpu allocator only; remove it from the claim's and its DeviceClass's fgpu config", a.name)
+	}
 	rq := &request{alt: a, class: class, count: max(a.count, 1), userCfg: userCfg}
 	memQ, hasMem := a.capacity[api.CapacityMemory]
 	rq.whole = cfg.isExclusiveClass(a.class) || in.pol.Isolation == api.IsolationExclusive || !hasMem

@@ -44,8 +44,14 @@ func (m *statusMemo) Forget(key string) {
 // setStatus tells people where a claim stands: events on its pods (and, for a claim that
 // waits, on the claim) and the status annotation, each only when the message changed. A
 // placement is not repeated as an event on the claim: the annotation says it, and under a
-// burst every write counts (the API server is what limits placements per second).
+// burst every write counts (the API server is what limits placements per second). Nothing
+// is said while the fence is closed.
 func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceClaim, pods []*corev1.Pod, msg, reason string) {
+	if err := c.fenced(); err != nil {
+		// Said by the leader, which looks at the claim again.
+		klog.FromContext(ctx).V(3).Info("Not telling the claim's status", "err", err)
+		return
+	}
 	if !c.status.Changed(claimKey(claim), msg) {
 		return
 	}

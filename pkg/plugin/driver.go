@@ -88,6 +88,11 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		if err != nil {
 			logger.Error(err, "Prepare failed", "claim", klog.KObj(claim))
 			result[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("fgpu: %w", err)}
+			// The allocator places the claim again when told why; without it the pod would
+			// stay in ContainerCreating.
+			if err := d.publishRefusal(ctx, claim, err); err != nil {
+				logger.Error(err, "Recording the refused prepare on the claim", "claim", klog.KObj(claim))
+			}
 			continue
 		}
 		result[claim.UID] = kubeletplugin.PrepareResult{Devices: devices}

@@ -32,7 +32,7 @@ func (s *State) plan(claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDev
 		}
 		d, ok := s.devices[r.Device]
 		if !ok {
-			return nil, fmt.Errorf("allocated device %q does not exist on node %s", r.Device, s.cfg.NodeName)
+			return nil, refused(r.Device, configapi.PrepareReasonDeviceGone, fmt.Errorf("allocated device %q does not exist on node %s", r.Device, s.cfg.NodeName))
 		}
 		cfg, err := configapi.MergeConfigs(s.cfg.DriverName, alloc.Devices.Config, r.Request)
 		if err != nil {

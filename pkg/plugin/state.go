@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/cdi"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
@@ -187,12 +188,12 @@ func (s *State) checkCapacity(claim *resourceapi.ResourceClaim, planned []checkp
 			}
 		}
 		if usedMem+p.MemoryBytes > allocatable {
-			return fmt.Errorf("refusing to over-commit GPU %s (%s): claim %s/%s asks %s memory, %s of %s allocatable is already prepared for %d other claim(s)",
-				p.Device, d.UUID, claim.Namespace, claim.Name, bytesStr(p.MemoryBytes), bytesStr(usedMem), bytesStr(allocatable), tenants)
+			return refused(p.Device, configapi.PrepareReasonOverCommitted, fmt.Errorf("refusing to over-commit GPU %s (%s): claim %s/%s asks %s memory, %s of %s allocatable is already prepared for %d other claim(s)",
+				p.Device, d.UUID, claim.Namespace, claim.Name, bytesStr(p.MemoryBytes), bytesStr(usedMem), bytesStr(allocatable), tenants))
 		}
 		if usedCompute+p.ComputePercent > 100 {
-			return fmt.Errorf("refusing to over-commit GPU %s (%s): claim %s/%s asks %d%% compute, %d%% of 100%% is already prepared for %d other claim(s)",
-				p.Device, d.UUID, claim.Namespace, claim.Name, p.ComputePercent, usedCompute, tenants)
+			return refused(p.Device, configapi.PrepareReasonOverCommitted, fmt.Errorf("refusing to over-commit GPU %s (%s): claim %s/%s asks %d%% compute, %d%% of 100%% is already prepared for %d other claim(s)",
+				p.Device, d.UUID, claim.Namespace, claim.Name, p.ComputePercent, usedCompute, tenants))
 		}
 	}
 	return nil

@@ -28,6 +28,17 @@ const (
 	// allocates them itself. The chart's admission policy refuses claims that tolerate it.
 	FenceTaintKey   = "fgpu.dev/allocator"
 	FenceTaintValue = "required"
+
+	// DeviceConditionPrepared is the condition the plugin sets, with status False, on a
+	// claim's status.devices entry when it refuses to prepare the device for a reason that
+	// placing the claim again can fix (one of the reasons below). The allocator watches
+	// for it on the claims it placed, takes the allocation back and places the claim again.
+	DeviceConditionPrepared = "Prepared"
+	// PrepareReasonOverCommitted: the GPU holds prepared shares the allocation did not count
+	// (two allocators, a lagging informer, or shares kube-scheduler placed).
+	PrepareReasonOverCommitted = "OverCommitted"
+	// PrepareReasonDeviceGone: the allocated device is no longer on the node.
+	PrepareReasonDeviceGone = "DeviceGone"
 )
 
 // FenceTaint is the taint the plugin puts on its devices in allocator mode.

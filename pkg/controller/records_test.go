@@ -1,0 +1,295 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	testingclock "k8s.io/utils/clock/testing"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/leader"
+)
+
+// restart is a fresh controller (an allocator restart) over what the API server holds now.
+func (e *env) restart(policies []*api.SharingPolicy) *env {
+	e.t.Helper()
+	var objs []runtime.Object
+	claims, _ := e.client.ResourceV1().ResourceClaims("").List(e.ctx, metav1.ListOptions{})
+	for i := range claims.Items {
+		claims.Items[i].ResourceVersion = ""
+		objs = append(objs, &claims.Items[i])
+	}
+	pods, _ := e.client.CoreV1().Pods("").List(e.ctx, metav1.ListOptions{})
+	for i := range pods.Items {
+		pods.Items[i].ResourceVersion = ""
+		objs = append(objs, &pods.Items[i])
+	}
+	nodes, _ := e.client.CoreV1().Nodes().List(e.ctx, metav1.ListOptions{})
+	for i := range nodes.Items {
+		nodes.Items[i].ResourceVersion = ""
+		objs = append(objs, &nodes.Items[i])
+	}
+	slices, _ := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{})
+	for i := range slices.Items {
+		slices.Items[i].ResourceVersion = ""
+		objs = append(objs, &slices.Items[i])
+	}
+	n := newEnv(e.t, policies, objs...)
+	n.clock.SetTime(e.clock.Now())
+	return n
+}
+
+// tamper rewrites a claim's metadata as its tenant (edit in the namespace) can.
+func (e *env) tamper(ns, name string, fn func(c *resourceapi.ResourceClaim)) {
+	e.t.Helper()
+	c := e.claim(ns, name)
+	fn(c)
+	if _, err := e.client.ResourceV1().ResourceClaims(ns).Update(e.ctx, c, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// The co-tenancy rules a claim was placed under live in its allocation: a tenant that
+// writes its own rules into the claim's metadata does not change them, after a restart
+// either.
+func TestRestartKeepsRulesFromAllocationNotMetadata(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c1").Memory("10Gi").Obj(), builders.MakePod("a", "p1").Claim("c1").Obj())
+	e.run()
+	if e.placedOn("a", "c1") != "n1/gpu-0" {
+		t.Fatal("c1 not placed")
+	}
+	p := allocCfg(t, e.claim("a", "c1")).Placement
+	if p == nil || p.LatencyClass != api.LatencyStandard || p.MaxTenantsPerGPU != 0 || p.Policy != "" {
+		t.Fatalf("allocation's placement %+v", p)
+	}
+	// The tenant keeps the whole GPU to itself, as the former tenancy annotation allowed.
+	e.tamper("a", "c1", func(c *resourceapi.ResourceClaim) {
+		c.Annotations["fgpu.dev/tenancy"] = `{"latency":"standard","maxTenants":1}`
+		c.Annotations["fgpu.dev/allocated-by"] = "fgpu-allocator"
+	})
+	e2 := e.restart(nil)
+	e2.create(builders.MakeClaim("a", "c2").Memory("10Gi").Created(5).Obj(), builders.MakePod("a", "p2").Claim("c2").Obj())
+	e2.run()
+	if got := e2.placedOn("a", "c2"); got != "n1/gpu-0" {
+		t.Fatalf("c2 placed on %q (%s): the tenant's annotation decided c1's rules", got, e2.claim("a", "c2").Annotations[AnnotationStatus])
+	}
+}
+
+// A claim the allocator placed stays under its orphan and bind-timeout handling when its
+// tenant removes the finalizer and annotations; the finalizer comes back.
+func TestFinalizerRemovedStillTimesOutAndIsRestored(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(),
+		builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	first := e.placedOn("a", "c")
+	if first == "" {
+		t.Fatal("not placed")
+	}
+	e.tamper("a", "c", func(c *resourceapi.ResourceClaim) {
+		c.Annotations = nil
+		c.Finalizers = []string{resourceapi.Finalizer}
+	})
+	e2 := e.restart(nil)
+	e2.run()
+	if !hasFinalizer(e2.claim("a", "c"), Finalizer) {
+		t.Errorf("finalizer not restored: %v", e2.claim("a", "c").Finalizers)
+	}
+	if ev := e2.events(ReasonFinalizerRestored); len(ev) != 1 || !strings.Contains(ev[0], "added it back") {
+		t.Errorf("finalizer events %v", ev)
+	}
+	e2.tamper("a", "c", func(c *resourceapi.ResourceClaim) { c.Finalizers = nil })
+	e2.clock.Step(2 * time.Minute) // the pod never bound
+	e2.run()
+	if second := e2.placedOn("a", "c"); second == "" || second == first {
+		t.Fatalf("after the bind timeout: first %q, now %q; want another node", first, second)
+	}
+}
+
+func TestFinalizerRemovedOrphanStillReleased(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") == "" {
+		t.Fatal("not placed")
+	}
+	e.tamper("a", "c", func(c *resourceapi.ResourceClaim) {
+		c.Annotations = nil
+		c.Finalizers = nil
+	})
+	_ = e.client.CoreV1().Pods("a").Delete(e.ctx, "p", metav1.DeleteOptions{})
+	e2 := e.restart(nil)
+	e2.clock.Step(time.Minute)
+	e2.run()
+	if e2.placedOn("a", "c") != "" {
+		t.Fatal("allocation kept though no pod uses the claim")
+	}
+	if len(e2.c.model.claims) != 0 {
+		t.Errorf("state still holds %d claims", len(e2.c.model.claims))
+	}
+}
+
+// A tenant cannot forge the allocator's record through the claim configs it may write.
+func TestClaimConfigWithPlacementRefused(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Config(map[string]any{"placement": map[string]any{"latencyClass": "critical", "maxCoTenants": 0}}).Obj(),
+		builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") != "" {
+		t.Fatal("a claim carrying its own placement was allocated")
+	}
+	const want = `request "gpu": placement is written by the fgpu allocator only`
+	if st := e.claim("a", "c").Annotations[AnnotationStatus]; !strings.Contains(st, want) {
+		t.Errorf("status %q", st)
+	}
+	if ev := e.events(ReasonUnsupported); len(ev) == 0 || !strings.Contains(ev[0], want) {
+		t.Errorf("events %v", ev)
+	}
+}
+
+// A replica past its renew deadline writes nothing: no allocation, finalizer or status.
+func TestFenceRefusesWritesAfterRenewDeadline(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Unix(1000, 0))
+	fence := leader.NewFence(clk, 10*time.Second)
+	lock := fence.Lock(&fakeLeaseLock{})
+	renew := func() {
+		if err := lock.Update(context.Background(), resourcelock.LeaderElectionRecord{HolderIdentity: "me"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	renew()
+	e := newEnvWith(t, func(cfg *Config) { cfg.Fence = fence }, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c1").Memory("10Gi").Obj(), builders.MakePod("a", "p1").Claim("c1").Obj())
+	e.run()
+	if e.placedOn("a", "c1") == "" {
+		t.Fatal("the leader did not place c1")
+	}
+	clk.Step(10 * time.Second) // no renew since: another replica may lead 5s from now
+	e.create(builders.MakeClaim("a", "c2").Memory("10Gi").Created(5).Obj(), builders.MakePod("a", "p2").Claim("c2").Obj())
+	e.run()
+	c2 := e.claim("a", "c2")
+	if c2.Status.Allocation != nil || len(c2.Finalizers) != 0 || len(c2.Annotations) != 0 {
+		t.Fatalf("a fenced replica wrote c2: allocation %v, finalizers %v, annotations %v", c2.Status.Allocation != nil, c2.Finalizers, c2.Annotations)
+	}
+	_, err := e.c.Sync(e.ctx, "a/c2")
+	if !errors.Is(err, leader.ErrFenced) {
+		t.Fatalf("Sync: %v, want the fence's error", err)
+	}
+	// Nor does it take allocations back.
+	_ = e.client.CoreV1().Pods("a").Delete(e.ctx, "p1", metav1.DeleteOptions{})
+	e.clock.Step(time.Minute)
+	e.run()
+	if e.placedOn("a", "c1") == "" {
+		t.Fatal("a fenced replica deallocated c1")
+	}
+	renew()
+	e.run()
+	if e.placedOn("a", "c2") == "" || e.placedOn("a", "c1") != "" {
+		t.Fatalf("renewed: c2 on %q, c1 on %q; want c2 placed and c1 released", e.placedOn("a", "c2"), e.placedOn("a", "c1"))
+	}
+}
+
+type fakeLeaseLock struct{ resourcelock.Interface }
+
+func (fakeLeaseLock) Update(context.Context, resourcelock.LeaderElectionRecord) error { return nil }
+func (fakeLeaseLock) Identity() string                                                { return "me" }
+
+// refusePrepare records on a claim what the kubelet plugin does when it refuses to prepare
+// the claim's device (over-commit), with the claim reserved for its pod, bound to node.
+func (e *env) refusePrepare(ns, name, pod, node string) {
+	e.t.Helper()
+	p, err := e.client.CoreV1().Pods(ns).Get(e.ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	p.Spec.NodeName = node
+	if _, err := e.client.CoreV1().Pods(ns).Update(e.ctx, p, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	c := e.claim(ns, name)
+	r := c.Status.Allocation.Devices.Results[0]
+	sid := string(*r.ShareID)
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: p.Name, UID: p.UID}}
+	c.Status.Devices = []resourceapi.AllocatedDeviceStatus{{Driver: r.Driver, Pool: r.Pool, Device: r.Device, ShareID: &sid,
+		Conditions: []metav1.Condition{{Type: api.DeviceConditionPrepared, Status: metav1.ConditionFalse, Reason: api.PrepareReasonOverCommitted,
+			Message: "refusing to over-commit GPU " + r.Device, LastTransitionTime: metav1.Now()}}}}
+	if _, err := e.client.ResourceV1().ResourceClaims(ns).UpdateStatus(e.ctx, c, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// A prepare the plugin refused is noticed: the claim is placed again on another GPU of the
+// node its pod is bound to, reserved for that pod again, and the model counts only the new
+// share.
+func TestRefusedPreparePlacedAgainOnBoundNode(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(),
+		builders.MakeSlice("n1", 2, "80Gi"), builders.MakeSlice("n2", 2, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	first := e.placedOn("a", "c")
+	node, _, _ := strings.Cut(first, "/")
+	if first == "" {
+		t.Fatal("not placed")
+	}
+	e.refusePrepare("a", "c", "p", node)
+	e.run()
+	c := e.claim("a", "c")
+	second := e.placedOn("a", "c")
+	if second == "" || second == first || !strings.HasPrefix(second, node+"/") {
+		t.Fatalf("refused on %s: now on %q; want another GPU of %s (%s)", first, second, node, c.Annotations[AnnotationStatus])
+	}
+	if len(c.Status.ReservedFor) != 1 || c.Status.ReservedFor[0].Name != "p" || len(c.Status.Devices) != 0 {
+		t.Errorf("reservedFor %+v, devices %+v", c.Status.ReservedFor, c.Status.Devices)
+	}
+	ev := e.events(ReasonPrepareRefused)
+	if len(ev) != 2 || !strings.Contains(ev[0], "the kubelet plugin refused to prepare "+first+" (OverCommitted: refusing to over-commit") ||
+		!strings.Contains(ev[0], "placing the claim again on node "+node+", where its pod is bound") {
+		t.Errorf("events %v", ev)
+	}
+	e.c.model.mu.Lock()
+	defer e.c.model.mu.Unlock()
+	for k, g := range e.c.model.gpus {
+		want := int64(0)
+		if k.String() == second {
+			want = 10 << 30
+		}
+		if g.usedMem != want || (want == 0) != (len(g.tenants) == 0) {
+			t.Errorf("model: %s uses %d bytes, %d tenant(s); want %d", k, g.usedMem, len(g.tenants), want)
+		}
+	}
+	if e.c.model.nsMem["a"] != 10<<30 || len(e.c.model.claims) != 1 {
+		t.Errorf("model: namespace a uses %d, %d claim(s)", e.c.model.nsMem["a"], len(e.c.model.claims))
+	}
+}
+
+// A claim that cannot be placed again says why, on the claim and its pod.
+func TestRefusedPrepareNoOtherGPUSaysWhy(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") != "n1/gpu-0" {
+		t.Fatal("not placed")
+	}
+	e.refusePrepare("a", "c", "p", "n1")
+	e.run()
+	c := e.claim("a", "c")
+	if c.Status.Allocation != nil || len(c.Status.ReservedFor) != 0 {
+		t.Fatalf("allocation %v, reservedFor %v", c.Status.Allocation != nil, c.Status.ReservedFor)
+	}
+	const why = "its kubelet plugin refused to prepare this claim on it"
+	if st := c.Annotations[AnnotationStatus]; !strings.HasPrefix(st, "Pending: ") || !strings.Contains(st, why) {
+		t.Errorf("status %q", st)
+	}
+	if ev := e.events("claim c: Pending: "); len(ev) == 0 || !strings.Contains(ev[len(ev)-1], why) {
+		t.Errorf("pod events %v", ev)
+	}
+}

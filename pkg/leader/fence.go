@@ -1,0 +1,108 @@
+// Package leader fences the allocator's writes to the time it is surely the only leader.
+//
+// client-go's leader election lets another replica take the Lease only LeaseDuration after
+// it last saw this one renew, while this replica's elector may go on believing it leads
+// for up to RenewDeadline plus a RetryPeriod after its last successful renew (and its
+// workers may still be mid-write when it gives up). Two leaders could then write at once,
+// guarded only by each claim's resourceVersion, not by what is on the GPU. A Fence refuses
+// writes once RenewDeadline has passed since the last renew that succeeded, which leaves
+// LeaseDuration - RenewDeadline for a write already sent to land before anyone else leads.
+package leader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/clock"
+)
+
+// ErrFenced is what Allow returns (wrapped) when this replica may no longer write.
+var ErrFenced = errors.New("not the leader")
+
+// Fence records when this replica last renewed its Lease and says whether it may write.
+type Fence struct {
+	clock    clock.PassiveClock
+	deadline time.Duration
+
+	mu      sync.Mutex
+	renewed time.Time // when the last successful renew was sent; zero: never, or released
+}
+
+// NewFence is a fence that closes renewDeadline after the last successful renew.
+func NewFence(c clock.PassiveClock, renewDeadline time.Duration) *Fence {
+	return &Fence{clock: c, deadline: renewDeadline}
+}
+
+// Allow returns nil while this replica holds the Lease with a renew younger than the renew
+// deadline, and an error wrapping ErrFenced otherwise.
+func (f *Fence) Allow() error {
+	f.mu.Lock()
+	renewed := f.renewed
+	f.mu.Unlock()
+	if renewed.IsZero() {
+		return fmt.Errorf("%w: this replica does not hold the leader Lease; refusing to write", ErrFenced)
+	}
+	if age := f.clock.Since(renewed); age >= f.deadline {
+		return fmt.Errorf("%w: the leader Lease was last renewed %s ago, at or past the renew deadline %s; refusing to write", ErrFenced, age.Round(time.Millisecond), f.deadline)
+	}
+	return nil
+}
+
+// Lock wraps the elector's lock: a Create or Update that writes this replica as the holder
+// and succeeds renews the fence, from the time it was sent (others count LeaseDuration from
+// when they see it, which is later); one that writes another holder (a release) closes it.
+func (f *Fence) Lock(inner resourcelock.Interface) resourcelock.Interface {
+	return &fencedLock{Interface: inner, fence: f}
+}
+
+type fencedLock struct {
+	resourcelock.Interface
+	fence *Fence
+}
+
+func (l *fencedLock) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	return l.record(ctx, ler, l.Interface.Create)
+}
+
+func (l *fencedLock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	return l.record(ctx, ler, l.Interface.Update)
+}
+
+func (l *fencedLock) record(ctx context.Context, ler resourcelock.LeaderElectionRecord, write func(context.Context, resourcelock.LeaderElectionRecord) error) error {
+	sent := l.fence.clock.Now()
+	if ler.HolderIdentity != l.Identity() {
+		l.fence.set(time.Time{}) // releasing: stop writing before the record says so
+	}
+	err := write(ctx, ler)
+	if err == nil && ler.HolderIdentity == l.Identity() {
+		l.fence.set(sent)
+	}
+	return err
+}
+
+func (f *Fence) set(t time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.renewed = t
+}
+
+// ValidateTimings checks the leader-election durations as client-go needs them, with the
+// flags' names: lease duration > renew deadline > retry period × client-go's jitter factor.
+// The gap between lease duration and renew deadline is the fence's margin.
+func ValidateTimings(leaseDuration, renewDeadline, retryPeriod time.Duration) error {
+	if renewDeadline <= 0 || retryPeriod <= 0 {
+		return fmt.Errorf("--leader-elect-renew-deadline (%s) and --leader-elect-retry-period (%s) must be positive", renewDeadline, retryPeriod)
+	}
+	if leaseDuration <= renewDeadline {
+		return fmt.Errorf("--leader-elect-lease-duration (%s) must be greater than --leader-elect-renew-deadline (%s): the difference is how long a deposed leader's last write has to land before another replica may lead", leaseDuration, renewDeadline)
+	}
+	if float64(renewDeadline) <= leaderelection.JitterFactor*float64(retryPeriod) {
+		return fmt.Errorf("--leader-elect-renew-deadline (%s) must be greater than %.1f × --leader-elect-retry-period (%s)", renewDeadline, leaderelection.JitterFactor, retryPeriod)
+	}
+	return nil
+}

@@ -29,12 +29,17 @@ func (c *Controller) handlers() eventHandlers {
 }
 
 // onPolicy says on a SharingPolicy that does not validate that it is ignored (policy.Resolve
-// skips it), rather than let it silently select nothing and enforce no quota.
+// skips it, and claims its quota may bind wait), rather than let it fail silently.
 func (c *Controller) onPolicy(p *api.SharingPolicy) {
 	if err := p.Spec.Validate(); err != nil {
 		// A reference, not the object: the event recorder's scheme does not know fgpu's types.
 		ref := &corev1.ObjectReference{APIVersion: api.SchemeGroupVersion.String(), Kind: api.SharingPolicyKind, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion}
-		c.recorder.Event(ref, corev1.EventTypeWarning, ReasonInvalidPolicy, fmt.Sprintf("SharingPolicy %s is ignored until it is fixed (no claim is placed under it, its quota binds no one): %v", p.Name, err))
+		what := "no claim is placed under it"
+		if p.Spec.Quota != nil {
+			// policy.NamespaceQuota fails closed: an unenforceable quota must not be lifted.
+			what += "; it sets a quota that cannot be enforced, so claims in the namespaces it may select wait"
+		}
+		c.recorder.Event(ref, corev1.EventTypeWarning, ReasonInvalidPolicy, fmt.Sprintf("SharingPolicy %s is ignored until it is fixed (%s): %v", p.Name, what, err))
 	}
 	c.kick()
 }

@@ -3,9 +3,12 @@ package controller
 import (
 	"strings"
 	"testing"
+	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
@@ -91,27 +94,64 @@ func TestLimitsAboveTheAllocation(t *testing.T) {
 }
 
 // A SharingPolicy that does not validate is ignored, and says so in an event, instead of
-// silently selecting nothing or holding every claim of a namespace over a negative quota.
+// silently selecting nothing. One that sets a quota fails closed: the claims of the
+// namespaces it may select wait, saying why, until it is fixed; a namespace that the
+// valid part of its selector rules out is not held.
 func TestInvalidPolicyIgnoredWithEvent(t *testing.T) {
+	badIn := []metav1.LabelSelectorRequirement{{Key: "team", Operator: metav1.LabelSelectorOpIn}}
 	badSelector := builders.MakePolicy("bad").QuotaMemory("1Gi").Obj()
-	badSelector.Spec.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: metav1.LabelSelectorOpIn}}}
+	badSelector.Spec.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: badIn}
+	otherTeam := builders.MakePolicy("bad").Namespaces("team", "other").QuotaMemory("1Gi").Obj()
+	otherTeam.Spec.NamespaceSelector.MatchExpressions = badIn
+	noQuota := builders.MakePolicy("bad").Isolation(api.IsolationExclusive).Obj()
+	noQuota.Spec.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: badIn}
+	const ignored = "Warning " + ReasonInvalidPolicy + " SharingPolicy bad is ignored until it is fixed (no claim is placed under it"
+	const holds = "; it sets a quota that cannot be enforced, so claims in the namespaces it may select wait"
 	for name, tc := range map[string]struct {
-		pol  *api.SharingPolicy
-		want string
+		pol        *api.SharingPolicy
+		err, event string
+		waits      bool
 	}{
-		"negative quota":   {builders.MakePolicy("bad").QuotaMemory("-1Gi").Obj(), "quota.memory -1Gi must not be negative"},
-		"invalid selector": {badSelector, "namespaceSelector: "},
+		"negative quota":                        {builders.MakePolicy("bad").QuotaMemory("-1Gi").Obj(), "quota.memory -1Gi must not be negative", ignored + holds + "): ", true},
+		"invalid selector with a quota":         {badSelector, "namespaceSelector: ", ignored + holds + "): ", true},
+		"namespace ruled out by the valid part": {otherTeam, "namespaceSelector: ", ignored + holds + "): ", false},
+		"invalid selector without a quota":      {noQuota, "namespaceSelector: ", ignored + "): ", false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, []*api.SharingPolicy{tc.pol}, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
 				builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
 			e.run()
-			if got := e.placedOn("a", "c"); got == "" {
-				t.Errorf("not placed: %s", e.claim("a", "c").Annotations[AnnotationStatus])
+			if len(e.events(tc.event+tc.err)) == 0 {
+				t.Errorf("no event %q: %v", tc.event+tc.err, e.events(""))
 			}
-			want := "Warning " + ReasonInvalidPolicy + " SharingPolicy bad is ignored until it is fixed (no claim is placed under it, its quota binds no one): " + tc.want
-			if len(e.events(want)) == 0 {
-				t.Errorf("no event %q: %v", want, e.events(""))
+			if !tc.waits {
+				if got := e.placedOn("a", "c"); got == "" {
+					t.Errorf("not placed: %s", e.claim("a", "c").Annotations[AnnotationStatus])
+				}
+				return
+			}
+			if got := e.placedOn("a", "c"); got != "" {
+				t.Fatalf("placed on %s though SharingPolicy bad's quota cannot be enforced", got)
+			}
+			want := "Pending: SharingPolicy bad is invalid: " + tc.err
+			if st := e.claim("a", "c").Annotations[AnnotationStatus]; !strings.Contains(st, want) || !strings.Contains(st, "its quota cannot be enforced, so claims it may bind wait until it is fixed") {
+				t.Errorf("status %q does not say %q and why", st, want)
+			}
+			if len(e.events(ReasonInvalidPolicy+" claim c: "+want)) == 0 {
+				t.Errorf("no %s event on the pod: %v", ReasonInvalidPolicy, e.events(""))
+			}
+			// Fixed, the policy binds again and the claim is placed within it.
+			p := tc.pol.DeepCopy()
+			p.Spec.NamespaceSelector = nil
+			p.Spec.Quota.Memory = ptr.To(resource.MustParse("20Gi"))
+			if _, err := e.fgpu.FgpuV1alpha1().SharingPolicies().Update(e.ctx, p, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); e.placedOn("a", "c") == ""; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("not placed once the policy was fixed: %s", e.claim("a", "c").Annotations[AnnotationStatus])
+				}
+				e.run()
 			}
 		})
 	}

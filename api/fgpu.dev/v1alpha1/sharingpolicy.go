@@ -66,7 +66,8 @@ const (
 // SharingPolicy tells fgpu's allocator how the claims it selects share GPUs: who may share
 // a GPU or an MPS server with whom, how many tenants a GPU takes, in which mode, how compute
 // is sized and how much each namespace may hold. When several policies select a claim, the
-// one with the highest priority wins (ties: the alphabetically first name).
+// one with the highest priority wins (ties: the alphabetically first name); quotas are not
+// chosen that way: see Quota.
 type SharingPolicy struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -85,7 +86,8 @@ type SharingPolicySpec struct {
 	// +optional
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
 	// PodSelector selects, by the labels of the claim's pod, the claims this policy applies
-	// to; unset selects every pod.
+	// to; unset selects every pod. Tenants write their pods' labels: it chooses co-tenancy
+	// rules, not the quota (see Quota).
 	// +optional
 	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
 	// Priority breaks ties between policies that select the same claim: highest wins.
@@ -139,9 +141,15 @@ type SharingPolicySpec struct {
 	// +optional
 	DefaultCompute *int32 `json:"defaultCompute,omitempty"`
 
-	// Quota caps what the claims of each selected namespace hold together, whole GPUs
-	// included. A claim over quota waits (in creation order) until quota frees up; a claim
-	// larger than the whole quota is refused and holds no other claim.
+	// Quota caps what the claims of each namespace that namespaceSelector selects hold
+	// together, whole GPUs included. It binds every claim of such a namespace, whatever
+	// podSelector says and whichever policy applies to the claim otherwise: pod labels,
+	// which tenants write, choose co-tenancy rules, never lift a quota. Where several
+	// policies set a quota for a namespace, each limit holds (the smallest binds, per
+	// resource). A claim over quota waits (in creation order) until quota frees up; a claim
+	// larger than the whole quota is refused and holds no other claim. A policy with a
+	// quota that does not validate (stored before the schema refused it) holds the claims
+	// of every namespace it may select until it is fixed.
 	// +optional
 	Quota *Quota `json:"quota,omitempty"`
 }

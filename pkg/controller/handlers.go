@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"fmt"
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,18 +27,12 @@ func (c *Controller) handlers() eventHandlers {
 	}
 }
 
-// onPolicy says on a SharingPolicy that does not validate that it is ignored (policy.Resolve
-// skips it, and claims its quota may bind wait), rather than let it fail silently.
+// onPolicy queues a SharingPolicy whose Accepted condition must change (policyWorker
+// writes it, with an event if it became invalid: policy.Resolve skips an invalid policy,
+// and claims its quota may bind wait), and looks at the pending claims again.
 func (c *Controller) onPolicy(p *api.SharingPolicy) {
-	if err := p.Spec.Validate(); err != nil {
-		// A reference, not the object: the event recorder's scheme does not know fgpu's types.
-		ref := &corev1.ObjectReference{APIVersion: api.SchemeGroupVersion.String(), Kind: api.SharingPolicyKind, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion}
-		what := "no claim is placed under it"
-		if p.Spec.Quota != nil {
-			// policy.NamespaceQuota fails closed: an unenforceable quota must not be lifted.
-			what += "; it sets a quota that cannot be enforced, so claims in the namespaces it may select wait"
-		}
-		c.recorder.Event(ref, corev1.EventTypeWarning, ReasonInvalidPolicy, fmt.Sprintf("SharingPolicy %s is ignored until it is fixed (%s): %v", p.Name, what, err))
+	if c.policyQueue != nil && acceptedChanged(p) {
+		c.policyQueue.Add(p.Name)
 	}
 	c.kick()
 }

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"errors"
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -61,6 +62,8 @@ const (
 // +kubebuilder:printcolumn:name="Isolation",type=string,JSONPath=`.spec.isolation`
 // +kubebuilder:printcolumn:name="Latency",type=string,JSONPath=`.spec.latencyClass`
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
+// +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
+// +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
 // SharingPolicy tells fgpu's allocator how the claims it selects share GPUs: who may share
@@ -73,6 +76,56 @@ type SharingPolicy struct {
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	Spec SharingPolicySpec `json:"spec"`
+	// Status is written by fgpu's allocator.
+	// +optional
+	Status SharingPolicyStatus `json:"status,omitempty"`
+}
+
+// SharingPolicyStatus says whether fgpu's allocator enforces the policy.
+// +kubebuilder:object:generate=true
+type SharingPolicyStatus struct {
+	// Conditions: Accepted is True (reason Valid) when the allocator enforces the policy,
+	// False (reason InvalidSelector or InvalidSpec, the error in the message) when it
+	// ignores it; claims that its quota may bind then wait until it is fixed.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// The SharingPolicy status condition and its reasons.
+const (
+	ConditionAccepted     = "Accepted"
+	ReasonValid           = "Valid"
+	ReasonInvalidSelector = "InvalidSelector"
+	ReasonInvalidSpec     = "InvalidSpec"
+)
+
+// SelectorError is Validate's error about a label selector.
+type SelectorError struct {
+	Field string // namespaceSelector or podSelector
+	Err   error
+}
+
+func (e *SelectorError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e *SelectorError) Unwrap() error { return e.Err }
+
+// Accepted is the Accepted condition the policy's spec earns (LastTransitionTime unset).
+func (p *SharingPolicy) Accepted() metav1.Condition {
+	c := metav1.Condition{Type: ConditionAccepted, Status: metav1.ConditionTrue, Reason: ReasonValid,
+		Message: "the allocator enforces this policy", ObservedGeneration: p.Generation}
+	if err := p.Spec.Validate(); err != nil {
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, ReasonInvalidSpec, err.Error()
+		if se := (*SelectorError)(nil); errors.As(err, &se) {
+			c.Reason = ReasonInvalidSelector
+		}
+		if p.Spec.Quota != nil {
+			c.Message += "; the policy is ignored, and claims in the namespaces it may select wait until it is fixed (its quota cannot be enforced)"
+		} else {
+			c.Message += "; the policy is ignored until it is fixed"
+		}
+	}
+	return c
 }
 
 // SharingPolicySpec is the policy.
@@ -158,10 +211,10 @@ type SharingPolicySpec struct {
 // selector's operators and values), or that was stored before the schema refused it.
 func (s *SharingPolicySpec) Validate() error {
 	if _, err := metav1.LabelSelectorAsSelector(s.NamespaceSelector); err != nil {
-		return fmt.Errorf("namespaceSelector: %w", err)
+		return &SelectorError{Field: "namespaceSelector", Err: err}
 	}
 	if _, err := metav1.LabelSelectorAsSelector(s.PodSelector); err != nil {
-		return fmt.Errorf("podSelector: %w", err)
+		return &SelectorError{Field: "podSelector", Err: err}
 	}
 	if q := s.Quota; q != nil {
 		if q.Memory != nil && q.Memory.Sign() < 0 {

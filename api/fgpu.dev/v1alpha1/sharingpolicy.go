@@ -136,11 +136,13 @@ func (p *SharingPolicy) Accepted() metav1.Condition {
 type SharingPolicySpec struct {
 	// NamespaceSelector selects the namespaces of the claims this policy applies to; unset
 	// selects every namespace.
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn'] ? (has(e.values) && size(e.values) > 0) : (e.operator in ['Exists', 'DoesNotExist'] && (!has(e.values) || size(e.values) == 0)))",message="matchExpressions: operators In and NotIn need values, Exists and DoesNotExist take none; there is no other operator"
 	// +optional
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
 	// PodSelector selects, by the labels of the claim's pod, the claims this policy applies
 	// to; unset selects every pod. Tenants write their pods' labels: it chooses co-tenancy
 	// rules, not the quota (see Quota).
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn'] ? (has(e.values) && size(e.values) > 0) : (e.operator in ['Exists', 'DoesNotExist'] && (!has(e.values) || size(e.values) == 0)))",message="matchExpressions: operators In and NotIn need values, Exists and DoesNotExist take none; there is no other operator"
 	// +optional
 	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
 	// Priority breaks ties between policies that select the same claim: highest wins.
@@ -207,8 +209,11 @@ type SharingPolicySpec struct {
 	Quota *Quota `json:"quota,omitempty"`
 }
 
-// Validate says what is wrong with a policy that the CRD's schema cannot refuse (a label
-// selector's operators and values), or that was stored before the schema refused it.
+// Validate says what is wrong with a policy that the CRD's schema cannot refuse (label keys
+// and values that are not: rules that check them exceed the CRD's CEL cost budget, since
+// metav1.LabelSelector bounds none of its lists and strings), or that was stored before the
+// schema refused it (a negative quota, an operator In or NotIn without values, Exists or
+// DoesNotExist with values). It is the authoritative check; the allocator applies it.
 func (s *SharingPolicySpec) Validate() error {
 	if _, err := metav1.LabelSelectorAsSelector(s.NamespaceSelector); err != nil {
 		return &SelectorError{Field: "namespaceSelector", Err: err}

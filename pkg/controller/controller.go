@@ -96,6 +96,10 @@ type Controller struct {
 	bcast      record.EventBroadcaster
 	requeueAll chan struct{}
 	metrics    *Metrics
+
+	// fgpuClient and policyQueue write SharingPolicy status; nil without an fgpu client.
+	fgpuClient  versioned.Interface
+	policyQueue workqueue.TypedRateLimitingInterface[string]
 }
 
 // New builds the controller and its informers (not started). fgpuClient reads the
@@ -116,6 +120,12 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		workqueue.NewTypedMaxOfRateLimiter(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second)),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "fgpu-claims"})
+	if fgpuClient != nil {
+		c.fgpuClient = fgpuClient
+		c.policyQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 5*time.Minute),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "fgpu-policies"})
+	}
 	c.informers = newInformerSet(client, fgpuClient, c.handlers())
 	c.listers = c.informers.listers
 	c.bcast = record.NewBroadcaster()
@@ -150,6 +160,10 @@ func (c *Controller) Run(ctx context.Context) error {
 		go wait.UntilWithContext(ctx, c.worker, time.Second)
 	}
 	go c.requeueLoop(ctx)
+	if c.policyQueue != nil {
+		defer c.policyQueue.ShutDown()
+		go c.policyWorker(ctx)
+	}
 	go wait.UntilWithContext(ctx, c.expire, 10*time.Second)
 	<-ctx.Done()
 	return nil

@@ -217,8 +217,8 @@ func (c *Controller) unplaceable(in *input, rq *request, err error, rj *rejects)
 		return &waitReason{reason: ReasonOverQuota, message: msg + "; it will be placed when quota frees up", quota: true}
 	case rj.onlyBeyondQuota():
 		return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
-			"larger than the GPU quota of namespace %s (%s: %s): %s would take more than the whole quota on %d GPU(s), and no other GPU can take it; it will not be placed unless the quota is raised or smaller GPUs can take it",
-			in.claim.Namespace, in.pol.DisplayName(), quotaText(in.pol), what, rj.counts[reasonBeyondQuota])}
+			"larger than the GPU quota of namespace %s (%s): %s would take more than the whole quota on %d GPU(s), and no other GPU can take it; it will not be placed unless the quota is raised or smaller GPUs can take it",
+			in.claim.Namespace, quotaText(in.pol.Quota), what, rj.counts[reasonBeyondQuota])}
 	}
 	return &waitReason{reason: ReasonWaiting, message: msg}
 }

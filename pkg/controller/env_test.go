@@ -114,6 +114,7 @@ func (e *env) run() {
 	e.t.Helper()
 	for round := 0; round < 10; round++ {
 		e.settle()
+		e.syncPolicies()
 		before := e.snapshot()
 		claims, _ := e.c.claims.List(everything())
 		sort.Slice(claims, func(i, j int) bool {
@@ -133,6 +134,18 @@ func (e *env) run() {
 		}
 	}
 	e.checkInvariant()
+}
+
+// syncPolicies writes the status of every SharingPolicy the allocator sees, as its policy
+// worker would.
+func (e *env) syncPolicies() {
+	e.t.Helper()
+	list, _ := e.c.policies.List(everything())
+	for _, p := range list {
+		if err := e.c.syncPolicy(e.ctx, p.Name); err != nil {
+			e.t.Logf("status of SharingPolicy %s: %v", p.Name, err)
+		}
+	}
 }
 
 func (e *env) snapshot() map[string]resourceapi.ResourceClaimStatus {

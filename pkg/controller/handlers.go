@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"fmt"
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,13 +27,12 @@ func (c *Controller) handlers() eventHandlers {
 	}
 }
 
-// onPolicy says on a SharingPolicy that does not validate that it is ignored (policy.Resolve
-// skips it), rather than let it silently select nothing and enforce no quota.
+// onPolicy queues a SharingPolicy whose Accepted condition must change (policyWorker
+// writes it, with an event if it became invalid: policy.Resolve skips an invalid policy,
+// and claims its quota may bind wait), and looks at the pending claims again.
 func (c *Controller) onPolicy(p *api.SharingPolicy) {
-	if err := p.Spec.Validate(); err != nil {
-		// A reference, not the object: the event recorder's scheme does not know fgpu's types.
-		ref := &corev1.ObjectReference{APIVersion: api.SchemeGroupVersion.String(), Kind: api.SharingPolicyKind, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion}
-		c.recorder.Event(ref, corev1.EventTypeWarning, ReasonInvalidPolicy, fmt.Sprintf("SharingPolicy %s is ignored until it is fixed (no claim is placed under it, its quota binds no one): %v", p.Name, err))
+	if c.policyQueue != nil && acceptedChanged(p) {
+		c.policyQueue.Add(p.Name)
 	}
 	c.kick()
 }

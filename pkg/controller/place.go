@@ -132,7 +132,7 @@ func (c *Controller) decideInQueue(ctx context.Context, in *input) (d *decision,
 		c.pending.Decided(key)
 		return nil, nil, 100 * time.Millisecond
 	}
-	if in.pol.QuotaMemory != nil || in.pol.QuotaCompute != nil {
+	if in.pol.Quota.Binds() {
 		if c.pending.AnyUndecided(c.olderUnallocated(claim), c.now()) {
 			// With workers in parallel a younger claim can get here first: let the older
 			// one be looked at, or the younger could take quota it needs.

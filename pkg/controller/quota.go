@@ -37,16 +37,16 @@ func (d *decision) use() usage {
 // no quota freed would let it in, so it must not hold the namespace's quota queue.
 // Caller holds the model's lock.
 func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason {
-	p, ns := in.pol, in.claim.Namespace
-	if p.QuotaMemory == nil && p.QuotaCompute == nil {
+	p, q, ns := in.pol, in.pol.Quota, in.claim.Namespace
+	if !q.Binds() {
 		return nil
 	}
-	if p.QuotaCompute != nil && !rq.whole && uncappedCompute(p, rq) {
+	if q.Compute != nil && !rq.whole && uncappedCompute(p, rq) {
 		// A share with no compute is charged 0% and its kernels are not capped: under a
 		// compute quota it would use the GPU without counting against it.
 		return &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf(
-			"request %q asks for no compute, but namespace %s has a GPU compute quota (%s: %d%%), and a share without compute runs uncapped and uncounted: ask for compute (e.g. compute: 10), or have the policy set defaultCompute or computeFromMemory",
-			rq.alt.name, ns, p.DisplayName(), *p.QuotaCompute)}
+			"request %q asks for no compute, but namespace %s has a GPU compute quota (SharingPolicy %s: %d%%), and a share without compute runs uncapped and uncounted: ask for compute (e.g. compute: 10), or have the claim's policy (%s) set defaultCompute or computeFromMemory",
+			rq.alt.name, ns, q.ComputeFrom, *q.Compute, p.DisplayName())}
 	}
 	own := d.use()
 	need, compKnown := c.leastNeed(rq)
@@ -58,32 +58,32 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 	if own.comp > 0 {
 		ownComp = fmt.Sprintf(" on top of the %d%% of its other requests", own.comp)
 	}
-	if p.QuotaMemory != nil {
-		q := p.QuotaMemory.Value()
-		if own.mem+need.mem > q {
+	if q.Memory != nil {
+		limit := q.Memory.Value()
+		if own.mem+need.mem > limit {
 			return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
-				"larger than the GPU memory quota of namespace %s (%s: %s): this claim needs %s%s; it will not be placed unless the quota is raised",
-				ns, p.DisplayName(), p.QuotaMemory.String(), what, ownMem)}
+				"larger than the GPU memory quota of namespace %s (SharingPolicy %s: %s): this claim needs %s%s; it will not be placed unless the quota is raised",
+				ns, q.MemoryFrom, q.Memory.String(), what, ownMem)}
 		}
 		// Whole GPUs: their size is known per GPU only (quotaFits), and a lower bound that
 		// queued the claim for quota could hold the namespace for a claim that never fits.
-		if used := c.model.nsMem[ns]; !rq.whole && used+need.mem > q {
+		if used := c.model.nsMem[ns]; !rq.whole && used+need.mem > limit {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
-				"over the GPU memory quota of namespace %s (%s: %s): %s in use, this claim needs %s, %s over; it will be placed when quota frees up",
-				ns, p.DisplayName(), p.QuotaMemory.String(), fmtBytes(used), what, fmtBytes(used+need.mem-q))}
+				"over the GPU memory quota of namespace %s (SharingPolicy %s: %s): %s in use, this claim needs %s, %s over; it will be placed when quota frees up",
+				ns, q.MemoryFrom, q.Memory.String(), fmtBytes(used), what, fmtBytes(used+need.mem-limit))}
 		}
 	}
-	if p.QuotaCompute != nil && compKnown {
-		q := *p.QuotaCompute
-		if own.comp+need.comp > q {
+	if q.Compute != nil && compKnown {
+		limit := *q.Compute
+		if own.comp+need.comp > limit {
 			return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
-				"larger than the GPU compute quota of namespace %s (%s: %d%%): this claim needs %d%%%s; it will not be placed unless the quota is raised",
-				ns, p.DisplayName(), q, need.comp, ownComp)}
+				"larger than the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): this claim needs %d%%%s; it will not be placed unless the quota is raised",
+				ns, q.ComputeFrom, limit, need.comp, ownComp)}
 		}
-		if used := c.model.nsComp[ns]; !rq.whole && used+need.comp > q {
+		if used := c.model.nsComp[ns]; !rq.whole && used+need.comp > limit {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
-				"over the GPU compute quota of namespace %s (%s: %d%%): %d%% in use, this claim needs %d%%, %d%% over; it will be placed when quota frees up",
-				ns, p.DisplayName(), q, used, need.comp, used+need.comp-q)}
+				"over the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): %d%% in use, this claim needs %d%%, %d%% over; it will be placed when quota frees up",
+				ns, q.ComputeFrom, limit, used, need.comp, used+need.comp-limit)}
 		}
 	}
 	return nil
@@ -93,8 +93,11 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 // whichever alternatives it gets: a request of it that waited in the quota queue would
 // hold the namespace's younger claims for ever. Caller holds the model's lock.
 func (c *Controller) claimQuotaCheck(in *input) *waitReason {
-	p, ns := in.pol, in.claim.Namespace
-	if p.QuotaMemory == nil && p.QuotaCompute == nil {
+	q, ns := in.pol.Quota, in.claim.Namespace
+	if q.Invalid != nil {
+		return &waitReason{reason: ReasonInvalidPolicy, message: q.Invalid.Error()}
+	}
+	if !q.Binds() {
 		return nil
 	}
 	var least usage
@@ -125,15 +128,15 @@ func (c *Controller) claimQuotaCheck(in *input) *waitReason {
 	if memText == "" {
 		memText, compText = "at least "+fmtBytes(least.mem)+" in all", fmt.Sprintf("at least %d%% in all", least.comp)
 	}
-	if p.QuotaMemory != nil && least.mem > p.QuotaMemory.Value() {
+	if q.Memory != nil && least.mem > q.Memory.Value() {
 		return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
-			"larger than the GPU memory quota of namespace %s (%s: %s): this claim needs %s; it will not be placed unless the quota is raised",
-			ns, p.DisplayName(), p.QuotaMemory.String(), memText)}
+			"larger than the GPU memory quota of namespace %s (SharingPolicy %s: %s): this claim needs %s; it will not be placed unless the quota is raised",
+			ns, q.MemoryFrom, q.Memory.String(), memText)}
 	}
-	if p.QuotaCompute != nil && least.comp > *p.QuotaCompute {
+	if q.Compute != nil && least.comp > *q.Compute {
 		return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
-			"larger than the GPU compute quota of namespace %s (%s: %d%%): this claim needs %s; it will not be placed unless the quota is raised",
-			ns, p.DisplayName(), *p.QuotaCompute, compText)}
+			"larger than the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): this claim needs %s; it will not be placed unless the quota is raised",
+			ns, q.ComputeFrom, *q.Compute, compText)}
 	}
 	return nil
 }
@@ -176,25 +179,32 @@ func uncappedCompute(p policy.Effective, rq *request) bool {
 // whichever GPUs the placement core picks for it: each passed with its own size times the
 // count, so the sum of their sizes fits too. Caller holds the model's lock.
 func (c *Controller) quotaFits(in *input, own usage, rq *request, mem, comp int64) string {
-	p, ns := in.pol, in.claim.Namespace
+	q, ns := in.pol.Quota, in.claim.Namespace
 	mem, comp = mem*rq.count, comp*rq.count
-	if (p.QuotaMemory != nil && own.mem+mem > p.QuotaMemory.Value()) || (p.QuotaCompute != nil && own.comp+comp > *p.QuotaCompute) {
+	if (q.Memory != nil && own.mem+mem > q.Memory.Value()) || (q.Compute != nil && own.comp+comp > *q.Compute) {
 		return reasonBeyondQuota
 	}
-	if (p.QuotaMemory != nil && c.model.nsMem[ns]+mem > p.QuotaMemory.Value()) || (p.QuotaCompute != nil && c.model.nsComp[ns]+comp > *p.QuotaCompute) {
+	if (q.Memory != nil && c.model.nsMem[ns]+mem > q.Memory.Value()) || (q.Compute != nil && c.model.nsComp[ns]+comp > *q.Compute) {
 		return reasonOverQuota
 	}
 	return ""
 }
 
-// quotaText is a policy's quota in words: "80Gi memory, 50% compute".
-func quotaText(p policy.Effective) string {
+// quotaText is a namespace's quota in words, with the policies it comes from:
+// "SharingPolicy a: 80Gi memory, 50% compute" or "SharingPolicy a: 80Gi memory; SharingPolicy
+// b: 50% compute".
+func quotaText(q policy.Quota) string {
 	var parts []string
-	if p.QuotaMemory != nil {
-		parts = append(parts, p.QuotaMemory.String()+" memory")
+	if q.Memory != nil {
+		parts = append(parts, "SharingPolicy "+q.MemoryFrom+": "+q.Memory.String()+" memory")
 	}
-	if p.QuotaCompute != nil {
-		parts = append(parts, fmt.Sprintf("%d%% compute", *p.QuotaCompute))
+	if q.Compute != nil {
+		c := fmt.Sprintf("%d%% compute", *q.Compute)
+		if len(parts) == 1 && q.ComputeFrom == q.MemoryFrom {
+			parts[0] += ", " + c
+		} else {
+			parts = append(parts, "SharingPolicy "+q.ComputeFrom+": "+c)
+		}
 	}
-	return strings.Join(parts, ", ")
+	return strings.Join(parts, "; ")
 }

@@ -301,3 +301,37 @@ func TestComputeQuotaRefusesUncappedShares(t *testing.T) {
 		})
 	}
 }
+
+// A tenant labels its pods into a higher-priority policy that sets no quota: it gets that
+// policy's co-tenancy rules, but its namespace's quota still binds its claims, and the
+// messages name the policy whose quota binds.
+func TestPodLabelsCannotLiftNamespaceQuota(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{
+		builders.MakePolicy("quota").Isolation(api.IsolationNone).QuotaMemory("40Gi").Obj(),
+		builders.MakePolicy("escape").Priority(100).Isolation(api.IsolationNone).Pods("fgpu.dev/escape", "yes").Obj(),
+	},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"),
+		builders.MakeClaim("a", "big").Memory("60Gi").Obj(), builders.MakePod("a", "big").Claim("big").Label("fgpu.dev/escape", "yes").Obj(),
+		builders.MakeClaim("a", "first").Memory("30Gi").Created(1).Obj(), builders.MakePod("a", "first").Claim("first").Label("fgpu.dev/escape", "yes").Obj(),
+		builders.MakeClaim("a", "second").Memory("30Gi").Created(2).Obj(), builders.MakePod("a", "second").Claim("second").Label("fgpu.dev/escape", "yes").Obj())
+	e.run()
+	e.checkWithinQuota("a", "40Gi")
+	// refusedForQuota would find second in the quota queue, rightly: check big by hand.
+	big := "larger than the GPU memory quota of namespace a (SharingPolicy quota: 40Gi): this claim needs 60Gi; it will not be placed unless the quota is raised"
+	if e.placedOn("a", "big") != "" || !strings.Contains(e.claim("a", "big").Annotations[AnnotationStatus], big) {
+		t.Errorf("big: placed on %q, status %q; want it refused: %q", e.placedOn("a", "big"), e.claim("a", "big").Annotations[AnnotationStatus], big)
+	}
+	if got := e.placedOn("a", "first"); got == "" {
+		t.Fatalf("first not placed: %s", e.claim("a", "first").Annotations[AnnotationStatus])
+	}
+	if st := e.claim("a", "first").Annotations[AnnotationStatus]; !strings.Contains(st, "[SharingPolicy escape]") {
+		t.Errorf("first placed under %q, want the pod-selected policy's co-tenancy rules", st)
+	}
+	if e.placedOn("a", "second") != "" {
+		t.Fatal("second placed over the namespace's quota through a pod-selected policy")
+	}
+	want := "over the GPU memory quota of namespace a (SharingPolicy quota: 40Gi): 30Gi in use, this claim needs 30Gi, 20Gi over; it will be placed when quota frees up"
+	if st := e.claim("a", "second").Annotations[AnnotationStatus]; !strings.Contains(st, want) {
+		t.Errorf("status of second %q, want %q", st, want)
+	}
+}

@@ -3,6 +3,7 @@
 package policy
 
 import (
+	"fmt"
 	"sort"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -27,9 +28,39 @@ type Effective struct {
 	Mode                   api.PolicyMode
 	ComputeFromMemory      bool
 	DefaultCompute         int64
-	QuotaMemory            *resource.Quantity
-	QuotaCompute           *int64
+	// Quota is the namespace's, from every policy that selects the namespace: not only
+	// from this one, which pod labels may have chosen.
+	Quota Quota
 }
+
+// Quota is what binds the claims of one namespace together. Every valid SharingPolicy
+// whose namespaceSelector matches the namespace and that sets a quota binds it, whatever
+// its podSelector: pod labels, which tenants write, may choose co-tenancy rules, never lift
+// a quota. Where several set a limit, the smallest binds, per resource.
+type Quota struct {
+	Memory *resource.Quantity
+	// MemoryFrom names the policy whose memory limit binds.
+	MemoryFrom string
+	Compute    *int64
+	// ComputeFrom names the policy whose compute limit binds.
+	ComputeFrom string
+	// Invalid is set when a policy that sets a quota does not validate and may select the
+	// namespace: its quota cannot be enforced, so the namespace's claims must wait.
+	Invalid *InvalidQuota
+}
+
+// InvalidQuota is a policy with a quota that does not validate.
+type InvalidQuota struct {
+	Policy string
+	Err    error
+}
+
+func (q *InvalidQuota) Error() string {
+	return fmt.Sprintf("SharingPolicy %s is invalid: %v; its quota cannot be enforced, so claims it may bind wait until it is fixed", q.Policy, q.Err)
+}
+
+// Binds reports whether the namespace has a quota.
+func (q Quota) Binds() bool { return q.Memory != nil || q.Compute != nil }
 
 // DisplayName names the policy in messages.
 func (e Effective) DisplayName() string {
@@ -75,10 +106,6 @@ func FromSpec(name string, s *api.SharingPolicySpec) Effective {
 	if s.DefaultCompute != nil {
 		e.DefaultCompute = int64(*s.DefaultCompute)
 	}
-	if s.Quota != nil {
-		e.QuotaMemory = s.Quota.Memory
-		e.QuotaCompute = s.Quota.Compute
-	}
 	return e
 }
 
@@ -86,8 +113,15 @@ func FromSpec(name string, s *api.SharingPolicySpec) Effective {
 // has podLabels (nil when the claim has no pod yet: only policies without a podSelector
 // match). The highest priority wins; equal priorities go to the alphabetically first name.
 // A policy that does not validate (a bad selector, a negative quota) selects nothing: the
-// allocator says so in an event when it reads one (pkg/controller, onPolicy).
+// allocator says so in an event when it reads one (pkg/controller, onPolicy). The quota is
+// the namespace's (NamespaceQuota), whichever policy applies.
 func Resolve(policies []*api.SharingPolicy, nsLabels, podLabels map[string]string) Effective {
+	e := resolve(policies, nsLabels, podLabels)
+	e.Quota = NamespaceQuota(policies, nsLabels)
+	return e
+}
+
+func resolve(policies []*api.SharingPolicy, nsLabels, podLabels map[string]string) Effective {
 	sorted := append([]*api.SharingPolicy(nil), policies...)
 	sort.Slice(sorted, func(i, j int) bool {
 		if sorted[i].Spec.Priority != sorted[j].Spec.Priority {
@@ -108,6 +142,61 @@ func Resolve(policies []*api.SharingPolicy, nsLabels, podLabels map[string]strin
 		return FromSpec(p.Name, &p.Spec)
 	}
 	return Default()
+}
+
+// NamespaceQuota is the quota of a namespace with nsLabels: each limit is the smallest
+// that a valid policy whose namespaceSelector matches sets (ties: the alphabetically first
+// name). A policy that sets a quota but does not validate fails closed: if the namespace
+// may be one it selects (every requirement of its namespaceSelector that can be evaluated
+// matches), Invalid names it, the alphabetically first of such policies.
+func NamespaceQuota(policies []*api.SharingPolicy, nsLabels map[string]string) Quota {
+	sorted := append([]*api.SharingPolicy(nil), policies...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	var q Quota
+	for _, p := range sorted {
+		sq := p.Spec.Quota
+		if p.DeletionTimestamp != nil || sq == nil || (sq.Memory == nil && sq.Compute == nil) {
+			continue
+		}
+		if err := p.Spec.Validate(); err != nil {
+			if q.Invalid == nil && mayMatch(p.Spec.NamespaceSelector, nsLabels) {
+				q.Invalid = &InvalidQuota{Policy: p.Name, Err: err}
+			}
+			continue
+		}
+		if !matches(p.Spec.NamespaceSelector, nsLabels, true) {
+			continue
+		}
+		if sq.Memory != nil && (q.Memory == nil || sq.Memory.Cmp(*q.Memory) < 0) {
+			q.Memory, q.MemoryFrom = sq.Memory, p.Name
+		}
+		if sq.Compute != nil && (q.Compute == nil || *sq.Compute < *q.Compute) {
+			q.Compute, q.ComputeFrom = sq.Compute, p.Name
+		}
+	}
+	return q
+}
+
+// mayMatch reports whether a selector that may not parse can select set: false only when
+// some part of it that can be evaluated does not match (a selector is a conjunction). A
+// matchLabels entry is an equality, decidable whatever its key; a matchExpressions entry
+// that does not parse may match.
+func mayMatch(sel *metav1.LabelSelector, set map[string]string) bool {
+	if sel == nil {
+		return true
+	}
+	for k, v := range sel.MatchLabels {
+		if got, ok := set[k]; !ok || got != v {
+			return false
+		}
+	}
+	for _, e := range sel.MatchExpressions {
+		r, err := metav1.LabelSelectorAsSelector(&metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{e}})
+		if err == nil && !r.Matches(labels.Set(set)) {
+			return false
+		}
+	}
+	return true
 }
 
 func matches(sel *metav1.LabelSelector, set map[string]string, known bool) bool {

@@ -3,7 +3,10 @@ package policy
 import (
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
@@ -46,5 +49,115 @@ func TestResolve(t *testing.T) {
 	}
 	if e := FromSpec("x", &api.SharingPolicySpec{Isolation: api.IsolationExclusive}); e.MaxTenants != 1 {
 		t.Errorf("exclusive: maxTenants %d", e.MaxTenants)
+	}
+}
+
+// A namespace's quota binds every claim in it, whatever policy its pod labels select: pod
+// labels are the tenant's, the quota is not.
+func TestNamespaceQuota(t *testing.T) {
+	type pol = *api.SharingPolicy
+	mk := func(name string, prio int32, ns, pod map[string]string, mem string, comp int64) pol {
+		p := &api.SharingPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: api.SharingPolicySpec{Priority: prio}}
+		if ns != nil {
+			p.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: ns}
+		}
+		if pod != nil {
+			p.Spec.PodSelector = &metav1.LabelSelector{MatchLabels: pod}
+		}
+		if mem != "" || comp >= 0 {
+			p.Spec.Quota = &api.Quota{}
+		}
+		if mem != "" {
+			p.Spec.Quota.Memory = ptr.To(resource.MustParse(mem))
+		}
+		if comp >= 0 {
+			p.Spec.Quota.Compute = ptr.To(comp)
+		}
+		return p
+	}
+	ml := map[string]string{"team": "ml"}
+	badExpr := func(p pol, op metav1.LabelSelectorOperator, values ...string) pol {
+		if p.Spec.NamespaceSelector == nil {
+			p.Spec.NamespaceSelector = &metav1.LabelSelector{}
+		}
+		p.Spec.NamespaceSelector.MatchExpressions = append(p.Spec.NamespaceSelector.MatchExpressions,
+			metav1.LabelSelectorRequirement{Key: "team", Operator: op, Values: values})
+		return p
+	}
+	for name, tc := range map[string]struct {
+		pols              []pol
+		ns, pod           map[string]string
+		mem, memFrom      string // "" when no memory limit
+		comp              int64  // -1 when no compute limit
+		compFrom, invalid string
+		policy            string // what Resolve picks for co-tenancy
+	}{
+		"no policy": {nil, ml, nil, "", "", -1, "", "", ""},
+		"pod label into a quota-free higher-priority policy": {
+			[]pol{mk("quota", 0, ml, nil, "80Gi", -1), mk("escape", 100, nil, map[string]string{"x": "y"}, "", -1)},
+			ml, map[string]string{"x": "y"}, "80Gi", "quota", -1, "", "", "escape"},
+		"a pod-selected policy's quota binds pods it does not select": {
+			[]pol{mk("critical", 10, nil, map[string]string{"tier": "critical"}, "40Gi", -1)},
+			ml, map[string]string{}, "40Gi", "critical", -1, "", "", ""},
+		"smallest limit binds, per resource": {
+			[]pol{mk("a", 0, ml, nil, "80Gi", 50), mk("b", 5, nil, nil, "40Gi", 200), mk("c", 0, map[string]string{"team": "other"}, nil, "1Gi", 1)},
+			ml, nil, "40Gi", "b", 50, "a", "", "b"},
+		"equal limits: first name": {
+			[]pol{mk("z", 0, nil, nil, "40Gi", -1), mk("y", 0, nil, nil, "40Gi", -1)},
+			ml, nil, "40Gi", "y", -1, "", "", "y"},
+		"namespace not selected": {
+			[]pol{mk("a", 0, map[string]string{"team": "other"}, nil, "1Gi", -1)},
+			ml, nil, "", "", -1, "", "", ""},
+		"deleted policy binds nothing": {
+			[]pol{func() pol { p := mk("a", 0, nil, nil, "1Gi", -1); p.DeletionTimestamp = &metav1.Time{}; return p }()},
+			ml, nil, "", "", -1, "", "", ""},
+		"invalid quota fails closed": {
+			[]pol{mk("neg", 0, nil, nil, "-1Gi", -1), mk("ok", 0, nil, nil, "80Gi", -1)},
+			ml, nil, "80Gi", "ok", -1, "", "neg", "ok"},
+		"invalid selector that may select the namespace": {
+			[]pol{badExpr(mk("bad", 0, ml, nil, "1Gi", -1), metav1.LabelSelectorOpIn)},
+			ml, nil, "", "", -1, "", "bad", ""},
+		"invalid selector whose valid part rules the namespace out": {
+			[]pol{badExpr(mk("bad", 0, map[string]string{"team": "other"}, nil, "1Gi", -1), metav1.LabelSelectorOpExists, "x")},
+			ml, nil, "", "", -1, "", "", ""},
+		"invalid selector, a valid expression rules the namespace out": {
+			[]pol{badExpr(badExpr(mk("bad", 0, nil, nil, "1Gi", -1), metav1.LabelSelectorOpNotIn, "ml"), metav1.LabelSelectorOpIn)},
+			ml, nil, "", "", -1, "", "", ""},
+		"invalid pod selector: the quota still cannot be trusted": {
+			[]pol{func() pol {
+				p := mk("bad", 0, nil, nil, "1Gi", -1)
+				p.Spec.PodSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"bad key!": "x"}}
+				return p
+			}()},
+			ml, nil, "", "", -1, "", "bad", ""},
+		"invalid policy without a quota is only skipped": {
+			[]pol{badExpr(mk("bad", 0, nil, nil, "", -1), metav1.LabelSelectorOpIn)},
+			ml, nil, "", "", -1, "", "", ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := Resolve(tc.pols, tc.ns, tc.pod)
+			q := e.Quota
+			if e.Name != tc.policy {
+				t.Errorf("policy %q, want %q", e.Name, tc.policy)
+			}
+			switch {
+			case tc.mem == "" && q.Memory != nil:
+				t.Errorf("memory quota %s from %q, want none", q.Memory, q.MemoryFrom)
+			case tc.mem != "" && (q.Memory == nil || q.Memory.Cmp(resource.MustParse(tc.mem)) != 0 || q.MemoryFrom != tc.memFrom):
+				t.Errorf("memory quota %v from %q, want %s from %q", q.Memory, q.MemoryFrom, tc.mem, tc.memFrom)
+			}
+			switch {
+			case tc.comp < 0 && q.Compute != nil:
+				t.Errorf("compute quota %d from %q, want none", *q.Compute, q.ComputeFrom)
+			case tc.comp >= 0 && (q.Compute == nil || *q.Compute != tc.comp || q.ComputeFrom != tc.compFrom):
+				t.Errorf("compute quota %v from %q, want %d from %q", q.Compute, q.ComputeFrom, tc.comp, tc.compFrom)
+			}
+			switch {
+			case tc.invalid == "" && q.Invalid != nil:
+				t.Errorf("invalid %v, want none", q.Invalid)
+			case tc.invalid != "" && (q.Invalid == nil || q.Invalid.Policy != tc.invalid):
+				t.Errorf("invalid %v, want policy %q", q.Invalid, tc.invalid)
+			}
+		})
 	}
 }

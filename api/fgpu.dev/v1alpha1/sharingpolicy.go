@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"errors"
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -63,17 +64,70 @@ const (
 // +kubebuilder:printcolumn:name="Isolation",type=string,JSONPath=`.spec.isolation`
 // +kubebuilder:printcolumn:name="Latency",type=string,JSONPath=`.spec.latencyClass`
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
+// +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
+// +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
 // SharingPolicy tells fgpu's allocator how the claims it selects share GPUs: who may share
 // a GPU or an MPS server with whom, how many tenants a GPU takes, in which mode, how compute
 // is sized and how much each namespace may hold. When several policies select a claim, the
-// one with the highest priority wins (ties: the alphabetically first name).
+// one with the highest priority wins (ties: the alphabetically first name); quotas are not
+// chosen that way: see Quota.
 type SharingPolicy struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	Spec SharingPolicySpec `json:"spec"`
+	// Status is written by fgpu's allocator.
+	// +optional
+	Status SharingPolicyStatus `json:"status,omitempty"`
+}
+
+// SharingPolicyStatus says whether fgpu's allocator enforces the policy.
+// +kubebuilder:object:generate=true
+type SharingPolicyStatus struct {
+	// Conditions: Accepted is True (reason Valid) when the allocator enforces the policy,
+	// False (reason InvalidSelector or InvalidSpec, the error in the message) when it
+	// ignores it; claims that its quota may bind then wait until it is fixed.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// The SharingPolicy status condition and its reasons.
+const (
+	ConditionAccepted     = "Accepted"
+	ReasonValid           = "Valid"
+	ReasonInvalidSelector = "InvalidSelector"
+	ReasonInvalidSpec     = "InvalidSpec"
+)
+
+// SelectorError is Validate's error about a label selector.
+type SelectorError struct {
+	Field string // namespaceSelector or podSelector
+	Err   error
+}
+
+func (e *SelectorError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e *SelectorError) Unwrap() error { return e.Err }
+
+// Accepted is the Accepted condition the policy's spec earns (LastTransitionTime unset).
+func (p *SharingPolicy) Accepted() metav1.Condition {
+	c := metav1.Condition{Type: ConditionAccepted, Status: metav1.ConditionTrue, Reason: ReasonValid,
+		Message: "the allocator enforces this policy", ObservedGeneration: p.Generation}
+	if err := p.Spec.Validate(); err != nil {
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, ReasonInvalidSpec, err.Error()
+		if se := (*SelectorError)(nil); errors.As(err, &se) {
+			c.Reason = ReasonInvalidSelector
+		}
+		if p.Spec.Quota != nil {
+			c.Message += "; the policy is ignored, and claims in the namespaces it may select wait until it is fixed (its quota cannot be enforced)"
+		} else {
+			c.Message += "; the policy is ignored until it is fixed"
+		}
+	}
+	return c
 }
 
 // SharingPolicySpec is the policy.
@@ -84,10 +138,13 @@ type SharingPolicy struct {
 type SharingPolicySpec struct {
 	// NamespaceSelector selects the namespaces of the claims this policy applies to; unset
 	// selects every namespace.
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn'] ? (has(e.values) && size(e.values) > 0) : (e.operator in ['Exists', 'DoesNotExist'] && (!has(e.values) || size(e.values) == 0)))",message="matchExpressions: operators In and NotIn need values, Exists and DoesNotExist take none; there is no other operator"
 	// +optional
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
 	// PodSelector selects, by the labels of the claim's pod, the claims this policy applies
-	// to; unset selects every pod.
+	// to; unset selects every pod. Tenants write their pods' labels: it chooses co-tenancy
+	// rules, not the quota (see Quota).
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn'] ? (has(e.values) && size(e.values) > 0) : (e.operator in ['Exists', 'DoesNotExist'] && (!has(e.values) || size(e.values) == 0)))",message="matchExpressions: operators In and NotIn need values, Exists and DoesNotExist take none; there is no other operator"
 	// +optional
 	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
 	// Priority breaks ties between policies that select the same claim: highest wins.
@@ -146,21 +203,30 @@ type SharingPolicySpec struct {
 	// +optional
 	DefaultCompute *int32 `json:"defaultCompute,omitempty"`
 
-	// Quota caps what the claims of each selected namespace hold together, whole GPUs
-	// included. A claim over quota waits (in creation order) until quota frees up; a claim
-	// larger than the whole quota is refused and holds no other claim.
+	// Quota caps what the claims of each namespace that namespaceSelector selects hold
+	// together, whole GPUs included. It binds every claim of such a namespace, whatever
+	// podSelector says and whichever policy applies to the claim otherwise: pod labels,
+	// which tenants write, choose co-tenancy rules, never lift a quota. Where several
+	// policies set a quota for a namespace, each limit holds (the smallest binds, per
+	// resource). A claim over quota waits (in creation order) until quota frees up; a claim
+	// larger than the whole quota is refused and holds no other claim. A policy with a
+	// quota that does not validate (stored before the schema refused it) holds the claims
+	// of every namespace it may select until it is fixed.
 	// +optional
 	Quota *Quota `json:"quota,omitempty"`
 }
 
-// Validate says what is wrong with a policy that the CRD's schema cannot refuse (a label
-// selector's operators and values), or that was stored before the schema refused it.
+// Validate says what is wrong with a policy that the CRD's schema cannot refuse (label keys
+// and values that are not: rules that check them exceed the CRD's CEL cost budget, since
+// metav1.LabelSelector bounds none of its lists and strings), or that was stored before the
+// schema refused it (a negative quota, an operator In or NotIn without values, Exists or
+// DoesNotExist with values). It is the authoritative check; the allocator applies it.
 func (s *SharingPolicySpec) Validate() error {
 	if _, err := metav1.LabelSelectorAsSelector(s.NamespaceSelector); err != nil {
-		return fmt.Errorf("namespaceSelector: %w", err)
+		return &SelectorError{Field: "namespaceSelector", Err: err}
 	}
 	if _, err := metav1.LabelSelectorAsSelector(s.PodSelector); err != nil {
-		return fmt.Errorf("podSelector: %w", err)
+		return &SelectorError{Field: "podSelector", Err: err}
 	}
 	if q := s.Quota; q != nil {
 		if q.Memory != nil && q.Memory.Sign() < 0 {

@@ -23,6 +23,8 @@ type SharingPoliciesGetter interface {
 type SharingPolicyInterface interface {
 	Create(ctx context.Context, sharingPolicy *fgpudevv1alpha1.SharingPolicy, opts v1.CreateOptions) (*fgpudevv1alpha1.SharingPolicy, error)
 	Update(ctx context.Context, sharingPolicy *fgpudevv1alpha1.SharingPolicy, opts v1.UpdateOptions) (*fgpudevv1alpha1.SharingPolicy, error)
+	// Add a +genclient:noStatus comment above the type to avoid generating UpdateStatus().
+	UpdateStatus(ctx context.Context, sharingPolicy *fgpudevv1alpha1.SharingPolicy, opts v1.UpdateOptions) (*fgpudevv1alpha1.SharingPolicy, error)
 	Delete(ctx context.Context, name string, opts v1.DeleteOptions) error
 	DeleteCollection(ctx context.Context, opts v1.DeleteOptions, listOpts v1.ListOptions) error
 	Get(ctx context.Context, name string, opts v1.GetOptions) (*fgpudevv1alpha1.SharingPolicy, error)

@@ -343,24 +343,27 @@ func TestInvalidPolicyIsRefusedOrReported(t *testing.T) {
 		"e2e-tenancy-bad-key":      {Key: "not a key!", Operator: metav1.LabelSelectorOpExists},
 	}
 	for name, req := range bad {
-		p := builders.MakePolicy(name).QuotaMemory("10Gi").Obj()
-		p.Spec.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{req}}
-		p.Labels = map[string]string{policyLabel: "true"}
-		_, err := fgpuClient.FgpuV1alpha1().SharingPolicies().Create(ctx, p, metav1.CreateOptions{})
-		if err != nil {
-			if !apierrors.IsInvalid(err) {
-				t.Errorf("%s: refused, but not as invalid: %v", name, err)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			p := builders.MakePolicy(name).QuotaMemory("10Gi").Obj()
+			p.Spec.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{req}}
+			p.Labels = map[string]string{policyLabel: "true"}
+			_, err := fgpuClient.FgpuV1alpha1().SharingPolicies().Create(ctx, p, metav1.CreateOptions{})
+			if err != nil {
+				if !apierrors.IsInvalid(err) {
+					t.Errorf("refused, but not as invalid: %v", err)
+				}
+				return
 			}
-			continue
-		}
-		t.Cleanup(func() {
-			_ = fgpuClient.FgpuV1alpha1().SharingPolicies().Delete(context.Background(), name, metav1.DeleteOptions{})
+			t.Cleanup(func() {
+				_ = fgpuClient.FgpuV1alpha1().SharingPolicies().Delete(context.Background(), name, metav1.DeleteOptions{})
+			})
+			if msg, ok := waitPolicyNotAccepted(ctx, name, 20*time.Second); !ok {
+				t.Errorf("selector %+v was stored and carries no Accepted=False condition", req)
+			} else if msg == "" {
+				t.Error("Accepted=False without a message")
+			}
 		})
-		if msg, ok := waitPolicyNotAccepted(ctx, name, 20*time.Second); !ok {
-			t.Errorf("%s (selector %+v) was stored and carries no Accepted=False condition", name, req)
-		} else if msg == "" {
-			t.Errorf("%s: Accepted=False without a message", name)
-		}
 	}
 }
 

@@ -9,8 +9,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -79,11 +79,10 @@ func TestTamperedClaimMetadataSurvivesRestart(t *testing.T) {
 	createPolicy(t, builders.MakePolicy("e2e-tenancy-shared").Priority(10).Namespaces(key, attackerNS).AllowShared().Obj())
 	tenant := cluster.Tenant(t, attackerNS, "attacker")
 
-	pod, err := framework.MakeGPUPod(attackerNS, "a").Memory("10Gi").CreateAs(ctx, tenant.Client)
-	if err != nil {
+	if _, err := framework.MakeGPUPod(attackerNS, "a").Memory("10Gi").CreateAs(ctx, tenant.Client); err != nil {
 		t.Fatal(err)
 	}
-	pod = running(t, attackerNS, "a")
+	pod := running(t, attackerNS, "a")
 	gpu, _ := gpuOf(t, pod)
 	// The other GPU is taken whole, so the victim can only go to the attacker's.
 	filler := cluster.Namespace(t, "filler")

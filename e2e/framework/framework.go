@@ -220,8 +220,18 @@ func (c *Cluster) waitForDevices(ctx context.Context, n int, timeout time.Durati
 // gone, so the node is unprepared) when the test ends.
 func (c *Cluster) Namespace(t *testing.T, prefix string) string {
 	t.Helper()
-	ctx := context.Background()
-	ns, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}, metav1.CreateOptions{})
+	return c.createNamespace(t, metav1.ObjectMeta{GenerateName: prefix + "-"})
+}
+
+// NamedNamespace is Namespace with an exact name, for tests about the name itself.
+func (c *Cluster) NamedNamespace(t *testing.T, name string) string {
+	t.Helper()
+	return c.createNamespace(t, metav1.ObjectMeta{Name: name})
+}
+
+func (c *Cluster) createNamespace(t *testing.T, meta metav1.ObjectMeta) string {
+	t.Helper()
+	ns, err := c.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: meta}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ const Image = "fgpu.dev/fgpu:dev"
 type GPUPod struct {
 	ns, name string
 	class    string
+	count    int64
 	capacity map[resourceapi.QualifiedName]resource.Quantity
 	config   map[string]any
 	labels   map[string]string
@@ -49,6 +50,9 @@ func (p *GPUPod) Compute(pct int) *GPUPod {
 	p.capacity[api.CapacityCompute] = *resource.NewQuantity(int64(pct), resource.DecimalSI)
 	return p
 }
+
+// Count asks for n devices of the class (allocation mode ExactCount).
+func (p *GPUPod) Count(n int64) *GPUPod { p.count = n; return p }
 
 // Class sets the DeviceClass.
 func (p *GPUPod) Class(c string) *GPUPod { p.class = c; return p }
@@ -73,6 +77,9 @@ func (p *GPUPod) Template() *resourceapi.ResourceClaimTemplate {
 	req := resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: p.class}}
 	if len(p.capacity) > 0 {
 		req.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: p.capacity}
+	}
+	if p.count > 0 {
+		req.Exactly.AllocationMode, req.Exactly.Count = resourceapi.DeviceAllocationModeExactCount, p.count
 	}
 	spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}
 	if p.config != nil {
@@ -113,10 +120,7 @@ func (p *GPUPod) Pod() *corev1.Pod {
 
 // Create creates the template and the pod.
 func (c *Cluster) Create(ctx context.Context, p *GPUPod) (*corev1.Pod, error) {
-	if _, err := c.Client.ResourceV1().ResourceClaimTemplates(p.ns).Create(ctx, p.Template(), metav1.CreateOptions{}); err != nil {
-		return nil, err
-	}
-	return c.Client.CoreV1().Pods(p.ns).Create(ctx, p.Pod(), metav1.CreateOptions{})
+	return p.CreateAs(ctx, c.Client)
 }
 
 // WaitRunning waits for the pod to run and returns it.

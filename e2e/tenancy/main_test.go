@@ -1,0 +1,112 @@
+// Package tenancy is the e2e suite of issue #11: an ordinary tenant (a ServiceAccount with
+// only `edit` in its namespace, framework.Tenant) attacks other namespaces' MPS servers and
+// its own quota on the real local cluster, in allocator mode and in scheduler mode. The
+// admin's client only sets up policies and checks results; after each test no GPU is over
+// its memory or compute and no pod is stuck.
+package tenancy
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/fgpu-dev/fgpu/e2e/framework"
+	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
+)
+
+var (
+	cluster    *framework.Cluster
+	fgpuClient versioned.Interface
+	dynClient  dynamic.Interface
+	// mode is the allocationMode the chart is installed with now.
+	mode string
+)
+
+const (
+	allocatorMode = "allocator"
+	schedulerMode = "scheduler"
+)
+
+// Two fake 80Gi GPUs in both modes; tests of one mode sit together (allocator_test.go runs
+// before scheduler_test.go), so the chart is reinstalled once.
+var modeValues = map[string][]string{
+	allocatorMode: {
+		"allocationMode=allocator",
+		"kubeletPlugin.gpus=fake:2xH100-80GB",
+		"allocator.bindTimeout=20s",
+		"allocator.orphanGrace=10s",
+		"allocator.verbosity=4",
+	},
+	schedulerMode: {
+		"allocationMode=scheduler",
+		"kubeletPlugin.gpus=fake:2xH100-80GB",
+	},
+}
+
+func TestMain(m *testing.M) {
+	c, err := framework.Setup(modeValues[allocatorMode]...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e setup:", err)
+		os.Exit(1)
+	}
+	if c == nil {
+		os.Exit(0)
+	}
+	cluster, mode = c, allocatorMode
+	if fgpuClient, err = versioned.NewForConfig(c.Config); err == nil {
+		if dynClient, err = dynamic.NewForConfig(c.Config); err == nil {
+			err = waitAllocatorReady(context.Background())
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e setup:", err)
+		_ = c.Uninstall(context.Background())
+		os.Exit(1)
+	}
+	code := m.Run()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	deletePolicies(ctx)
+	err = c.Uninstall(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// useMode reinstalls the chart in the given allocation mode unless it runs in it already.
+func useMode(t *testing.T, m string) {
+	t.Helper()
+	if mode == m {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := cluster.Install(ctx, modeValues[m]...); err != nil {
+		t.Fatalf("install in %s mode: %v", m, err)
+	}
+	mode = m
+	if m == allocatorMode {
+		if err := waitAllocatorReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitAllocatorReady waits for the allocator Deployment's pod to run.
+func waitAllocatorReady(ctx context.Context) error {
+	return wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		d, err := cluster.Client.AppsV1().Deployments(framework.Namespace).Get(ctx, "fgpu-allocator", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		return d.Status.ReadyReplicas >= 1 && d.Status.UpdatedReplicas == d.Status.Replicas && d.Status.ObservedGeneration == d.Generation, nil
+	})
+}

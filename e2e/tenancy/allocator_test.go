@@ -106,7 +106,7 @@ func TestTamperedClaimMetadataSurvivesRestart(t *testing.T) {
 		if c.Annotations == nil {
 			c.Annotations = map[string]string{}
 		}
-		c.Annotations[controller.AnnotationTenancy] = `{"maxTenants":1}`
+		c.Annotations["fgpu.dev/tenancy"] = `{"maxTenants":1}` // what earlier allocators read back
 		var kept []string
 		for _, f := range c.Finalizers {
 			if f != controller.Finalizer {

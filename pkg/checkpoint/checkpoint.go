@@ -9,7 +9,16 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"sort"
+	"time"
 )
+
+// ErrCorrupt marks a checkpoint file that exists but cannot be trusted: it does not decode,
+// fails its checksum, has another format version, or does not validate.
+var ErrCorrupt = errors.New("checkpoint is corrupt")
+
+// KeepCorrupt is how many corrupt checkpoints MoveAside keeps for a post-mortem.
+const KeepCorrupt = 3
 
 // Version identifies the checkpoint format; bump it on incompatible changes.
 const Version = "fgpu.dev/checkpoint/v1"
@@ -104,19 +113,43 @@ func (s *Store) Load() (*Checkpoint, error) {
 	}
 	var f file
 	if err := json.Unmarshal(raw, &f); err != nil {
-		return nil, fmt.Errorf("decode checkpoint %s: %w", s.path, err)
+		return nil, fmt.Errorf("%w: decode %s: %w", ErrCorrupt, s.path, err)
 	}
 	if sum := crc32.ChecksumIEEE(f.Data); sum != f.Checksum {
-		return nil, fmt.Errorf("checkpoint %s is corrupt: checksum %08x, want %08x", s.path, sum, f.Checksum)
+		return nil, fmt.Errorf("%w: %s has checksum %08x, want %08x", ErrCorrupt, s.path, sum, f.Checksum)
 	}
 	cp := New()
 	if err := json.Unmarshal(f.Data, cp); err != nil {
-		return nil, fmt.Errorf("decode checkpoint %s: %w", s.path, err)
+		return nil, fmt.Errorf("%w: decode %s: %w", ErrCorrupt, s.path, err)
 	}
 	if cp.Claims == nil {
 		cp.Claims = map[string]*ClaimEntry{}
 	}
-	return cp, cp.Validate()
+	if err := cp.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, s.path, err)
+	}
+	return cp, nil
+}
+
+// MoveAside renames the checkpoint to <path>.corrupt-<UTC time> so that a fresh one can be
+// written, and deletes all but the newest KeepCorrupt such files so that a checkpoint that
+// keeps breaking cannot fill the disk. It returns the new path.
+func (s *Store) MoveAside(now time.Time) (string, error) {
+	aside := s.path + ".corrupt-" + now.UTC().Format("20060102T150405.000000000Z")
+	if err := os.Rename(s.path, aside); err != nil {
+		return "", fmt.Errorf("move corrupt checkpoint aside: %w", err)
+	}
+	old, err := filepath.Glob(s.path + ".corrupt-*")
+	if err != nil {
+		return aside, err
+	}
+	// The timestamp format sorts as text.
+	sort.Sort(sort.Reverse(sort.StringSlice(old)))
+	var errs []error
+	for _, p := range old[min(len(old), KeepCorrupt):] {
+		errs = append(errs, os.Remove(p))
+	}
+	return aside, errors.Join(errs...)
 }
 
 // Save writes the checkpoint with write-fsync-rename so a crash leaves the old or the new

@@ -144,10 +144,16 @@ func (m *Manager) Stop(ctx context.Context, key string) error {
 		}
 	}
 	m.forget(key)
-	if err := os.RemoveAll(filepath.Join(m.Root, key)); err != nil {
-		return fmt.Errorf("remove MPS directories of %s: %w", key, err)
+	// The daemon stops answering on its pipe before it writes its last log line and exits,
+	// so a removal that races that line is tried again for a moment.
+	var err error
+	for range 10 {
+		if err = os.RemoveAll(filepath.Join(m.Root, key)); err == nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return nil
+	return fmt.Errorf("remove MPS directories of %s: %w", key, err)
 }
 
 // Keys lists the daemon directories present under Root, running or not.

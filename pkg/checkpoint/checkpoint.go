@@ -17,7 +17,7 @@ import (
 // fails its checksum, has another format version, or does not validate.
 var ErrCorrupt = errors.New("checkpoint is corrupt")
 
-// KeepCorrupt is how many corrupt checkpoints MoveAside keeps for a post-mortem.
+// KeepCorrupt is how many corrupt checkpoints CopyAside keeps for a post-mortem.
 const KeepCorrupt = 3
 
 // Version identifies the checkpoint format; bump it on incompatible changes.
@@ -131,13 +131,19 @@ func (s *Store) Load() (*Checkpoint, error) {
 	return cp, nil
 }
 
-// MoveAside renames the checkpoint to <path>.corrupt-<UTC time> so that a fresh one can be
-// written, and deletes all but the newest KeepCorrupt such files so that a checkpoint that
-// keeps breaking cannot fill the disk. It returns the new path.
-func (s *Store) MoveAside(now time.Time) (string, error) {
+// CopyAside copies the checkpoint to <path>.corrupt-<UTC time> for a post-mortem, and
+// deletes all but the newest KeepCorrupt such copies so that a checkpoint that keeps
+// breaking cannot fill the disk. It copies rather than renames: the file stays in place
+// until Save replaces it, so a crash in between finds it corrupt again, never missing
+// (which would read as a node with nothing prepared). It returns the copy's path.
+func (s *Store) CopyAside(now time.Time) (string, error) {
+	raw, err := os.ReadFile(s.path)
+	if err != nil {
+		return "", fmt.Errorf("copy corrupt checkpoint aside: %w", err)
+	}
 	aside := s.path + ".corrupt-" + now.UTC().Format("20060102T150405.000000000Z")
-	if err := os.Rename(s.path, aside); err != nil {
-		return "", fmt.Errorf("move corrupt checkpoint aside: %w", err)
+	if err := writeSynced(aside, raw); err != nil {
+		return "", fmt.Errorf("copy corrupt checkpoint aside: %w", err)
 	}
 	old, err := filepath.Glob(s.path + ".corrupt-*")
 	if err != nil {
@@ -192,4 +198,20 @@ func (s *Store) Save(cp *Checkpoint) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+func writeSynced(path string, raw []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(raw); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -107,7 +107,7 @@ func TestEveryKindOfCorruptionIsErrCorrupt(t *testing.T) {
 	}
 }
 
-func TestMoveAsideKeepsTheNewestFew(t *testing.T) {
+func TestCopyAsideKeepsTheNewestFew(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "checkpoint.json")
 	s := NewStore(path)
@@ -117,14 +117,14 @@ func TestMoveAsideKeepsTheNewestFew(t *testing.T) {
 		if err := os.WriteFile(path, []byte(fmt.Sprint("broken ", i)), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		p, err := s.MoveAside(start.Add(time.Duration(i) * time.Second))
+		p, err := s.CopyAside(start.Add(time.Duration(i) * time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
 		aside = append(aside, p)
 	}
-	if _, err := os.Stat(path); !os.IsNotExist(err) {
-		t.Fatalf("checkpoint still in place: %v", err)
+	if raw, err := os.ReadFile(path); err != nil || string(raw) != fmt.Sprint("broken ", KeepCorrupt+1) {
+		t.Fatalf("the checkpoint must stay until Save replaces it: %q %v", raw, err)
 	}
 	left, _ := filepath.Glob(path + ".corrupt-*")
 	if want := aside[len(aside)-KeepCorrupt:]; !reflect.DeepEqual(left, want) {

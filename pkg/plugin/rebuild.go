@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/fgpu-dev/fgpu/pkg/cdi"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 )
 
@@ -38,7 +41,7 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 	if err != nil {
 		return fmt.Errorf("%w; listing ResourceClaims to rebuild it: %w", loadErr, err)
 	}
-	aside, err := s.store.MoveAside(time.Now())
+	aside, err := s.store.CopyAside(time.Now())
 	if err != nil && aside == "" {
 		return fmt.Errorf("%w; %w", loadErr, err)
 	}
@@ -85,26 +88,40 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 			dropped = append(dropped, fmt.Sprintf("%s (%v)", ref, err))
 			continue
 		}
+		// The IDs the spec on the node already names, so that the checkpoint is complete
+		// before anything is rewritten.
+		for i := range planned {
+			planned[i].CDIDeviceIDs = []string{cdi.DeviceID(uid, planned[i].Device)}
+		}
 		s.cp.Claims[uid] = &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareCompleted, Devices: planned}
 		kept = append(kept, ref)
 	}
-	// The spec and daemons of every entry are written again only now that all entries are
-	// known: an MPS server's default caps are the largest among its domain's tenants.
-	for uid, e := range s.cp.Claims {
-		if err := s.apply(ctx, uid, e); err != nil {
-			return fmt.Errorf("rebuild claim %s/%s: %w", e.Namespace, e.Name, err)
-		}
-	}
+	// Saved before any side effect: a crash from here on restarts from this checkpoint,
+	// never from an empty one that would remove every spec and daemon on the node.
 	if err := s.store.Save(s.cp); err != nil {
 		return err
 	}
+	// The specs and daemons are written again only now that all entries are known: an MPS
+	// server's default caps are the largest among its domain's tenants.
+	for _, uid := range slices.Sorted(maps.Keys(s.cp.Claims)) {
+		e := s.cp.Claims[uid]
+		if err := s.apply(ctx, uid, e); err != nil {
+			ref := e.Namespace + "/" + e.Name
+			logger.Error(err, "Not taking back a claim into the rebuilt checkpoint", "claim", klog.KRef(e.Namespace, e.Name))
+			if rbErr := s.rollback(ctx, uid); rbErr != nil {
+				return fmt.Errorf("rebuild claim %s: %w; rolling it back: %w", ref, err, rbErr)
+			}
+			kept = slices.DeleteFunc(kept, func(k string) bool { return k == ref })
+			dropped = append(dropped, fmt.Sprintf("%s (%v)", ref, err))
+		}
+	}
 	orphans := len(specs) - len(kept)
-	msg := fmt.Sprintf("kubelet plugin checkpoint was unreadable (%v) and was moved to %s; rebuilt from the CDI specs on the node and the ResourceClaims reserved here: took back %d claim(s) [%s]; %d CDI spec(s) no reserved claim owns are removed with their MPS servers",
+	msg := fmt.Sprintf("kubelet plugin checkpoint was unreadable (%v) and was copied to %s; rebuilt from the CDI specs on the node and the ResourceClaims reserved here: took back %d claim(s) [%s]; %d CDI spec(s) no reserved claim owns are removed with their MPS servers",
 		loadErr, aside, len(kept), strings.Join(kept, ", "), orphans)
 	if len(dropped) > 0 {
 		msg += fmt.Sprintf("; not taken back: %s", strings.Join(dropped, "; "))
 	}
-	logger.Error(loadErr, "Rebuilt a corrupt checkpoint", "movedTo", aside, "claims", kept, "dropped", dropped, "orphanSpecs", orphans)
+	logger.Error(loadErr, "Rebuilt a corrupt checkpoint", "copiedTo", aside, "claims", kept, "dropped", dropped, "orphanSpecs", orphans)
 	if err := s.nodeEvent(ctx, client, corev1.EventTypeWarning, ReasonCheckpointRecovered, msg); err != nil {
 		// The log line above says the same; the plugin must not stay down for an event.
 		logger.Error(err, "Recording the checkpoint recovery event")

@@ -109,7 +109,7 @@ func testRebuild(t *testing.T, corrupt func(*testing.T, []byte) []byte) {
 	}
 	aside, _ := filepath.Glob(path + ".corrupt-*")
 	if len(aside) != 1 {
-		t.Fatalf("corrupt checkpoint moved to %v", aside)
+		t.Fatalf("corrupt checkpoint copied to %v", aside)
 	}
 	evs := events(t, e)
 	if len(evs) != 1 || evs[0].Reason != ReasonCheckpointRecovered || evs[0].InvolvedObject.Kind != "Node" || evs[0].InvolvedObject.Name != node ||

@@ -38,7 +38,7 @@ type State struct {
 }
 
 // NewState loads the checkpoint and recovers from whatever a previous run left half done.
-// A corrupt checkpoint is moved aside and rebuilt from the node and the API through client;
+// A corrupt checkpoint is copied aside and rebuilt from the node and the API through client;
 // without a client (nil) it stops the start instead.
 func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kubernetes.Interface) (*State, error) {
 	devs, err := backend.Devices()

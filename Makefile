@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 
-.PHONY: all build test test-unit test-e2e verify generate lint golangci-lint logcheck demo demo-down images \
+.PHONY: all build test test-unit fuzz test-e2e verify generate lint golangci-lint logcheck demo demo-down images \
 	cluster-up cluster-down bench-e2e plot gpucheck
 
 # Developer tools run at the versions pinned in hack/tools (golangci-lint in its own module so its
@@ -15,9 +15,9 @@ all: build
 build:
 	$(GO) build ./...
 
-## test: the tree checks (verify, lint), unit tests, then the e2e suites on a real local
-## Kubernetes cluster; .ci/run calls this.
-test: verify lint test-unit test-e2e
+## test: the tree checks (verify, lint), unit tests, a short fuzz run, then the e2e suites on a
+## real local Kubernetes cluster; .ci/run calls this.
+test: verify lint test-unit fuzz test-e2e
 
 ## verify: Go files formatted, every go.mod tidy, generated files up to date (hack/verify.sh).
 verify:
@@ -45,6 +45,19 @@ test-unit:
 	$(GO) vet -tags fgpu_e2e ./pkg/plugin/
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/e2e/')
 	$(GO) test -count=1 -tags fgpu_e2e ./pkg/plugin/
+
+## fuzz: each fuzz target of what tenants and admins feed fgpu (opaque GpuConfig, its merge,
+## SharingPolicy, trace CSV) for FUZZTIME (about 50 s in all with a warm cache). A failing
+## input lands in the package's testdata/fuzz/<Target>/: keep it there with the fix, as a
+## seed that `go test` then runs every time.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := ./api/fgpu.dev/v1alpha1:FuzzDecodeGpuConfig ./api/fgpu.dev/v1alpha1:FuzzMergeConfigs \
+	./pkg/policy:FuzzSharingPolicy ./pkg/sim:FuzzReadTrace
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t##*:} for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t##*:}\$$" -fuzztime $(FUZZTIME) $${t%%:*} || exit 1; \
+	done
 
 test-e2e:
 	hack/e2e.sh

@@ -36,7 +36,7 @@ type flags struct {
 	cfg              controller.Config
 	classes          string
 	exclusiveClasses string
-	metricsAddr      string
+	metrics          serve.MetricsOptions
 	kubeconfig       string
 	leaderElect      bool
 	leaseNamespace   string
@@ -45,7 +45,6 @@ type flags struct {
 	renewDeadline    time.Duration
 	retryPeriod      time.Duration
 	qps              float32
-	profiling        bool
 	burst            int
 }
 
@@ -66,9 +65,9 @@ func main() {
 	fs.DurationVar(&f.cfg.OrphanGrace, "orphan-grace", f.cfg.OrphanGrace, "take an allocation back when no pod has used the claim for this long")
 	fs.IntVar(&f.cfg.Workers, "workers", f.cfg.Workers, "claims written in parallel (decisions are serialised; each placement waits on two API round trips, so this bounds placements per second)")
 	fs.StringVar(&f.cfg.Placement, "placement", f.cfg.Placement, "placement policy for standard claims: "+strings.Join(placement.Names(), ", "))
-	fs.StringVar(&f.metricsAddr, "metrics-addr", ":9465", "address of the Prometheus /metrics and /healthz endpoint (empty: off)")
+	f.metrics.AddFlags(fs, ":9465")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
-	fs.BoolVar(&f.profiling, "profiling", false, "serve Go's pprof handlers under /debug/pprof/ on the metrics address")
+	fs.BoolVar(&f.metrics.Profiling, "profiling", false, "serve Go's pprof handlers under /debug/pprof/ on the metrics address, behind its authorization")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run only while holding the Lease")
 	fs.StringVar(&f.leaseNamespace, "leader-elect-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the Lease (default $POD_NAMESPACE)")
 	fs.StringVar(&f.leaseName, "leader-elect-name", "fgpu-allocator", "name of the Lease")
@@ -124,7 +123,11 @@ func run(ctx context.Context, f flags) error {
 	}
 	reg := serve.Registry()
 	metrics := controller.NewMetrics(reg)
-	defer serve.Metrics(ctx, f.metricsAddr, reg, f.profiling)()
+	stopMetrics, err := serve.Metrics(ctx, f.metrics, reg, client)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	runCtrl := func(ctx context.Context) error {
 		return controller.New(f.cfg, client, fgpuClient, metrics).Run(ctx)
 	}

@@ -30,7 +30,7 @@ type flags struct {
 	mpsControl     string
 	reservedMemory string
 	allocationMode string
-	metricsAddr    string
+	metrics        serve.MetricsOptions
 	kubeconfig     string
 }
 
@@ -55,7 +55,7 @@ func main() {
 	fs.StringVar(&f.cfg.RegistrarDir, "registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registry directory")
 	fs.StringVar(&f.reservedMemory, "reserved-memory", "1Gi", "memory kept back on each GPU for the driver and the MPS server")
 	fs.StringVar(&f.allocationMode, "allocation-mode", "scheduler", `"scheduler": kube-scheduler allocates shares; "allocator": devices are fenced with a taint only fgpu's allocator tolerates`)
-	fs.StringVar(&f.metricsAddr, "metrics-addr", ":9464", "address of the Prometheus /metrics endpoint (empty: off)")
+	f.metrics.AddFlags(fs, ":9464")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
 	klogFlags := goflagSet()
 	fs.AddGoFlagSet(klogFlags)
@@ -101,7 +101,11 @@ func run(ctx context.Context, f flags) error {
 	}
 	reg := serve.Registry()
 	metrics := plugin.NewMetrics(reg)
-	defer serve.Metrics(ctx, f.metricsAddr, reg, false)()
+	stopMetrics, err := serve.Metrics(ctx, f.metrics, reg, client)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	driver, err := plugin.Start(ctx, f.cfg, backend, client, metrics)
 	if err != nil {
 		return err

@@ -72,7 +72,7 @@ func run(phase string, args []string) error {
 		DevRoot: "/dev", ReservedMemory: 1 << 30,
 	}
 	ctx := context.Background()
-	state, err := plugin.NewState(ctx, cfg, modeReporter{backend})
+	state, err := plugin.NewState(ctx, cfg, modeReporter{backend}, nil)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,16 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"sort"
+	"time"
 )
+
+// ErrCorrupt marks a checkpoint file that exists but cannot be trusted: it does not decode,
+// fails its checksum, has another format version, or does not validate.
+var ErrCorrupt = errors.New("checkpoint is corrupt")
+
+// KeepCorrupt is how many corrupt checkpoints CopyAside keeps for a post-mortem.
+const KeepCorrupt = 3
 
 // Version identifies the checkpoint format; bump it on incompatible changes.
 const Version = "fgpu.dev/checkpoint/v1"
@@ -110,19 +119,49 @@ func (s *Store) Load() (*Checkpoint, error) {
 	}
 	var f file
 	if err := json.Unmarshal(raw, &f); err != nil {
-		return nil, fmt.Errorf("decode checkpoint %s: %w", s.path, err)
+		return nil, fmt.Errorf("%w: decode %s: %w", ErrCorrupt, s.path, err)
 	}
 	if sum := crc32.ChecksumIEEE(f.Data); sum != f.Checksum {
-		return nil, fmt.Errorf("checkpoint %s is corrupt: checksum %08x, want %08x", s.path, sum, f.Checksum)
+		return nil, fmt.Errorf("%w: %s has checksum %08x, want %08x", ErrCorrupt, s.path, sum, f.Checksum)
 	}
 	cp := New()
 	if err := json.Unmarshal(f.Data, cp); err != nil {
-		return nil, fmt.Errorf("decode checkpoint %s: %w", s.path, err)
+		return nil, fmt.Errorf("%w: decode %s: %w", ErrCorrupt, s.path, err)
 	}
 	if cp.Claims == nil {
 		cp.Claims = map[string]*ClaimEntry{}
 	}
-	return cp, cp.Validate()
+	if err := cp.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, s.path, err)
+	}
+	return cp, nil
+}
+
+// CopyAside copies the checkpoint to <path>.corrupt-<UTC time> for a post-mortem, and
+// deletes all but the newest KeepCorrupt such copies so that a checkpoint that keeps
+// breaking cannot fill the disk. It copies rather than renames: the file stays in place
+// until Save replaces it, so a crash in between finds it corrupt again, never missing
+// (which would read as a node with nothing prepared). It returns the copy's path.
+func (s *Store) CopyAside(now time.Time) (string, error) {
+	raw, err := os.ReadFile(s.path)
+	if err != nil {
+		return "", fmt.Errorf("copy corrupt checkpoint aside: %w", err)
+	}
+	aside := s.path + ".corrupt-" + now.UTC().Format("20060102T150405.000000000Z")
+	if err := writeSynced(aside, raw); err != nil {
+		return "", fmt.Errorf("copy corrupt checkpoint aside: %w", err)
+	}
+	old, err := filepath.Glob(s.path + ".corrupt-*")
+	if err != nil {
+		return aside, err
+	}
+	// The timestamp format sorts as text.
+	sort.Sort(sort.Reverse(sort.StringSlice(old)))
+	var errs []error
+	for _, p := range old[min(len(old), KeepCorrupt):] {
+		errs = append(errs, os.Remove(p))
+	}
+	return aside, errors.Join(errs...)
 }
 
 // Save writes the checkpoint with write-fsync-rename so a crash leaves the old or the new
@@ -165,4 +204,20 @@ func (s *Store) Save(cp *Checkpoint) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+func writeSynced(path string, raw []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(raw); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -1,11 +1,14 @@
 package checkpoint
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func sample() *Checkpoint {
@@ -73,5 +76,61 @@ func TestValidate(t *testing.T) {
 	cp.Claims["uid-1"].Devices[0].ComputePercent = 120
 	if err := cp.Validate(); err == nil {
 		t.Fatal("compute over 100 accepted")
+	}
+}
+
+func TestEveryKindOfCorruptionIsErrCorrupt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	s := NewStore(path)
+	if err := s.Save(sample()); err != nil {
+		t.Fatal(err)
+	}
+	good, _ := os.ReadFile(path)
+	wrongVersion := New()
+	wrongVersion.Version = "fgpu.dev/checkpoint/v0"
+	if err := s.Save(wrongVersion); err != nil {
+		t.Fatal(err)
+	}
+	oldVersion, _ := os.ReadFile(path)
+	for name, raw := range map[string][]byte{
+		"truncated":     good[:len(good)/2],
+		"garbage":       []byte("\x00\x01not json at all"),
+		"empty":         {},
+		"wrong version": oldVersion,
+	} {
+		if err := os.WriteFile(path, raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Load(); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: want ErrCorrupt, got %v", name, err)
+		}
+	}
+}
+
+func TestCopyAsideKeepsTheNewestFew(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "checkpoint.json")
+	s := NewStore(path)
+	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var aside []string
+	for i := range KeepCorrupt + 2 {
+		if err := os.WriteFile(path, []byte(fmt.Sprint("broken ", i)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p, err := s.CopyAside(start.Add(time.Duration(i) * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		aside = append(aside, p)
+	}
+	if raw, err := os.ReadFile(path); err != nil || string(raw) != fmt.Sprint("broken ", KeepCorrupt+1) {
+		t.Fatalf("the checkpoint must stay until Save replaces it: %q %v", raw, err)
+	}
+	left, _ := filepath.Glob(path + ".corrupt-*")
+	if want := aside[len(aside)-KeepCorrupt:]; !reflect.DeepEqual(left, want) {
+		t.Fatalf("kept %v, want the newest %v", left, want)
+	}
+	if raw, _ := os.ReadFile(aside[len(aside)-1]); string(raw) != fmt.Sprint("broken ", KeepCorrupt+1) {
+		t.Fatalf("newest corrupt file holds %q", raw)
 	}
 }

@@ -32,7 +32,7 @@ type Driver struct {
 // Start recovers the node's state, registers with the kubelet and publishes the GPUs. It
 // returns once serving; Stop shuts it down.
 func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernetes.Interface, metrics *Metrics) (*Driver, error) {
-	state, err := NewState(ctx, cfg, backend)
+	state, err := NewState(ctx, cfg, backend, client)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -38,7 +39,9 @@ type State struct {
 }
 
 // NewState loads the checkpoint and recovers from whatever a previous run left half done.
-func NewState(ctx context.Context, cfg Config, backend gpu.Backend) (*State, error) {
+// A corrupt checkpoint is copied aside and rebuilt from the node and the API through client;
+// without a client (nil) it stops the start instead.
+func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kubernetes.Interface) (*State, error) {
 	devs, err := backend.Devices()
 	if err != nil {
 		return nil, fmt.Errorf("discover GPUs: %w", err)
@@ -60,7 +63,7 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend) (*State, err
 	for _, d := range devs {
 		s.devices[d.Name()] = d
 	}
-	if s.cp, err = s.store.Load(); err != nil {
+	if err := s.loadOrRebuild(ctx, client); err != nil {
 		return nil, err
 	}
 	if err := s.recover(ctx); err != nil {

@@ -16,6 +16,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
@@ -46,6 +47,8 @@ func TestMain(m *testing.M) {
 type env struct {
 	t   testing.TB
 	cfg Config
+	// client is what a restarted plugin rebuilds a corrupt checkpoint from; nil: no API.
+	client kubernetes.Interface
 }
 
 func newEnv(t testing.TB) *env {
@@ -69,12 +72,7 @@ func newEnv(t testing.TB) *env {
 // state builds a fresh State over the env's directories, as a restarted plugin would.
 func (e *env) state() *State {
 	e.t.Helper()
-	fleet, _ := fake.ParseSpec("2xH100-80GB")
-	b, err := fake.New(fleet, node, e.cfg.DevRoot, standIn)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	s, err := NewState(context.Background(), e.cfg, b)
+	s, err := NewState(context.Background(), e.cfg, e.backend(), e.client)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -87,6 +85,16 @@ func (e *env) state() *State {
 		}
 	})
 	return s
+}
+
+func (e *env) backend() *fake.Backend {
+	e.t.Helper()
+	fleet, _ := fake.ParseSpec("2xH100-80GB")
+	b, err := fake.New(fleet, node, e.cfg.DevRoot, standIn)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return b
 }
 
 func (e *env) specEnv(uid string) []string {

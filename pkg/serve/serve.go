@@ -4,7 +4,10 @@ package serve
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"time"
@@ -13,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -49,27 +53,52 @@ func Registry() *prometheus.Registry {
 	return reg
 }
 
-// Metrics serves /metrics and /healthz (and pprof under /debug/pprof/ when profiling) on
-// addr until the returned function is called. An empty addr serves nothing.
-func Metrics(ctx context.Context, addr string, reg *prometheus.Registry, profiling bool) (stop func()) {
-	if addr == "" {
-		return func() {}
+// Metrics serves /metrics and /healthz (and pprof under /debug/pprof/ when profiling) until
+// the returned function is called. /metrics and pprof name namespaces and claims, so they
+// are served over HTTPS to callers the API server authenticates (TokenReview) and
+// authorizes for the non-resource URL (SubjectAccessReview) through client; /healthz is
+// open for the kubelet's probes. With opts.Insecure everything is plain HTTP and open.
+func Metrics(ctx context.Context, opts MetricsOptions, reg *prometheus.Registry, client kubernetes.Interface) (stop func(), err error) {
+	if opts.Addr == "" {
+		return func() {}, nil
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	if profiling {
+	if opts.Profiling {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Addr: opts.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if !opts.Insecure {
+		authn, authz, err := delegatedAuth(client)
+		if err != nil {
+			return nil, err
+		}
+		cert, err := opts.servingCert()
+		if err != nil {
+			return nil, err
+		}
+		srv.Handler = delegated(authn, authz, mux)
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	ln, err := net.Listen("tcp", opts.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics endpoint: %w", err)
+	}
 	go func() {
-		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.FromContext(ctx).Error(err, "Metrics server stopped", "addr", addr)
+		var err error
+		if opts.Insecure {
+			err = srv.Serve(ln)
+		} else {
+			err = srv.ServeTLS(ln, "", "")
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "Metrics server stopped", "addr", opts.Addr)
 		}
 	}()
-	return func() { _ = srv.Shutdown(context.Background()) }
+	return func() { _ = srv.Shutdown(context.Background()) }, nil
 }

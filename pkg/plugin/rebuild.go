@@ -1,0 +1,176 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/fgpu-dev/fgpu/pkg/cdi"
+	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+)
+
+// ReasonCheckpointRecovered is the Node event's reason when a corrupt checkpoint was
+// replaced by one rebuilt from the node and the API.
+const ReasonCheckpointRecovered = "FgpuCheckpointRecovered"
+
+// rebuild replaces a corrupt checkpoint. A claim is taken back only when both sides vouch
+// for it: this node holds its CDI spec (the plugin prepared it) and the API still has it
+// allocated here and reserved for a pod (someone still uses it). Its devices are planned
+// again from its allocation, exactly as Prepare did, and checked against the capacity of
+// the claims already taken back, so no share is counted twice and no GPU is over-committed.
+// Everything else is left to recover, which removes the specs and daemons no entry owns;
+// a reserved claim without a spec was never prepared here, and the kubelet prepares it.
+func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadErr error) error {
+	logger := klog.FromContext(ctx)
+	if client == nil {
+		return loadErr
+	}
+	list, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("%w; listing ResourceClaims to rebuild it: %w", loadErr, err)
+	}
+	aside, err := s.store.CopyAside(time.Now())
+	if err != nil && aside == "" {
+		return fmt.Errorf("%w; %w", loadErr, err)
+	}
+	if err != nil {
+		logger.Error(err, "Removing old corrupt checkpoints")
+	}
+	specs, err := s.cdi.ClaimUIDs()
+	if err != nil {
+		return err
+	}
+	onNode := map[string]bool{}
+	for _, uid := range specs {
+		onNode[uid] = true
+	}
+	claims := list.Items
+	// Oldest first, so that if the API's allocations over-commit a GPU the claims that ran
+	// first keep it.
+	sort.SliceStable(claims, func(i, j int) bool {
+		a, b := claims[i].CreationTimestamp, claims[j].CreationTimestamp
+		if !a.Equal(&b) {
+			return a.Before(&b)
+		}
+		return claims[i].Namespace+"/"+claims[i].Name < claims[j].Namespace+"/"+claims[j].Name
+	})
+	s.cp = checkpoint.New()
+	var kept, dropped []string
+	for i := range claims {
+		claim := &claims[i]
+		uid := string(claim.UID)
+		if !onNode[uid] || !s.allocatedHere(claim) {
+			continue
+		}
+		ref := claim.Namespace + "/" + claim.Name
+		if len(claim.Status.ReservedFor) == 0 {
+			dropped = append(dropped, ref+" (no longer reserved for a pod)")
+			continue
+		}
+		planned, err := s.plan(claim)
+		if err == nil {
+			err = s.checkCapacity(claim, planned)
+		}
+		if err != nil {
+			logger.Error(err, "Not taking back a claim into the rebuilt checkpoint", "claim", klog.KObj(claim))
+			dropped = append(dropped, fmt.Sprintf("%s (%v)", ref, err))
+			continue
+		}
+		// The IDs the spec on the node already names, so that the checkpoint is complete
+		// before anything is rewritten.
+		for i := range planned {
+			planned[i].CDIDeviceIDs = []string{cdi.DeviceID(uid, planned[i].Device)}
+		}
+		s.cp.Claims[uid] = &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareCompleted, Devices: planned}
+		kept = append(kept, ref)
+	}
+	// Saved before any side effect: a crash from here on restarts from this checkpoint,
+	// never from an empty one that would remove every spec and daemon on the node.
+	if err := s.store.Save(s.cp); err != nil {
+		return err
+	}
+	// The specs and daemons are written again only now that all entries are known: an MPS
+	// server's default caps are the largest among its domain's tenants.
+	for _, uid := range slices.Sorted(maps.Keys(s.cp.Claims)) {
+		e := s.cp.Claims[uid]
+		if err := s.apply(ctx, uid, e); err != nil {
+			ref := e.Namespace + "/" + e.Name
+			logger.Error(err, "Not taking back a claim into the rebuilt checkpoint", "claim", klog.KRef(e.Namespace, e.Name))
+			if rbErr := s.rollback(ctx, uid); rbErr != nil {
+				return fmt.Errorf("rebuild claim %s: %w; rolling it back: %w", ref, err, rbErr)
+			}
+			kept = slices.DeleteFunc(kept, func(k string) bool { return k == ref })
+			dropped = append(dropped, fmt.Sprintf("%s (%v)", ref, err))
+		}
+	}
+	orphans := len(specs) - len(kept)
+	msg := fmt.Sprintf("kubelet plugin checkpoint was unreadable (%v) and was copied to %s; rebuilt from the CDI specs on the node and the ResourceClaims reserved here: took back %d claim(s) [%s]; %d CDI spec(s) no reserved claim owns are removed with their MPS servers",
+		loadErr, aside, len(kept), strings.Join(kept, ", "), orphans)
+	if len(dropped) > 0 {
+		msg += fmt.Sprintf("; not taken back: %s", strings.Join(dropped, "; "))
+	}
+	logger.Error(loadErr, "Rebuilt a corrupt checkpoint", "copiedTo", aside, "claims", kept, "dropped", dropped, "orphanSpecs", orphans)
+	if err := s.nodeEvent(ctx, client, corev1.EventTypeWarning, ReasonCheckpointRecovered, msg); err != nil {
+		// The log line above says the same; the plugin must not stay down for an event.
+		logger.Error(err, "Recording the checkpoint recovery event")
+	}
+	return nil
+}
+
+// allocatedHere says whether a claim holds a device of this driver from this node's pool.
+func (s *State) allocatedHere(claim *resourceapi.ResourceClaim) bool {
+	if claim.Status.Allocation == nil {
+		return false
+	}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == s.cfg.DriverName && r.Pool == s.cfg.NodeName {
+			return true
+		}
+	}
+	return false
+}
+
+// maxEventMessage is the API server's limit on an event's message.
+const maxEventMessage = 1024
+
+func (s *State) nodeEvent(ctx context.Context, client kubernetes.Interface, eventType, reason, msg string) error {
+	if len(msg) > maxEventMessage {
+		msg = msg[:maxEventMessage-3] + "..."
+	}
+	now := metav1.Now()
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: s.cfg.NodeName + ".", Namespace: metav1.NamespaceDefault},
+		// The kubelet names a Node's events by the node's name as its UID, too.
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: s.cfg.NodeName, UID: types.UID(s.cfg.NodeName)},
+		Reason:         reason, Message: msg, Type: eventType,
+		Source:         corev1.EventSource{Component: "fgpu-kubelet-plugin", Host: s.cfg.NodeName},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	_, err := client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{})
+	return err
+}
+
+// loadOrRebuild loads the checkpoint, rebuilding it when it is corrupt.
+func (s *State) loadOrRebuild(ctx context.Context, client kubernetes.Interface) error {
+	cp, err := s.store.Load()
+	if err == nil {
+		s.cp = cp
+		return nil
+	}
+	if !errors.Is(err, checkpoint.ErrCorrupt) {
+		return err
+	}
+	return s.rebuild(ctx, client, err)
+}

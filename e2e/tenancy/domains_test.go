@@ -3,14 +3,18 @@ package tenancy
 import (
 	"context"
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 )
 
 // attackDomains runs a victim's pod in victimNS, then the tenant's pods in its own namespace,
 // one naming no isolation domain and one each naming the victim's domain, its namespace's
-// old domain "ns-<victim>" and "default". None may reach the victim's MPS server: each
-// lands in a domain of the tenant's namespace, with a pipe directory of its own.
+// old domain "ns-<victim>" and "default". None may reach the victim's MPS server: the
+// victim's own domain name is refused, the others land in a domain of the tenant's
+// namespace, with a pipe directory of its own.
 func attackDomains(t *testing.T, victimNS string, tenant *framework.Tenant) {
 	t.Helper()
 	ctx := context.Background()
@@ -36,6 +40,15 @@ func attackDomains(t *testing.T, victimNS string, tenant *framework.Tenant) {
 		if _, err := p.CreateAs(ctx, tenant.Client); err != nil {
 			t.Fatalf("tenant creates %s: %v", name, err)
 		}
+	}
+	// The victim's readable domain "<ns>/<sub>" is not a sub-domain a claim can name: it is
+	// refused, saying why (by the allocator, or by the plugin at prepare in scheduler mode).
+	if _, err := cluster.WaitEvent(ctx, tenant.Namespace, "victim-domain", "must be a DNS label", time.Minute); err != nil {
+		t.Errorf("a claim naming the victim's domain %q was not refused with a clear reason: %v", vDomain, err)
+	}
+	delete(attacks, "victim-domain")
+	if err := cluster.Client.CoreV1().Pods(tenant.Namespace).Delete(ctx, "victim-domain", metav1.DeleteOptions{}); err != nil {
+		t.Error(err)
 	}
 	for name, domain := range attacks {
 		running(t, tenant.Namespace, name)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -134,10 +135,14 @@ func (c *Cluster) Install(ctx context.Context, sets ...string) error {
 	args := []string{"upgrade", "--install", "fgpu", "deployments/helm/fgpu", "-n", Namespace, "--create-namespace",
 		"-f", "deployments/helm/fgpu/values-fake.yaml", "-f", "e2e/values-local.yaml"}
 	gpus := 2 // values-fake.yaml
+	fenced := false // the chart's default allocationMode is scheduler
 	for _, s := range sets {
 		args = append(args, "--set", s)
 		if spec, ok := strings.CutPrefix(s, "kubeletPlugin.gpus=fake:"); ok {
 			gpus = fakeGPUCount(spec)
+		}
+		if m, ok := strings.CutPrefix(s, "allocationMode="); ok {
+			fenced = m == "allocator"
 		}
 	}
 	if _, err := Run(ctx, Bin("helm"), args...); err != nil {
@@ -146,7 +151,7 @@ func (c *Cluster) Install(ctx context.Context, sets ...string) error {
 	if err := c.waitPluginCurrent(ctx); err != nil {
 		return err
 	}
-	return c.waitForDevices(ctx, gpus, 2*time.Minute)
+	return c.waitForDevices(ctx, gpus, fenced, 2*time.Minute)
 }
 
 func fakeGPUCount(spec string) int {
@@ -199,8 +204,10 @@ func (c *Cluster) Uninstall(ctx context.Context) error {
 	return nil
 }
 
-// waitForDevices waits until this node's slices publish exactly n GPUs.
-func (c *Cluster) waitForDevices(ctx context.Context, n int, timeout time.Duration) error {
+// waitForDevices waits until this node's slices publish exactly n GPUs, each with the
+// allocator's fence taint in allocator mode and without it in scheduler mode: until the new
+// plugin republishes them, kube-scheduler could allocate the previous mode's devices.
+func (c *Cluster) waitForDevices(ctx context.Context, n int, fenced bool, timeout time.Duration) error {
 	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		list, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + c.Node})
 		if err != nil {
@@ -208,9 +215,15 @@ func (c *Cluster) waitForDevices(ctx context.Context, n int, timeout time.Durati
 		}
 		devices := 0
 		for _, s := range list.Items {
-			if s.Spec.Driver == Driver {
-				devices += len(s.Spec.Devices)
+			if s.Spec.Driver != Driver {
+				continue
 			}
+			for _, d := range s.Spec.Devices {
+				if slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == api.FenceTaintKey }) != fenced {
+					return false, nil
+				}
+			}
+			devices += len(s.Spec.Devices)
 		}
 		return devices == n, nil
 	})

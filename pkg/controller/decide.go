@@ -21,6 +21,9 @@ type input struct {
 	consumers []*corev1.Pod // the live pods that use the claim
 	pods      []*corev1.Pod // those of them not bound yet
 	bound     string        // node of a consuming pod that is already bound
+	// reservedFor are the reservations a claim placed again after a refused prepare keeps
+	// (the pods kube-scheduler reserved it for, bound to node bound).
+	reservedFor []resourceapi.ResourceClaimConsumerReference
 	pol       policy.Effective
 	classes   map[string]*resourceapi.DeviceClass
 	avoid     map[string]bool // nodes where the pods' earlier allocation timed out
@@ -33,8 +36,8 @@ type decision struct {
 	pol     policy.Effective
 	results []result
 	rec     *claimRec
-	// reservedFor is written with the allocation: the consuming pods already bound (a
-	// claim placed again after a refused prepare), which the scheduler will not reserve.
+	// reservedFor is written with the allocation: the pods a claim placed again after a
+	// refused prepare was reserved for, which the scheduler will not reserve again.
 	reservedFor []resourceapi.ResourceClaimConsumerReference
 }
 
@@ -176,8 +179,8 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 			rj.add("already used by this claim", "")
 			return false
 		}
-		if c.refused.Has(in.claim.UID, g.key) {
-			rj.add("its kubelet plugin refused to prepare this claim on it", "")
+		if c.refused.Avoid(in.claim.UID, g.key, g.use(), c.now(), c.cfg.BindTimeout) {
+			rj.add(fmt.Sprintf("its kubelet plugin refused to prepare this claim on it (tried again once what the GPU holds changes, or %s after the refusal)", c.cfg.BindTimeout), "")
 			return false
 		}
 		if err := c.nodeFitsAt(in, ni, g.node); err != nil {

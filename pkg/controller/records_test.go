@@ -159,7 +159,7 @@ func TestClaimConfigWithPlacementRefused(t *testing.T) {
 // A replica past its renew deadline writes nothing: no allocation, finalizer or status.
 func TestFenceRefusesWritesAfterRenewDeadline(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Unix(1000, 0))
-	fence := leader.NewFence(clk, 10*time.Second)
+	fence := leader.NewFence(clk, 10*time.Second, 15*time.Second)
 	lock := fence.Lock(&fakeLeaseLock{})
 	renew := func() {
 		if err := lock.Update(context.Background(), resourcelock.LeaderElectionRecord{HolderIdentity: "me"}); err != nil {

@@ -21,13 +21,14 @@ type input struct {
 	consumers []*corev1.Pod // the live pods that use the claim
 	pods      []*corev1.Pod // those of them not bound yet
 	bound     string        // node of a consuming pod that is already bound
-	// reservedFor are the reservations a claim placed again after a refused prepare keeps
-	// (the pods kube-scheduler reserved it for, bound to node bound).
-	reservedFor []resourceapi.ResourceClaimConsumerReference
 	pol       policy.Effective
 	classes   map[string]*resourceapi.DeviceClass
 	avoid     map[string]bool // nodes where the pods' earlier allocation timed out
 	fit       nodeFit
+
+	// reservedFor are the reservations a claim placed again after a refused prepare keeps
+	// (the pods kube-scheduler reserved it for, bound to node bound).
+	reservedFor []resourceapi.ResourceClaimConsumerReference
 }
 
 // decision is where a claim goes: the node, and one result per device.

@@ -93,7 +93,7 @@ func TestFencedTransportBoundsWrites(t *testing.T) {
 	var deadline time.Time
 	var sent int
 	block := false
-	rt := f.WrapTransport(rtFunc(func(r *http.Request) (*http.Response, error) {
+	inner := rtFunc(func(r *http.Request) (*http.Response, error) {
 		sent++
 		deadline, _ = r.Context().Deadline()
 		if block {
@@ -101,7 +101,8 @@ func TestFencedTransportBoundsWrites(t *testing.T) {
 			return nil, r.Context().Err()
 		}
 		return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader(""))}, nil
-	}))
+	})
+	rt := f.WrapTransport(inner)
 	do := func(method string) error {
 		req, _ := http.NewRequestWithContext(context.Background(), method, "https://api/x", nil)
 		resp, err := rt.RoundTrip(req)
@@ -135,7 +136,7 @@ func TestFencedTransportBoundsWrites(t *testing.T) {
 	// With a lease 20ms longer than the renew deadline, a write sent just before the
 	// fence closes is cancelled 20ms later on the real clock.
 	f = NewFence(clk, 10*time.Second, 10*time.Second+20*time.Millisecond)
-	rt = f.WrapTransport(rt.(*fencedTransport).rt)
+	rt = f.WrapTransport(inner)
 	if err := f.Lock(&fakeLock{}).Update(context.Background(), resourcelock.LeaderElectionRecord{HolderIdentity: "me"}); err != nil {
 		t.Fatal(err)
 	}

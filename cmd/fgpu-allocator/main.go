@@ -100,26 +100,35 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	// client renews the Lease and checks who may read the metrics: never fenced.
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
 	}
-	// CRDs speak JSON only; the core client keeps protobuf.
-	crd := rest.CopyConfig(rc)
-	crd.ContentType, crd.AcceptContentTypes = runtime.ContentTypeJSON, runtime.ContentTypeJSON
-	fgpuClient, err := versioned.NewForConfig(crd)
-	if err != nil {
-		return err
-	}
 	var fence *leader.Fence
+	ctrlConfig := rc
 	if f.leaderElect {
 		if err := leader.ValidateTimings(f.leaseDuration, f.renewDeadline, f.retryPeriod); err != nil {
 			return err
 		}
-		// Every write the controller makes asks the fence first: a deposed leader stops
-		// writing before another replica can take the Lease.
-		fence = leader.NewFence(clock.RealClock{}, f.renewDeadline)
+		// Every write the controller makes asks the fence first, and again as it is sent,
+		// with a deadline when another replica may lead: a deposed leader stops writing
+		// before another replica can take the Lease.
+		fence = leader.NewFence(clock.RealClock{}, f.renewDeadline, f.leaseDuration)
 		f.cfg.Fence = fence
+		ctrlConfig = rest.CopyConfig(rc)
+		ctrlConfig.Wrap(fence.WrapTransport)
+	}
+	ctrlClient, err := kubernetes.NewForConfig(ctrlConfig)
+	if err != nil {
+		return err
+	}
+	// CRDs speak JSON only; the core client keeps protobuf.
+	crd := rest.CopyConfig(ctrlConfig)
+	crd.ContentType, crd.AcceptContentTypes = runtime.ContentTypeJSON, runtime.ContentTypeJSON
+	fgpuClient, err := versioned.NewForConfig(crd)
+	if err != nil {
+		return err
 	}
 	reg := serve.Registry()
 	metrics := controller.NewMetrics(reg)
@@ -129,7 +138,7 @@ func run(ctx context.Context, f flags) error {
 	}
 	defer stopMetrics()
 	runCtrl := func(ctx context.Context) error {
-		return controller.New(f.cfg, client, fgpuClient, metrics).Run(ctx)
+		return controller.New(f.cfg, ctrlClient, fgpuClient, metrics).Run(ctx)
 	}
 	if !f.leaderElect {
 		return runCtrl(ctx)

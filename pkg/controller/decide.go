@@ -25,6 +25,10 @@ type input struct {
 	classes   map[string]*resourceapi.DeviceClass
 	avoid     map[string]bool // nodes where the pods' earlier allocation timed out
 	fit       nodeFit
+
+	// reservedFor are the reservations a claim placed again after a refused prepare keeps
+	// (the pods kube-scheduler reserved it for, bound to node bound).
+	reservedFor []resourceapi.ResourceClaimConsumerReference
 }
 
 // decision is where a claim goes: the node, and one result per device.
@@ -33,8 +37,8 @@ type decision struct {
 	pol     policy.Effective
 	results []result
 	rec     *claimRec
-	// reservedFor is written with the allocation: the consuming pods already bound (a
-	// claim placed again after a refused prepare), which the scheduler will not reserve.
+	// reservedFor is written with the allocation: the pods a claim placed again after a
+	// refused prepare was reserved for, which the scheduler will not reserve again.
 	reservedFor []resourceapi.ResourceClaimConsumerReference
 }
 
@@ -176,8 +180,8 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 			rj.add("already used by this claim", "")
 			return false
 		}
-		if c.refused.Has(in.claim.UID, g.key) {
-			rj.add("its kubelet plugin refused to prepare this claim on it", "")
+		if c.refused.Avoid(in.claim.UID, g.key, g.use(), c.now(), c.cfg.BindTimeout) {
+			rj.add(fmt.Sprintf("its kubelet plugin refused to prepare this claim on it (tried again once what the GPU holds changes, or %s after the refusal)", c.cfg.BindTimeout), "")
 			return false
 		}
 		if err := c.nodeFitsAt(in, ni, g.node); err != nil {

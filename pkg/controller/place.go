@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -73,7 +74,9 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	if w != nil {
 		klog.FromContext(ctx).V(4).Info("Claim waits", "reason", w.reason, "message", w.message)
 		c.setStatus(ctx, claim, in.consumers, "Pending: "+w.message, w.reason)
-		return 0, nil // requeued when quota frees up, or on any capacity, node or policy change
+		// Requeued when quota frees up, or on any capacity, node or policy change; and when
+		// a GPU whose plugin refused the claim may be tried again.
+		return c.refused.Next(claim.UID, c.now(), c.cfg.BindTimeout), nil
 	}
 	return c.commit(ctx, in, d)
 }
@@ -86,10 +89,15 @@ func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
 	if len(in.consumers) == 0 {
 		return in, false
 	}
+	// A claim placed again after a refused prepare stays on the node its reserved pods are
+	// bound to, though the pod informer may not show the binding yet.
+	node, reserved := c.refused.Pinned(claim.UID)
+	in.bound, in.reservedFor = node, reserved
 	for _, p := range in.consumers {
-		if p.Spec.NodeName != "" {
+		switch {
+		case p.Spec.NodeName != "":
 			in.bound = p.Spec.NodeName
-		} else {
+		case !slices.ContainsFunc(reserved, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p.UID }):
 			in.pods = append(in.pods, p)
 		}
 	}
@@ -180,13 +188,14 @@ func (c *Controller) olderUnallocated(claim *resourceapi.ResourceClaim) []string
 func (c *Controller) commit(ctx context.Context, in *input, d *decision) (time.Duration, error) {
 	claim, key := in.claim, claimKey(in.claim)
 	msg := "Allocated: " + describe(d)
-	d.reservedFor = boundReservations(in.consumers)
+	d.reservedFor = in.reservedFor
 	if err := c.write(ctx, claim, d, msg); err != nil {
 		c.model.Release(key)
 		c.ledger.Drop(in.pods)
 		c.kick()
 		return 0, err
 	}
+	c.refused.Placed(claim.UID)
 	c.pending.Forget(key)
 	c.metrics.placed.Inc()
 	c.metrics.latency.Observe(c.now().Sub(claim.CreationTimestamp.Time).Seconds())

@@ -159,7 +159,7 @@ func TestClaimConfigWithPlacementRefused(t *testing.T) {
 // A replica past its renew deadline writes nothing: no allocation, finalizer or status.
 func TestFenceRefusesWritesAfterRenewDeadline(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Unix(1000, 0))
-	fence := leader.NewFence(clk, 10*time.Second)
+	fence := leader.NewFence(clk, 10*time.Second, 15*time.Second)
 	lock := fence.Lock(&fakeLeaseLock{})
 	renew := func() {
 		if err := lock.Update(context.Background(), resourcelock.LeaderElectionRecord{HolderIdentity: "me"}); err != nil {
@@ -271,8 +271,45 @@ func TestRefusedPreparePlacedAgainOnBoundNode(t *testing.T) {
 	}
 }
 
-// A claim that cannot be placed again says why, on the claim and its pod.
+// A claim that cannot be placed again says why, on the claim and its pod, while the GPU
+// its plugin refused holds what it held then; once the GPU frees, it is placed there again,
+// reserved for its bound pod: a one-GPU node never leaves the pod stuck.
 func TestRefusedPrepareNoOtherGPUSaysWhy(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	if e.placedOn("a", "c") != "n1/gpu-0" {
+		t.Fatal("not placed")
+	}
+	// What over-committed the GPU shows up late: another allocation of 75Gi on it.
+	e.create(builders.MakeClaim("b", "o").Memory("75Gi").AllocatedOn("n1", "gpu-0").Obj())
+	e.refusePrepare("a", "c", "p", "n1")
+	e.run()
+	c := e.claim("a", "c")
+	if c.Status.Allocation != nil || len(c.Status.ReservedFor) != 0 {
+		t.Fatalf("allocation %v, reservedFor %v", c.Status.Allocation != nil, c.Status.ReservedFor)
+	}
+	const why = "its kubelet plugin refused to prepare this claim on it (tried again once what the GPU holds changes, or 1m0s after the refusal)"
+	if st := c.Annotations[AnnotationStatus]; !strings.HasPrefix(st, "Pending: ") || !strings.Contains(st, why) {
+		t.Errorf("status %q", st)
+	}
+	if ev := e.events("claim c: Pending: "); len(ev) == 0 || !strings.Contains(ev[len(ev)-1], why) {
+		t.Errorf("pod events %v", ev)
+	}
+	if err := e.client.ResourceV1().ResourceClaims("b").Delete(e.ctx, "o", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.run()
+	c = e.claim("a", "c")
+	if got := e.placedOn("a", "c"); got != "n1/gpu-0" || len(c.Status.ReservedFor) != 1 || c.Status.ReservedFor[0].Name != "p" {
+		t.Fatalf("the GPU freed: claim on %q, reservedFor %+v (%s); want n1/gpu-0 reserved for p", got, c.Status.ReservedFor, c.Annotations[AnnotationStatus])
+	}
+}
+
+// A refused GPU whose use the model never sees change (what the plugin counted is not in
+// the API) is tried again after the bind timeout, and the waiting claim asks to be looked at
+// then: the bound pod of a one-GPU node is not stuck for ever.
+func TestRefusedGPUTriedAgainAfterBindTimeout(t *testing.T) {
 	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
 		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
 	e.run()
@@ -281,15 +318,111 @@ func TestRefusedPrepareNoOtherGPUSaysWhy(t *testing.T) {
 	}
 	e.refusePrepare("a", "c", "p", "n1")
 	e.run()
+	if got := e.placedOn("a", "c"); got != "" {
+		t.Fatalf("placed again at once on the GPU that refused it: %q", got)
+	}
+	e.clock.Step(e.c.cfg.BindTimeout - time.Second)
+	if after, err := e.c.Sync(e.ctx, "a/c"); err != nil || after != time.Second {
+		t.Fatalf("Sync: look again after %s (%v), want 1s", after, err)
+	}
+	if got := e.placedOn("a", "c"); got != "" {
+		t.Fatalf("placed again before the bind timeout: %q", got)
+	}
+	e.clock.Step(time.Second)
+	e.run()
 	c := e.claim("a", "c")
-	if c.Status.Allocation != nil || len(c.Status.ReservedFor) != 0 {
-		t.Fatalf("allocation %v, reservedFor %v", c.Status.Allocation != nil, c.Status.ReservedFor)
+	if got := e.placedOn("a", "c"); got != "n1/gpu-0" || len(c.Status.ReservedFor) != 1 || c.Status.ReservedFor[0].Name != "p" {
+		t.Fatalf("claim on %q, reservedFor %+v (%s); want n1/gpu-0 reserved for p", got, c.Status.ReservedFor, c.Annotations[AnnotationStatus])
 	}
-	const why = "its kubelet plugin refused to prepare this claim on it"
-	if st := c.Annotations[AnnotationStatus]; !strings.HasPrefix(st, "Pending: ") || !strings.Contains(st, why) {
-		t.Errorf("status %q", st)
+}
+
+// The reservations kube-scheduler made survive a re-placement though the pod informer does
+// not show the pods bound yet: the pods that still exist stay reserved (both pods of a
+// shared claim), one that is gone is dropped, and the claim stays on the old allocation's
+// node.
+func TestRefusedPrepareKeepsReservationsInformerDoesNotShow(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(),
+		builders.MakeSlice("n1", 2, "80Gi"), builders.MakeSlice("n2", 2, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj(),
+		builders.MakePod("a", "p2").Claim("c").Obj())
+	e.run()
+	first := e.placedOn("a", "c")
+	node, _, _ := strings.Cut(first, "/")
+	if first == "" {
+		t.Fatal("not placed")
 	}
-	if ev := e.events("claim c: Pending: "); len(ev) == 0 || !strings.Contains(ev[len(ev)-1], why) {
-		t.Errorf("pod events %v", ev)
+	other := "n1"
+	if node == "n1" {
+		other = "n2"
+	}
+	// A partly used GPU on the other node is where packing would put the claim.
+	e.create(builders.MakeClaim("b", "filler").Memory("60Gi").AllocatedOn(other, "gpu-0").Obj())
+	c := e.claim("a", "c")
+	r := c.Status.Allocation.Devices.Results[0]
+	sid := string(*r.ShareID)
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{
+		{Resource: "pods", Name: "p", UID: "pod-a-p"}, {Resource: "pods", Name: "p2", UID: "pod-a-p2"}, {Resource: "pods", Name: "gone", UID: "pod-a-gone"}}
+	c.Status.Devices = []resourceapi.AllocatedDeviceStatus{{Driver: r.Driver, Pool: r.Pool, Device: r.Device, ShareID: &sid,
+		Conditions: []metav1.Condition{{Type: api.DeviceConditionPrepared, Status: metav1.ConditionFalse, Reason: api.PrepareReasonOverCommitted,
+			Message: "refusing to over-commit GPU " + r.Device, LastTransitionTime: metav1.Now()}}}}
+	if _, err := e.client.ResourceV1().ResourceClaims("a").UpdateStatus(e.ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.run()
+	c = e.claim("a", "c")
+	got := e.placedOn("a", "c")
+	var names []string
+	for _, r := range c.Status.ReservedFor {
+		names = append(names, r.Name)
+	}
+	if got == "" || got == first || !strings.HasPrefix(got, node+"/") || strings.Join(names, ",") != "p,p2" {
+		t.Fatalf("refused on %s: now on %q reserved for %v (%s); want another GPU of %s (not %s), reserved for p,p2",
+			first, got, names, c.Annotations[AnnotationStatus], node, other)
+	}
+	if ev := e.events(ReasonPrepareRefused); len(ev) == 0 || !strings.Contains(ev[0], "placing the claim again on node "+node+", where its pod is bound") {
+		t.Errorf("events %v", ev)
+	}
+}
+
+// A refusal recorded for an earlier allocation of the same device (another share ID) does
+// not take back the current one, whose pod may be running on it.
+func TestStaleRefusalOfOtherShareIgnored(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Bound("n1").Obj())
+	e.run()
+	if e.placedOn("a", "c") != "n1/gpu-0" {
+		t.Fatal("not placed")
+	}
+	c := e.claim("a", "c")
+	r := c.Status.Allocation.Devices.Results[0]
+	stale := "an-earlier-share"
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: "pod-a-p"}}
+	c.Status.Devices = []resourceapi.AllocatedDeviceStatus{{Driver: r.Driver, Pool: r.Pool, Device: r.Device, ShareID: &stale,
+		Conditions: []metav1.Condition{{Type: api.DeviceConditionPrepared, Status: metav1.ConditionFalse, Reason: api.PrepareReasonOverCommitted,
+			Message: "refusing to over-commit GPU " + r.Device, LastTransitionTime: metav1.Now()}}}}
+	if _, err := e.client.ResourceV1().ResourceClaims("a").UpdateStatus(e.ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.run()
+	now := e.claim("a", "c")
+	if now.Status.Allocation == nil || *now.Status.Allocation.Devices.Results[0].ShareID != *r.ShareID || len(now.Status.ReservedFor) != 1 {
+		t.Fatalf("a stale refusal took the allocation back: allocation %v, reservedFor %v", now.Status.Allocation != nil, now.Status.ReservedFor)
+	}
+	if ev := e.events(ReasonPrepareRefused); len(ev) != 0 {
+		t.Errorf("events %v", ev)
+	}
+}
+
+// Only a re-placement writes reservedFor: a pod that names its node itself (no
+// kube-scheduler) gets an allocation on that node, not a reservation that would let the
+// kubelet prepare it without the scheduler's node checks.
+func TestBoundPodNotReservedByPlacement(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(),
+		builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Bound("n2").Obj())
+	e.run()
+	c := e.claim("a", "c")
+	if got := e.placedOn("a", "c"); got != "n2/gpu-0" || len(c.Status.ReservedFor) != 0 {
+		t.Fatalf("claim on %q, reservedFor %+v; want n2/gpu-0, not reserved", got, c.Status.ReservedFor)
 	}
 }

@@ -5,14 +5,18 @@
 // for up to RenewDeadline plus a RetryPeriod after its last successful renew (and its
 // workers may still be mid-write when it gives up). Two leaders could then write at once,
 // guarded only by each claim's resourceVersion, not by what is on the GPU. A Fence refuses
-// writes once RenewDeadline has passed since the last renew that succeeded, which leaves
-// LeaseDuration - RenewDeadline for a write already sent to land before anyone else leads.
+// writes once RenewDeadline has passed since the last renew that succeeded, and gives each
+// write it lets through a deadline LeaseDuration after that renew: a write that waits in the
+// client's rate limiter or on a slow connection is cancelled rather than sent once another
+// replica may lead (one the API server already received may still be applied).
 package leader
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"sync"
 	"time"
 
@@ -28,29 +32,92 @@ var ErrFenced = errors.New("not the leader")
 type Fence struct {
 	clock    clock.PassiveClock
 	deadline time.Duration
+	lease    time.Duration
 
 	mu      sync.Mutex
 	renewed time.Time // when the last successful renew was sent; zero: never, or released
 }
 
-// NewFence is a fence that closes renewDeadline after the last successful renew.
-func NewFence(c clock.PassiveClock, renewDeadline time.Duration) *Fence {
-	return &Fence{clock: c, deadline: renewDeadline}
+// NewFence is a fence that closes renewDeadline after the last successful renew and cancels
+// writes leaseDuration after it.
+func NewFence(c clock.PassiveClock, renewDeadline, leaseDuration time.Duration) *Fence {
+	return &Fence{clock: c, deadline: renewDeadline, lease: leaseDuration}
 }
 
 // Allow returns nil while this replica holds the Lease with a renew younger than the renew
 // deadline, and an error wrapping ErrFenced otherwise.
 func (f *Fence) Allow() error {
+	_, err := f.check()
+	return err
+}
+
+// check is Allow, with the renew it judged by.
+func (f *Fence) check() (time.Time, error) {
 	f.mu.Lock()
 	renewed := f.renewed
 	f.mu.Unlock()
 	if renewed.IsZero() {
-		return fmt.Errorf("%w: this replica does not hold the leader Lease; refusing to write", ErrFenced)
+		return renewed, fmt.Errorf("%w: this replica does not hold the leader Lease; refusing to write", ErrFenced)
 	}
 	if age := f.clock.Since(renewed); age >= f.deadline {
-		return fmt.Errorf("%w: the leader Lease was last renewed %s ago, at or past the renew deadline %s; refusing to write", ErrFenced, age.Round(time.Millisecond), f.deadline)
+		return renewed, fmt.Errorf("%w: the leader Lease was last renewed %s ago, at or past the renew deadline %s; refusing to write", ErrFenced, age.Round(time.Millisecond), f.deadline)
 	}
-	return nil
+	return renewed, nil
+}
+
+// Context returns ctx bounded by the time another replica may take the Lease (LeaseDuration
+// after the last successful renew), or Allow's error.
+func (f *Fence) Context(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	renewed, err := f.check()
+	if err != nil {
+		return nil, nil, err
+	}
+	// The clock may be a fake one; the context's deadline is on the real clock.
+	ctx, cancel := context.WithTimeout(ctx, renewed.Add(f.lease).Sub(f.clock.Now()))
+	return ctx, cancel, nil
+}
+
+// WrapTransport fences every request that writes (any method but GET, HEAD and OPTIONS) as
+// it is sent, after the client's rate limiter: refused once the fence is closed, cancelled at
+// the Context deadline. Reads (lists and watches among them) pass as they are. For the
+// controller's clients only: the Lease's own renews must not be fenced.
+func (f *Fence) WrapTransport(rt http.RoundTripper) http.RoundTripper {
+	return &fencedTransport{rt: rt, fence: f}
+}
+
+type fencedTransport struct {
+	rt    http.RoundTripper
+	fence *Fence
+}
+
+func (t *fencedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return t.rt.RoundTrip(req)
+	}
+	ctx, cancel, err := t.fence.Context(req.Context())
+	if err != nil {
+		return nil, err
+	}
+	resp, err := t.rt.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cancelOnClose releases the request's context once its response is read.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }
 
 // Lock wraps the elector's lock: a Create or Update that writes this replica as the holder

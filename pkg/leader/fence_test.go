@@ -3,6 +3,8 @@ package leader
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +25,7 @@ func (l *fakeLock) Identity() string                                            
 
 func TestFenceClosesAtRenewDeadline(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Unix(1000, 0))
-	f := NewFence(clk, 10*time.Second)
+	f := NewFence(clk, 10*time.Second, 15*time.Second)
 	inner := &fakeLock{}
 	lock := f.Lock(inner)
 	ctx := context.Background()
@@ -74,5 +76,74 @@ func TestValidateTimings(t *testing.T) {
 		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%s/%s/%s: %v, want %q", tc.lease, tc.renew, tc.retry, err, tc.want)
 		}
+	}
+}
+
+// rtFunc is an http.RoundTripper.
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A write goes out with a deadline at the last renew plus the lease duration (when another
+// replica may lead), is refused once the fence closed, and is cancelled if it is still on
+// its way at that deadline; reads are not fenced.
+func TestFencedTransportBoundsWrites(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Unix(1000, 0))
+	f := NewFence(clk, 10*time.Second, 15*time.Second)
+	var deadline time.Time
+	var sent int
+	block := false
+	inner := rtFunc(func(r *http.Request) (*http.Response, error) {
+		sent++
+		deadline, _ = r.Context().Deadline()
+		if block {
+			<-r.Context().Done()
+			return nil, r.Context().Err()
+		}
+		return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader(""))}, nil
+	})
+	rt := f.WrapTransport(inner)
+	do := func(method string) error {
+		req, _ := http.NewRequestWithContext(context.Background(), method, "https://api/x", nil)
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		return err
+	}
+	if err := do(http.MethodPost); !errors.Is(err, ErrFenced) || sent != 0 {
+		t.Fatalf("write before leading: %v, sent %d", err, sent)
+	}
+	if err := do(http.MethodGet); err != nil || sent != 1 || !deadline.IsZero() {
+		t.Fatalf("read: %v, sent %d, deadline %v", err, sent, deadline)
+	}
+	if err := f.Lock(&fakeLock{}).Update(context.Background(), resourcelock.LeaderElectionRecord{HolderIdentity: "me"}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(4 * time.Second)
+	before := time.Now()
+	if err := do(http.MethodPut); err != nil || sent != 2 {
+		t.Fatalf("write 4s after the renew: %v, sent %d", err, sent)
+	}
+	if left := deadline.Sub(before); left < 11*time.Second-100*time.Millisecond || left > 11*time.Second+100*time.Millisecond {
+		t.Fatalf("write 4s after the renew, lease 15s: deadline in %s, want 11s", left)
+	}
+	clk.Step(6 * time.Second)
+	if err := do(http.MethodPatch); !errors.Is(err, ErrFenced) || sent != 2 {
+		t.Fatalf("write at the renew deadline: %v, sent %d", err, sent)
+	}
+
+	// With a lease 20ms longer than the renew deadline, a write sent just before the
+	// fence closes is cancelled 20ms later on the real clock.
+	f = NewFence(clk, 10*time.Second, 10*time.Second+20*time.Millisecond)
+	rt = f.WrapTransport(inner)
+	if err := f.Lock(&fakeLock{}).Update(context.Background(), resourcelock.LeaderElectionRecord{HolderIdentity: "me"}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(10*time.Second - time.Millisecond)
+	block = true
+	start := time.Now()
+	if err := do(http.MethodDelete); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Fatalf("write still in flight when another replica may lead: %v after %s", err, time.Since(start))
 	}
 }

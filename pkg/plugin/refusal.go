@@ -7,6 +7,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
@@ -39,6 +40,12 @@ func (d *Driver) publishRefusal(ctx context.Context, claim *resourceapi.Resource
 	if !errors.As(prepareErr, &rf) {
 		return nil
 	}
+	// The share refused is the one of the allocation the kubelet asked for; the claim may
+	// have been allocated again since, maybe on the same device.
+	sid, ok := refusedShare(claim, d.cfg.DriverName, d.cfg.NodeName, rf.device)
+	if !ok {
+		return nil
+	}
 	msg := prepareErr.Error()
 	if len(msg) > maxConditionMessage {
 		msg = msg[:maxConditionMessage]
@@ -54,13 +61,13 @@ func (d *Driver) publishRefusal(ctx context.Context, claim *resourceapi.Resource
 		}
 		var res *resourceapi.DeviceRequestAllocationResult
 		for i, r := range current.Status.Allocation.Devices.Results {
-			if r.Driver == d.cfg.DriverName && r.Pool == d.cfg.NodeName && r.Device == rf.device {
+			if r.Driver == d.cfg.DriverName && r.Pool == d.cfg.NodeName && r.Device == rf.device && ptr.Deref(r.ShareID, "") == sid {
 				res = &current.Status.Allocation.Devices.Results[i]
 				break
 			}
 		}
 		if res == nil {
-			return nil // allocated elsewhere by now
+			return nil // allocated again by now
 		}
 		var shareID *string
 		if res.ShareID != nil {
@@ -83,4 +90,17 @@ func (d *Driver) publishRefusal(ctx context.Context, claim *resourceapi.Resource
 		}
 		return nil
 	})
+}
+
+// refusedShare is the share ID (possibly empty) of the claim's result on device.
+func refusedShare(claim *resourceapi.ResourceClaim, driver, pool, device string) (types.UID, bool) {
+	if claim.Status.Allocation == nil {
+		return "", false
+	}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == driver && r.Pool == pool && r.Device == device {
+			return ptr.Deref(r.ShareID, ""), true
+		}
+	}
+	return "", false
 }

@@ -64,3 +64,32 @@ func TestRefusedPrepareRecordedOnClaim(t *testing.T) {
 		t.Fatalf("a config error was reported as placeable again: %+v", got.Status.Devices)
 	}
 }
+
+// A refusal is recorded only on the share the kubelet asked to prepare: a claim allocated
+// again since, on the same device with another share ID, is not told the new share was
+// refused (the allocator would take back an allocation nothing refused).
+func TestRefusalNotRecordedOnLaterShareOfSameDevice(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	a := builders.MakeClaim("ns", "a").Memory("60Gi").AllocatedOn(node, "gpu-0").Obj()
+	b := builders.MakeClaim("ns", "b").Memory("20Gi").AllocatedOn(node, "gpu-0").Obj()
+	b.UID = "uid-b"
+	again := builders.MakeClaim("ns", "b").Memory("20Gi").AllocatedOn(node, "gpu-0").ShareID("a-later-share").Obj()
+	again.UID = b.UID
+	client := k8sfake.NewClientset(again)
+	d := &Driver{state: s, client: client, cfg: e.cfg, metrics: NewMetrics(prometheus.NewRegistry())}
+	if _, err := s.Prepare(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{b}); res[b.UID].Err == nil {
+		t.Fatal("over-committing prepare of b succeeded")
+	}
+	got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.Devices) != 0 {
+		t.Fatalf("the refusal of the earlier share was recorded on the later one: %+v", got.Status.Devices)
+	}
+}

@@ -14,18 +14,19 @@ import (
 )
 
 // refusal is a prepare refused for a reason that placing the claim again can fix: the
-// allocation asks for what is not on this node (any more).
+// allocation asks for what is not on this node (any more), or for a GPU it may not share.
 type refusal struct {
-	device string
-	reason string // configapi.PrepareReason*
-	err    error
+	device  string
+	shareID string // the refused result's share; empty for a whole GPU
+	reason  string // configapi.PrepareReason*
+	err     error
 }
 
 func (r *refusal) Error() string { return r.err.Error() }
 func (r *refusal) Unwrap() error { return r.err }
 
-func refused(device, reason string, err error) error {
-	return &refusal{device: device, reason: reason, err: err}
+func refused(device, shareID, reason string, err error) error {
+	return &refusal{device: device, shareID: shareID, reason: reason, err: err}
 }
 
 // maxConditionMessage is the API's limit on a condition's message.
@@ -33,7 +34,7 @@ const maxConditionMessage = 32768
 
 // publishRefusal records a refused prepare on the claim, as a Prepared=False condition on
 // the refused device's status.devices entry, where the allocator sees it and places the
-// claim again. It replaces only that device's entry.
+// claim again. It replaces only that device and share's entry.
 func (d *Driver) publishRefusal(ctx context.Context, claim *resourceapi.ResourceClaim, prepareErr error) error {
 	var rf *refusal
 	if !errors.As(prepareErr, &rf) {
@@ -54,13 +55,13 @@ func (d *Driver) publishRefusal(ctx context.Context, claim *resourceapi.Resource
 		}
 		var res *resourceapi.DeviceRequestAllocationResult
 		for i, r := range current.Status.Allocation.Devices.Results {
-			if r.Driver == d.cfg.DriverName && r.Pool == d.cfg.NodeName && r.Device == rf.device {
+			if r.Driver == d.cfg.DriverName && r.Pool == d.cfg.NodeName && r.Device == rf.device && shareOf(r) == rf.shareID {
 				res = &current.Status.Allocation.Devices.Results[i]
 				break
 			}
 		}
 		if res == nil {
-			return nil // allocated elsewhere by now
+			return nil // allocated anew by now
 		}
 		var shareID *string
 		if res.ShareID != nil {
@@ -83,4 +84,11 @@ func (d *Driver) publishRefusal(ctx context.Context, claim *resourceapi.Resource
 		}
 		return nil
 	})
+}
+
+func shareOf(r resourceapi.DeviceRequestAllocationResult) string {
+	if r.ShareID == nil {
+		return ""
+	}
+	return string(*r.ShareID)
 }

@@ -38,6 +38,21 @@ const (
 type Checkpoint struct {
 	Version string                 `json:"version"`
 	Claims  map[string]*ClaimEntry `json:"claims"`
+	// Refused are allocations the plugin refused to prepare for a reason the allocator acts
+	// on, oldest first. The plugin refuses each again on every retry, so that the claim's
+	// refusal condition, which the allocator may read late, never stands next to a prepared
+	// share; earlier versions ignore the field.
+	Refused []Refusal `json:"refused,omitempty"`
+}
+
+// Refusal is one refused allocation result: a claim's device and share, and why.
+type Refusal struct {
+	ClaimUID string `json:"claimUID"`
+	Pool     string `json:"pool"`
+	Device   string `json:"device"`
+	ShareID  string `json:"shareID,omitempty"`
+	Reason   string `json:"reason"`
+	Message  string `json:"message"`
 }
 
 // ClaimEntry is one prepared claim, keyed by its UID in Checkpoint.Claims.
@@ -91,6 +106,11 @@ func (c *Checkpoint) Validate() error {
 			if d.GPUUUID == "" || d.Device == "" || d.MemoryBytes < 0 || d.ComputePercent < 0 || d.ComputePercent > 100 {
 				return fmt.Errorf("checkpoint claim %s: invalid device %+v", uid, d)
 			}
+		}
+	}
+	for _, r := range c.Refused {
+		if r.ClaimUID == "" || r.Device == "" || r.Reason == "" {
+			return fmt.Errorf("checkpoint: invalid refusal %+v", r)
 		}
 	}
 	return nil

@@ -19,6 +19,7 @@ func sample() *Checkpoint {
 		MPSKey: "default-gpu-1", CDIDeviceIDs: []string{"fgpu.dev/gpu=uid-1-gpu-0"},
 	}}}
 	cp.Claims["uid-2"] = &ClaimEntry{Namespace: "ns", Name: "c2", State: PrepareStarted}
+	cp.Refused = []Refusal{{ClaimUID: "uid-3", Pool: "node", Device: "gpu-0", ShareID: "s3", Reason: "OverCommitted", Message: "refusing to over-commit GPU gpu-0"}}
 	return cp
 }
 
@@ -76,6 +77,11 @@ func TestValidate(t *testing.T) {
 	cp.Claims["uid-1"].Devices[0].ComputePercent = 120
 	if err := cp.Validate(); err == nil {
 		t.Fatal("compute over 100 accepted")
+	}
+	cp = sample()
+	cp.Refused[0].Reason = ""
+	if err := cp.Validate(); err == nil {
+		t.Fatal("refusal without a reason accepted")
 	}
 }
 

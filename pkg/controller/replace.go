@@ -149,7 +149,7 @@ func prepareRefusal(driver string, claim *resourceapi.ResourceClaim) (gpuKey, *m
 		}
 		for i, cond := range s.Conditions {
 			if cond.Type == api.DeviceConditionPrepared && cond.Status == metav1.ConditionFalse &&
-				(cond.Reason == api.PrepareReasonOverCommitted || cond.Reason == api.PrepareReasonDeviceGone) {
+				(cond.Reason == api.PrepareReasonOverCommitted || cond.Reason == api.PrepareReasonDeviceGone || cond.Reason == api.PrepareReasonIsolationConflict) {
 				return gpuKey{s.Pool, s.Device}, &s.Conditions[i]
 			}
 		}

@@ -32,7 +32,7 @@ func (s *State) plan(claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDev
 		}
 		d, ok := s.devices[r.Device]
 		if !ok {
-			return nil, refused(r.Device, configapi.PrepareReasonDeviceGone, fmt.Errorf("allocated device %q does not exist on node %s", r.Device, s.cfg.NodeName))
+			return nil, refused(r.Device, shareOf(r), configapi.PrepareReasonDeviceGone, fmt.Errorf("allocated device %q does not exist on node %s", r.Device, s.cfg.NodeName))
 		}
 		cfg, err := configapi.MergeConfigs(s.cfg.DriverName, alloc.Devices.Config, r.Request)
 		if err != nil {
@@ -84,9 +84,7 @@ func (s *State) planDevice(ns string, d gpu.Device, r resourceapi.DeviceRequestA
 	}
 	daemon := mps.Daemon{GPUUUID: d.UUID, Namespace: ns, Domain: cfg.IsolationDomain}
 	p.IsolationDomain = daemon.Name()
-	if r.ShareID != nil {
-		p.ShareID = string(*r.ShareID)
-	}
+	p.ShareID = shareOf(r)
 	if cfg.MemoryLimit != nil {
 		limit := cfg.MemoryLimit.Value()
 		if limit > mem {
@@ -112,25 +110,28 @@ func (s *State) planDevice(ns string, d gpu.Device, r resourceapi.DeviceRequestA
 }
 
 // memoryEnforcement says whether nothing in the claim's containers can use more GPU memory
-// than its limit, and why in one line. MPS caps bind MPS clients only; a process that
-// bypasses the server (the device nodes are mounted) is stopped only by the GPU's
-// EXCLUSIVE_PROCESS compute mode, which a GPU gets while one MPS server owns it. That holds
-// only where the allocator placed the claim on a GPU no other isolation domain may share:
-// in scheduler mode kube-scheduler may put any namespace's claim next to it.
+// than its limit, and why in one line. MPS caps each client process, not a container, and
+// binds MPS clients only: a process that bypasses the server (the device nodes are mounted)
+// is stopped only by the GPU's EXCLUSIVE_PROCESS compute mode, which a GPU gets while one MPS
+// server and nothing else uses it. That holds only where the allocator placed the claim on a
+// GPU no other isolation domain may share (checkIsolation refuses to prepare one next to
+// it): in scheduler mode kube-scheduler may put any namespace's claim, MPS or time-sliced,
+// next to it.
 func (s *State) memoryEnforcement(mode string, pl *configapi.Placement) (bool, string) {
+	const perProcess = "mps: caps each MPS client process, not the container as a whole; "
 	switch {
 	case mode == ModeExclusive:
 		return true, "exclusive: the claim holds the whole GPU"
 	case mode == string(configapi.SharingModeTimeSlicing):
 		return false, "time-slicing: no memory cap"
 	case !s.cfg.Fenced:
-		return false, "mps per-process caps; in scheduler mode the GPU may host other namespaces' MPS servers, so a process that bypasses MPS is not capped"
+		return false, perProcess + "in scheduler mode other namespaces' MPS servers or time-sliced claims may use this GPU, so a process that bypasses MPS is not capped"
 	case pl == nil:
-		return false, "mps per-process caps; the allocation does not say the GPU is this MPS server's alone, so a process that bypasses MPS is not capped"
+		return false, perProcess + "the allocation does not say the GPU is this isolation domain's alone, so a process that bypasses MPS is not capped"
 	case pl.AllowSharedGPU:
-		return false, "mps per-process caps; the GPU may host other MPS servers, so a process that bypasses MPS is not capped"
+		return false, perProcess + "the placement lets other isolation domains use this GPU, so a process that bypasses MPS is not capped"
 	}
-	return true, "mps: GPU exclusive to this MPS server"
+	return true, perProcess + "no other isolation domain can use this GPU, so none can bypass MPS here"
 }
 
 func quantity(m map[resourceapi.QualifiedName]resource.Quantity, name resourceapi.QualifiedName, def int64) int64 {

@@ -7,7 +7,6 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
@@ -15,18 +14,19 @@ import (
 )
 
 // refusal is a prepare refused for a reason that placing the claim again can fix: the
-// allocation asks for what is not on this node (any more).
+// allocation asks for what is not on this node (any more), or for a GPU it may not share.
 type refusal struct {
-	device string
-	reason string // configapi.PrepareReason*
-	err    error
+	device  string
+	shareID string // the refused result's share; empty for a whole GPU
+	reason  string // configapi.PrepareReason*
+	err     error
 }
 
 func (r *refusal) Error() string { return r.err.Error() }
 func (r *refusal) Unwrap() error { return r.err }
 
-func refused(device, reason string, err error) error {
-	return &refusal{device: device, reason: reason, err: err}
+func refused(device, shareID, reason string, err error) error {
+	return &refusal{device: device, shareID: shareID, reason: reason, err: err}
 }
 
 // maxConditionMessage is the API's limit on a condition's message.
@@ -34,16 +34,10 @@ const maxConditionMessage = 32768
 
 // publishRefusal records a refused prepare on the claim, as a Prepared=False condition on
 // the refused device's status.devices entry, where the allocator sees it and places the
-// claim again. It replaces only that device's entry.
+// claim again. It replaces only that device and share's entry.
 func (d *Driver) publishRefusal(ctx context.Context, claim *resourceapi.ResourceClaim, prepareErr error) error {
 	var rf *refusal
 	if !errors.As(prepareErr, &rf) {
-		return nil
-	}
-	// The share refused is the one of the allocation the kubelet asked for; the claim may
-	// have been allocated again since, maybe on the same device.
-	sid, ok := refusedShare(claim, d.cfg.DriverName, d.cfg.NodeName, rf.device)
-	if !ok {
 		return nil
 	}
 	msg := prepareErr.Error()
@@ -61,13 +55,13 @@ func (d *Driver) publishRefusal(ctx context.Context, claim *resourceapi.Resource
 		}
 		var res *resourceapi.DeviceRequestAllocationResult
 		for i, r := range current.Status.Allocation.Devices.Results {
-			if r.Driver == d.cfg.DriverName && r.Pool == d.cfg.NodeName && r.Device == rf.device && ptr.Deref(r.ShareID, "") == sid {
+			if r.Driver == d.cfg.DriverName && r.Pool == d.cfg.NodeName && r.Device == rf.device && shareOf(r) == rf.shareID {
 				res = &current.Status.Allocation.Devices.Results[i]
 				break
 			}
 		}
 		if res == nil {
-			return nil // allocated again by now
+			return nil // allocated anew by now
 		}
 		var shareID *string
 		if res.ShareID != nil {
@@ -92,15 +86,9 @@ func (d *Driver) publishRefusal(ctx context.Context, claim *resourceapi.Resource
 	})
 }
 
-// refusedShare is the share ID (possibly empty) of the claim's result on device.
-func refusedShare(claim *resourceapi.ResourceClaim, driver, pool, device string) (types.UID, bool) {
-	if claim.Status.Allocation == nil {
-		return "", false
+func shareOf(r resourceapi.DeviceRequestAllocationResult) string {
+	if r.ShareID == nil {
+		return ""
 	}
-	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver == driver && r.Pool == pool && r.Device == device {
-			return ptr.Deref(r.ShareID, ""), true
-		}
-	}
-	return "", false
+	return string(*r.ShareID)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -95,11 +96,18 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 			return nil, err
 		}
 	}
-	planned, err := s.plan(claim)
-	if err != nil {
+	if err := s.refusedBefore(claim); err != nil {
 		return nil, err
 	}
-	if err := s.checkCapacity(claim, planned); err != nil {
+	planned, err := s.plan(claim)
+	if err == nil {
+		err = s.checkCapacity(claim, planned)
+	}
+	if err == nil {
+		err = s.checkIsolation(claim, planned)
+	}
+	if err != nil {
+		s.rememberRefusal(ctx, claim, err)
 		return nil, err
 	}
 	entry := &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted, Devices: planned}
@@ -130,10 +138,12 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 	var specs []cdi.Device
 	for i := range e.Devices {
 		p := &e.Devices[i]
-		if p.MPSKey != "" {
+		if p.MPSKey != "" || p.Mode == string(configapi.SharingModeTimeSlicing) {
 			if err := s.syncComputeMode(p.GPUUUID); err != nil {
 				return err
 			}
+		}
+		if p.MPSKey != "" {
 			if err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey)); err != nil {
 				return err
 			}
@@ -191,15 +201,109 @@ func (s *State) checkCapacity(claim *resourceapi.ResourceClaim, planned []checkp
 			}
 		}
 		if usedMem+p.MemoryBytes > allocatable {
-			return refused(p.Device, configapi.PrepareReasonOverCommitted, fmt.Errorf("refusing to over-commit GPU %s (%s): claim %s/%s asks %s memory, %s of %s allocatable is already prepared for %d other claim(s)",
+			return refused(p.Device, p.ShareID, configapi.PrepareReasonOverCommitted, fmt.Errorf("refusing to over-commit GPU %s (%s): claim %s/%s asks %s memory, %s of %s allocatable is already prepared for %d other claim(s)",
 				p.Device, d.UUID, claim.Namespace, claim.Name, bytesStr(p.MemoryBytes), bytesStr(usedMem), bytesStr(allocatable), tenants))
 		}
 		if usedCompute+p.ComputePercent > 100 {
-			return refused(p.Device, configapi.PrepareReasonOverCommitted, fmt.Errorf("refusing to over-commit GPU %s (%s): claim %s/%s asks %d%% compute, %d%% of 100%% is already prepared for %d other claim(s)",
+			return refused(p.Device, p.ShareID, configapi.PrepareReasonOverCommitted, fmt.Errorf("refusing to over-commit GPU %s (%s): claim %s/%s asks %d%% compute, %d%% of 100%% is already prepared for %d other claim(s)",
 				p.Device, d.UUID, claim.Namespace, claim.Name, p.ComputePercent, usedCompute, tenants))
 		}
 	}
 	return nil
+}
+
+// checkIsolation refuses a share that would put a second isolation domain on a GPU where one
+// of them must be alone: a claim told FGPU_MEMORY_ENFORCED=true (MPS on a placement that keeps
+// the GPU to its domain) is capped only while its MPS server is the only user of the GPU
+// (EXCLUSIVE_PROCESS). Another domain's MPS server or time-sliced processes would drop the
+// GPU to the default compute mode, where a process that bypasses MPS is not capped. Whoever
+// wrote the allocation (a deposed allocator, a lagging informer), the plugin keeps that
+// promise. The message names no other claim: it is recorded on this claim, which another
+// namespace may own.
+func (s *State) checkIsolation(claim *resourceapi.ResourceClaim, planned []checkpoint.PreparedDevice) error {
+	for _, p := range planned {
+		if !sharedMode(p.Mode) {
+			continue
+		}
+		for uid, e := range s.cp.Claims {
+			if uid == string(claim.UID) {
+				continue
+			}
+			for _, q := range e.Devices {
+				if q.Device != p.Device || !sharedMode(q.Mode) || q.MPSKey == p.MPSKey || (!p.MemoryEnforced && !q.MemoryEnforced) {
+					continue
+				}
+				keeps := "that share's placement keeps the GPU to its own domain"
+				if p.MemoryEnforced {
+					keeps = "the claim's placement keeps the GPU to its own domain"
+				}
+				return refused(p.Device, p.ShareID, configapi.PrepareReasonIsolationConflict, fmt.Errorf("refusing to put a second isolation domain on GPU %s (%s): claim %s/%s (%s, domain %s) would share it with another domain's %s share, and %s",
+					p.Device, s.devices[p.Device].UUID, claim.Namespace, claim.Name, p.Mode, p.IsolationDomain, q.Mode, keeps))
+			}
+		}
+	}
+	return nil
+}
+
+// sharedMode: a share that others may use the GPU next to (not a whole GPU).
+func sharedMode(mode string) bool {
+	return mode == string(configapi.SharingModeMPS) || mode == string(configapi.SharingModeTimeSlicing)
+}
+
+// maxRefusals bounds the checkpoint's refused allocations; the oldest go first. A claim's
+// refusals also go when the claim comes back with another allocation.
+const maxRefusals = 512
+
+// refusedBefore returns the refusal recorded for one of the claim's current allocation
+// results, so that the same allocation is refused on every retry: the allocator acts on the
+// refusal condition whenever it sees it, so a share prepared after it would be taken back
+// from a running pod. Refusals of the claim's earlier allocations are forgotten: a new
+// allocation is judged afresh.
+func (s *State) refusedBefore(claim *resourceapi.ResourceClaim) error {
+	uid := string(claim.UID)
+	var found error
+	kept := s.cp.Refused[:0]
+	for _, r := range s.cp.Refused {
+		if r.ClaimUID == uid && !s.allocates(claim, r) {
+			continue
+		}
+		kept = append(kept, r)
+		if r.ClaimUID == uid && found == nil {
+			found = refused(r.Device, r.ShareID, r.Reason, errors.New(r.Message))
+		}
+	}
+	s.cp.Refused = kept
+	return found
+}
+
+func (s *State) allocates(claim *resourceapi.ResourceClaim, r checkpoint.Refusal) bool {
+	if claim.Status.Allocation == nil {
+		return false
+	}
+	for _, res := range claim.Status.Allocation.Devices.Results {
+		if res.Driver == s.cfg.DriverName && res.Pool == r.Pool && res.Device == r.Device && shareOf(res) == r.ShareID {
+			return true
+		}
+	}
+	return false
+}
+
+// rememberRefusal records, in allocator mode, a prepare refused for a reason the allocator
+// acts on. In scheduler mode nothing places the claim again, and a retry may find room.
+func (s *State) rememberRefusal(ctx context.Context, claim *resourceapi.ResourceClaim, err error) {
+	var rf *refusal
+	if !s.cfg.Fenced || !errors.As(err, &rf) {
+		return
+	}
+	s.cp.Refused = append(s.cp.Refused, checkpoint.Refusal{ClaimUID: string(claim.UID), Pool: s.cfg.NodeName,
+		Device: rf.device, ShareID: rf.shareID, Reason: rf.reason, Message: rf.Error()})
+	if n := len(s.cp.Refused) - maxRefusals; n > 0 {
+		s.cp.Refused = slices.Delete(s.cp.Refused, 0, n)
+	}
+	if err := s.store.Save(s.cp); err != nil {
+		// Still refused until the plugin restarts.
+		klog.FromContext(ctx).Error(err, "Recording a refused prepare in the checkpoint", "claim", klog.KObj(claim))
+	}
 }
 
 // Unprepare undoes Prepare; a claim that is not prepared is not an error.
@@ -252,19 +356,26 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 }
 
 // syncComputeMode puts a GPU in EXCLUSIVE_PROCESS while exactly one MPS server (one
-// isolation domain) owns it, so nothing but that server can open it. Servers of several
-// domains on one GPU need the default mode: they time-slice the GPU between them.
+// isolation domain) and nothing else uses it, so nothing but that server can open it.
+// Servers of several domains on one GPU need the default mode: they time-slice the GPU
+// between them; so do time-sliced claims, whose processes are not MPS clients (in scheduler
+// mode kube-scheduler may put one next to an MPS share). checkIsolation keeps both off a GPU
+// whose MPS share was told its memory is enforced.
 func (s *State) syncComputeMode(uuid string) error {
-	domains := map[string]bool{}
+	domains, timeSliced := map[string]bool{}, false
 	for _, e := range s.cp.Claims {
 		for _, p := range e.Devices {
-			if p.GPUUUID == uuid && p.MPSKey != "" {
+			switch {
+			case p.GPUUUID != uuid:
+			case p.MPSKey != "":
 				domains[p.MPSKey] = true
+			case p.Mode == string(configapi.SharingModeTimeSlicing):
+				timeSliced = true
 			}
 		}
 	}
 	mode := gpu.ComputeModeDefault
-	if len(domains) == 1 {
+	if len(domains) == 1 && !timeSliced {
 		mode = gpu.ComputeModeExclusiveProcess
 	}
 	if err := s.backend.SetComputeMode(uuid, mode); err != nil {

@@ -238,9 +238,9 @@ func TestMemoryEnforcedEnv(t *testing.T) {
 	}{
 		"scheduler mode mps": {false, builders.MakeClaim("ns", "c").Memory("10Gi"), "false", "in scheduler mode"},
 		"scheduler mode mps with a placement the tenant wrote": {false, builders.MakeClaim("ns", "c").Memory("10Gi").Config(map[string]any{"placement": map[string]any{}}), "false", "in scheduler mode"},
-		"allocator mode, GPU kept to the domain":               {true, builders.MakeClaim("ns", "c").Memory("10Gi").Config(map[string]any{"placement": map[string]any{}}), "true", "mps: GPU exclusive to this MPS server"},
-		"allocator mode, other domains may share":              {true, builders.MakeClaim("ns", "c").Memory("10Gi").Config(map[string]any{"placement": map[string]any{"allowSharedGPU": true}}), "false", "the GPU may host other MPS servers"},
-		"allocator mode, no placement":                         {true, builders.MakeClaim("ns", "c").Memory("10Gi"), "false", "does not say the GPU is this MPS server's alone"},
+		"allocator mode, GPU kept to the domain":               {true, builders.MakeClaim("ns", "c").Memory("10Gi").Config(map[string]any{"placement": map[string]any{}}), "true", "mps: caps each MPS client process, not the container as a whole; no other isolation domain can use this GPU"},
+		"allocator mode, other domains may share":              {true, builders.MakeClaim("ns", "c").Memory("10Gi").Config(map[string]any{"placement": map[string]any{"allowSharedGPU": true}}), "false", "the placement lets other isolation domains use this GPU"},
+		"allocator mode, no placement":                         {true, builders.MakeClaim("ns", "c").Memory("10Gi"), "false", "does not say the GPU is this isolation domain's alone"},
 		"time-slicing":                                         {true, builders.MakeClaim("ns", "c").Memory("10Gi").Config(map[string]any{"mode": "timeSlicing", "placement": map[string]any{}}), "false", "time-slicing: no memory cap"},
 		"whole GPU, scheduler mode":                            {false, builders.MakeClaim("ns", "c").Class(configapi.DeviceClassExclusive), "true", "exclusive: the claim holds the whole GPU"},
 	} {

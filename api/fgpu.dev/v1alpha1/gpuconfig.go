@@ -52,7 +52,8 @@ type Placement struct {
 	MaxTenantsPerGPU       int32        `json:"maxTenantsPerGPU,omitempty"`
 	// AllowSharedGPU says other isolation domains may share the GPU, each with its own MPS
 	// server: the GPU then stays in the default compute mode, and a process that bypasses
-	// MPS is not capped.
+	// MPS is not capped. Without it (in allocator mode) the kubelet plugin prepares no other
+	// domain's share on the GPU, and this share on no GPU another domain uses.
 	AllowSharedGPU bool `json:"allowSharedGPU,omitempty"`
 }
 

@@ -39,6 +39,10 @@ const (
 	PrepareReasonOverCommitted = "OverCommitted"
 	// PrepareReasonDeviceGone: the allocated device is no longer on the node.
 	PrepareReasonDeviceGone = "DeviceGone"
+	// PrepareReasonIsolationConflict: the share would put a second isolation domain (another
+	// MPS server, or time-sliced processes) on a GPU where the claim's placement or that of a
+	// share already prepared there keeps the GPU to one domain.
+	PrepareReasonIsolationConflict = "IsolationConflict"
 )
 
 // FenceTaint is the taint the plugin puts on its devices in allocator mode.

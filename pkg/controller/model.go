@@ -155,6 +155,21 @@ func (m *model) Release(key string) bool {
 	return m.remove(key) != nil
 }
 
+// Rekey moves a claim's shares to another key (a deleted claim's, held while its pods
+// run: goneClaims); it reports whether there were any.
+func (m *model) Rekey(key, to string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec := m.claims[key]
+	if rec == nil {
+		return false
+	}
+	delete(m.claims, key)
+	rec.key, rec.assumed = to, time.Time{}
+	m.claims[to] = rec
+	return true
+}
+
 // Written records that the allocator's allocation of a claim went out now: the informer
 // has writeSettle to show it.
 func (m *model) Written(key string, now time.Time) {

@@ -91,6 +91,8 @@ type Controller struct {
 	status  *statusMemo
 	refused *refusedGPUs
 	gone    *goneClaims
+	// restores rate-limits restoring a claim's finalizer.
+	restores *finalizerRestores
 
 	cel        *cel.Cache
 	recorder   record.EventRecorder
@@ -112,7 +114,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	cfg.Workers = max(cfg.Workers, 1)
 	c := &Controller{cfg: cfg, client: client,
 		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(), refused: newRefusedGPUs(), gone: newGoneClaims(),
-		cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), requeueAll: make(chan struct{}, 1), metrics: m}
+		restores: newFinalizerRestores(), cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
 	}

@@ -59,6 +59,7 @@ func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	}
 	c.status.Forget(key)
 	c.refused.Forget(claim.UID)
+	c.restores.forget(claim.UID)
 	c.forget(key)
 }
 

@@ -293,3 +293,36 @@ func TestRefusedPrepareNoOtherGPUSaysWhy(t *testing.T) {
 		t.Errorf("pod events %v", ev)
 	}
 }
+
+// A tenant that keeps removing the finalizer gets it restored, with an event, at most once a
+// minute per claim: not an Update and an event per removal.
+func TestFinalizerRestoredAtMostOnceAMinute(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Bound("n1").Obj())
+	e.run()
+	if e.placedOn("a", "c") == "" {
+		t.Fatal("not placed")
+	}
+	strip := func(c *resourceapi.ResourceClaim) { c.Finalizers = []string{resourceapi.Finalizer} }
+	e.tamper("a", "c", strip)
+	e.run()
+	if !hasFinalizer(e.claim("a", "c"), Finalizer) {
+		t.Fatal("finalizer not restored")
+	}
+	e.tamper("a", "c", strip)
+	e.run()
+	if hasFinalizer(e.claim("a", "c"), Finalizer) {
+		t.Error("finalizer restored twice within a minute")
+	}
+	if ev := e.events(ReasonFinalizerRestored); len(ev) != 1 {
+		t.Errorf("events within a minute %v, want one", ev)
+	}
+	e.clock.Step(restoreInterval)
+	e.run()
+	if !hasFinalizer(e.claim("a", "c"), Finalizer) {
+		t.Error("finalizer not restored a minute later")
+	}
+	if ev := e.events(ReasonFinalizerRestored); len(ev) != 2 {
+		t.Errorf("events after a minute %v, want two", ev)
+	}
+}

@@ -2,6 +2,7 @@ package tenancy
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -71,9 +72,10 @@ func TestLongNamespacesGetTheirOwnDomains(t *testing.T) {
 }
 
 // Finding 4: the tenant rewrites the co-tenancy record on its own placed claim
-// ({"maxTenants":1}) and removes the allocator's finalizer; after an allocator restart the
-// GPU still takes another namespace's claim (the rules come from what only the allocator
-// writes) and the finalizer is back.
+// ({"maxTenants":1}); after an allocator restart the GPU still takes another namespace's
+// claim (the rules come from what only the allocator writes). Removing the allocator's
+// finalizer from the allocated claim is refused (fgpu-claims-keep-finalizers), so the claim
+// cannot vanish while its pod runs, and the finalizer is still there after the restart.
 func TestTamperedClaimMetadataSurvivesRestart(t *testing.T) {
 	useMode(t, allocatorMode)
 	ctx := context.Background()
@@ -111,13 +113,17 @@ func TestTamperedClaimMetadataSurvivesRestart(t *testing.T) {
 			c.Annotations = map[string]string{}
 		}
 		c.Annotations["fgpu.dev/tenancy"] = `{"maxTenants":1}` // what earlier allocators read back
-		var kept []string
-		for _, f := range c.Finalizers {
-			if f != controller.Finalizer {
-				kept = append(kept, f)
-			}
+		stripped := c.DeepCopy()
+		stripped.Finalizers = nil
+		_, err = tenant.Client.ResourceV1().ResourceClaims(attackerNS).Update(ctx, stripped, metav1.UpdateOptions{})
+		switch {
+		case err == nil:
+			return false, fmt.Errorf("the tenant removed the finalizers %v of its allocated claim", c.Finalizers)
+		case apierrors.IsConflict(err):
+			return false, nil
+		case !strings.Contains(err.Error(), "holds an allocation of fgpu GPU shares, so its finalizers may not be removed"):
+			return false, fmt.Errorf("removing the finalizers was refused, but not by fgpu-claims-keep-finalizers: %w", err)
 		}
-		c.Finalizers = kept
 		_, err = tenant.Client.ResourceV1().ResourceClaims(attackerNS).Update(ctx, c, metav1.UpdateOptions{})
 		return err == nil, nil
 	})
@@ -137,7 +143,7 @@ func TestTamperedClaimMetadataSurvivesRestart(t *testing.T) {
 		return err == nil && hasFinalizer(c, controller.Finalizer), nil
 	})
 	if err != nil {
-		t.Errorf("the allocator did not put its finalizer %s back on %s/%s", controller.Finalizer, attackerNS, claim.Name)
+		t.Errorf("the allocator's finalizer %s is not on %s/%s after the restart", controller.Finalizer, attackerNS, claim.Name)
 	}
 	healthy(t, attackerNS, victimNS, filler)
 }

@@ -40,7 +40,7 @@ func loadClaimPolicy(t *testing.T) *admissionv1.ValidatingAdmissionPolicy {
 func evalCEL(t *testing.T, expr string, vars map[string]any) any {
 	t.Helper()
 	env, err := environment.MustBaseEnvSet(version.MajorMinor(1, 37)).NewExpressionsEnv().Extend(
-		cel.Variable("object", cel.DynType), cel.Variable("request", cel.DynType), cel.Variable("variables", cel.DynType))
+		cel.Variable("object", cel.DynType), cel.Variable("oldObject", cel.DynType), cel.Variable("request", cel.DynType), cel.Variable("variables", cel.DynType))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,6 +90,9 @@ type Controller struct {
 	model   *model
 	status  *statusMemo
 	refused *refusedGPUs
+	gone    *goneClaims
+	// restores rate-limits restoring a claim's finalizer.
+	restores *finalizerRestores
 
 	cel        *cel.Cache
 	recorder   record.EventRecorder
@@ -110,8 +113,8 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	}
 	cfg.Workers = max(cfg.Workers, 1)
 	c := &Controller{cfg: cfg, client: client,
-		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(), refused: newRefusedGPUs(),
-		cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), requeueAll: make(chan struct{}, 1), metrics: m}
+		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(), refused: newRefusedGPUs(), gone: newGoneClaims(),
+		restores: newFinalizerRestores(), cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
 	}
@@ -242,7 +245,8 @@ func (c *Controller) requeueNamespace(ns, except string) {
 }
 
 // expire forgets pods assumed long past the bind timeout: neither bound nor deleted while
-// the allocator watched.
+// the allocator watched, and releases deleted claims' shares whose pods ended unseen.
 func (c *Controller) expire(context.Context) {
 	c.ledger.Expire(c.now().Add(-(c.cfg.BindTimeout + time.Minute)))
+	c.recheckGone(nil)
 }

@@ -50,13 +50,16 @@ func (c *Controller) onClaim(claim *resourceapi.ResourceClaim) {
 	}
 }
 
+// onClaimDelete forgets a deleted claim, except the shares its pods still run on
+// (holdGone): the claim can go while they run, and their GPU memory stays in use.
 func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	key := claimKey(claim)
-	if c.model.Release(key) {
+	if !c.holdGone(claim) && c.model.Release(key) {
 		c.kick()
 	}
 	c.status.Forget(key)
 	c.refused.Forget(claim.UID)
+	c.restores.forget(claim.UID)
 	c.forget(key)
 }
 
@@ -88,6 +91,7 @@ func (c *Controller) onNodeUpdate(old, cur *corev1.Node) {
 
 func (c *Controller) onPod(old, pod *corev1.Pod) {
 	c.ledger.Bound(pod, false)
+	c.recheckGone(pod)
 	if old != nil && podfit.Counts(old) && !podfit.Counts(pod) {
 		c.kick() // the pod finished: its node's CPU and memory are free
 	}
@@ -106,6 +110,7 @@ func (c *Controller) onPod(old, pod *corev1.Pod) {
 
 func (c *Controller) onPodDelete(pod *corev1.Pod) {
 	c.ledger.Bound(pod, true)
+	c.recheckGone(pod)
 	for _, n := range podClaimNames(pod) {
 		c.queue.Add(claimKeyIn(pod.Namespace, n))
 	}
@@ -115,6 +120,18 @@ func (c *Controller) onPodDelete(pod *corev1.Pod) {
 // consumers returns the live pods that use a claim: by name in their spec or status, or as
 // the claim's owner.
 func (c *Controller) consumers(claim *resourceapi.ResourceClaim) []*corev1.Pod {
+	out := c.claimPods(claim)
+	live := out[:0]
+	for _, p := range out {
+		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			live = append(live, p)
+		}
+	}
+	return live
+}
+
+// claimPods returns the pods that use a claim, finished and deleted ones too.
+func (c *Controller) claimPods(claim *resourceapi.ResourceClaim) []*corev1.Pod {
 	seen := map[types.UID]bool{}
 	var out []*corev1.Pod
 	objs, _ := c.podsByClaim.ByIndex(indexByKey, claimKey(claim))
@@ -133,11 +150,5 @@ func (c *Controller) consumers(claim *resourceapi.ResourceClaim) []*corev1.Pod {
 			out = append(out, p)
 		}
 	}
-	live := out[:0]
-	for _, p := range out {
-		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			live = append(live, p)
-		}
-	}
-	return live
+	return out
 }

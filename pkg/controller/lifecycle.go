@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 )
 
@@ -95,9 +97,22 @@ func (c *Controller) deallocate(ctx context.Context, claim *resourceapi.Resource
 	return nil
 }
 
+// restoreInterval is the least time between two restores of one claim's finalizer: a
+// tenant that keeps removing it gets an Update and an event at most this often, not one
+// per removal.
+const restoreInterval = time.Minute
+
 // restoreFinalizer adds the allocator's finalizer back to a claim it placed that lost it
 // (someone removed it): without it a deleted claim could go before its shares are released.
+// It does so at most once per restoreInterval per claim; meanwhile the claim is left as it
+// is and looked at again when the interval has passed.
 func (c *Controller) restoreFinalizer(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error) {
+	logger := klog.FromContext(ctx)
+	if wait := c.restores.wait(claim.UID, c.now()); wait > 0 {
+		logger.Info("The allocator's finalizer was removed again; restoring it later", "finalizer", Finalizer, "after", wait)
+		c.queue.AddAfter(claimKey(claim), wait)
+		return claim, nil
+	}
 	if err := c.fenced(); err != nil {
 		return nil, err
 	}
@@ -107,10 +122,43 @@ func (c *Controller) restoreFinalizer(ctx context.Context, claim *resourceapi.Re
 	if err != nil {
 		return nil, fmt.Errorf("restore finalizer: %w", err)
 	}
+	c.restores.done(claim.UID, c.now())
 	msg := fmt.Sprintf("the allocator's finalizer %s was removed from a claim it placed; added it back (it keeps the claim until its GPU shares are released)", Finalizer)
-	klog.FromContext(ctx).Info("Restored the allocator's finalizer", "finalizer", Finalizer)
+	logger.Info("Restored the allocator's finalizer", "finalizer", Finalizer)
 	c.recorder.Event(claim, corev1.EventTypeWarning, ReasonFinalizerRestored, msg)
 	return updated, nil
+}
+
+// finalizerRestores remembers when each claim's finalizer was last restored.
+type finalizerRestores struct {
+	mu   sync.Mutex
+	last map[types.UID]time.Time
+}
+
+func newFinalizerRestores() *finalizerRestores {
+	return &finalizerRestores{last: map[types.UID]time.Time{}}
+}
+
+// wait is how long a claim's finalizer must wait before it is restored again (0: now).
+func (r *finalizerRestores) wait(uid types.UID, now time.Time) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if at, ok := r.last[uid]; ok {
+		return max(at.Add(restoreInterval).Sub(now), 0)
+	}
+	return 0
+}
+
+func (r *finalizerRestores) done(uid types.UID, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.last[uid] = now
+}
+
+func (r *finalizerRestores) forget(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.last, uid)
 }
 
 // finishDeletion releases a deleted claim's allocation (once no pod holds it) and drops

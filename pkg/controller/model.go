@@ -155,6 +155,21 @@ func (m *model) Release(key string) bool {
 	return m.remove(key) != nil
 }
 
+// Rekey moves a claim's shares to another key (a deleted claim's, held while its pods
+// run: goneClaims); it reports whether there were any.
+func (m *model) Rekey(key, to string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec := m.claims[key]
+	if rec == nil {
+		return false
+	}
+	delete(m.claims, key)
+	rec.key, rec.assumed = to, time.Time{}
+	m.claims[to] = rec
+	return true
+}
+
 // Written records that the allocator's allocation of a claim went out now: the informer
 // has writeSettle to show it.
 func (m *model) Written(key string, now time.Time) {
@@ -404,7 +419,8 @@ func modelOf(g *gpu) string {
 
 // recordFromClaim turns an allocated claim into the shares it holds. A share the allocator
 // placed carries its Placement in the allocation (PlacedByAllocator), with the co-tenancy
-// rules it keeps; others (kube-scheduler's) get the standard class and no rules. Nothing
+// rules it keeps; others (kube-scheduler's, and an older allocator's without a Placement)
+// get the standard class and no rules. Nothing
 // is read from the claim's metadata, which its tenant can write. Caller holds mu.
 func (m *model) recordFromClaim(claim *resourceapi.ResourceClaim) *claimRec {
 	a := claim.Status.Allocation
@@ -420,6 +436,7 @@ func (m *model) recordFromClaim(claim *resourceapi.ResourceClaim) *claimRec {
 		cfg := allocationConfig(m.driver, a.Devices.Config, r.Request)
 		t := &tenant{claim: claim.UID, key: rec.key, namespace: claim.Namespace, latency: api.LatencyStandard,
 			mode: cfg.Mode, domain: domain{claim.Namespace, cfg.IsolationDomain}}
+		t.byUs = fenceTolerated(r) // an older allocator's: the built-in rules
 		if p := cfg.Placement; p != nil {
 			t.byUs, t.maxCo, t.allowCrit, t.maxTenants, t.allowShare = true, int(p.MaxCoTenants), p.AllowCriticalCoTenants, int(p.MaxTenantsPerGPU), p.AllowSharedGPU
 			if p.LatencyClass != "" {

@@ -24,6 +24,9 @@ const (
 	// ReasonFinalizerRestored: someone removed the allocator's finalizer from a claim it
 	// placed, and the allocator added it back.
 	ReasonFinalizerRestored = "FgpuFinalizerRestored"
+	// ReasonClaimDeletedInUse is on a pod whose claim was deleted while it ran on the
+	// claim's GPU share: the share stays counted until the pod ends.
+	ReasonClaimDeletedInUse = "FgpuClaimDeletedInUse"
 	// ReasonPrepareRefused: the kubelet plugin refused to prepare the allocation (the GPU
 	// is over-committed or gone); the allocator places the claim again.
 	ReasonPrepareRefused = "FgpuPrepareRefused"

@@ -426,3 +426,64 @@ func TestBoundPodNotReservedByPlacement(t *testing.T) {
 		t.Fatalf("claim on %q, reservedFor %+v; want n2/gpu-0, not reserved", got, c.Status.ReservedFor)
 	}
 }
+
+// A tenant that keeps removing the finalizer gets it restored, with an event, at most once a
+// minute per claim: not an Update and an event per removal.
+func TestFinalizerRestoredAtMostOnceAMinute(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Bound("n1").Obj())
+	e.run()
+	if e.placedOn("a", "c") == "" {
+		t.Fatal("not placed")
+	}
+	strip := func(c *resourceapi.ResourceClaim) { c.Finalizers = []string{resourceapi.Finalizer} }
+	e.tamper("a", "c", strip)
+	e.run()
+	if !hasFinalizer(e.claim("a", "c"), Finalizer) {
+		t.Fatal("finalizer not restored")
+	}
+	e.tamper("a", "c", strip)
+	e.run()
+	if hasFinalizer(e.claim("a", "c"), Finalizer) {
+		t.Error("finalizer restored twice within a minute")
+	}
+	if ev := e.events(ReasonFinalizerRestored); len(ev) != 1 {
+		t.Errorf("events within a minute %v, want one", ev)
+	}
+	e.clock.Step(restoreInterval)
+	e.run()
+	if !hasFinalizer(e.claim("a", "c"), Finalizer) {
+		t.Error("finalizer not restored a minute later")
+	}
+	if ev := e.events(ReasonFinalizerRestored); len(ev) != 2 {
+		t.Errorf("events after a minute %v, want two", ev)
+	}
+}
+
+// A claim placed by an allocator older than the Placement record has none in its allocation,
+// but its results tolerate the fence, which only the allocator writes: after an upgrade the
+// allocator still takes it back when its pod does not bind, and places it again. An
+// allocation without the toleration (kube-scheduler's) is left alone.
+func TestUpgradeOlderAllocatorsClaimStaysManaged(t *testing.T) {
+	older := builders.MakeClaim("a", "old").Memory("10Gi").AllocatedOn("n1", "gpu-0").Obj()
+	older.Finalizers = []string{Finalizer, resourceapi.Finalizer}
+	older.Status.Allocation.Devices.Results[0].Tolerations = []resourceapi.DeviceToleration{api.FenceToleration()}
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(),
+		builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"), older,
+		builders.MakeClaim("a", "sched").Memory("10Gi").AllocatedOn("n1", "gpu-0").Obj(),
+		builders.MakePod("a", "p1").Claim("old").Obj(), builders.MakePod("a", "p2").Claim("sched").Obj())
+	if !PlacedByAllocator(api.DriverName, older) {
+		t.Fatal("an allocation tolerating the fence does not count as the allocator's")
+	}
+	e.clock.Step(2 * time.Minute) // the pods never bound
+	e.run()
+	if got := e.placedOn("a", "old"); got != "n2/gpu-0" {
+		t.Errorf("the older allocator's claim is on %q after its bind timeout; want it placed again away from n1 (n2/gpu-0)", got)
+	}
+	if p := allocCfg(t, e.claim("a", "old")).Placement; p == nil {
+		t.Error("placed again without a Placement")
+	}
+	if got := e.placedOn("a", "sched"); got != "n1/gpu-0" {
+		t.Errorf("kube-scheduler's claim is on %q; want it left on n1/gpu-0", got)
+	}
+}

@@ -134,7 +134,7 @@ func Bin(name string) string { return filepath.Join(RepoRoot(), "_output", "bin"
 func (c *Cluster) Install(ctx context.Context, sets ...string) error {
 	args := []string{"upgrade", "--install", "fgpu", "deployments/helm/fgpu", "-n", Namespace, "--create-namespace",
 		"-f", "deployments/helm/fgpu/values-fake.yaml", "-f", "e2e/values-local.yaml"}
-	gpus := 2 // values-fake.yaml
+	gpus := 2       // values-fake.yaml
 	fenced := false // the chart's default allocationMode is scheduler
 	for _, s := range sets {
 		args = append(args, "--set", s)

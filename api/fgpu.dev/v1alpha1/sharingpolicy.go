@@ -3,9 +3,13 @@ package v1alpha1
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 )
 
 // SharingPolicyKind and SharingPolicyResource name the SharingPolicy API.
@@ -222,10 +226,10 @@ type SharingPolicySpec struct {
 // schema refused it (a negative quota, an operator In or NotIn without values, Exists or
 // DoesNotExist with values). It is the authoritative check; the allocator applies it.
 func (s *SharingPolicySpec) Validate() error {
-	if _, err := metav1.LabelSelectorAsSelector(s.NamespaceSelector); err != nil {
+	if err := validateSelector(s.NamespaceSelector); err != nil {
 		return &SelectorError{Field: "namespaceSelector", Err: err}
 	}
-	if _, err := metav1.LabelSelectorAsSelector(s.PodSelector); err != nil {
+	if err := validateSelector(s.PodSelector); err != nil {
 		return &SelectorError{Field: "podSelector", Err: err}
 	}
 	if q := s.Quota; q != nil {
@@ -237,6 +241,22 @@ func (s *SharingPolicySpec) Validate() error {
 		}
 	}
 	return nil
+}
+
+// validateSelector is metav1.LabelSelectorAsSelector's check with matchLabels checked in
+// key order first: that function walks the map in Go's random order, so with several bad
+// labels the error named one at random, and the policy's status (written when its message
+// changes) flapped.
+func validateSelector(ls *metav1.LabelSelector) error {
+	if ls != nil {
+		for _, k := range slices.Sorted(maps.Keys(ls.MatchLabels)) {
+			if _, err := labels.NewRequirement(k, selection.Equals, []string{ls.MatchLabels[k]}); err != nil {
+				return err
+			}
+		}
+	}
+	_, err := metav1.LabelSelectorAsSelector(ls)
+	return err
 }
 
 // Quota is a per-namespace cap on allocated GPU memory and compute.

@@ -40,6 +40,23 @@ func TestSharingPolicySpecValidate(t *testing.T) {
 	}
 }
 
+// An invalid policy's Accepted message is the same on every call: it goes to the policy's
+// status, and a message that changed would write status (and an event) again on the update
+// that write causes. With several bad matchLabels keys, the first one in key order is named.
+func TestAcceptedMessageDeterministic(t *testing.T) {
+	p := &SharingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "p", Generation: 1}}
+	p.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"bad key c": "z", "bad key a": "x", "bad key b": "y"}}
+	first := p.Accepted().Message
+	if !strings.Contains(first, `"bad key a"`) {
+		t.Fatalf("message %q does not name the first bad key in order", first)
+	}
+	for i := 0; i < 200; i++ {
+		if m := p.Accepted().Message; m != first {
+			t.Fatalf("Accepted message changes between calls:\n%s\n%s", first, m)
+		}
+	}
+}
+
 // The CRD's rule on quota.memory, evaluated as the API server would: the value is an int or
 // a string (x-kubernetes-int-or-string).
 func TestCRDRefusesNegativeMemoryQuota(t *testing.T) {

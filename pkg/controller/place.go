@@ -90,14 +90,18 @@ func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
 		return in, false
 	}
 	// A claim placed again after a refused prepare stays on the node its reserved pods are
-	// bound to, though the pod informer may not show the binding yet.
+	// bound to, though the pod informer may not show the binding yet; but only for those
+	// pods: once they are gone, a new pod must not wait for the old one's node.
 	node, reserved := c.refused.Pinned(claim.UID)
-	in.bound, in.reservedFor = node, reserved
+	in.reservedFor = stillConsuming(reserved, in.consumers)
+	if len(in.reservedFor) > 0 {
+		in.bound = node
+	}
 	for _, p := range in.consumers {
 		switch {
 		case p.Spec.NodeName != "":
 			in.bound = p.Spec.NodeName
-		case !slices.ContainsFunc(reserved, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p.UID }):
+		case !slices.ContainsFunc(in.reservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p.UID }):
 			in.pods = append(in.pods, p)
 		}
 	}
@@ -119,6 +123,19 @@ func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
 	in.pol = policy.Resolve(c.policyList(), nsLabels, podLabels)
 	in.avoid = c.ledger.Avoided(in.consumers)
 	return in, true
+}
+
+// stillConsuming are the reservations whose pod is still a live consumer of the claim (same
+// UID); reservations of other consumers than pods are kept as they are.
+func stillConsuming(reserved []resourceapi.ResourceClaimConsumerReference, consumers []*corev1.Pod) []resourceapi.ResourceClaimConsumerReference {
+	var out []resourceapi.ResourceClaimConsumerReference
+	for _, r := range reserved {
+		if r.APIGroup != "" || r.Resource != "pods" ||
+			slices.ContainsFunc(consumers, func(p *corev1.Pod) bool { return p.UID == r.UID }) {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // decideInQueue decides on a claim in its place in the queue, under the model's lock: a

@@ -384,6 +384,41 @@ func TestRefusedPrepareKeepsReservationsInformerDoesNotShow(t *testing.T) {
 	}
 }
 
+// The pin to the refused allocation's node holds only for the pods it was for. The
+// reserved pod is deleted (it sat in ContainerCreating) and a new pod uses the claim: the
+// claim goes wherever it fits, not to the full node, and keeps no stale reservation.
+func TestRefusedPreparePinDroppedWithItsPods(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(),
+		builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	first := e.placedOn("a", "c")
+	node, _, _ := strings.Cut(first, "/")
+	other := "n1"
+	if node == "n1" {
+		other = "n2"
+	}
+	// The node fills up (what over-committed it shows late).
+	e.create(builders.MakeClaim("b", "o").Memory("75Gi").AllocatedOn(node, "gpu-0").Obj())
+	e.refusePrepare("a", "c", "p", node)
+	e.run()
+	if got := e.placedOn("a", "c"); got != "" {
+		t.Fatalf("placed on %q", got)
+	}
+	// The user deletes the stuck pod; a new one uses the claim.
+	if err := e.client.CoreV1().Pods("a").Delete(e.ctx, "p", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.settle() // settle counts pods: the informer must not take p2 for p
+	e.create(builders.MakePod("a", "p2").Claim("c").Obj())
+	e.run()
+	c := e.claim("a", "c")
+	if got := e.placedOn("a", "c"); !strings.HasPrefix(got, other+"/") || len(c.Status.ReservedFor) != 0 {
+		t.Fatalf("claim on %q (%s), reservedFor %+v; want it on %s, not reserved: no pod is bound to %s any more",
+			got, c.Annotations[AnnotationStatus], c.Status.ReservedFor, other, node)
+	}
+}
+
 // A refusal recorded for an earlier allocation of the same device (another share ID) does
 // not take back the current one, whose pod may be running on it.
 func TestStaleRefusalOfOtherShareIgnored(t *testing.T) {

@@ -29,6 +29,9 @@ type input struct {
 	// reservedFor are the reservations a claim placed again after a refused prepare keeps
 	// (the pods kube-scheduler reserved it for, bound to node bound).
 	reservedFor []resourceapi.ResourceClaimConsumerReference
+	// conflict: the consuming pods are bound to different nodes, and no placement serves
+	// them all.
+	conflict *waitReason
 }
 
 // decision is where a claim goes: the node, and one result per device.
@@ -60,6 +63,9 @@ type result struct {
 // model, or says why it waits. Caller holds the model's lock.
 func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitReason) {
 	claim := in.claim
+	if in.conflict != nil {
+		return nil, in.conflict
+	}
 	if len(claim.Spec.Devices.Constraints) > 0 {
 		return nil, &waitReason{reason: ReasonUnsupported, message: "the fgpu allocator does not support device constraints (spec.devices.constraints) yet"}
 	}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -95,15 +96,21 @@ func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
 	node, reserved := c.refused.Pinned(claim.UID)
 	in.reservedFor = stillConsuming(reserved, in.consumers)
 	if len(in.reservedFor) > 0 {
+		// It wins over pods bound elsewhere (told so when placed): kube-scheduler bound
+		// the reserved pods to it, and their kubelet waits for the claim.
 		in.bound = node
 	}
+	boundTo := map[string][]string{}
 	for _, p := range in.consumers {
 		switch {
 		case p.Spec.NodeName != "":
-			in.bound = p.Spec.NodeName
+			boundTo[p.Spec.NodeName] = append(boundTo[p.Spec.NodeName], p.Name)
 		case !slices.ContainsFunc(in.reservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p.UID }):
 			in.pods = append(in.pods, p)
 		}
+	}
+	if in.bound == "" {
+		in.bound, in.conflict = boundNode(boundTo)
 	}
 	for _, r := range claim.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {
@@ -136,6 +143,27 @@ func stillConsuming(reserved []resourceapi.ResourceClaimConsumerReference, consu
 		}
 	}
 	return out
+}
+
+// boundNode is the node the claim's bound pods are on, or why it has none: a tenant may
+// bind the pods of one claim (spec.nodeName) to different nodes, and no node serves them
+// all.
+func boundNode(boundTo map[string][]string) (string, *waitReason) {
+	if len(boundTo) < 2 {
+		for n := range boundTo {
+			return n, nil
+		}
+		return "", nil
+	}
+	var on []string
+	for _, n := range slices.Sorted(maps.Keys(boundTo)) {
+		for _, p := range slices.Sorted(slices.Values(boundTo[n])) {
+			on = append(on, p+" on "+n)
+		}
+	}
+	return "", &waitReason{reason: ReasonPodBoundElsewhere, message: fmt.Sprintf(
+		"the pods that use the claim are bound to different nodes (%s), but a claim's devices are all on one node: delete the pods bound to the wrong node, or leave spec.nodeName unset and let the scheduler choose",
+		strings.Join(on, ", "))}
 }
 
 // decideInQueue decides on a claim in its place in the queue, under the model's lock: a
@@ -223,6 +251,12 @@ func (c *Controller) commit(ctx context.Context, in *input, d *decision) (time.D
 	}
 	written.Annotations[AnnotationStatus] = msg
 	c.setStatus(ctx, written, in.consumers, msg, ReasonPlaced)
+	for _, p := range in.consumers {
+		if p.Spec.NodeName != "" && p.Spec.NodeName != d.node {
+			c.recorder.Event(p, corev1.EventTypeWarning, ReasonPodBoundElsewhere, fmt.Sprintf(
+				"claim %s is on node %s, where the pods it is reserved for are bound; this pod is bound to node %s and cannot use it", claim.Name, d.node, p.Spec.NodeName))
+		}
+	}
 	if warn := notEnforcedMessage(d); warn != "" {
 		// Told once per placement, on the claim and its pods: the tenant must not take the
 		// cap for a guarantee.

@@ -32,6 +32,10 @@ const (
 	ReasonPrepareRefused = "FgpuPrepareRefused"
 	// ReasonInvalidPolicy is on a SharingPolicy that does not validate.
 	ReasonInvalidPolicy = "FgpuInvalidPolicy"
+	// ReasonPodBoundElsewhere: pods that use one claim are bound to different nodes (their
+	// spec.nodeName), so not all of them can use it. The claim waits, or, placed again after
+	// a refused prepare, stays with the pods it is reserved for, and the others are told.
+	ReasonPodBoundElsewhere = "FgpuPodBoundElsewhere"
 )
 
 // waitReason is why a claim is not placed now.

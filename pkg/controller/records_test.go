@@ -419,6 +419,60 @@ func TestRefusedPreparePinDroppedWithItsPods(t *testing.T) {
 	}
 }
 
+// A pod the tenant binds to another node itself does not move a claim placed again after a
+// refused prepare away from the node its reserved pod is bound to; the pod is told it cannot
+// use the claim there.
+func TestRefusedPreparePinnedNodeWinsOverPodBoundElsewhere(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(),
+		builders.MakeSlice("n1", 2, "80Gi"), builders.MakeSlice("n2", 2, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	first := e.placedOn("a", "c")
+	node, _, _ := strings.Cut(first, "/")
+	other := "n1"
+	if node == "n1" {
+		other = "n2"
+	}
+	e.create(builders.MakePod("a", "p3").Claim("c").Bound(other).Obj())
+	e.refusePrepare("a", "c", "p", node)
+	e.run()
+	c := e.claim("a", "c")
+	if got := e.placedOn("a", "c"); got == "" || got == first || !strings.HasPrefix(got, node+"/") ||
+		len(c.Status.ReservedFor) != 1 || c.Status.ReservedFor[0].Name != "p" {
+		t.Fatalf("claim on %q (%s), reservedFor %+v; want another GPU of %s, reserved for p", got, c.Annotations[AnnotationStatus], c.Status.ReservedFor, node)
+	}
+	want := "claim c is on node " + node + ", where the pods it is reserved for are bound; this pod is bound to node " + other + " and cannot use it"
+	if ev := e.events(ReasonPodBoundElsewhere); len(ev) != 1 || !strings.Contains(ev[0], want) {
+		t.Errorf("events %v, want one with %q", ev, want)
+	}
+}
+
+// Pods that use one claim but that the tenant bound to different nodes cannot all use it (a
+// claim's devices are on one node): the claim waits and says so, instead of following
+// whichever pod came last; once the pods agree, it is placed.
+func TestPodsBoundToDifferentNodesRefused(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(),
+		builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"),
+		builders.MakeClaim("a", "c").Memory("10Gi").Obj(),
+		builders.MakePod("a", "p1").Claim("c").Bound("n1").Obj(), builders.MakePod("a", "p2").Claim("c").Bound("n2").Obj())
+	e.run()
+	c := e.claim("a", "c")
+	const why = "Pending: the pods that use the claim are bound to different nodes (p1 on n1, p2 on n2), but a claim's devices are all on one node: delete the pods bound to the wrong node, or leave spec.nodeName unset and let the scheduler choose"
+	if c.Status.Allocation != nil || c.Annotations[AnnotationStatus] != why {
+		t.Fatalf("allocation %v, status %q; want %q", c.Status.Allocation != nil, c.Annotations[AnnotationStatus], why)
+	}
+	if ev := e.events(ReasonPodBoundElsewhere); len(ev) != 3 {
+		t.Errorf("events %v, want one on the claim and one on each pod", ev)
+	}
+	if err := e.client.CoreV1().Pods("a").Delete(e.ctx, "p1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.run()
+	if got := e.placedOn("a", "c"); got != "n2/gpu-0" {
+		t.Fatalf("claim on %q (%s), want n2/gpu-0", got, e.claim("a", "c").Annotations[AnnotationStatus])
+	}
+}
+
 // A refusal recorded for an earlier allocation of the same device (another share ID) does
 // not take back the current one, whose pod may be running on it.
 func TestStaleRefusalOfOtherShareIgnored(t *testing.T) {

@@ -218,15 +218,19 @@ func TestRebuildKeepsRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	var claims []runtime.Object
+	var refusedB *resourceapi.ResourceClaim
 	for _, name := range []string{"b", "c"} {
 		got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, name, metav1.GetOptions{})
 		if err != nil || len(got.Status.Devices) != 1 {
 			t.Fatalf("claim %s: %v %+v", name, err, got)
 		}
 		claims = append(claims, got)
+		if name == "b" {
+			refusedB = got
+		}
 	}
 	// moved was refused on an earlier share of gpu-0 and has been placed again since.
-	moved := claims[0].(*resourceapi.ResourceClaim).DeepCopy()
+	moved := refusedB.DeepCopy()
 	moved.Name, moved.UID = "moved", "uid-moved"
 	moved.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("00000000-0000-4000-8000-0000000000dd"))
 	e.client = fake.NewClientset(append(claims, moved)...)

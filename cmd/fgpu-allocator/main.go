@@ -156,6 +156,8 @@ func run(ctx context.Context, f flags) error {
 	var runErr error
 	lost := make(chan struct{})
 	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		// The release goes through the fenced lock: it waits for the controller's writes in
+		// flight, which may still be running when ctx is cancelled.
 		Lock: lock, ReleaseOnCancel: true, Name: f.leaseName,
 		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod,
 		Callbacks: leaderelection.LeaderCallbacks{

@@ -27,30 +27,10 @@ func placementOf(p policy.Effective) *api.Placement {
 		AllowCriticalCoTenants: p.AllowCriticalCoTenants, MaxTenantsPerGPU: int32(p.MaxTenants), AllowSharedGPU: p.AllowSharedGPU}
 }
 
-// PlacedByAllocator reports whether the allocator placed the claim: its allocation carries
-// the allocator's Placement for one of driver's devices, or (an allocator older than the
-// Placement record) a result of driver's that tolerates the allocation fence. Only the
-// allocator can write either: tenants cannot write claim status, the allocator refuses a
-// placement in a claim's or a class's config, admission refuses the fence toleration in
-// claims and templates, and in allocator mode kube-scheduler cannot allocate fenced devices
-// without it. Metadata (annotations, finalizers) is not looked at: a tenant can write it.
+// PlacedByAllocator reports whether the allocator placed the claim (api.PlacedByAllocator,
+// which the kubelet plugin asks too).
 func PlacedByAllocator(driver string, claim *resourceapi.ResourceClaim) bool {
-	a := claim.Status.Allocation
-	if a == nil {
-		return false
-	}
-	for _, r := range a.Devices.Results {
-		if r.Driver == driver && (fenceTolerated(r) || allocationConfig(driver, a.Devices.Config, r.Request).Placement != nil) {
-			return true
-		}
-	}
-	return false
-}
-
-// fenceTolerated reports whether an allocation result tolerates the allocation fence, as
-// every result the allocator writes does.
-func fenceTolerated(r resourceapi.DeviceRequestAllocationResult) bool {
-	return slices.ContainsFunc(r.Tolerations, func(t resourceapi.DeviceToleration) bool { return t.Key == api.FenceTaintKey })
+	return api.PlacedByAllocator(driver, claim)
 }
 
 // allocationConfig reads back the merged config of an allocated request. A config that

@@ -436,7 +436,7 @@ func (m *model) recordFromClaim(claim *resourceapi.ResourceClaim) *claimRec {
 		cfg := allocationConfig(m.driver, a.Devices.Config, r.Request)
 		t := &tenant{claim: claim.UID, key: rec.key, namespace: claim.Namespace, latency: api.LatencyStandard,
 			mode: cfg.Mode, domain: domain{claim.Namespace, cfg.IsolationDomain}}
-		t.byUs = fenceTolerated(r) // an older allocator's: the built-in rules
+		t.byUs = api.FenceTolerated(r) // an older allocator's: the built-in rules
 		if p := cfg.Placement; p != nil {
 			t.byUs, t.maxCo, t.allowCrit, t.maxTenants, t.allowShare = true, int(p.MaxCoTenants), p.AllowCriticalCoTenants, int(p.MaxTenantsPerGPU), p.AllowSharedGPU
 			if p.LatencyClass != "" {

@@ -8,7 +8,9 @@
 // writes once RenewDeadline has passed since the last renew that succeeded, and gives each
 // write it lets through a deadline LeaseDuration after that renew: a write that waits in the
 // client's rate limiter or on a slow connection is cancelled rather than sent once another
-// replica may lead (one the API server already received may still be applied).
+// replica may lead (one the API server already received may still be applied). Releasing
+// the Lease on a graceful shutdown lets another replica lead at once, so the release waits
+// until the writes the fence let through have been answered.
 package leader
 
 import (
@@ -22,6 +24,7 @@ import (
 
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 )
 
@@ -34,8 +37,10 @@ type Fence struct {
 	deadline time.Duration
 	lease    time.Duration
 
-	mu      sync.Mutex
-	renewed time.Time // when the last successful renew was sent; zero: never, or released
+	mu       sync.Mutex
+	renewed  time.Time     // when the last successful renew was sent; zero: never, or released
+	inflight int           // fenced writes sent and not yet answered
+	idle     chan struct{} // closed when inflight drops to zero
 }
 
 // NewFence is a fence that closes renewDeadline after the last successful renew and cancels
@@ -54,8 +59,12 @@ func (f *Fence) Allow() error {
 // check is Allow, with the renew it judged by.
 func (f *Fence) check() (time.Time, error) {
 	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.checkLocked()
+}
+
+func (f *Fence) checkLocked() (time.Time, error) {
 	renewed := f.renewed
-	f.mu.Unlock()
 	if renewed.IsZero() {
 		return renewed, fmt.Errorf("%w: this replica does not hold the leader Lease; refusing to write", ErrFenced)
 	}
@@ -72,9 +81,57 @@ func (f *Fence) Context(ctx context.Context) (context.Context, context.CancelFun
 	if err != nil {
 		return nil, nil, err
 	}
-	// The clock may be a fake one; the context's deadline is on the real clock.
-	ctx, cancel := context.WithTimeout(ctx, renewed.Add(f.lease).Sub(f.clock.Now()))
+	ctx, cancel := f.bound(ctx, renewed)
 	return ctx, cancel, nil
+}
+
+func (f *Fence) bound(ctx context.Context, renewed time.Time) (context.Context, context.CancelFunc) {
+	// The clock may be a fake one; the context's deadline is on the real clock.
+	return context.WithTimeout(ctx, renewed.Add(f.lease).Sub(f.clock.Now()))
+}
+
+// begin is Allow for a write about to be sent, which counts as in flight (a release waits
+// for it) until end is called. One lock for both: a release that closes the fence after
+// begin sees the write.
+func (f *Fence) begin() (time.Time, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	renewed, err := f.checkLocked()
+	if err != nil {
+		return renewed, err
+	}
+	if f.inflight == 0 {
+		f.idle = make(chan struct{})
+	}
+	f.inflight++
+	return renewed, nil
+}
+
+func (f *Fence) end() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.inflight--; f.inflight == 0 {
+		close(f.idle)
+	}
+}
+
+// drain waits until no write the fence let through is still waiting for its answer, or until
+// ctx is done. Each such write is cancelled at its own deadline, so the wait is bounded by
+// them too.
+func (f *Fence) drain(ctx context.Context) error {
+	f.mu.Lock()
+	n, idle := f.inflight, f.idle
+	f.mu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	klog.FromContext(ctx).Info("Waiting for the allocator's writes in flight before releasing the leader Lease", "writes", n)
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%d write(s) still in flight; not releasing the leader Lease, so other replicas take it only once it expires: %w", n, context.Cause(ctx))
+	}
 }
 
 // WrapTransport fences every request that writes (any method but GET, HEAD and OPTIONS) as
@@ -95,10 +152,13 @@ func (t *fencedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return t.rt.RoundTrip(req)
 	}
-	ctx, cancel, err := t.fence.Context(req.Context())
+	renewed, err := t.fence.begin()
 	if err != nil {
 		return nil, err
 	}
+	// The API server has applied the write, or will not, once it answers.
+	defer t.fence.end()
+	ctx, cancel := t.fence.bound(req.Context(), renewed)
 	resp, err := t.rt.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		cancel()
@@ -122,7 +182,11 @@ func (b *cancelOnClose) Close() error {
 
 // Lock wraps the elector's lock: a Create or Update that writes this replica as the holder
 // and succeeds renews the fence, from the time it was sent (others count LeaseDuration from
-// when they see it, which is later); one that writes another holder (a release) closes it.
+// when they see it, which is later); one that writes another holder (a release, which
+// ReleaseOnCancel makes on a graceful shutdown) closes it, and is sent only once the writes
+// the fence let through have been answered: a released Lease lets another replica lead at
+// once. If they are not answered within the release's context, the release fails and the
+// Lease expires as if the replica had died.
 func (f *Fence) Lock(inner resourcelock.Interface) resourcelock.Interface {
 	return &fencedLock{Interface: inner, fence: f}
 }
@@ -144,6 +208,9 @@ func (l *fencedLock) record(ctx context.Context, ler resourcelock.LeaderElection
 	sent := l.fence.clock.Now()
 	if ler.HolderIdentity != l.Identity() {
 		l.fence.set(time.Time{}) // releasing: stop writing before the record says so
+		if err := l.fence.drain(ctx); err != nil {
+			return err
+		}
 	}
 	err := write(ctx, ler)
 	if err == nil && ler.HolderIdentity == l.Identity() {

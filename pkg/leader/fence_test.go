@@ -147,3 +147,89 @@ func TestFencedTransportBoundsWrites(t *testing.T) {
 		t.Fatalf("write still in flight when another replica may lead: %v after %s", err, time.Since(start))
 	}
 }
+
+// recordingLock records when its Update was called.
+type recordingLock struct {
+	fakeLock
+	updated chan resourcelock.LeaderElectionRecord
+}
+
+func (l *recordingLock) Update(_ context.Context, ler resourcelock.LeaderElectionRecord) error {
+	l.updated <- ler
+	return nil
+}
+
+// A release (ReleaseOnCancel on a graceful shutdown) lets another replica lead at once, so
+// it is sent only once the writes already let through have been answered; where they are
+// not answered within the release's context, the Lease is not released (it expires).
+func TestReleaseWaitsForWritesInFlight(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Unix(1000, 0))
+	f := NewFence(clk, 10*time.Second, 15*time.Second)
+	inner := &recordingLock{updated: make(chan resourcelock.LeaderElectionRecord, 2)}
+	lock := f.Lock(inner)
+	if err := lock.Create(context.Background(), resourcelock.LeaderElectionRecord{HolderIdentity: "me"}); err != nil {
+		t.Fatal(err)
+	}
+	sent, answer := make(chan struct{}), make(chan struct{})
+	rt := f.WrapTransport(rtFunc(func(r *http.Request) (*http.Response, error) {
+		close(sent)
+		<-answer
+		return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader(""))}, nil
+	}))
+	written := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPut, "https://api/x", nil)
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		written <- err
+	}()
+	<-sent
+
+	released := make(chan error, 1)
+	go func() { released <- lock.Update(context.Background(), resourcelock.LeaderElectionRecord{}) }()
+	select {
+	case <-inner.updated:
+		t.Fatal("the Lease was released while a write was in flight")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := f.Allow(); !errors.Is(err, ErrFenced) {
+		t.Fatalf("writes allowed while releasing: %v", err)
+	}
+	close(answer)
+	if err := <-written; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inner.updated:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the release was not sent once the write was answered")
+	}
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+
+	// A write that is never answered within the release's context: no release.
+	if err := lock.Create(context.Background(), resourcelock.LeaderElectionRecord{HolderIdentity: "me"}); err != nil {
+		t.Fatal(err)
+	}
+	sent, answer = make(chan struct{}), make(chan struct{})
+	defer close(answer)
+	go func() {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, "https://api/x", nil)
+		_, err := rt.RoundTrip(req)
+		written <- err
+	}()
+	<-sent
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := lock.Update(ctx, resourcelock.LeaderElectionRecord{}); err == nil || !strings.Contains(err.Error(), "1 write(s) still in flight; not releasing the leader Lease") {
+		t.Fatalf("release with a write in flight past its context: %v", err)
+	}
+	select {
+	case <-inner.updated:
+		t.Fatal("the Lease was released while a write was in flight")
+	default:
+	}
+}

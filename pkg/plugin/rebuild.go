@@ -12,11 +12,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/cdi"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 )
@@ -32,6 +35,7 @@ const ReasonCheckpointRecovered = "FgpuCheckpointRecovered"
 // the claims already taken back, so no share is counted twice and no GPU is over-committed.
 // Everything else is left to recover, which removes the specs and daemons no entry owns;
 // a reserved claim without a spec was never prepared here, and the kubelet prepares it.
+// The refusals the checkpoint kept come back from the claims (recordedRefusals).
 func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadErr error) error {
 	logger := klog.FromContext(ctx)
 	if client == nil {
@@ -67,10 +71,14 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 		return claims[i].Namespace+"/"+claims[i].Name < claims[j].Namespace+"/"+claims[j].Name
 	})
 	s.cp = checkpoint.New()
-	var kept, dropped []string
+	var kept, dropped, refusedAgain []string
 	for i := range claims {
 		claim := &claims[i]
 		uid := string(claim.UID)
+		if r := s.recordedRefusals(claim); len(r) > 0 {
+			s.cp.Refused = append(s.cp.Refused, r...)
+			refusedAgain = append(refusedAgain, claim.Namespace+"/"+claim.Name)
+		}
 		if !onNode[uid] || !s.allocatedHere(claim) {
 			continue
 		}
@@ -95,6 +103,9 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 		}
 		s.cp.Claims[uid] = &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareCompleted, Devices: planned}
 		kept = append(kept, ref)
+	}
+	if n := len(s.cp.Refused) - maxRefusals; n > 0 {
+		s.cp.Refused = slices.Delete(s.cp.Refused, 0, n)
 	}
 	// Saved before any side effect: a crash from here on restarts from this checkpoint,
 	// never from an empty one that would remove every spec and daemon on the node.
@@ -121,13 +132,45 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 	if len(dropped) > 0 {
 		msg += fmt.Sprintf("; not taken back: %s", strings.Join(dropped, "; "))
 	}
-	logger.Error(loadErr, "Rebuilt a corrupt checkpoint", "copiedTo", aside, "claims", kept, "dropped", dropped, "orphanSpecs", orphans)
+	if len(refusedAgain) > 0 {
+		msg += fmt.Sprintf("; still refused (their refusal stands on the claim until the allocator places them again): %s", strings.Join(refusedAgain, ", "))
+	}
+	logger.Error(loadErr, "Rebuilt a corrupt checkpoint", "copiedTo", aside, "claims", kept, "dropped", dropped, "orphanSpecs", orphans, "refused", refusedAgain)
 	if err := s.nodeEvent(ctx, client, corev1.EventTypeWarning, ReasonCheckpointRecovered, msg); err != nil {
 		// The log line above says the same; the plugin must not stay down for an event.
 		logger.Error(err, "Recording the checkpoint recovery event")
 	}
 	return nil
 }
+
+// recordedRefusals are the refusals the checkpoint lost of a claim the allocator places again
+// (placedAgain): the Prepared=False conditions this node's plugin recorded on the claim's
+// status.devices (publishRefusal), for shares of its current allocation. Until the allocator
+// acts on them they must stay refused, as rememberRefusal kept them: the allocator takes
+// the allocation back when it reads the condition, also from a running pod.
+func (s *State) recordedRefusals(claim *resourceapi.ResourceClaim) []checkpoint.Refusal {
+	if !s.placedAgain(claim) {
+		return nil
+	}
+	var out []checkpoint.Refusal
+	for _, d := range claim.Status.Devices {
+		if d.Driver != s.cfg.DriverName || d.Pool != s.cfg.NodeName {
+			continue
+		}
+		c := meta.FindStatusCondition(d.Conditions, configapi.DeviceConditionPrepared)
+		if c == nil || c.Status != metav1.ConditionFalse || !slices.Contains(refusalReasons, c.Reason) {
+			continue
+		}
+		r := checkpoint.Refusal{ClaimUID: string(claim.UID), Pool: d.Pool, Device: d.Device, ShareID: ptr.Deref(d.ShareID, ""), Reason: c.Reason, Message: c.Message}
+		if s.allocates(claim, r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// refusalReasons are the reasons of the refusals the allocator acts on.
+var refusalReasons = []string{configapi.PrepareReasonOverCommitted, configapi.PrepareReasonDeviceGone, configapi.PrepareReasonIsolationConflict}
 
 // allocatedHere says whether a claim holds a device of this driver from this node's pool.
 func (s *State) allocatedHere(claim *resourceapi.ResourceClaim) bool {

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,8 +12,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/cdi"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
@@ -183,5 +190,65 @@ func TestCorruptCheckpointWithoutAnAPIStopsTheStart(t *testing.T) {
 	}
 	if _, err := os.Stat(e.cfg.CheckpointPath()); err != nil {
 		t.Fatalf("the checkpoint must stay for a post-mortem: %v", err)
+	}
+}
+
+// A rebuilt checkpoint keeps refusing what the lost one refused: the refusals of claims the
+// allocator places again come back from the Prepared=False conditions on their shares. A
+// condition on a share of an earlier allocation, or on a claim nothing places again, does
+// not.
+func TestRebuildKeepsRefusals(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Fenced = true
+	s := e.state()
+	ctx := context.Background()
+	a := builders.MakeClaim("ns", "a").Memory("60Gi").AllocatedOn(node, "gpu-0").Obj()
+	b := byAllocator(builders.MakeClaim("ns", "b").Memory("20Gi").AllocatedOn(node, "gpu-0").Obj())
+	c := builders.MakeClaim("ns", "c").Memory("20Gi").AllocatedOn(node, "gpu-0").Obj()
+	client := fake.NewClientset(b.DeepCopy(), c.DeepCopy())
+	d := &Driver{state: s, client: client, cfg: e.cfg, metrics: NewMetrics(prometheus.NewRegistry())}
+	if _, err := s.Prepare(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	res, _ := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{b, c})
+	if res[b.UID].Err == nil || res[c.UID].Err == nil {
+		t.Fatal("over-commit prepared")
+	}
+	if err := s.Unprepare(ctx, string(a.UID)); err != nil {
+		t.Fatal(err)
+	}
+	var claims []runtime.Object
+	var refusedB *resourceapi.ResourceClaim
+	for _, name := range []string{"b", "c"} {
+		got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, name, metav1.GetOptions{})
+		if err != nil || len(got.Status.Devices) != 1 {
+			t.Fatalf("claim %s: %v %+v", name, err, got)
+		}
+		claims = append(claims, got)
+		if name == "b" {
+			refusedB = got
+		}
+	}
+	// moved was refused on an earlier share of gpu-0 and has been placed again since.
+	moved := refusedB.DeepCopy()
+	moved.Name, moved.UID = "moved", "uid-moved"
+	moved.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("00000000-0000-4000-8000-0000000000dd"))
+	e.client = fake.NewClientset(append(claims, moved)...)
+	if err := os.WriteFile(e.cfg.CheckpointPath(), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restarted := e.state()
+	_, err := restarted.Prepare(ctx, b)
+	var rf *refusal
+	if !errors.As(err, &rf) || rf.reason != configapi.PrepareReasonOverCommitted || !strings.Contains(err.Error(), "refusing to over-commit GPU gpu-0") {
+		t.Fatalf("the refused allocation was prepared after the rebuild: %v", err)
+	}
+	for _, claim := range []*resourceapi.ResourceClaim{c, moved} {
+		if _, err := restarted.Prepare(ctx, claim); err != nil {
+			t.Errorf("claim %s: %v", claim.Name, err)
+		}
+	}
+	if evs := events(t, e); len(evs) != 1 || !strings.Contains(evs[0].Message, "; still refused (their refusal stands on the claim until the allocator places them again): ns/b") {
+		t.Fatalf("events: %+v", evs)
 	}
 }

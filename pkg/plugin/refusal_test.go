@@ -78,7 +78,7 @@ func TestRefusedAllocationStaysRefused(t *testing.T) {
 	s := e.state()
 	ctx := context.Background()
 	a := builders.MakeClaim("ns", "a").Memory("60Gi").AllocatedOn(node, "gpu-0").Obj()
-	b := builders.MakeClaim("ns", "b").Memory("20Gi").AllocatedOn(node, "gpu-0").Obj()
+	b := byAllocator(builders.MakeClaim("ns", "b").Memory("20Gi").AllocatedOn(node, "gpu-0").Obj())
 	client := k8sfake.NewClientset(b.DeepCopy())
 	d := &Driver{state: s, client: client, cfg: e.cfg, metrics: NewMetrics(prometheus.NewRegistry())}
 	if _, err := s.Prepare(ctx, a); err != nil {
@@ -127,6 +127,49 @@ func TestRefusedAllocationStaysRefused(t *testing.T) {
 	}
 	if n := len(restarted.cp.Refused); n != 0 {
 		t.Errorf("the claim's earlier refusal is kept: %+v", restarted.cp.Refused)
+	}
+}
+
+// byAllocator marks the claim's allocation as the allocator's (the fence toleration its
+// results carry).
+func byAllocator(c *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {
+	for i := range c.Status.Allocation.Devices.Results {
+		r := &c.Status.Allocation.Devices.Results[i]
+		r.Tolerations = append(r.Tolerations, configapi.FenceToleration())
+	}
+	return c
+}
+
+// In allocator mode, a claim the allocator did not place (kube-scheduler allocated it before
+// the switch to allocator mode) is not placed again after a refusal: its refusal is not
+// kept, and a retry prepares it once there is room. Its refusal is still recorded on the
+// claim, for its owner to read.
+func TestRefusalOfAClaimTheAllocatorDidNotPlaceIsNotKept(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Fenced = true
+	s := e.state()
+	ctx := context.Background()
+	a := builders.MakeClaim("ns", "a").Memory("60Gi").AllocatedOn(node, "gpu-0").Obj()
+	b := builders.MakeClaim("ns", "b").Memory("20Gi").AllocatedOn(node, "gpu-0").Obj()
+	client := k8sfake.NewClientset(b.DeepCopy())
+	d := &Driver{state: s, client: client, cfg: e.cfg, metrics: NewMetrics(prometheus.NewRegistry())}
+	if _, err := s.Prepare(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{b}); res[b.UID].Err == nil {
+		t.Fatal("over-commit prepared")
+	}
+	if got, _ := client.ResourceV1().ResourceClaims("ns").Get(ctx, "b", metav1.GetOptions{}); len(got.Status.Devices) != 1 {
+		t.Fatalf("the refusal is not recorded on the claim: %+v", got.Status.Devices)
+	}
+	if len(s.cp.Refused) != 0 {
+		t.Fatalf("the refusal of a claim nothing places again is kept: %+v", s.cp.Refused)
+	}
+	if err := s.Unprepare(ctx, string(a.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Prepare(ctx, b); err != nil {
+		t.Fatalf("retry once the GPU has room: %v", err)
 	}
 }
 

@@ -288,11 +288,11 @@ func (s *State) allocates(claim *resourceapi.ResourceClaim, r checkpoint.Refusal
 	return false
 }
 
-// rememberRefusal records, in allocator mode, a prepare refused for a reason the allocator
-// acts on. In scheduler mode nothing places the claim again, and a retry may find room.
+// rememberRefusal records a prepare refused for a reason the allocator acts on, of a claim
+// the allocator will place again (placedAgain). For any other claim a retry may find room.
 func (s *State) rememberRefusal(ctx context.Context, claim *resourceapi.ResourceClaim, err error) {
 	var rf *refusal
-	if !s.cfg.Fenced || !errors.As(err, &rf) {
+	if !s.placedAgain(claim) || !errors.As(err, &rf) {
 		return
 	}
 	s.cp.Refused = append(s.cp.Refused, checkpoint.Refusal{ClaimUID: string(claim.UID), Pool: s.cfg.NodeName,
@@ -304,6 +304,14 @@ func (s *State) rememberRefusal(ctx context.Context, claim *resourceapi.Resource
 		// Still refused until the plugin restarts.
 		klog.FromContext(ctx).Error(err, "Recording a refused prepare in the checkpoint", "claim", klog.KObj(claim))
 	}
+}
+
+// placedAgain says whether the allocator takes the claim back and places it again when its
+// prepare is refused: in allocator mode, a claim it placed (api.PlacedByAllocator). Nothing
+// places a claim kube-scheduler allocated (in scheduler mode, or before a switch to
+// allocator mode) again, so its refusal is not kept: a retry prepares it once there is room.
+func (s *State) placedAgain(claim *resourceapi.ResourceClaim) bool {
+	return s.cfg.Fenced && configapi.PlacedByAllocator(s.cfg.DriverName, claim)
 }
 
 // Unprepare undoes Prepare; a claim that is not prepared is not an error.

@@ -153,7 +153,9 @@ func run(ctx context.Context, f flags) error {
 		Client:     client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
 	})
-	var runErr error
+	// The controller's result, passed by channel: OnStartedLeading runs in its own goroutine,
+	// which RunOrDie does not wait for.
+	ran := make(chan error, 1)
 	lost := make(chan struct{})
 	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
 		// The release goes through the fenced lock: it waits for the controller's writes in
@@ -163,7 +165,7 @@ func run(ctx context.Context, f flags) error {
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
 				logger.Info("Leading; starting the allocator", "identity", id)
-				runErr = runCtrl(ctx)
+				ran <- runCtrl(ctx)
 			},
 			OnStoppedLeading: func() {
 				logger.Info("No longer leading", "identity", id)
@@ -176,14 +178,23 @@ func run(ctx context.Context, f flags) error {
 			},
 		},
 	})
+	var runErr error
 	if ctx.Err() == nil {
 		// Lost the lease without being asked to stop: exit so that a fresh process
 		// rebuilds its state from the API server before it decides anything again.
 		<-lost
+		select {
+		case runErr = <-ran:
+		default:
+		}
 		if runErr != nil {
 			return runErr
 		}
 		return errors.New("lost the leader lease")
+	}
+	select {
+	case runErr = <-ran:
+	default:
 	}
 	return runErr
 }

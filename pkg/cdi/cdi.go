@@ -1,6 +1,6 @@
 // Package cdi writes one transient CDI spec per prepared claim. The spec carries the GPU's
-// device nodes, the MPS pipe directory and caps as environment, and the mounts; containerd
-// applies it to every container that names the claim.
+// device nodes, the MPS pipe directory and caps as environment, the mounts, and the driver's
+// files; containerd applies it to every container that names the claim.
 package cdi
 
 import (
@@ -44,10 +44,13 @@ type Device struct {
 type Writer struct {
 	dir   string
 	cache *cdiapi.Cache
+	// common goes into every spec once, however many of its devices a container names.
+	common []Mount
 }
 
-// NewWriter returns a writer for dir (e.g. /var/run/cdi), creating it if needed.
-func NewWriter(dir string) (*Writer, error) {
+// NewWriter returns a writer for dir (e.g. /var/run/cdi), creating it if needed. Every spec
+// it writes also carries common (the driver's files), applied once per container.
+func NewWriter(dir string, common ...Mount) (*Writer, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create CDI directory: %w", err)
 	}
@@ -55,7 +58,7 @@ func NewWriter(dir string) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CDI cache for %s: %w", dir, err)
 	}
-	return &Writer{dir: dir, cache: cache}, nil
+	return &Writer{dir: dir, cache: cache, common: common}, nil
 }
 
 // specName is keyed by the claim UID, never reused, so a runtime's cached spec cannot be
@@ -72,6 +75,9 @@ func DeviceID(claimUID, device string) string {
 // Write writes the claim's spec (replacing any earlier one) and returns its CDI device IDs.
 func (w *Writer) Write(claimUID string, devices []Device) ([]string, error) {
 	spec := &cdispec.Spec{Kind: kind}
+	for _, m := range w.common {
+		spec.ContainerEdits.Mounts = append(spec.ContainerEdits.Mounts, &cdispec.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, Options: m.Options})
+	}
 	ids := make([]string, 0, len(devices))
 	for _, d := range devices {
 		edits := cdispec.ContainerEdits{Env: d.Env}

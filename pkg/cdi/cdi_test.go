@@ -74,3 +74,33 @@ func TestClaimUIDsIgnoresOtherSpecs(t *testing.T) {
 		t.Fatalf("%v %v", uids, err)
 	}
 }
+
+// The driver's files reach a container once, however many of the claim's devices it names.
+func TestCommonMountsAppliedOncePerContainer(t *testing.T) {
+	dir := t.TempDir()
+	lib := Mount{HostPath: "/run/nvidia/driver/usr/lib/libcuda.so.580.65.06", ContainerPath: "/usr/lib/libcuda.so.1", Options: []string{"ro", "nosuid", "nodev", "rbind", "rprivate"}}
+	w, err := NewWriter(dir, lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := w.Write("uid-2", []Device{
+		{Name: "gpu-0", DeviceNodes: []DeviceNode{{HostPath: "/dev/null", Path: "/dev/nvidia0"}}},
+		{Name: "gpu-1", DeviceNodes: []DeviceNode{{HostPath: "/dev/zero", Path: "/dev/nvidia1"}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, names := range [][]string{ids, ids[1:]} {
+		ociSpec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+		if _, err := cache.InjectDevices(ociSpec, names...); err != nil {
+			t.Fatal(err)
+		}
+		if len(ociSpec.Mounts) != 1 || ociSpec.Mounts[0].Source != lib.HostPath || ociSpec.Mounts[0].Destination != lib.ContainerPath || !slices.Equal(ociSpec.Mounts[0].Options, lib.Options) {
+			t.Fatalf("devices %v: mounts %+v, want only %+v", names, ociSpec.Mounts, lib)
+		}
+	}
+}

@@ -17,6 +17,12 @@ type Config struct {
 	// MPSRoot holds one directory per MPS daemon; it must be the same path on the host and
 	// in the plugin's container, since CDI mounts name host paths.
 	MPSRoot string
+	// DriverRoot is the NVIDIA driver installation's root on the host ("/", or e.g.
+	// /run/nvidia/driver under the GPU Operator); every claim's containers get its libraries,
+	// tools and IPC sockets. Empty: none (the containers bring their own driver).
+	DriverRoot string
+	// DriverRootLocal is where the plugin sees DriverRoot; default DriverRoot.
+	DriverRootLocal string
 	// DevRoot is where the GPU device nodes live on the host; containers see them under /dev.
 	DevRoot string
 	// ReservedMemory is kept back from each GPU for the driver and the MPS server.

@@ -21,6 +21,7 @@ import (
 	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/cdi"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+	"github.com/fgpu-dev/fgpu/pkg/driverroot"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/mps"
 )
@@ -51,7 +52,16 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 	if err := os.MkdirAll(cfg.PluginDataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("create plugin data directory: %w", err)
 	}
-	w, err := cdi.NewWriter(cfg.CDIDir)
+	var driverFiles []cdi.Mount
+	if cfg.DriverRoot != "" {
+		driver, err := driverroot.Discover(klog.FromContext(ctx), driverroot.Root{Host: cfg.DriverRoot, Local: cfg.DriverRootLocal})
+		if err != nil {
+			return nil, fmt.Errorf("NVIDIA driver for containers: %w (set --driver-root, the chart's kubeletPlugin.driverRoot, to where the driver is installed)", err)
+		}
+		driverFiles = driver.Mounts
+		klog.FromContext(ctx).Info("Containers get the NVIDIA driver", "driverRoot", cfg.DriverRoot, "version", driver.Version, "files", len(driver.Mounts))
+	}
+	w, err := cdi.NewWriter(cfg.CDIDir, driverFiles...)
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -48,6 +49,8 @@ func main() {
 	fs.StringVar(&f.cfg.DriverName, "driver-name", api.DriverName, "DRA driver name")
 	fs.StringVar(&f.gpus, "gpus", "nvml", `GPU backend: "nvml", "fake:<count>x<model>[,...]" (e.g. fake:4xH100-80GB) or "fake-file:<fleet.yaml>"`)
 	fs.StringVar(&f.cfg.DevRoot, "dev-root", "", "directory of the GPU device nodes (default /dev; fake GPUs: /var/run/fgpu/fake-dev)")
+	fs.StringVar(&f.cfg.DriverRoot, "driver-root", "", `host path of the NVIDIA driver installation that claims' containers get (libraries, tools, IPC sockets): "/" (the default) or e.g. /run/nvidia/driver (GPU Operator); fake GPUs: a fake driver laid out at /var/run/fgpu/fake-driver (default) or the given path`)
+	fs.StringVar(&f.cfg.DriverRootLocal, "driver-root-container-path", "", "where the plugin's container sees --driver-root (default: the same path)")
 	fs.StringVar(&f.mpsControl, "mps-control-binary", "", "MPS control binary (default nvidia-cuda-mps-control; fake GPUs: fake-mps-control)")
 	fs.StringVar(&f.cfg.CDIDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs")
 	fs.StringVar(&f.cfg.MPSRoot, "mps-root", "/var/run/fgpu/mps", "directory for MPS pipe and log directories (same path on the host and in the container)")
@@ -133,6 +136,9 @@ func newBackend(f *flags) (gpu.Backend, error) {
 		if f.mpsControl != "" {
 			opts = append(opts, nvml.WithMPSControlBinary(f.mpsControl))
 		}
+		if f.cfg.DriverRoot == "" {
+			f.cfg.DriverRoot = "/"
+		}
 		return nvml.Open(opts...)
 	case strings.HasPrefix(f.gpus, "fake:"), strings.HasPrefix(f.gpus, "fake-file:"):
 		var fleet fake.Fleet
@@ -151,8 +157,30 @@ func newBackend(f *flags) (gpu.Backend, error) {
 		if f.mpsControl == "" {
 			f.mpsControl = "fake-mps-control"
 		}
+		if err := layOutFakeDriver(f); err != nil {
+			return nil, err
+		}
 		return fake.New(fleet, f.cfg.NodeName, f.cfg.DevRoot, f.mpsControl)
 	default:
 		return nil, fmt.Errorf(`--gpus must be "nvml", "fake:<spec>" or "fake-file:<path>", not %q`, f.gpus)
 	}
+}
+
+// layOutFakeDriver gives fake GPUs a fake driver for their containers to see, never over a
+// real installation: the host's root is refused.
+func layOutFakeDriver(f *flags) error {
+	if f.cfg.DriverRoot == "" {
+		f.cfg.DriverRoot = "/var/run/fgpu/fake-driver"
+	}
+	if filepath.Clean(f.cfg.DriverRoot) == "/" {
+		return errors.New("--driver-root=/ with fake GPUs: the plugin lays out a fake driver there, so give it a directory of its own (default /var/run/fgpu/fake-driver)")
+	}
+	local := f.cfg.DriverRootLocal
+	if local == "" {
+		local = f.cfg.DriverRoot
+	}
+	if _, err := fake.LayOutDriverRoot(local); err != nil {
+		return fmt.Errorf("--driver-root: %w", err)
+	}
+	return nil
 }

@@ -1,6 +1,6 @@
 // Command fgpu-probe is the workload of fgpu's demo and e2e tests: it prints what its
 // container received from fgpu (CUDA_MPS_* and FGPU_* variables, GPU device nodes, the MPS
-// mounts), once as text for people and once as a JSON line for tests, then sleeps.
+// mounts, the driver's files), once as text for people and once as a JSON line for tests, then sleeps.
 package main
 
 import (
@@ -23,6 +23,17 @@ type Report struct {
 	Mounts  []string          `json:"mounts"`
 	// PipeDirWritable says whether the MPS pipe directory is usable by the container.
 	PipeDirWritable bool `json:"pipeDirWritable"`
+	// DriverFiles are the files of DriverPaths that exist in the container.
+	DriverFiles []string `json:"driverFiles"`
+}
+
+// DriverPaths are where a CUDA image (Debian or Ubuntu based) expects the NVIDIA driver.
+var DriverPaths = []string{
+	"/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+	"/usr/lib/x86_64-linux-gnu/libcuda.so",
+	"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+	"/usr/bin/nvidia-smi",
+	"/run/nvidia-persistenced/socket",
 }
 
 func main() {
@@ -35,6 +46,11 @@ func main() {
 	}
 	r.Devices, _ = filepath.Glob("/dev/nvidia*")
 	r.Mounts = mounts()
+	for _, p := range DriverPaths {
+		if _, err := os.Stat(p); err == nil {
+			r.DriverFiles = append(r.DriverFiles, p)
+		}
+	}
 	if dir := r.Env["CUDA_MPS_PIPE_DIRECTORY"]; dir != "" {
 		f, err := os.CreateTemp(dir, ".probe-*")
 		if err == nil {
@@ -52,6 +68,9 @@ func main() {
 	}
 	for _, m := range r.Mounts {
 		fmt.Printf("mount  %s\n", m)
+	}
+	for _, f := range r.DriverFiles {
+		fmt.Printf("driver %s\n", f)
 	}
 	raw, _ := json.Marshal(r)
 	fmt.Printf("FGPU-PROBE %s\n", raw)

@@ -175,6 +175,8 @@ type ProbeReport struct {
 	Devices         []string          `json:"devices"`
 	Mounts          []string          `json:"mounts"`
 	PipeDirWritable bool              `json:"pipeDirWritable"`
+	// DriverFiles are the paths where a CUDA image expects the driver that exist in the container.
+	DriverFiles []string `json:"driverFiles"`
 }
 
 // Probe reads fgpu-probe's JSON line from the pod's log.

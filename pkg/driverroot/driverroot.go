@@ -74,8 +74,7 @@ func Discover(logger klog.Logger, r Root) (Driver, error) {
 	if err != nil {
 		return Driver{}, err
 	}
-	d.driver.Mounts = append(libs, d.binaries()...)
-	d.driver.Mounts = append(d.driver.Mounts, d.sockets()...)
+	d.driver.Mounts = slices.Concat(libs, d.binaries(), d.sockets())
 	return d.driver, nil
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/nvml"
 	"github.com/fgpu-dev/fgpu/pkg/plugin"
+	"github.com/fgpu-dev/fgpu/pkg/reaper"
 	"github.com/fgpu-dev/fgpu/pkg/serve"
 )
 
@@ -86,6 +87,10 @@ func run(ctx context.Context, f flags) error {
 		f.cfg.Fenced = true
 	default:
 		return fmt.Errorf(`--allocation-mode must be "scheduler" or "allocator", not %q`, f.allocationMode)
+	}
+	// Before the first MPS daemon: each detaches and, once stopped, must be waited for here.
+	if err := reaper.Start(ctx); err != nil {
+		return err
 	}
 	backend, err := newBackend(&f)
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/nvml"
 	"github.com/fgpu-dev/fgpu/pkg/plugin"
+	"github.com/fgpu-dev/fgpu/pkg/reaper"
 	"github.com/fgpu-dev/fgpu/pkg/serve"
 )
 
@@ -58,6 +59,7 @@ func main() {
 	fs.StringVar(&f.cfg.RegistrarDir, "registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registry directory")
 	fs.StringVar(&f.reservedMemory, "reserved-memory", "1Gi", "memory kept back on each GPU for the driver and the MPS server")
 	fs.StringVar(&f.allocationMode, "allocation-mode", "scheduler", `"scheduler": kube-scheduler allocates shares; "allocator": devices are fenced with a taint only fgpu's allocator tolerates`)
+	fs.DurationVar(&f.cfg.ForeignPoll, "foreign-poll-interval", plugin.DefaultForeignPoll, "how often GPUs are checked for compute processes fgpu did not start (such a GPU is tainted "+plugin.ForeignTaintKey+" and keeps its compute mode)")
 	f.metrics.AddFlags(fs, ":9464")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
 	klogFlags := goflagSet()
@@ -88,6 +90,10 @@ func run(ctx context.Context, f flags) error {
 		f.cfg.Fenced = true
 	default:
 		return fmt.Errorf(`--allocation-mode must be "scheduler" or "allocator", not %q`, f.allocationMode)
+	}
+	// Before the first MPS daemon: each detaches and, once stopped, must be waited for here.
+	if err := reaper.Start(ctx); err != nil {
+		return err
 	}
 	backend, err := newBackend(&f)
 	if err != nil {

@@ -43,6 +43,10 @@ type Checkpoint struct {
 	// refusal condition, which the allocator may read late, never stands next to a prepared
 	// share; earlier versions ignore the field.
 	Refused []Refusal `json:"refused,omitempty"`
+	// FoundComputeModes are the compute modes of the GPUs (by UUID) whose mode the plugin
+	// changed, as it found them: it puts each back when its last claim there goes, and never
+	// touches a GPU it has not changed. Earlier versions ignore the field.
+	FoundComputeModes map[string]string `json:"foundComputeModes,omitempty"`
 }
 
 // Refusal is one refused allocation result: a claim's device and share, and why.

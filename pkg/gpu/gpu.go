@@ -41,6 +41,11 @@ type Backend interface {
 	Devices() ([]Device, error)
 	// SetComputeMode switches a GPU's compute mode; MPS wants ExclusiveProcess.
 	SetComputeMode(uuid string, mode ComputeMode) error
+	// ComputeProcesses lists the PIDs of the compute processes on a GPU as NVML reports them:
+	// host PIDs, whatever PID namespace the caller is in. An MPS server is one such process;
+	// its clients run in its context, and NVML lists them separately (MPS processes), so
+	// they are included too.
+	ComputeProcesses(uuid string) ([]int, error)
 	// MPSControlBinary is the nvidia-cuda-mps-control (or stand-in) to run for this backend.
 	MPSControlBinary() string
 	// Close releases the backend (NVML shutdown).

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"path/filepath"
+	"time"
 )
 
 // Config is everything the kubelet plugin needs, parsed from flags by its main.
@@ -29,6 +30,19 @@ type Config struct {
 	ReservedMemory int64
 	// Fenced publishes devices with the allocator taint (allocator mode).
 	Fenced bool
+	// ForeignPoll is how often the GPUs are looked at for processes fgpu did not start
+	// (0: DefaultForeignPoll).
+	ForeignPoll time.Duration
+}
+
+// DefaultForeignPoll is modest: a GPU freed by someone else is offered again within it.
+const DefaultForeignPoll = 10 * time.Second
+
+func (c Config) foreignPoll() time.Duration {
+	if c.ForeignPoll > 0 {
+		return c.ForeignPoll
+	}
+	return DefaultForeignPoll
 }
 
 // CheckpointPath is where the checkpoint lives.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -57,12 +58,58 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
 	d.helper = helper
-	if err := helper.PublishResources(ctx, DriverResources(cfg.NodeName, state.Devices(), cfg.ReservedMemory, cfg.Fenced)); err != nil {
+	d.reportForeign(ctx, state.RefreshForeign(ctx))
+	if err := d.publish(ctx); err != nil {
 		helper.Stop()
 		cancel(err)
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
+	go d.watchForeign(ctx)
 	return d, nil
+}
+
+func (d *Driver) publish(ctx context.Context) error {
+	return d.helper.PublishResources(ctx, DriverResources(d.cfg.NodeName, d.state.Devices(), d.cfg.ReservedMemory, d.cfg.Fenced, d.state.Foreign()))
+}
+
+// watchForeign polls the GPUs for processes fgpu did not start and republishes the slices
+// when a GPU's taint must come or go.
+func (d *Driver) watchForeign(ctx context.Context) {
+	ticker := time.NewTicker(d.cfg.foreignPoll())
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		changes := d.state.RefreshForeign(ctx)
+		if len(changes) == 0 {
+			continue
+		}
+		d.reportForeign(ctx, changes)
+		if err := d.publish(ctx); err != nil {
+			// The next change publishes again; the helper also retries on its own.
+			klog.FromContext(ctx).Error(err, "Publishing the ResourceSlices after foreign processes changed")
+		}
+	}
+}
+
+// reportForeign tells a person what changed: a log line and a Node event each.
+func (d *Driver) reportForeign(ctx context.Context, changes []ForeignChange) {
+	logger := klog.FromContext(ctx)
+	for _, c := range changes {
+		eventType, reason := corev1.EventTypeWarning, ReasonForeignProcesses
+		if len(c.PIDs) == 0 {
+			eventType, reason = corev1.EventTypeNormal, ReasonForeignProcessesGone
+			logger.Info(c.Message(), "device", c.Device, "uuid", c.UUID)
+		} else {
+			logger.Info(c.Message(), "device", c.Device, "uuid", c.UUID, "pids", c.PIDs)
+		}
+		if err := d.state.nodeEvent(ctx, d.client, eventType, reason, c.Message()); err != nil {
+			logger.Error(err, "Recording a Node event about foreign processes", "device", c.Device)
+		}
+	}
 }
 
 // Failed is closed when a fatal background error stopped the driver; Err says why.

@@ -33,7 +33,11 @@ func AllocatableMemory(d gpu.Device, reserved int64) int64 {
 // that memory and no reserved compute: its kernels are not capped and share SMs by time
 // with the GPU's other tenants. Naming compute reserves that percent of SMs and caps the
 // claim's MPS active thread percentage to it.
-func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced bool) resourceslice.DriverResources {
+//
+// A GPU in foreign (by device name: the processes fgpu did not start on it) carries the
+// NoSchedule taint ForeignTaintKey, so that neither kube-scheduler nor the allocator puts a
+// new claim there; claims already allocated to it stay.
+func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced bool, foreign map[string][]int) resourceslice.DriverResources {
 	devices := make([]resourceapi.Device, 0, len(devs))
 	for _, d := range devs {
 		mem := resource.NewQuantity(AllocatableMemory(d, reserved), resource.BinarySI)
@@ -67,7 +71,10 @@ func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced 
 			},
 		}
 		if fenced {
-			dev.Taints = []resourceapi.DeviceTaint{configapi.FenceTaint()}
+			dev.Taints = append(dev.Taints, configapi.FenceTaint())
+		}
+		if pids := foreign[d.Name()]; len(pids) > 0 {
+			dev.Taints = append(dev.Taints, resourceapi.DeviceTaint{Key: ForeignTaintKey, Value: strconv.Itoa(len(pids)), Effect: resourceapi.DeviceTaintEffectNoSchedule})
 		}
 		devices = append(devices, dev)
 	}

@@ -38,6 +38,9 @@ type State struct {
 
 	mu sync.Mutex
 	cp *checkpoint.Checkpoint
+	// foreign are the compute processes fgpu did not start, by GPU UUID (see refreshForeign);
+	// reported is what RefreshForeign last told the driver.
+	foreign, reported map[string][]int
 }
 
 // NewState loads the checkpoint and recovers from whatever a previous run left half done.
@@ -67,15 +70,20 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 	}
 	s := &State{
 		cfg: cfg, backend: backend, devices: map[string]gpu.Device{},
-		store: checkpoint.NewStore(cfg.CheckpointPath()),
-		cdi:   w,
-		mps:   &mps.Manager{Root: cfg.MPSRoot, Binary: backend.MPSControlBinary()},
+		store:   checkpoint.NewStore(cfg.CheckpointPath()),
+		cdi:     w,
+		mps:     &mps.Manager{Root: cfg.MPSRoot, Binary: backend.MPSControlBinary()},
+		foreign: map[string][]int{}, reported: map[string][]int{},
 	}
 	for _, d := range devs {
 		s.devices[d.Name()] = d
 	}
 	if err := s.loadOrRebuild(ctx, client); err != nil {
 		return nil, err
+	}
+	// Before recover sets any compute mode: a GPU busy with someone else's work keeps its own.
+	for _, d := range s.devices {
+		s.refreshForeign(ctx, d.UUID, "")
 	}
 	if err := s.recover(ctx); err != nil {
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
@@ -116,6 +124,9 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 	if err == nil {
 		err = s.checkIsolation(claim, planned)
 	}
+	if err == nil {
+		err = s.checkForeign(ctx, claim, planned)
+	}
 	if err != nil {
 		s.rememberRefusal(ctx, claim, err)
 		return nil, err
@@ -149,7 +160,7 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 	for i := range e.Devices {
 		p := &e.Devices[i]
 		if p.MPSKey != "" || p.Mode == string(configapi.SharingModeTimeSlicing) {
-			if err := s.syncComputeMode(p.GPUUUID); err != nil {
+			if err := s.syncComputeMode(ctx, p.GPUUUID); err != nil {
 				return err
 			}
 		}
@@ -368,7 +379,7 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 		}
 	}
 	for _, d := range s.devices {
-		errs = append(errs, s.syncComputeMode(d.UUID))
+		errs = append(errs, s.syncComputeMode(ctx, d.UUID))
 	}
 	return errors.Join(errs...)
 }
@@ -379,12 +390,21 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 // between them; so do time-sliced claims, whose processes are not MPS clients (in scheduler
 // mode kube-scheduler may put one next to an MPS share). checkIsolation keeps both off a GPU
 // whose MPS share was told its memory is enforced.
-func (s *State) syncComputeMode(uuid string) error {
-	domains, timeSliced := map[string]bool{}, false
+//
+// fgpu changes only what it needs and gives back what it found: the first change records
+// the GPU's mode in the checkpoint, and when fgpu's last claim on the GPU goes that mode is
+// restored. A GPU fgpu has not changed is not touched (an admin's mode stays), nor is one
+// that runs processes fgpu did not start: changing its mode could lock them or fgpu's MPS
+// server out.
+func (s *State) syncComputeMode(ctx context.Context, uuid string) error {
+	used, domains, timeSliced := false, map[string]bool{}, false
 	for _, e := range s.cp.Claims {
 		for _, p := range e.Devices {
+			if p.GPUUUID != uuid {
+				continue
+			}
+			used = true
 			switch {
-			case p.GPUUUID != uuid:
 			case p.MPSKey != "":
 				domains[p.MPSKey] = true
 			case p.Mode == string(configapi.SharingModeTimeSlicing):
@@ -392,14 +412,62 @@ func (s *State) syncComputeMode(uuid string) error {
 			}
 		}
 	}
-	mode := gpu.ComputeModeDefault
-	if len(domains) == 1 && !timeSliced {
-		mode = gpu.ComputeModeExclusiveProcess
+	found, changed := s.cp.FoundComputeModes[uuid]
+	if !used && !changed {
+		return nil
 	}
-	if err := s.backend.SetComputeMode(uuid, mode); err != nil {
-		return fmt.Errorf("set compute mode of GPU %s to %s: %w", uuid, mode, err)
+	if pids := s.foreign[uuid]; len(pids) > 0 {
+		klog.FromContext(ctx).V(2).Info("Leaving the compute mode of a GPU that runs processes fgpu did not start", "gpu", uuid, "pids", pids)
+		return nil
+	}
+	want := gpu.ComputeMode(found)
+	if used {
+		want = gpu.ComputeModeDefault
+		if len(domains) == 1 && !timeSliced {
+			want = gpu.ComputeModeExclusiveProcess
+		}
+	}
+	current, err := s.computeMode(uuid)
+	if err != nil {
+		return err
+	}
+	if current != want {
+		if !changed {
+			if s.cp.FoundComputeModes == nil {
+				s.cp.FoundComputeModes = map[string]string{}
+			}
+			// Saved before the change, so that a crash right after it still restores the mode.
+			s.cp.FoundComputeModes[uuid] = string(current)
+			if err := s.store.Save(s.cp); err != nil {
+				delete(s.cp.FoundComputeModes, uuid)
+				return err
+			}
+		}
+		if err := s.backend.SetComputeMode(uuid, want); err != nil {
+			return fmt.Errorf("set compute mode of GPU %s to %s: %w", uuid, want, err)
+		}
+	}
+	if !used {
+		delete(s.cp.FoundComputeModes, uuid)
+		if err := s.store.Save(s.cp); err != nil {
+			// The mode is back; a later sync finds it so and forgets it then.
+			klog.FromContext(ctx).Error(err, "Forgetting a restored compute mode", "gpu", uuid)
+		}
 	}
 	return nil
+}
+
+func (s *State) computeMode(uuid string) (gpu.ComputeMode, error) {
+	devs, err := s.backend.Devices()
+	if err != nil {
+		return "", fmt.Errorf("read compute mode of GPU %s: %w", uuid, err)
+	}
+	for _, d := range devs {
+		if d.UUID == uuid {
+			return d.ComputeMode, nil
+		}
+	}
+	return "", fmt.Errorf("GPU %s is gone", uuid)
 }
 
 // recover makes disk and processes match the checkpoint after a restart: half-prepared

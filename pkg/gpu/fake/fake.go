@@ -1,5 +1,11 @@
 // Package fake is a GPU backend that needs no GPU: a deterministic fleet described by a flag
 // or a small YAML file, with real device node files so CDI specs that name them apply.
+//
+// Beside each device node nvidiaN it keeps the state a real GPU keeps across restarts of
+// whoever drives it: nvidiaN.compute-mode holds the GPU's compute mode, and nvidiaN.processes
+// the PIDs of the compute processes on it, one per line, as NVML would list them. A test
+// puts a process "on" a GPU that fgpu did not start by writing its PID there (ProcessFile)
+// and takes it off by removing the line or the file.
 package fake
 
 import (
@@ -63,10 +69,11 @@ const (
 // Backend is the fake GPU backend.
 type Backend struct {
 	devices []gpu.Device
+	devDir  string
 	mpsBin  string
 
-	mu    sync.Mutex
-	modes map[string]gpu.ComputeMode
+	// mu serialises compute mode changes, as the driver does.
+	mu sync.Mutex
 }
 
 var specRE = regexp.MustCompile(`^(\d+)x([A-Za-z0-9-]+)$`)
@@ -101,7 +108,7 @@ func LoadFleetFile(path string) (Fleet, error) {
 // New builds the fleet for one node. The node name seeds the UUIDs so that every node of
 // a fake cluster has distinct, stable GPUs. devDir receives the fake device nodes.
 func New(f Fleet, nodeName, devDir, mpsControlBinary string) (*Backend, error) {
-	b := &Backend{mpsBin: mpsControlBinary, modes: map[string]gpu.ComputeMode{}}
+	b := &Backend{devDir: devDir, mpsBin: mpsControlBinary}
 	if err := os.MkdirAll(devDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create fake device directory: %w", err)
 	}
@@ -158,8 +165,12 @@ func (b *Backend) Devices() ([]gpu.Device, error) {
 	defer b.mu.Unlock()
 	out := make([]gpu.Device, len(b.devices))
 	for i, d := range b.devices {
-		if m, ok := b.modes[d.UUID]; ok {
-			d.ComputeMode = m
+		raw, err := os.ReadFile(b.modeFile(d.Index))
+		switch {
+		case err == nil:
+			d.ComputeMode = gpu.ComputeMode(strings.TrimSpace(string(raw)))
+		case !errors.Is(err, os.ErrNotExist):
+			return nil, fmt.Errorf("read fake GPU compute mode: %w", err)
 		}
 		out[i] = d
 	}
@@ -170,13 +181,56 @@ func (b *Backend) Devices() ([]gpu.Device, error) {
 func (b *Backend) SetComputeMode(uuid string, mode gpu.ComputeMode) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	d, err := b.device(uuid)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(b.modeFile(d.Index), []byte(string(mode)+"\n"), 0o644); err != nil {
+		return fmt.Errorf("set fake GPU compute mode: %w", err)
+	}
+	return nil
+}
+
+// ComputeProcesses implements gpu.Backend: the PIDs listed in the GPU's ProcessFile.
+func (b *Backend) ComputeProcesses(uuid string) ([]int, error) {
+	d, err := b.device(uuid)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := os.ReadFile(ProcessFile(b.devDir, d.Index))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read fake GPU processes: %w", err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(raw)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid <= 0 {
+			return nil, fmt.Errorf("fake GPU process file %s: %q is not a PID", ProcessFile(b.devDir, d.Index), f)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
+// ProcessFile is where a fake GPU's compute processes are listed, one PID per line.
+func ProcessFile(devDir string, index int) string {
+	return filepath.Join(devDir, fmt.Sprintf("nvidia%d.processes", index))
+}
+
+func (b *Backend) modeFile(index int) string {
+	return filepath.Join(b.devDir, fmt.Sprintf("nvidia%d.compute-mode", index))
+}
+
+func (b *Backend) device(uuid string) (gpu.Device, error) {
 	for _, d := range b.devices {
 		if d.UUID == uuid {
-			b.modes[uuid] = mode
-			return nil
+			return d, nil
 		}
 	}
-	return fmt.Errorf("no fake GPU with UUID %s", uuid)
+	return gpu.Device{}, fmt.Errorf("no fake GPU with UUID %s", uuid)
 }
 
 // MPSControlBinary implements gpu.Backend: the stand-in control daemon.

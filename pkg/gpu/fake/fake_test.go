@@ -102,3 +102,51 @@ func TestLoadFleetFile(t *testing.T) {
 		t.Fatal("misspelled key accepted")
 	}
 }
+
+// A fake GPU keeps its compute mode across backends, as a real one does across plugin
+// restarts, and lists the processes a test wrote into its process file, as NVML would.
+func TestComputeModeAndProcessesLiveBesideTheDeviceNodes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("creating device nodes needs root")
+	}
+	f, _ := ParseSpec("2xH100-80GB")
+	dir := t.TempDir()
+	b, err := New(f, "node-a", dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, _ := b.Devices()
+	if err := b.SetComputeMode(devs[1].UUID, gpu.ComputeModeExclusiveProcess); err != nil {
+		t.Fatal(err)
+	}
+	again, err := New(f, "node-a", dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, _ = again.Devices()
+	if devs[0].ComputeMode != gpu.ComputeModeDefault || devs[1].ComputeMode != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("compute modes after a new backend: %s, %s", devs[0].ComputeMode, devs[1].ComputeMode)
+	}
+
+	if pids, err := again.ComputeProcesses(devs[1].UUID); err != nil || len(pids) != 0 {
+		t.Fatalf("processes on an idle GPU: %v, %v", pids, err)
+	}
+	if err := os.WriteFile(ProcessFile(dir, 1), []byte("4242\n77\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if pids, err := again.ComputeProcesses(devs[1].UUID); err != nil || len(pids) != 2 || pids[0] != 4242 || pids[1] != 77 {
+		t.Fatalf("processes: %v, %v; want [4242 77]", pids, err)
+	}
+	if pids, _ := again.ComputeProcesses(devs[0].UUID); len(pids) != 0 {
+		t.Fatalf("gpu-0 got gpu-1's processes: %v", pids)
+	}
+	if err := os.WriteFile(ProcessFile(dir, 1), []byte("nope\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := again.ComputeProcesses(devs[1].UUID); err == nil {
+		t.Fatal("a malformed process file gave no error")
+	}
+	if _, err := again.ComputeProcesses("GPU-unknown"); err == nil {
+		t.Fatal("an unknown UUID gave no error")
+	}
+}

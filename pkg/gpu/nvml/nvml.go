@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -227,6 +228,40 @@ func (b *Backend) SetComputeMode(uuid string, mode gpu.ComputeMode) error {
 		return fmt.Errorf("nvml SetComputeMode(%s) on GPU %s: %w", mode, gpuName, ret)
 	}
 	return nil
+}
+
+// ComputeProcesses lists the PIDs of the compute processes on the GPU with the given UUID:
+// those with a CUDA context of their own (an MPS server among them) and the MPS clients,
+// which NVML lists apart. A driver without the MPS listing reports only the former.
+func (b *Backend) ComputeProcesses(uuid string) ([]int, error) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return nil, errClosed
+	}
+	h, ret := b.lib.DeviceGetHandleByUUID(uuid)
+	if ret != gonvml.SUCCESS {
+		return nil, fmt.Errorf("nvml DeviceGetHandleByUUID for GPU %s: %w", uuid, ret)
+	}
+	procs, ret := h.GetComputeRunningProcesses()
+	if ret != gonvml.SUCCESS {
+		return nil, fmt.Errorf("nvml GetComputeRunningProcesses on GPU %s: %w", uuid, ret)
+	}
+	mpsProcs, ret := h.GetMPSComputeRunningProcesses()
+	switch ret {
+	case gonvml.SUCCESS:
+		procs = append(procs, mpsProcs...)
+	case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND:
+	default:
+		return nil, fmt.Errorf("nvml GetMPSComputeRunningProcesses on GPU %s: %w", uuid, ret)
+	}
+	var pids []int
+	for _, p := range procs {
+		if !slices.Contains(pids, int(p.Pid)) {
+			pids = append(pids, int(p.Pid))
+		}
+	}
+	return pids, nil
 }
 
 // MPSControlBinary is the configured nvidia-cuda-mps-control.

@@ -556,3 +556,27 @@ func touch(p string) error {
 	}
 	return f.Close()
 }
+
+func TestComputeProcessesJoinsContextsAndMPSClients(t *testing.T) {
+	s := newMock(t)
+	d := mockDevice(t, s, 2)
+	d.GetComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) {
+		return []gonvml.ProcessInfo{{Pid: 100}, {Pid: 200}}, gonvml.SUCCESS
+	}
+	d.GetMPSComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) {
+		return []gonvml.ProcessInfo{{Pid: 200}, {Pid: 300}}, gonvml.SUCCESS
+	}
+	b := newBackend(t, s)
+	pids, err := b.ComputeProcesses(d.UUID)
+	if err != nil || !reflect.DeepEqual(pids, []int{100, 200, 300}) {
+		t.Fatalf("ComputeProcesses = %v, %v; want [100 200 300]", pids, err)
+	}
+	d.GetMPSComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
+	if pids, err := b.ComputeProcesses(d.UUID); err != nil || !reflect.DeepEqual(pids, []int{100, 200}) {
+		t.Fatalf("without the MPS listing: %v, %v; want [100 200]", pids, err)
+	}
+	d.GetComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return nil, gonvml.ERROR_UNKNOWN }
+	if _, err := b.ComputeProcesses(d.UUID); err == nil {
+		t.Fatal("a failing NVML query gave no error")
+	}
+}

@@ -1,0 +1,139 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/klog/v2"
+
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+)
+
+// Processes fgpu did not start.
+//
+// NVML lists a GPU's compute processes by host PID, and the plugin, outside the host PID
+// namespace, cannot tell which container one belongs to. What it knows is what it prepared:
+// on a GPU where it has no claim prepared, no MPS server of fgpu's runs and no tenant of
+// fgpu's has a container, so every compute process there was started by someone else
+// (another device plugin's pod, a host job). Such a GPU is foreign-busy: it is published
+// with the taint ForeignTaintKey, fgpu leaves its compute mode alone, and an MPS share that
+// was promised enforced memory is refused there. On a GPU where fgpu has claims prepared
+// the processes are taken as its tenants' (its MPS servers and their clients, the processes
+// of its time-sliced and whole-GPU claims), and the verdict reached before the first claim
+// came stands until the last one goes.
+
+// ForeignTaintKey marks a GPU that runs compute processes fgpu did not start; its value is
+// their number.
+const ForeignTaintKey = "fgpu.dev/foreign-processes"
+
+// The Node events' reasons.
+const (
+	ReasonForeignProcesses     = "FgpuForeignProcesses"
+	ReasonForeignProcessesGone = "FgpuForeignProcessesGone"
+)
+
+// ForeignChange is a GPU whose processes fgpu did not start changed since the last report:
+// PIDs is empty when they are gone.
+type ForeignChange struct {
+	Device, UUID string
+	PIDs         []int
+}
+
+// Message says what the change means, for the log and the Node event.
+func (c ForeignChange) Message() string {
+	if len(c.PIDs) == 0 {
+		return fmt.Sprintf("GPU %s (%s) runs no process fgpu did not start any more; it is offered again", c.Device, c.UUID)
+	}
+	return fmt.Sprintf("GPU %s (%s) runs %d process(es) fgpu did not start (pids %s); it is not offered until they exit, and fgpu does not change its compute mode",
+		c.Device, c.UUID, len(c.PIDs), strings.Trim(fmt.Sprint(c.PIDs), "[]"))
+}
+
+// RefreshForeign looks again at the GPUs fgpu has nothing prepared on and returns what
+// changed since the last call. A GPU whose foreign processes went gets the compute mode fgpu
+// found on it back, if fgpu still holds it changed.
+func (s *State) RefreshForeign(ctx context.Context) []ForeignChange {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var changes []ForeignChange
+	for _, d := range s.Devices() {
+		s.refreshForeign(ctx, d.UUID, "")
+		now, before := s.foreign[d.UUID], s.reported[d.UUID]
+		if slices.Equal(now, before) {
+			continue
+		}
+		s.reported[d.UUID] = now
+		changes = append(changes, ForeignChange{Device: d.Name(), UUID: d.UUID, PIDs: now})
+		if len(now) == 0 {
+			if err := s.syncComputeMode(ctx, d.UUID); err != nil {
+				klog.FromContext(ctx).Error(err, "Restoring the compute mode of a GPU whose foreign processes exited", "device", d.Name())
+			}
+		}
+	}
+	return changes
+}
+
+// Foreign returns the processes fgpu did not start, by device name, for the slices.
+func (s *State) Foreign() map[string][]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string][]int{}
+	for _, d := range s.devices {
+		if pids := s.foreign[d.UUID]; len(pids) > 0 {
+			out[d.Name()] = slices.Clone(pids)
+		}
+	}
+	return out
+}
+
+// refreshForeign updates the GPU's verdict unless a claim other than except is prepared on
+// it. A failed query keeps the last verdict: it is no news about the processes.
+// Caller holds s.mu (or owns s exclusively).
+func (s *State) refreshForeign(ctx context.Context, uuid, except string) {
+	for uid, e := range s.cp.Claims {
+		if uid == except {
+			continue
+		}
+		if slices.ContainsFunc(e.Devices, func(p checkpoint.PreparedDevice) bool { return p.GPUUUID == uuid }) {
+			return
+		}
+	}
+	pids, err := s.backend.ComputeProcesses(uuid)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Listing the compute processes of a GPU", "gpu", uuid)
+		return
+	}
+	slices.Sort(pids)
+	s.foreign[uuid] = slices.Compact(pids)
+}
+
+// checkForeign looks at the claim's GPUs afresh (the poll may not have seen a process yet)
+// and refuses a share promised enforced memory on one that runs processes fgpu did not
+// start: its caps hold only while fgpu's MPS server alone uses the GPU in EXCLUSIVE_PROCESS,
+// and fgpu does not change that GPU's mode. Other shares are prepared; the GPU keeps its mode.
+func (s *State) checkForeign(ctx context.Context, claim *resourceapi.ResourceClaim, planned []checkpoint.PreparedDevice) error {
+	for _, uuid := range slices.Sorted(maps.Keys(gpusOf(planned))) {
+		s.refreshForeign(ctx, uuid, string(claim.UID))
+	}
+	for _, p := range planned {
+		pids := s.foreign[p.GPUUUID]
+		if len(pids) == 0 || !p.MemoryEnforced {
+			continue
+		}
+		return refused(p.Device, p.ShareID, configapi.PrepareReasonIsolationConflict, fmt.Errorf("refusing to prepare claim %s/%s on GPU %s (%s): it runs %d process(es) fgpu did not start, and the claim's memory caps hold only while its MPS server alone uses the GPU",
+			claim.Namespace, claim.Name, p.Device, p.GPUUUID, len(pids)))
+	}
+	return nil
+}
+
+func gpusOf(planned []checkpoint.PreparedDevice) map[string]bool {
+	out := map[string]bool{}
+	for _, p := range planned {
+		out[p.GPUUUID] = true
+	}
+	return out
+}

@@ -1,0 +1,214 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/gpu"
+	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
+)
+
+// setMode sets a fake GPU's compute mode as an admin would, before or between plugin runs.
+func (e *env) setMode(device string, mode gpu.ComputeMode) {
+	e.t.Helper()
+	b := e.backend()
+	devs, _ := b.Devices()
+	for _, d := range devs {
+		if d.Name() == device {
+			if err := b.SetComputeMode(d.UUID, mode); err != nil {
+				e.t.Fatal(err)
+			}
+			return
+		}
+	}
+	e.t.Fatalf("no %s", device)
+}
+
+// foreignProcesses puts processes fgpu did not start on a fake GPU (none: takes them off).
+func (e *env) foreignProcesses(index int, pids ...string) {
+	e.t.Helper()
+	path := fake.ProcessFile(e.cfg.DevRoot, index)
+	if len(pids) == 0 {
+		if err := os.Remove(path); err != nil {
+			e.t.Fatal(err)
+		}
+		return
+	}
+	if err := os.MkdirAll(e.cfg.DevRoot, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(strings.Join(pids, "\n")+"\n"), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func taints(res []resourceapi.Device, name string) []resourceapi.DeviceTaint {
+	for _, d := range res {
+		if d.Name == name {
+			return d.Taints
+		}
+	}
+	return nil
+}
+
+// Installing fgpu changes no compute mode on a GPU it does not use, and the mode it changes
+// on one it uses goes back to what an admin set when its last claim goes, also across a
+// restart of the plugin in between.
+func TestAdminComputeModesAreKept(t *testing.T) {
+	e := newEnv(t)
+	e.setMode("gpu-0", gpu.ComputeModeProhibited)
+	e.setMode("gpu-1", gpu.ComputeModeExclusiveProcess)
+	s := e.state()
+	ctx := context.Background()
+	if m := computeMode(t, s, "gpu-1"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("start-up reset an unused GPU's mode to %s", m)
+	}
+	claim := builders.MakeClaim("ns", "mps").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("one MPS server wants EXCLUSIVE_PROCESS, got %s", m)
+	}
+	s = e.state()
+	if err := s.Unprepare(ctx, string(claim.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if m0, m1 := computeMode(t, s, "gpu-0"), computeMode(t, s, "gpu-1"); m0 != gpu.ComputeModeProhibited || m1 != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("after the last claim went: gpu-0 %s (want the admin's Prohibited back), gpu-1 %s (want ExclusiveProcess untouched)", m0, m1)
+	}
+	if len(s.cp.FoundComputeModes) != 0 {
+		t.Fatalf("restored modes still recorded: %v", s.cp.FoundComputeModes)
+	}
+}
+
+// A GPU with processes fgpu did not start is published with a NoSchedule taint, keeps its
+// compute mode, and is offered again once they exit; a report says each change.
+func TestForeignProcessesTaintTheGPUUntilTheyExit(t *testing.T) {
+	e := newEnv(t)
+	e.setMode("gpu-1", gpu.ComputeModeExclusiveProcess)
+	e.foreignProcesses(1, "4242", "77")
+	s := e.state()
+	ctx := context.Background()
+	changes := s.RefreshForeign(ctx)
+	if len(changes) != 1 || changes[0].Device != "gpu-1" || !slices.Equal(changes[0].PIDs, []int{77, 4242}) ||
+		!strings.Contains(changes[0].Message(), "GPU gpu-1 ("+changes[0].UUID+") runs 2 process(es) fgpu did not start (pids 77 4242); it is not offered until they exit") {
+		t.Fatalf("changes: %+v", changes)
+	}
+	if again := s.RefreshForeign(ctx); len(again) != 0 {
+		t.Fatalf("an unchanged GPU reported again: %+v", again)
+	}
+	res := DriverResources(node, s.Devices(), e.cfg.ReservedMemory, true, s.Foreign()).Pools[node].Slices[0].Devices
+	want := resourceapi.DeviceTaint{Key: ForeignTaintKey, Value: "2", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	if got := taints(res, "gpu-1"); len(got) != 2 || got[0] != configapi.FenceTaint() || got[1] != want {
+		t.Fatalf("gpu-1 taints %+v, want the fence and %+v", got, want)
+	}
+	if got := taints(res, "gpu-0"); len(got) != 1 {
+		t.Fatalf("gpu-0 taints %+v, want only the fence", got)
+	}
+
+	// A share allocated there before the taint (not promised enforced memory) is prepared;
+	// the GPU keeps its mode.
+	claim := builders.MakeClaim("ns", "early").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	if m := computeMode(t, s, "gpu-1"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("fgpu changed a foreign-busy GPU's mode to %s", m)
+	}
+	if err := s.Unprepare(ctx, string(claim.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if m := computeMode(t, s, "gpu-1"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("unprepare changed a foreign-busy GPU's mode to %s", m)
+	}
+
+	e.foreignProcesses(1)
+	changes = s.RefreshForeign(ctx)
+	if len(changes) != 1 || len(changes[0].PIDs) != 0 || !strings.Contains(changes[0].Message(), "runs no process fgpu did not start any more; it is offered again") {
+		t.Fatalf("changes after the processes exited: %+v", changes)
+	}
+	res = DriverResources(node, s.Devices(), e.cfg.ReservedMemory, false, s.Foreign()).Pools[node].Slices[0].Devices
+	if got := taints(res, "gpu-1"); len(got) != 0 {
+		t.Fatalf("gpu-1 still tainted: %+v", got)
+	}
+	if m := computeMode(t, s, "gpu-1"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("a GPU fgpu never changed got mode %s", m)
+	}
+}
+
+// A share promised enforced memory is refused on a GPU with processes fgpu did not start,
+// also before the poll saw them, with a refusal the allocator acts on; the GPU keeps its mode.
+func TestEnforcedShareRefusedOnAForeignBusyGPU(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Fenced = true
+	s := e.state()
+	ctx := context.Background()
+	e.foreignProcesses(0, "99")
+	claim := builders.MakeClaim("ns", "keep").Memory("10Gi").Config(keepGPU).AllocatedOn(node, "gpu-0").Obj()
+	_, err := s.Prepare(ctx, claim)
+	var rf *refusal
+	if !errors.As(err, &rf) || rf.reason != configapi.PrepareReasonIsolationConflict || rf.device != "gpu-0" ||
+		!strings.Contains(err.Error(), "it runs 1 process(es) fgpu did not start") {
+		t.Fatalf("want an IsolationConflict refusal, got %v", err)
+	}
+	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeDefault {
+		t.Fatalf("compute mode became %s", m)
+	}
+	if e.specCount() != 0 {
+		t.Fatal("a refused claim left a spec")
+	}
+}
+
+// Each change becomes a Node event a person can act on: a Warning while the processes run,
+// a Normal one when the GPU is offered again.
+func TestForeignChangesBecomeNodeEvents(t *testing.T) {
+	e := newEnv(t)
+	client := k8sfake.NewClientset()
+	// The fake clientset does not generate names as the API server does.
+	n := 0
+	client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		create, ok := a.(k8stesting.CreateAction)
+		if !ok {
+			return false, nil, nil
+		}
+		if ev, ok := create.GetObject().(*corev1.Event); ok {
+			n++
+			ev.Name = fmt.Sprintf("%s%d", ev.GenerateName, n)
+		}
+		return false, nil, nil
+	})
+	e.client = client
+	e.foreignProcesses(0, "5")
+	s := e.state()
+	ctx := context.Background()
+	d := &Driver{state: s, client: e.client, cfg: e.cfg}
+	d.reportForeign(ctx, s.RefreshForeign(ctx))
+	e.foreignProcesses(0)
+	d.reportForeign(ctx, s.RefreshForeign(ctx))
+	evs := events(t, e)
+	if len(evs) != 2 {
+		t.Fatalf("events: %+v", evs)
+	}
+	slices.SortFunc(evs, func(a, b corev1.Event) int { return strings.Compare(string(b.Type), string(a.Type)) })
+	if evs[0].Type != corev1.EventTypeWarning || evs[0].Reason != ReasonForeignProcesses || evs[0].InvolvedObject.Name != node ||
+		!strings.Contains(evs[0].Message, "GPU gpu-0 (") || !strings.Contains(evs[0].Message, "runs 1 process(es) fgpu did not start (pids 5)") {
+		t.Errorf("first event: %+v", evs[0])
+	}
+	if evs[1].Type != corev1.EventTypeNormal || evs[1].Reason != ReasonForeignProcessesGone {
+		t.Errorf("second event: %+v", evs[1])
+	}
+}

@@ -12,14 +12,17 @@
 package driverroot
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/lookup"
+	securejoin "github.com/cyphar/filepath-securejoin"
 	"k8s.io/klog/v2"
 
 	"github.com/fgpu-dev/fgpu/pkg/cdi"
@@ -32,6 +35,10 @@ type Root struct {
 	Host string
 	// Local is where this process sees Host (a container mounts it elsewhere); default Host.
 	Local string
+	// Proc is where this process sees the kernel's /proc, default /proc. The loaded driver
+	// module's version there (driver/nvidia/version) is the kernel's, the same in every PID
+	// namespace, so a container's own /proc serves.
+	Proc string
 }
 
 // Driver is what a claim's containers receive from the driver root.
@@ -56,8 +63,10 @@ var (
 	socketOptions = []string{"nosuid", "nodev", "rbind", "rprivate", "noexec"}
 )
 
-// Discover finds the driver under r. The version is the suffix of libcuda.so.<version> (or
-// libnvidia-ml.so.<version>), as the toolkit infers it without NVML.
+// Discover finds the driver under r. Its version is the loaded kernel module's when the root
+// holds that version's libcuda.so (or libnvidia-ml.so), else the one libcuda.so.1 links to,
+// else the highest the root holds. Links under the root resolve inside it, as in a container
+// whose / is the root: an absolute libcuda.so.1 -> /usr/lib/... names the root's /usr/lib.
 func Discover(logger klog.Logger, r Root) (Driver, error) {
 	if r.Host == "" {
 		return Driver{}, errors.New("no driver root")
@@ -65,14 +74,20 @@ func Discover(logger klog.Logger, r Root) (Driver, error) {
 	if r.Local == "" {
 		r.Local = r.Host
 	}
+	if r.Proc == "" {
+		r.Proc = "/proc"
+	}
 	local, err := filepath.EvalSymlinks(r.Local)
 	if err != nil {
 		return Driver{}, fmt.Errorf("driver root %s: %w", r.Host, err)
 	}
-	d := discovery{root: r, local: local, log: logAdapter{logger}}
+	d := discovery{root: r, local: local, logger: logger, log: logAdapter{logger}}
 	libs, err := d.libraries()
 	if err != nil {
 		return Driver{}, err
+	}
+	if !slices.ContainsFunc(libs, func(m cdi.Mount) bool { return filepath.Base(m.ContainerPath) == "libcuda.so.1" }) {
+		logger.Info("Warning: no libcuda.so.1 for containers: CUDA programs in them will not find the driver", "driverRoot", r.Host, "version", d.driver.Version)
 	}
 	d.driver.Mounts = slices.Concat(libs, d.binaries(), d.sockets())
 	return d.driver, nil
@@ -81,31 +96,62 @@ func Discover(logger klog.Logger, r Root) (Driver, error) {
 type discovery struct {
 	root   Root
 	local  string
+	logger klog.Logger
 	log    logAdapter
 	driver Driver
+}
+
+// resolve follows the links in p, a path under the root, as if the root were /: never out of
+// it. It reports whether what p names exists.
+func (d *discovery) resolve(p string) (string, bool) {
+	rel, ok := d.relative(p)
+	if !ok {
+		return "", false
+	}
+	target, err := securejoin.SecureJoin(d.local, rel)
+	if err != nil {
+		return "", false
+	}
+	if _, err := os.Lstat(target); err != nil {
+		return "", false
+	}
+	return target, true
 }
 
 func (d *discovery) libraries() ([]cdi.Mount, error) {
 	libs := lookup.NewLibraryLocator(lookup.WithRoot(d.local), lookup.WithLogger(d.log))
 	var found []string
+	var prefix string
 	for _, lib := range []string{"libcuda.so.", "libnvidia-ml.so."} {
 		if paths, err := libs.Locate(lib + "*.*"); err == nil && len(paths) > 0 {
-			found = paths
-			d.driver.Version = strings.TrimPrefix(filepath.Base(paths[0]), lib)
+			// The locator resolves links outside the root; only what lies in it is the driver's.
+			for _, p := range paths {
+				if _, ok := d.relative(p); ok {
+					found = append(found, p)
+				}
+			}
+		}
+		if len(found) > 0 {
+			prefix = lib
 			break
 		}
 	}
-	if d.driver.Version == "" {
+	if len(found) == 0 {
 		return nil, fmt.Errorf("no NVIDIA driver under driver root %s: found neither libcuda.so.<version> nor libnvidia-ml.so.<version> in its library directories or ld.so.cache", d.root.Host)
 	}
-	// Every library of this version in the directories that hold the driver's.
+	// The directories that hold the driver's libraries.
 	var dirs []string
 	for _, p := range found {
 		dirs = append(dirs, filepath.Dir(p))
 	}
+	slices.Sort(dirs)
+	dirs = slices.Compact(dirs)
+	d.driver.Version = d.version(prefix, found, dirs)
 	if all, err := libs.Locate("lib*.so." + d.driver.Version); err == nil {
 		for _, p := range all {
-			dirs = append(dirs, filepath.Dir(p))
+			if _, ok := d.relative(p); ok {
+				dirs = append(dirs, filepath.Dir(p))
+			}
 		}
 	}
 	slices.Sort(dirs)
@@ -119,8 +165,11 @@ func (d *discovery) libraries() ([]cdi.Mount, error) {
 		}
 		for _, e := range entries {
 			p := filepath.Join(dir, e.Name())
-			target, err := filepath.EvalSymlinks(p)
-			if err != nil || !strings.HasSuffix(filepath.Base(target), ".so."+d.driver.Version) {
+			target, ok := d.resolve(p)
+			if !ok || !strings.HasSuffix(filepath.Base(target), ".so."+d.driver.Version) {
+				continue
+			}
+			if info, err := os.Stat(target); err != nil || !info.Mode().IsRegular() {
 				continue
 			}
 			// A soname or development link (libcuda.so.1 -> libcuda.so.<version>) becomes a bind
@@ -133,42 +182,127 @@ func (d *discovery) libraries() ([]cdi.Mount, error) {
 	return mounts, nil
 }
 
+// version picks the driver's version among the libraries found (prefix<version>): the loaded
+// kernel module's, which user space must match; else the one the soname link (libcuda.so.1),
+// which the loader opens, names; else the highest. An upgrade may leave an older library next
+// to the current one, so the first one found is no answer.
+func (d *discovery) version(prefix string, found, dirs []string) string {
+	var versions []string
+	for _, p := range found {
+		versions = append(versions, strings.TrimPrefix(filepath.Base(p), prefix))
+	}
+	module := moduleVersion(filepath.Join(d.root.Proc, "driver/nvidia/version"))
+	if module != "" && slices.Contains(versions, module) {
+		return module
+	}
+	chosen := ""
+	for _, dir := range dirs {
+		if target, ok := d.resolve(filepath.Join(dir, prefix+"1")); ok {
+			if v, ok := strings.CutPrefix(filepath.Base(target), prefix); ok && slices.Contains(versions, v) {
+				chosen = v
+				break
+			}
+		}
+	}
+	if chosen == "" {
+		chosen = slices.MaxFunc(versions, compareVersions)
+	}
+	if module != "" {
+		d.logger.Info("Warning: the driver root holds no user-space driver of the loaded kernel module's version: CUDA in containers may fail with a driver/library version mismatch until the node runs the matching module", "driverRoot", d.root.Host, "kernelModule", module, "version", chosen)
+	}
+	return chosen
+}
+
+// moduleVersion reads the loaded NVIDIA kernel module's version from /proc/driver/nvidia/version
+// ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  ..."); "" when there is none.
+func moduleVersion(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	if !strings.HasPrefix(line, "NVRM version:") {
+		return ""
+	}
+	for _, f := range strings.Fields(line) {
+		if isVersion(f) {
+			return f
+		}
+	}
+	return ""
+}
+
+// isVersion reports whether s is a dotted version of at least two numbers (550.54.15).
+func isVersion(s string) bool {
+	parts := strings.Split(s, ".")
+	if len(parts) < 2 {
+		return false
+	}
+	for _, p := range parts {
+		if _, err := strconv.Atoi(p); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// compareVersions orders dotted versions by their numbers (535.104.05 < 550.54.15), and
+// anything else after them, by text.
+func compareVersions(a, b string) int {
+	if isVersion(a) != isVersion(b) {
+		if isVersion(a) {
+			return 1
+		}
+		return -1
+	}
+	if !isVersion(a) {
+		return strings.Compare(a, b)
+	}
+	pa, pb := strings.Split(a, "."), strings.Split(b, ".")
+	for i := range min(len(pa), len(pb)) {
+		x, _ := strconv.Atoi(pa[i])
+		y, _ := strconv.Atoi(pb[i])
+		if c := cmp.Compare(x, y); c != 0 {
+			return c
+		}
+	}
+	return cmp.Compare(len(pa), len(pb))
+}
+
 func (d *discovery) binaries() []cdi.Mount {
-	loc := lookup.NewFileLocator(lookup.WithRoot(d.local), lookup.WithLogger(d.log), lookup.WithSearchPaths(binPaths...), lookup.WithCount(1))
 	var mounts []cdi.Mount
 	for _, name := range Binaries {
-		paths, err := loc.Locate(name)
-		if err != nil || len(paths) == 0 {
-			continue
-		}
-		target, err := filepath.EvalSymlinks(paths[0])
-		if err != nil {
-			continue
-		}
-		if info, err := os.Stat(target); err != nil || info.Mode()&0o111 == 0 {
-			continue
-		}
-		if m, ok := d.mount(target, paths[0], fileOptions); ok {
-			mounts = append(mounts, m)
+		for _, dir := range binPaths {
+			p := filepath.Join(d.local, dir, name)
+			target, ok := d.resolve(p)
+			if !ok {
+				continue
+			}
+			if info, err := os.Stat(target); err != nil || !info.Mode().IsRegular() || info.Mode()&0o111 == 0 {
+				continue
+			}
+			if m, ok := d.mount(target, p, fileOptions); ok {
+				mounts = append(mounts, m)
+			}
+			break
 		}
 	}
 	return mounts
 }
 
 func (d *discovery) sockets() []cdi.Mount {
-	loc := lookup.NewFileLocator(lookup.WithRoot(d.local), lookup.WithLogger(d.log), lookup.WithSearchPaths("/run", "/var/run"), lookup.WithCount(1))
 	var mounts []cdi.Mount
 	for _, name := range Sockets {
-		paths, err := loc.Locate(name)
-		if err != nil || len(paths) == 0 {
-			continue
-		}
-		target, err := filepath.EvalSymlinks(paths[0])
-		if err != nil {
-			continue
-		}
-		if m, ok := d.mount(target, paths[0], socketOptions); ok {
-			mounts = append(mounts, m)
+		for _, dir := range []string{"/run", "/var/run"} {
+			p := filepath.Join(d.local, dir, name)
+			target, ok := d.resolve(p)
+			if !ok {
+				continue
+			}
+			if m, ok := d.mount(target, p, socketOptions); ok {
+				mounts = append(mounts, m)
+			}
+			break
 		}
 	}
 	return mounts
@@ -186,8 +320,8 @@ func (d *discovery) mount(target, at string, options []string) (cdi.Mount, bool)
 	}
 	// The link's own directory may be a symlink (lib -> usr/lib); the container path is the
 	// canonical one, where the loader looks.
-	dir, err := filepath.EvalSymlinks(filepath.Dir(at))
-	if err != nil {
+	dir, ok := d.resolve(filepath.Dir(at))
+	if !ok {
 		return cdi.Mount{}, false
 	}
 	relAt, ok := d.relative(filepath.Join(dir, filepath.Base(at)))

@@ -135,3 +135,126 @@ func TestDiscoverWithoutDriverSaysWhere(t *testing.T) {
 		t.Fatalf("error %v, want one naming the driver root and libcuda.so", err)
 	}
 }
+
+// layOutLibs writes regular files and relative or absolute links into a library directory.
+func layOutLibs(t *testing.T, dir string, files []string, links map[string]string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(dir, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for link, target := range links {
+		if err := os.Symlink(target, filepath.Join(dir, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func hasMount(mounts []cdi.Mount, containerPath, hostPath string) bool {
+	return slices.ContainsFunc(mounts, func(m cdi.Mount) bool {
+		return m.ContainerPath == containerPath && m.HostPath == hostPath
+	})
+}
+
+// An upgrade can leave an older libcuda next to the current one; the lexically first is the
+// old one, libcuda.so.1 names the current one.
+func TestDiscoverTakesTheSonameLinksVersionOverALeftoverOlderLibrary(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "usr/lib/x86_64-linux-gnu")
+	layOutLibs(t, dir, []string{"libcuda.so.535.104.05", "libcuda.so.550.54.15", "libnvidia-ml.so.550.54.15"},
+		map[string]string{"libcuda.so.1": "libcuda.so.550.54.15", "libnvidia-ml.so.1": "libnvidia-ml.so.550.54.15"})
+	d, err := Discover(ktesting.NewLogger(t, ktesting.DefaultConfig), Root{Host: root, Proc: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Version != "550.54.15" {
+		t.Errorf("version %s, want 550.54.15", d.Version)
+	}
+	if !hasMount(d.Mounts, "/usr/lib/x86_64-linux-gnu/libcuda.so.1", filepath.Join(dir, "libcuda.so.550.54.15")) {
+		t.Errorf("no libcuda.so.1 bound to libcuda.so.550.54.15: %+v", d.Mounts)
+	}
+	if hasMount(d.Mounts, "/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05", filepath.Join(dir, "libcuda.so.535.104.05")) {
+		t.Errorf("the leftover older library is mounted: %+v", d.Mounts)
+	}
+}
+
+// Without a soname link the highest version wins, by number: 96.43.23 < 535.104.05 < 550.54.15.
+func TestDiscoverWithoutSonameLinkTakesTheHighestVersion(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "usr/lib64")
+	layOutLibs(t, dir, []string{"libcuda.so.535.104.05", "libcuda.so.550.54.15", "libcuda.so.96.43.23"}, nil)
+	d, err := Discover(ktesting.NewLogger(t, ktesting.DefaultConfig), Root{Host: root, Proc: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Version != "550.54.15" {
+		t.Errorf("version %s, want 550.54.15", d.Version)
+	}
+}
+
+// The loaded kernel module decides: user space must match it, whatever libcuda.so.1 says.
+func TestDiscoverTakesTheLoadedKernelModulesVersion(t *testing.T) {
+	for name, nvrm := range map[string]string{
+		"proprietary": "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Sat Aug 19 01:15:15 UTC 2023\nGCC version:  gcc version 12.2.0\n",
+		"open":        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  (dvs-builder@U16-I3-B03-4-3)  Sat Aug 19 01:15:15 UTC 2023\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			root, proc := t.TempDir(), t.TempDir()
+			dir := filepath.Join(root, "usr/lib/x86_64-linux-gnu")
+			layOutLibs(t, dir, []string{"libcuda.so.535.104.05", "libcuda.so.550.54.15"},
+				map[string]string{"libcuda.so.1": "libcuda.so.535.104.05"})
+			if err := os.MkdirAll(filepath.Join(proc, "driver/nvidia"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(proc, "driver/nvidia/version"), []byte(nvrm), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			d, err := Discover(ktesting.NewLogger(t, ktesting.DefaultConfig), Root{Host: root, Proc: proc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Version != "550.54.15" {
+				t.Errorf("version %s, want the kernel module's 550.54.15", d.Version)
+			}
+			if !hasMount(d.Mounts, "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", filepath.Join(dir, "libcuda.so.550.54.15")) {
+				t.Errorf("the module's library is not mounted: %+v", d.Mounts)
+			}
+		})
+	}
+}
+
+// A driver container's absolute links (libcuda.so.1 -> /usr/lib/...) name its own root, not
+// the plugin's: they resolve inside the driver root.
+func TestDiscoverResolvesAbsoluteLinksInsideTheRoot(t *testing.T) {
+	local := t.TempDir()
+	dir := filepath.Join(local, "usr/lib/x86_64-linux-gnu")
+	layOutLibs(t, dir, []string{"libcuda.so.550.54.15"},
+		map[string]string{"libcuda.so.1": "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"})
+	bin := filepath.Join(local, "usr/bin")
+	if err := os.MkdirAll(filepath.Join(local, "opt/nvidia"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(local, "opt/nvidia/nvidia-smi"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/opt/nvidia/nvidia-smi", filepath.Join(bin, "nvidia-smi")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Discover(ktesting.NewLogger(t, ktesting.DefaultConfig), Root{Host: "/run/nvidia/driver", Local: local, Proc: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasMount(d.Mounts, "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15") {
+		t.Errorf("absolute libcuda.so.1 link inside the root dropped: %+v", d.Mounts)
+	}
+	if !hasMount(d.Mounts, "/usr/bin/nvidia-smi", "/run/nvidia/driver/opt/nvidia/nvidia-smi") {
+		t.Errorf("absolute nvidia-smi link inside the root dropped: %+v", d.Mounts)
+	}
+}

@@ -173,17 +173,18 @@ func newBackend(f *flags) (gpu.Backend, error) {
 }
 
 // layOutFakeDriver gives fake GPUs a fake driver for their containers to see, never over a
-// real installation: the host's root is refused.
+// real installation: the host's root is refused, here as --driver-root or as the container
+// path it is seen at, and LayOutDriverRoot writes only into an empty or fake driver root.
 func layOutFakeDriver(f *flags) error {
 	if f.cfg.DriverRoot == "" {
 		f.cfg.DriverRoot = "/var/run/fgpu/fake-driver"
 	}
-	if filepath.Clean(f.cfg.DriverRoot) == "/" {
-		return errors.New("--driver-root=/ with fake GPUs: the plugin lays out a fake driver there, so give it a directory of its own (default /var/run/fgpu/fake-driver)")
-	}
 	local := f.cfg.DriverRootLocal
 	if local == "" {
 		local = f.cfg.DriverRoot
+	}
+	if filepath.Clean(f.cfg.DriverRoot) == "/" || filepath.Clean(local) == "/" {
+		return errors.New("--driver-root or --driver-root-container-path is / with fake GPUs: the plugin lays out a fake driver there, so give it a directory of its own (default /var/run/fgpu/fake-driver)")
 	}
 	if _, err := fake.LayOutDriverRoot(local); err != nil {
 		return fmt.Errorf("--driver-root: %w", err)

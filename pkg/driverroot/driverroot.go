@@ -6,9 +6,11 @@
 // (pkg/nvcdi) is not used: it needs go-nvml, hence cgo, and the plugin builds without it; and
 // its edits carry hooks (nvidia-cdi-hook create-symlinks, update-ldcache) whose binary need not
 // exist on a node fgpu runs on. Instead each soname link (libcuda.so.1) is given as a bind of
-// the library it resolves to, and no ldcache update is made: the libraries land in the
-// directories the dynamic loader searches by default on the distributions CUDA images are
-// built from (/usr/lib/x86_64-linux-gnu, /usr/lib64).
+// the library it resolves to, and no ldcache update is made. The libraries land at their paths
+// under the root, which the dynamic loader searches by default only in an image of the root's
+// family (/usr/lib/x86_64-linux-gnu for Debian and Ubuntu, /usr/lib64 for RHEL), and again in
+// ImageLibDir, which NVIDIA's CUDA images put on LD_LIBRARY_PATH. An image of the other family
+// without that variable does not find the driver.
 package driverroot
 
 import (
@@ -55,6 +57,10 @@ var Binaries = []string{"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced",
 // The host's default MPS pipe directory (/tmp/nvidia-mps), which it mounts too, is left out:
 // tenants must reach only their own domain's MPS server.
 var Sockets = []string{"nvidia-persistenced/socket", "nvidia-fabricmanager/socket"}
+
+// ImageLibDir is where every driver library is bound a second time: NVIDIA's CUDA images (and
+// PyTorch's, built on them) have it on LD_LIBRARY_PATH, whatever their distribution.
+const ImageLibDir = "/usr/local/nvidia/lib64"
 
 var (
 	binPaths = []string{"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"}
@@ -159,6 +165,7 @@ func (d *discovery) libraries() ([]cdi.Mount, error) {
 
 	var mounts []cdi.Mount
 	for _, dir := range dirs {
+		primary := slices.ContainsFunc(found, func(p string) bool { return filepath.Dir(p) == dir })
 		entries, err := os.ReadDir(dir)
 		if err != nil {
 			return nil, fmt.Errorf("driver libraries in %s: %w", d.root.Host, err)
@@ -174,8 +181,19 @@ func (d *discovery) libraries() ([]cdi.Mount, error) {
 			}
 			// A soname or development link (libcuda.so.1 -> libcuda.so.<version>) becomes a bind
 			// of the library at the link's path: CDI mounts cannot make symlinks.
-			if m, ok := d.mount(target, p, fileOptions); ok {
-				mounts = append(mounts, m)
+			m, ok := d.mount(target, p, fileOptions)
+			if !ok {
+				continue
+			}
+			mounts = append(mounts, m)
+			// Again where NVIDIA's images look (LD_LIBRARY_PATH): a RHEL root's /usr/lib64 is
+			// no default loader directory of a Debian-based image, nor the other way round.
+			// Only the directory of libcuda's architecture: a 32-bit library there would break.
+			if primary {
+				m.ContainerPath = filepath.Join(ImageLibDir, filepath.Base(p))
+				if !slices.ContainsFunc(mounts, func(o cdi.Mount) bool { return o.ContainerPath == m.ContainerPath }) {
+					mounts = append(mounts, m)
+				}
 			}
 		}
 	}

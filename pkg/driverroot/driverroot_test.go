@@ -16,11 +16,16 @@ import (
 // wantMounts is what a container must get from a fake root seen at host path host.
 func wantMounts(host string, fr fake.DriverRoot) []cdi.Mount {
 	var want []cdi.Mount
+	// Each library and link at its own path and again in ImageLibDir.
 	for _, lib := range fr.Libraries {
-		want = append(want, cdi.Mount{HostPath: filepath.Join(host, lib), ContainerPath: "/" + lib, Options: fileOptions})
+		want = append(want,
+			cdi.Mount{HostPath: filepath.Join(host, lib), ContainerPath: "/" + lib, Options: fileOptions},
+			cdi.Mount{HostPath: filepath.Join(host, lib), ContainerPath: filepath.Join(ImageLibDir, filepath.Base(lib)), Options: fileOptions})
 	}
 	for link, lib := range fr.Links {
-		want = append(want, cdi.Mount{HostPath: filepath.Join(host, lib), ContainerPath: "/" + link, Options: fileOptions})
+		want = append(want,
+			cdi.Mount{HostPath: filepath.Join(host, lib), ContainerPath: "/" + link, Options: fileOptions},
+			cdi.Mount{HostPath: filepath.Join(host, lib), ContainerPath: filepath.Join(ImageLibDir, filepath.Base(link)), Options: fileOptions})
 	}
 	for _, bin := range fr.Binaries {
 		want = append(want, cdi.Mount{HostPath: filepath.Join(host, bin), ContainerPath: "/" + bin, Options: fileOptions})
@@ -256,5 +261,37 @@ func TestDiscoverResolvesAbsoluteLinksInsideTheRoot(t *testing.T) {
 	}
 	if !hasMount(d.Mounts, "/usr/bin/nvidia-smi", "/run/nvidia/driver/opt/nvidia/nvidia-smi") {
 		t.Errorf("absolute nvidia-smi link inside the root dropped: %+v", d.Mounts)
+	}
+}
+
+// A RHEL root's libraries in /usr/lib64 are no default loader directory of a Debian-based CUDA
+// image: they come again in ImageLibDir, on NVIDIA images' LD_LIBRARY_PATH. Libraries of the
+// same version in another directory (a 32-bit one in ld.so.cache; here the root's top, which the
+// locator searches too) stay out of it: they may be of another architecture.
+func TestDiscoverBindsLibrariesWhereNVIDIAImagesLook(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "usr/lib64")
+	layOutLibs(t, dir, []string{"libcuda.so.550.54.15", "libnvidia-ml.so.550.54.15"},
+		map[string]string{"libcuda.so.1": "libcuda.so.550.54.15", "libnvidia-ml.so.1": "libnvidia-ml.so.550.54.15"})
+	layOutLibs(t, root, []string{"libnvidia-ml.so.550.54.15"}, nil)
+	d, err := Discover(ktesting.NewLogger(t, ktesting.DefaultConfig), Root{Host: root, Proc: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, lib := range []string{"libcuda.so.1", "libnvidia-ml.so.1", "libcuda.so.550.54.15"} {
+		host := filepath.Join(dir, strings.Replace(lib, ".so.1", ".so.550.54.15", 1))
+		for _, at := range []string{"/usr/lib64/" + lib, ImageLibDir + "/" + lib} {
+			if !hasMount(d.Mounts, at, host) {
+				t.Errorf("no %s bound to %s: %+v", at, host, d.Mounts)
+			}
+		}
+	}
+	if !hasMount(d.Mounts, "/libnvidia-ml.so.550.54.15", filepath.Join(root, "libnvidia-ml.so.550.54.15")) {
+		t.Errorf("the other directory's library is not mounted at its own path: %+v", d.Mounts)
+	}
+	for _, m := range d.Mounts {
+		if strings.HasPrefix(m.ContainerPath, ImageLibDir) && !strings.HasPrefix(m.HostPath, dir) {
+			t.Errorf("%s comes from %s, not from libcuda's directory", m.ContainerPath, m.HostPath)
+		}
 	}
 }

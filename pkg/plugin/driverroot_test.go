@@ -11,6 +11,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/driverroot"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 )
 
@@ -50,9 +51,11 @@ func TestClaimSpecCarriesTheDriver(t *testing.T) {
 		want := map[string]string{} // container path -> host path
 		for _, lib := range fr.Libraries {
 			want["/"+lib] = "/run/nvidia/driver/" + lib
+			want[filepath.Join(driverroot.ImageLibDir, filepath.Base(lib))] = "/run/nvidia/driver/" + lib
 		}
 		for link, lib := range fr.Links {
 			want["/"+link] = "/run/nvidia/driver/" + lib
+			want[filepath.Join(driverroot.ImageLibDir, filepath.Base(link))] = "/run/nvidia/driver/" + lib
 		}
 		for _, f := range append(slices.Clone(fr.Binaries), fr.Sockets...) {
 			want["/"+f] = "/run/nvidia/driver/" + f

@@ -113,10 +113,21 @@ func claimDriverRoot(root string) error {
 	if err != nil {
 		return fmt.Errorf("fake driver root: %w", err)
 	}
-	if len(entries) > 0 {
+	if len(entries) > 0 && !earlierLayout(root) {
 		return fmt.Errorf("fake driver root %s is not empty and has no %s marker: it may hold a real driver, so nothing is written there; give fake GPUs an empty directory of their own", root, DriverRootMarker)
 	}
 	return writeNew(marker, 0o644, "a fake NVIDIA driver laid out by fgpu's kubelet plugin for fake GPUs\n")
+}
+
+// earlierLayout reports whether root holds a layout of a plugin from before the marker: its
+// nvidia-smi is the fake's shell script, which no real driver ships.
+func earlierLayout(root string) bool {
+	smi := filepath.Join(root, "usr/bin/nvidia-smi")
+	if info, err := os.Lstat(smi); err != nil || !info.Mode().IsRegular() {
+		return false
+	}
+	b, err := os.ReadFile(smi)
+	return err == nil && strings.HasPrefix(string(b), "#!/bin/sh\necho 'fake nvidia-smi (driver ")
 }
 
 // mkdirsIn creates the directory rel under root, refusing a symlink on the way: a link in the

@@ -18,6 +18,23 @@ func TestLayOutDriverRootTwiceIntoItsOwnDirectory(t *testing.T) {
 	}
 }
 
+// A node keeps the layout of a plugin from before the marker: the upgraded plugin takes it.
+func TestLayOutDriverRootOverAnUnmarkedEarlierLayout(t *testing.T) {
+	root := t.TempDir()
+	if _, err := LayOutDriverRoot(root); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(root, DriverRootMarker)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LayOutDriverRoot(root); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, DriverRootMarker)); err != nil {
+		t.Errorf("the earlier layout is not marked now: %v", err)
+	}
+}
+
 // --gpus=fake:... with --driver-root naming a real driver (a GPU Operator's /run/nvidia/driver)
 // must leave that driver alone.
 func TestLayOutDriverRootRefusesARealDriver(t *testing.T) {

@@ -27,11 +27,14 @@ type Report struct {
 	DriverFiles []string `json:"driverFiles"`
 }
 
-// DriverPaths are where a CUDA image (Debian or Ubuntu based) expects the NVIDIA driver.
+// DriverPaths are where a CUDA image expects the NVIDIA driver: the loader's directory of a
+// Debian or Ubuntu based image, and the one NVIDIA's images put on LD_LIBRARY_PATH.
 var DriverPaths = []string{
 	"/usr/lib/x86_64-linux-gnu/libcuda.so.1",
 	"/usr/lib/x86_64-linux-gnu/libcuda.so",
 	"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+	"/usr/local/nvidia/lib64/libcuda.so.1",
+	"/usr/local/nvidia/lib64/libnvidia-ml.so.1",
 	"/usr/bin/nvidia-smi",
 	"/run/nvidia-persistenced/socket",
 }

@@ -28,6 +28,8 @@ func TestContainerSeesTheDriver(t *testing.T) {
 		"/usr/lib/x86_64-linux-gnu/libcuda.so.1",
 		"/usr/lib/x86_64-linux-gnu/libcuda.so",
 		"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+		"/usr/local/nvidia/lib64/libcuda.so.1",
+		"/usr/local/nvidia/lib64/libnvidia-ml.so.1",
 		"/usr/bin/nvidia-smi",
 		"/run/nvidia-persistenced/socket",
 	} {

@@ -23,9 +23,9 @@ import (
 // (another device plugin's pod, a host job). Such a GPU is foreign-busy: it is published
 // with the taint ForeignTaintKey, fgpu leaves its compute mode alone, and an MPS share that
 // was promised enforced memory is refused there. On a GPU where fgpu has claims prepared
-// the processes are taken as its tenants' (its MPS servers and their clients, the processes
-// of its time-sliced and whole-GPU claims), and the verdict reached before the first claim
-// came stands until the last one goes.
+// a new process is taken as its tenants' (its MPS servers and their clients, the processes
+// of its time-sliced and whole-GPU claims): the verdict reached before the first claim came
+// only shrinks, as the foreign processes it names exit, until the last claim goes.
 
 // ForeignTaintKey marks a GPU that runs compute processes fgpu did not start; its value is
 // their number.
@@ -90,17 +90,21 @@ func (s *State) Foreign() map[string][]int {
 	return out
 }
 
-// refreshForeign updates the GPU's verdict unless a claim other than except is prepared on
-// it. A failed query keeps the last verdict: it is no news about the processes.
+// refreshForeign updates the GPU's verdict. On a GPU where a claim other than except is
+// prepared, a new process is taken as fgpu's tenants', so the verdict only shrinks there: the
+// foreign processes that exited drop out of it. A failed query keeps the last verdict: it is
+// no news about the processes.
 // Caller holds s.mu (or owns s exclusively).
 func (s *State) refreshForeign(ctx context.Context, uuid, except string) {
+	claimed := false
 	for uid, e := range s.cp.Claims {
-		if uid == except {
-			continue
+		if uid != except && slices.ContainsFunc(e.Devices, func(p checkpoint.PreparedDevice) bool { return p.GPUUUID == uuid }) {
+			claimed = true
+			break
 		}
-		if slices.ContainsFunc(e.Devices, func(p checkpoint.PreparedDevice) bool { return p.GPUUUID == uuid }) {
-			return
-		}
+	}
+	if claimed && len(s.foreign[uuid]) == 0 {
+		return
 	}
 	pids, err := s.backend.ComputeProcesses(uuid)
 	if err != nil {
@@ -108,7 +112,11 @@ func (s *State) refreshForeign(ctx context.Context, uuid, except string) {
 		return
 	}
 	slices.Sort(pids)
-	s.foreign[uuid] = slices.Compact(pids)
+	pids = slices.Compact(pids)
+	if claimed {
+		pids = slices.DeleteFunc(pids, func(pid int) bool { _, found := slices.BinarySearch(s.foreign[uuid], pid); return !found })
+	}
+	s.foreign[uuid] = pids
 }
 
 // checkForeign looks at the claim's GPUs afresh (the poll may not have seen a process yet)

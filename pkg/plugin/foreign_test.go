@@ -212,3 +212,59 @@ func TestForeignChangesBecomeNodeEvents(t *testing.T) {
 		t.Errorf("second event: %+v", evs[1])
 	}
 }
+
+// A foreign job ran when a share that promises no memory cap was prepared next to it; when the
+// job exits the GPU is no longer tainted, though fgpu's claim stays.
+func TestForeignVerdictDropsExitedProcessesWhileClaimsStay(t *testing.T) {
+	e := newEnv(t)
+	e.foreignProcesses(0, "99")
+	s := e.state()
+	ctx := context.Background()
+	s.RefreshForeign(ctx)
+	claim := builders.MakeClaim("ns", "ts").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatalf("a share without enforced memory was refused on a foreign-busy GPU: %v", err)
+	}
+	e.foreignProcesses(0, "99", "100") // 100 came with fgpu's claim: its tenant's
+	s.RefreshForeign(ctx)
+	if f := s.Foreign(); !slices.Equal(f["gpu-0"], []int{99}) {
+		t.Fatalf("gpu-0 foreign %v, want [99]: a process started while fgpu has a claim there is its tenant's", f["gpu-0"])
+	}
+	e.foreignProcesses(0, "100") // the foreign job exits
+	if ch := s.RefreshForeign(ctx); len(ch) != 1 || len(ch[0].PIDs) != 0 {
+		t.Fatalf("changes %+v, want gpu-0 free", ch)
+	}
+	if f := s.Foreign(); len(f["gpu-0"]) != 0 {
+		t.Fatalf("foreign process 99 exited, gpu-0 still tainted as running %v while fgpu's claim stays", f["gpu-0"])
+	}
+}
+
+// A checkpoint of a version that did not record the compute modes it changed: the plugin put
+// gpu-0 in EXCLUSIVE_PROCESS for its one MPS domain and would have reset it to Default with the
+// last claim. After the upgrade the last claim's unprepare sets it back to Default.
+func TestUpgradeFromACheckpointWithoutFoundModesResetsExclusiveProcess(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns", "mps").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("gpu-0 is %s", m)
+	}
+	s.cp.FoundComputeModes, s.cp.ComputeModesRecorded = nil, false // what the old version wrote
+	if err := s.store.Save(s.cp); err != nil {
+		t.Fatal(err)
+	}
+	s = e.state() // the upgraded plugin
+	if err := s.Unprepare(ctx, string(claim.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeDefault {
+		t.Fatalf("after the upgrade and the last claim, gpu-0 stays %s for good", m)
+	}
+	if !s.cp.ComputeModesRecorded {
+		t.Fatal("the migrated checkpoint does not say its modes are recorded")
+	}
+}

@@ -58,6 +58,12 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
 	d.helper = helper
+	if cfg.OwnPIDNamespace {
+		klog.FromContext(ctx).Error(nil, ownPIDNamespaceMessage)
+		if err := state.nodeEvent(ctx, client, corev1.EventTypeWarning, ReasonOwnPIDNamespace, ownPIDNamespaceMessage); err != nil {
+			klog.FromContext(ctx).Error(err, "Recording a Node event about the PID namespace")
+		}
+	}
 	d.reportForeign(ctx, state.RefreshForeign(ctx))
 	if err := d.publish(ctx); err != nil {
 		helper.Stop()

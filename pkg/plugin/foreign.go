@@ -60,8 +60,12 @@ func (s *State) RefreshForeign(ctx context.Context) []ForeignChange {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var changes []ForeignChange
+	s.noteOwnServers(ctx)
+	listed := map[int]bool{}
 	for _, d := range s.Devices() {
-		s.refreshForeign(ctx, d.UUID, "")
+		for _, pid := range s.refreshForeign(ctx, d.UUID, "") {
+			listed[pid] = true
+		}
 		now, before := s.foreign[d.UUID], s.reported[d.UUID]
 		if slices.Equal(now, before) {
 			continue
@@ -74,7 +78,49 @@ func (s *State) RefreshForeign(ctx context.Context) []ForeignChange {
 			}
 		}
 	}
+	// A server of fgpu's that no GPU lists any more has exited; its PID may be reused.
+	maps.DeleteFunc(s.ownServers, func(pid int, _ bool) bool { return !listed[pid] })
 	return changes
+}
+
+// noteOwnServers remembers the servers of the daemons no claim uses: a daemon a gone claim
+// left behind (recover stops it) or one whose stop failed.
+// Caller holds s.mu (or owns s exclusively).
+func (s *State) noteOwnServers(ctx context.Context) {
+	if s.cfg.OwnPIDNamespace {
+		return
+	}
+	keys, err := s.mps.Keys()
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Listing the MPS daemons")
+		return
+	}
+	used := map[string]bool{}
+	for _, e := range s.cp.Claims {
+		for _, p := range e.Devices {
+			used[p.MPSKey] = true
+		}
+	}
+	for _, k := range keys {
+		if !used[k] {
+			s.noteServersOf(ctx, k)
+		}
+	}
+}
+
+// noteServersOf remembers the servers of daemon key, which is about to stop or left over.
+// A daemon that does not answer has no server to remember.
+func (s *State) noteServersOf(ctx context.Context, key string) {
+	if !s.mps.Running(ctx, key) {
+		return
+	}
+	pids, err := s.mps.ServerPIDs(ctx, key)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Its server processes may be taken for foreign ones until they exit", "daemon", key)
+	}
+	for _, pid := range pids {
+		s.ownServers[pid] = true
+	}
 }
 
 // Foreign returns the processes fgpu did not start, by device name, for the slices.
@@ -94,8 +140,12 @@ func (s *State) Foreign() map[string][]int {
 // prepared, a new process is taken as fgpu's tenants', so the verdict only shrinks there: the
 // foreign processes that exited drop out of it. A failed query keeps the last verdict: it is
 // no news about the processes.
+// It returns the GPU's processes as listed (nil when not listed).
 // Caller holds s.mu (or owns s exclusively).
-func (s *State) refreshForeign(ctx context.Context, uuid, except string) {
+func (s *State) refreshForeign(ctx context.Context, uuid, except string) []int {
+	if s.cfg.OwnPIDNamespace {
+		return nil
+	}
 	claimed := false
 	for uid, e := range s.cp.Claims {
 		if uid != except && slices.ContainsFunc(e.Devices, func(p checkpoint.PreparedDevice) bool { return p.GPUUUID == uuid }) {
@@ -104,19 +154,23 @@ func (s *State) refreshForeign(ctx context.Context, uuid, except string) {
 		}
 	}
 	if claimed && len(s.foreign[uuid]) == 0 {
-		return
+		return nil
 	}
-	pids, err := s.backend.ComputeProcesses(uuid)
+	listed, err := s.backend.ComputeProcesses(uuid)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Listing the compute processes of a GPU", "gpu", uuid)
-		return
+		return nil
 	}
+	pids := slices.DeleteFunc(slices.Clone(listed), func(pid int) bool {
+		if s.ownServers[pid] {
+			return true
+		}
+		_, found := slices.BinarySearch(s.foreign[uuid], pid)
+		return claimed && !found
+	})
 	slices.Sort(pids)
-	pids = slices.Compact(pids)
-	if claimed {
-		pids = slices.DeleteFunc(pids, func(pid int) bool { _, found := slices.BinarySearch(s.foreign[uuid], pid); return !found })
-	}
-	s.foreign[uuid] = pids
+	s.foreign[uuid] = slices.Compact(pids)
+	return listed
 }
 
 // checkForeign looks at the claim's GPUs afresh (the poll may not have seen a process yet)

@@ -268,3 +268,62 @@ func TestUpgradeFromACheckpointWithoutFoundModesResetsExclusiveProcess(t *testin
 		t.Fatal("the migrated checkpoint does not say its modes are recorded")
 	}
 }
+
+// NVML lists fgpu's own MPS servers among a GPU's processes. One that a gone claim left behind
+// at a restart, or that is still exiting after the last claim went, is not foreign.
+func TestOwnMPSServersAreNotForeign(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns", "mps").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(fake.ProcessFile(e.cfg.DevRoot, 0))
+	if err != nil || strings.TrimSpace(string(raw)) == "" {
+		t.Fatalf("the stand-in MPS server is not listed on gpu-0: %q, %v", raw, err)
+	}
+	// The claim goes while the plugin is down: its daemon is left behind.
+	delete(s.cp.Claims, string(claim.UID))
+	if err := s.store.Save(s.cp); err != nil {
+		t.Fatal(err)
+	}
+	s = e.state()
+	if f := s.Foreign(); len(f) != 0 {
+		t.Fatalf("fgpu's own left-over MPS server taken as foreign: %v", f)
+	}
+	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeDefault {
+		t.Fatalf("gpu-0 left in %s", m)
+	}
+	for range 3 { // the server unlists itself as it exits
+		if ch := s.RefreshForeign(ctx); len(ch) != 0 {
+			t.Fatalf("changes %+v after fgpu's own server stopped", ch)
+		}
+	}
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unprepare(ctx, string(claim.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if ch := s.RefreshForeign(ctx); len(ch) != 0 {
+		t.Fatalf("changes %+v after the last claim's MPS server stopped", ch)
+	}
+}
+
+// Outside the node's PID namespace NVML lists only the plugin's own processes: nothing is
+// judged foreign, whatever the backend lists.
+func TestOwnPIDNamespaceJudgesNoGPUForeign(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.OwnPIDNamespace = true
+	e.foreignProcesses(1, "4242")
+	s := e.state()
+	ctx := context.Background()
+	if ch := s.RefreshForeign(ctx); len(ch) != 0 {
+		t.Fatalf("changes %+v outside the node's PID namespace", ch)
+	}
+	claim := builders.MakeClaim("ns", "mps").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+}

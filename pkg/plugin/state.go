@@ -41,6 +41,10 @@ type State struct {
 	// foreign are the compute processes fgpu did not start, by GPU UUID (see refreshForeign);
 	// reported is what RefreshForeign last told the driver.
 	foreign, reported map[string][]int
+	// ownServers are the PIDs of fgpu's MPS servers whose daemons no claim uses any more
+	// (leftovers, or stopped and maybe still exiting): NVML may list them on a GPU without
+	// claims, and they are not foreign.
+	ownServers map[int]bool
 }
 
 // NewState loads the checkpoint and recovers from whatever a previous run left half done.
@@ -73,7 +77,10 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		store:   checkpoint.NewStore(cfg.CheckpointPath()),
 		cdi:     w,
 		mps:     &mps.Manager{Root: cfg.MPSRoot, Binary: backend.MPSControlBinary()},
-		foreign: map[string][]int{}, reported: map[string][]int{},
+		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{},
+	}
+	if b, ok := backend.(interface{ MPSDaemonEnv(string) []string }); ok {
+		s.mps.DaemonEnv = b.MPSDaemonEnv
 	}
 	for _, d := range devs {
 		s.devices[d.Name()] = d
@@ -82,6 +89,8 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		return nil, err
 	}
 	// Before recover sets any compute mode: a GPU busy with someone else's work keeps its own.
+	// The servers of daemons recover stops are fgpu's, not someone else's.
+	s.noteOwnServers(ctx)
 	for _, d := range s.devices {
 		s.refreshForeign(ctx, d.UUID, "")
 	}
@@ -375,6 +384,7 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 	var errs []error
 	for _, k := range keys {
 		if !used[k] {
+			s.noteServersOf(ctx, k)
 			errs = append(errs, s.mps.Stop(ctx, k))
 		}
 	}

@@ -8,9 +8,9 @@ import (
 
 func TestInNodePIDNamespace(t *testing.T) {
 	for _, c := range []struct {
-		name                     string
+		name                    string
 		pidNS, comm, own, first string
-		want                     bool
+		want                    bool
 	}{
 		{"the kernel's initial namespace", initPIDNamespace, "systemd", "mnt:[1]", "mnt:[2]", true},
 		{"hostPID on a node in a container", "pid:[7]", "systemd", "mnt:[1]", "mnt:[2]", true},

@@ -327,3 +327,30 @@ func TestOwnPIDNamespaceJudgesNoGPUForeign(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A whole-GPU claim wants no compute mode: an unprepare on another GPU (or a restart's
+// recover) leaves the admin's mode of the GPU the whole-GPU tenant uses alone.
+func TestWholeGPUClaimKeepsItsGPUsModeAcrossOtherUnprepares(t *testing.T) {
+	e := newEnv(t)
+	e.setMode("gpu-1", gpu.ComputeModeExclusiveProcess)
+	s := e.state()
+	ctx := context.Background()
+	whole := builders.MakeClaim("ns", "whole").Class(configapi.DeviceClassExclusive).AllocatedOn(node, "gpu-1").Obj()
+	if _, err := s.Prepare(ctx, whole); err != nil {
+		t.Fatal(err)
+	}
+	other := builders.MakeClaim("ns", "other").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unprepare(ctx, string(other.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if m := computeMode(t, s, "gpu-1"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("an unprepare on gpu-0 set the whole-GPU tenant's gpu-1 to %s", m)
+	}
+	s = e.state() // recover
+	if m := computeMode(t, s, "gpu-1"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("a restart set the whole-GPU tenant's gpu-1 to %s", m)
+	}
+}

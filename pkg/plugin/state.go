@@ -404,7 +404,7 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 // fgpu changes only what it needs and gives back what it found: the first change records
 // the GPU's mode in the checkpoint, and when fgpu's last claim on the GPU goes that mode is
 // restored. A GPU fgpu has not changed is not touched (an admin's mode stays), nor is one
-// that runs processes fgpu did not start: changing its mode could lock them or fgpu's MPS
+// that holds only whole-GPU claims, nor one that runs processes fgpu did not start: changing its mode could lock them or fgpu's MPS
 // server out.
 func (s *State) syncComputeMode(ctx context.Context, uuid string) error {
 	used, domains, timeSliced := false, map[string]bool{}, false
@@ -424,6 +424,10 @@ func (s *State) syncComputeMode(ctx context.Context, uuid string) error {
 	}
 	found, changed := s.cp.FoundComputeModes[uuid]
 	if !used && !changed {
+		return nil
+	}
+	if used && len(domains) == 0 && !timeSliced {
+		// Whole-GPU claims only: fgpu wants no mode there, and the tenant may rely on the one it has.
 		return nil
 	}
 	if pids := s.foreign[uuid]; len(pids) > 0 {

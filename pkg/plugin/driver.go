@@ -108,10 +108,9 @@ func (d *Driver) reportForeign(ctx context.Context, changes []ForeignChange) {
 		eventType, reason := corev1.EventTypeWarning, ReasonForeignProcesses
 		if len(c.PIDs) == 0 {
 			eventType, reason = corev1.EventTypeNormal, ReasonForeignProcessesGone
-			logger.Info(c.Message(), "device", c.Device, "uuid", c.UUID)
-		} else {
-			logger.Info(c.Message(), "device", c.Device, "uuid", c.UUID, "pids", c.PIDs)
 		}
+		logger.Info(c.Message(), "device", c.Device, "uuid", c.UUID)
+		logger.V(2).Info("Processes fgpu did not start", "device", c.Device, "pids", c.PIDs)
 		if err := d.state.nodeEvent(ctx, d.client, eventType, reason, c.Message()); err != nil {
 			logger.Error(err, "Recording a Node event about foreign processes", "device", c.Device)
 		}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
@@ -37,8 +36,8 @@ const (
 	ReasonForeignProcessesGone = "FgpuForeignProcessesGone"
 )
 
-// ForeignChange is a GPU whose processes fgpu did not start changed since the last report:
-// PIDs is empty when they are gone.
+// ForeignChange is a GPU whose number of processes fgpu did not start changed since the last
+// report (a new PID in place of an exited one is no news): PIDs is empty when they are gone.
 type ForeignChange struct {
 	Device, UUID string
 	PIDs         []int
@@ -49,8 +48,8 @@ func (c ForeignChange) Message() string {
 	if len(c.PIDs) == 0 {
 		return fmt.Sprintf("GPU %s (%s) runs no process fgpu did not start any more; it is offered again", c.Device, c.UUID)
 	}
-	return fmt.Sprintf("GPU %s (%s) runs %d process(es) fgpu did not start (pids %s); it is not offered until they exit, and fgpu does not change its compute mode",
-		c.Device, c.UUID, len(c.PIDs), strings.Trim(fmt.Sprint(c.PIDs), "[]"))
+	return fmt.Sprintf("GPU %s (%s) runs %d process(es) fgpu did not start; it is not offered until they exit, and fgpu does not change its compute mode",
+		c.Device, c.UUID, len(c.PIDs))
 }
 
 // RefreshForeign looks again at the GPUs fgpu has nothing prepared on and returns what
@@ -67,7 +66,7 @@ func (s *State) RefreshForeign(ctx context.Context) []ForeignChange {
 			listed[pid] = true
 		}
 		now, before := s.foreign[d.UUID], s.reported[d.UUID]
-		if slices.Equal(now, before) {
+		if len(now) == len(before) {
 			continue
 		}
 		s.reported[d.UUID] = now
@@ -158,8 +157,16 @@ func (s *State) refreshForeign(ctx context.Context, uuid, except string) []int {
 	}
 	listed, err := s.backend.ComputeProcesses(uuid)
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "Listing the compute processes of a GPU", "gpu", uuid)
+		// Once per GPU and error: a driver that cannot list fails the same way every poll.
+		if s.listErrs[uuid] != err.Error() {
+			klog.FromContext(ctx).Error(err, "Listing the compute processes of a GPU; its last verdict stands", "gpu", uuid)
+			s.listErrs[uuid] = err.Error()
+		}
 		return nil
+	}
+	if _, failed := s.listErrs[uuid]; failed {
+		klog.FromContext(ctx).Info("Listing the compute processes of a GPU works again", "gpu", uuid)
+		delete(s.listErrs, uuid)
 	}
 	pids := slices.DeleteFunc(slices.Clone(listed), func(pid int) bool {
 		if s.ownServers[pid] {

@@ -9,11 +9,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2"
 
 	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
@@ -105,7 +107,7 @@ func TestForeignProcessesTaintTheGPUUntilTheyExit(t *testing.T) {
 	ctx := context.Background()
 	changes := s.RefreshForeign(ctx)
 	if len(changes) != 1 || changes[0].Device != "gpu-1" || !slices.Equal(changes[0].PIDs, []int{77, 4242}) ||
-		!strings.Contains(changes[0].Message(), "GPU gpu-1 ("+changes[0].UUID+") runs 2 process(es) fgpu did not start (pids 77 4242); it is not offered until they exit") {
+		!strings.Contains(changes[0].Message(), "GPU gpu-1 ("+changes[0].UUID+") runs 2 process(es) fgpu did not start; it is not offered until they exit") {
 		t.Fatalf("changes: %+v", changes)
 	}
 	if again := s.RefreshForeign(ctx); len(again) != 0 {
@@ -205,7 +207,7 @@ func TestForeignChangesBecomeNodeEvents(t *testing.T) {
 	}
 	slices.SortFunc(evs, func(a, b corev1.Event) int { return strings.Compare(string(b.Type), string(a.Type)) })
 	if evs[0].Type != corev1.EventTypeWarning || evs[0].Reason != ReasonForeignProcesses || evs[0].InvolvedObject.Name != node ||
-		!strings.Contains(evs[0].Message, "GPU gpu-0 (") || !strings.Contains(evs[0].Message, "runs 1 process(es) fgpu did not start (pids 5)") {
+		!strings.Contains(evs[0].Message, "GPU gpu-0 (") || !strings.Contains(evs[0].Message, "runs 1 process(es) fgpu did not start;") {
 		t.Errorf("first event: %+v", evs[0])
 	}
 	if evs[1].Type != corev1.EventTypeNormal || evs[1].Reason != ReasonForeignProcessesGone {
@@ -353,4 +355,56 @@ func TestWholeGPUClaimKeepsItsGPUsModeAcrossOtherUnprepares(t *testing.T) {
 	if m := computeMode(t, s, "gpu-1"); m != gpu.ComputeModeExclusiveProcess {
 		t.Fatalf("a restart set the whole-GPU tenant's gpu-1 to %s", m)
 	}
+}
+
+// A job that replaces one process by another makes no report (no event, no republish); a
+// change in the number does.
+func TestForeignChurnIsReportedOnlyWhenTheCountChanges(t *testing.T) {
+	e := newEnv(t)
+	e.foreignProcesses(1, "5")
+	s := e.state()
+	ctx := context.Background()
+	if ch := s.RefreshForeign(ctx); len(ch) != 1 {
+		t.Fatalf("changes %+v, want gpu-1 busy", ch)
+	}
+	e.foreignProcesses(1, "6")
+	if ch := s.RefreshForeign(ctx); len(ch) != 0 {
+		t.Fatalf("one process replaced by another reported: %+v", ch)
+	}
+	e.foreignProcesses(1, "6", "7")
+	if ch := s.RefreshForeign(ctx); len(ch) != 1 || !slices.Equal(ch[0].PIDs, []int{6, 7}) {
+		t.Fatalf("changes %+v, want gpu-1 with 2 processes", ch)
+	}
+}
+
+// A GPU whose processes cannot be listed is logged once per error, not at every poll.
+func TestAFailingProcessListingIsLoggedOnce(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	var lines []string
+	ctx := klog.NewContext(context.Background(), funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{}))
+	e.foreignProcesses(1, "not-a-pid")
+	for range 3 {
+		s.RefreshForeign(ctx)
+	}
+	if n := countContaining(lines, "Listing the compute processes of a GPU;"); n != 1 {
+		t.Fatalf("the failing listing logged %d times, want once: %q", n, lines)
+	}
+	e.foreignProcesses(1)
+	s.RefreshForeign(ctx)
+	e.foreignProcesses(1, "still-not-a-pid")
+	s.RefreshForeign(ctx)
+	if n := countContaining(lines, "Listing the compute processes of a GPU;"); n != 2 {
+		t.Fatalf("a failure after a recovery logged %d times in all, want 2: %q", n, lines)
+	}
+}
+
+func countContaining(lines []string, s string) int {
+	n := 0
+	for _, l := range lines {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
 }

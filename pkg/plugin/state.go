@@ -45,6 +45,8 @@ type State struct {
 	// (leftovers, or stopped and maybe still exiting): NVML may list them on a GPU without
 	// claims, and they are not foreign.
 	ownServers map[int]bool
+	// listErrs is the last error listing each GPU's processes, logged once.
+	listErrs map[string]string
 }
 
 // NewState loads the checkpoint and recovers from whatever a previous run left half done.
@@ -77,7 +79,7 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		store:   checkpoint.NewStore(cfg.CheckpointPath()),
 		cdi:     w,
 		mps:     &mps.Manager{Root: cfg.MPSRoot, Binary: backend.MPSControlBinary()},
-		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{},
+		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{},
 	}
 	if b, ok := backend.(interface{ MPSDaemonEnv(string) []string }); ok {
 		s.mps.DaemonEnv = b.MPSDaemonEnv

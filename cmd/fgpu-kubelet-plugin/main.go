@@ -95,6 +95,11 @@ func run(ctx context.Context, f flags) error {
 	if err := reaper.Start(ctx); err != nil {
 		return err
 	}
+	inNode, err := plugin.InNodePIDNamespace("/proc")
+	if err != nil {
+		logger.Error(err, "Cannot tell whether the plugin runs in the node's PID namespace; taking it that it does not")
+	}
+	f.cfg.OwnPIDNamespace = !inNode
 	backend, err := newBackend(&f)
 	if err != nil {
 		return err

@@ -3,7 +3,6 @@ package plugin
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,7 +50,7 @@ func TestForeignProcessKeepsTheGPU(t *testing.T) {
 	}
 	node := nodes.Items[0].Name
 	waitTaint(t, true)
-	if ev, err := cluster.WaitEvent(ctx, metav1.NamespaceDefault, node, fmt.Sprintf("runs 1 process(es) fgpu did not start (pids %d)", job.Process.Pid), 30*time.Second); err != nil {
+	if ev, err := cluster.WaitEvent(ctx, metav1.NamespaceDefault, node, "runs 1 process(es) fgpu did not start;", 30*time.Second); err != nil {
 		t.Fatal(err)
 	} else {
 		t.Log(ev)
@@ -84,8 +83,15 @@ func TestForeignProcessKeepsTheGPU(t *testing.T) {
 	if m := readMode(t, modeFile); m != "ExclusiveProcess" {
 		t.Fatalf("one MPS tenant on the GPU: mode %s, want ExclusiveProcess", m)
 	}
+	// The stand-in MPS server is listed on the GPU, as NVML lists a real one: fgpu's own.
+	if raw, _ := os.ReadFile(procFile); strings.TrimSpace(string(raw)) == "" {
+		t.Fatal("the stand-in MPS server is not listed in the GPU's process file")
+	}
 	deletePod(t, ns, "waits")
 	waitNodeState(t, func(s framework.NodeState) bool { return len(s.Daemons) == 0 && len(s.Checkpoint.Claims) == 0 })
+	// Its server, stopping with the last tenant, is not taken for a foreign process.
+	time.Sleep(2 * plugin.DefaultForeignPoll)
+	waitTaint(t, false)
 	if m := readMode(t, modeFile); m != "Prohibited" {
 		t.Fatalf("after the last tenant went the mode is %s, want the admin's Prohibited back", m)
 	}

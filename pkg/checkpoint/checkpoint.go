@@ -47,6 +47,11 @@ type Checkpoint struct {
 	// changed, as it found them: it puts each back when its last claim there goes, and never
 	// touches a GPU it has not changed. Earlier versions ignore the field.
 	FoundComputeModes map[string]string `json:"foundComputeModes,omitempty"`
+	// ComputeModesRecorded says that FoundComputeModes is complete: every mode the plugin
+	// changed is in it. A checkpoint of an earlier version, or one rebuilt after corruption,
+	// lacks it, and the plugin then records the modes it may have changed (see the plugin's
+	// migrateComputeModes).
+	ComputeModesRecorded bool `json:"computeModesRecorded,omitempty"`
 }
 
 // Refusal is one refused allocation result: a claim's device and share, and why.

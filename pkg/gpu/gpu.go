@@ -42,7 +42,8 @@ type Backend interface {
 	// SetComputeMode switches a GPU's compute mode; MPS wants ExclusiveProcess.
 	SetComputeMode(uuid string, mode ComputeMode) error
 	// ComputeProcesses lists the PIDs of the compute processes on a GPU as NVML reports them:
-	// host PIDs, whatever PID namespace the caller is in. An MPS server is one such process;
+	// PIDs in the caller's PID namespace, leaving out processes outside it (so the caller
+	// must share the node's PID namespace to see them all). An MPS server is one such process;
 	// its clients run in its context, and NVML lists them separately (MPS processes), so
 	// they are included too.
 	ComputeProcesses(uuid string) ([]int, error)

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -63,6 +64,8 @@ type Limits struct {
 type Manager struct {
 	Root   string
 	Binary string
+	// DaemonEnv, if set, adds to the environment of the daemon started for a GPU.
+	DaemonEnv func(gpuUUID string) []string
 	// Timeout bounds one control command.
 	Timeout time.Duration
 
@@ -87,6 +90,24 @@ func (m *Manager) Running(ctx context.Context, key string) bool {
 	return err == nil
 }
 
+// ServerPIDs lists the PIDs of the daemon's MPS servers (get_server_list): processes NVML
+// lists on the daemon's GPU that fgpu started.
+func (m *Manager) ServerPIDs(ctx context.Context, key string) ([]int, error) {
+	out, err := m.control(ctx, key, nil, "get_server_list")
+	if err != nil {
+		return nil, fmt.Errorf("list the servers of MPS daemon %s: %w: %s", key, err, out)
+	}
+	var pids []int
+	for _, f := range strings.Fields(out) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("MPS daemon %s listed server %q, not a PID", key, f)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
 // Ensure starts the daemon with directory key on GPU gpuUUID if it is not running and sets
 // its defaults. Idempotent. The key is the one recorded when the claim was planned (Daemon.Key
 // then), so that a daemon started by an earlier version keeps serving its claims.
@@ -106,6 +127,9 @@ func (m *Manager) Ensure(ctx context.Context, key, gpuUUID string, limits Limits
 			return err
 		}
 		env := []string{"CUDA_VISIBLE_DEVICES=" + gpuUUID}
+		if m.DaemonEnv != nil {
+			env = append(env, m.DaemonEnv(gpuUUID)...)
+		}
 		if out, err := m.run(ctx, key, env, nil, "-d"); err != nil {
 			return fmt.Errorf("start MPS control daemon %s for GPU %s: %w: %s", key, gpuUUID, err, out)
 		}

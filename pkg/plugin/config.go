@@ -30,6 +30,10 @@ type Config struct {
 	ReservedMemory int64
 	// Fenced publishes devices with the allocator taint (allocator mode).
 	Fenced bool
+	// OwnPIDNamespace says the plugin runs in a PID namespace of its own, not the node's
+	// (InNodePIDNamespace): NVML then lists only the processes of that namespace, fgpu's own,
+	// so no GPU is judged busy with foreign processes.
+	OwnPIDNamespace bool
 	// ForeignPoll is how often the GPUs are looked at for processes fgpu did not start
 	// (0: DefaultForeignPoll).
 	ForeignPoll time.Duration

@@ -58,6 +58,12 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
 	d.helper = helper
+	if cfg.OwnPIDNamespace {
+		klog.FromContext(ctx).Error(nil, ownPIDNamespaceMessage)
+		if err := state.nodeEvent(ctx, client, corev1.EventTypeWarning, ReasonOwnPIDNamespace, ownPIDNamespaceMessage); err != nil {
+			klog.FromContext(ctx).Error(err, "Recording a Node event about the PID namespace")
+		}
+	}
 	d.reportForeign(ctx, state.RefreshForeign(ctx))
 	if err := d.publish(ctx); err != nil {
 		helper.Stop()
@@ -102,10 +108,9 @@ func (d *Driver) reportForeign(ctx context.Context, changes []ForeignChange) {
 		eventType, reason := corev1.EventTypeWarning, ReasonForeignProcesses
 		if len(c.PIDs) == 0 {
 			eventType, reason = corev1.EventTypeNormal, ReasonForeignProcessesGone
-			logger.Info(c.Message(), "device", c.Device, "uuid", c.UUID)
-		} else {
-			logger.Info(c.Message(), "device", c.Device, "uuid", c.UUID, "pids", c.PIDs)
 		}
+		logger.Info(c.Message(), "device", c.Device, "uuid", c.UUID)
+		logger.V(2).Info("Processes fgpu did not start", "device", c.Device, "pids", c.PIDs)
 		if err := d.state.nodeEvent(ctx, d.client, eventType, reason, c.Message()); err != nil {
 			logger.Error(err, "Recording a Node event about foreign processes", "device", c.Device)
 		}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
@@ -23,9 +22,9 @@ import (
 // (another device plugin's pod, a host job). Such a GPU is foreign-busy: it is published
 // with the taint ForeignTaintKey, fgpu leaves its compute mode alone, and an MPS share that
 // was promised enforced memory is refused there. On a GPU where fgpu has claims prepared
-// the processes are taken as its tenants' (its MPS servers and their clients, the processes
-// of its time-sliced and whole-GPU claims), and the verdict reached before the first claim
-// came stands until the last one goes.
+// a new process is taken as its tenants' (its MPS servers and their clients, the processes
+// of its time-sliced and whole-GPU claims): the verdict reached before the first claim came
+// only shrinks, as the foreign processes it names exit, until the last claim goes.
 
 // ForeignTaintKey marks a GPU that runs compute processes fgpu did not start; its value is
 // their number.
@@ -37,8 +36,8 @@ const (
 	ReasonForeignProcessesGone = "FgpuForeignProcessesGone"
 )
 
-// ForeignChange is a GPU whose processes fgpu did not start changed since the last report:
-// PIDs is empty when they are gone.
+// ForeignChange is a GPU whose number of processes fgpu did not start changed since the last
+// report (a new PID in place of an exited one is no news): PIDs is empty when they are gone.
 type ForeignChange struct {
 	Device, UUID string
 	PIDs         []int
@@ -49,8 +48,8 @@ func (c ForeignChange) Message() string {
 	if len(c.PIDs) == 0 {
 		return fmt.Sprintf("GPU %s (%s) runs no process fgpu did not start any more; it is offered again", c.Device, c.UUID)
 	}
-	return fmt.Sprintf("GPU %s (%s) runs %d process(es) fgpu did not start (pids %s); it is not offered until they exit, and fgpu does not change its compute mode",
-		c.Device, c.UUID, len(c.PIDs), strings.Trim(fmt.Sprint(c.PIDs), "[]"))
+	return fmt.Sprintf("GPU %s (%s) runs %d process(es) fgpu did not start; it is not offered until they exit, and fgpu does not change its compute mode",
+		c.Device, c.UUID, len(c.PIDs))
 }
 
 // RefreshForeign looks again at the GPUs fgpu has nothing prepared on and returns what
@@ -60,10 +59,14 @@ func (s *State) RefreshForeign(ctx context.Context) []ForeignChange {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var changes []ForeignChange
+	s.noteOwnServers(ctx)
+	listed := map[int]bool{}
 	for _, d := range s.Devices() {
-		s.refreshForeign(ctx, d.UUID, "")
+		for _, pid := range s.refreshForeign(ctx, d.UUID, "") {
+			listed[pid] = true
+		}
 		now, before := s.foreign[d.UUID], s.reported[d.UUID]
-		if slices.Equal(now, before) {
+		if len(now) == len(before) {
 			continue
 		}
 		s.reported[d.UUID] = now
@@ -74,7 +77,49 @@ func (s *State) RefreshForeign(ctx context.Context) []ForeignChange {
 			}
 		}
 	}
+	// A server of fgpu's that no GPU lists any more has exited; its PID may be reused.
+	maps.DeleteFunc(s.ownServers, func(pid int, _ bool) bool { return !listed[pid] })
 	return changes
+}
+
+// noteOwnServers remembers the servers of the daemons no claim uses: a daemon a gone claim
+// left behind (recover stops it) or one whose stop failed.
+// Caller holds s.mu (or owns s exclusively).
+func (s *State) noteOwnServers(ctx context.Context) {
+	if s.cfg.OwnPIDNamespace {
+		return
+	}
+	keys, err := s.mps.Keys()
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Listing the MPS daemons")
+		return
+	}
+	used := map[string]bool{}
+	for _, e := range s.cp.Claims {
+		for _, p := range e.Devices {
+			used[p.MPSKey] = true
+		}
+	}
+	for _, k := range keys {
+		if !used[k] {
+			s.noteServersOf(ctx, k)
+		}
+	}
+}
+
+// noteServersOf remembers the servers of daemon key, which is about to stop or left over.
+// A daemon that does not answer has no server to remember.
+func (s *State) noteServersOf(ctx context.Context, key string) {
+	if !s.mps.Running(ctx, key) {
+		return
+	}
+	pids, err := s.mps.ServerPIDs(ctx, key)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Its server processes may be taken for foreign ones until they exit", "daemon", key)
+	}
+	for _, pid := range pids {
+		s.ownServers[pid] = true
+	}
 }
 
 // Foreign returns the processes fgpu did not start, by device name, for the slices.
@@ -90,25 +135,49 @@ func (s *State) Foreign() map[string][]int {
 	return out
 }
 
-// refreshForeign updates the GPU's verdict unless a claim other than except is prepared on
-// it. A failed query keeps the last verdict: it is no news about the processes.
+// refreshForeign updates the GPU's verdict. On a GPU where a claim other than except is
+// prepared, a new process is taken as fgpu's tenants', so the verdict only shrinks there: the
+// foreign processes that exited drop out of it. A failed query keeps the last verdict: it is
+// no news about the processes.
+// It returns the GPU's processes as listed (nil when not listed).
 // Caller holds s.mu (or owns s exclusively).
-func (s *State) refreshForeign(ctx context.Context, uuid, except string) {
+func (s *State) refreshForeign(ctx context.Context, uuid, except string) []int {
+	if s.cfg.OwnPIDNamespace {
+		return nil
+	}
+	claimed := false
 	for uid, e := range s.cp.Claims {
-		if uid == except {
-			continue
-		}
-		if slices.ContainsFunc(e.Devices, func(p checkpoint.PreparedDevice) bool { return p.GPUUUID == uuid }) {
-			return
+		if uid != except && slices.ContainsFunc(e.Devices, func(p checkpoint.PreparedDevice) bool { return p.GPUUUID == uuid }) {
+			claimed = true
+			break
 		}
 	}
-	pids, err := s.backend.ComputeProcesses(uuid)
+	if claimed && len(s.foreign[uuid]) == 0 {
+		return nil
+	}
+	listed, err := s.backend.ComputeProcesses(uuid)
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "Listing the compute processes of a GPU", "gpu", uuid)
-		return
+		// Once per GPU and error: a driver that cannot list fails the same way every poll.
+		if s.listErrs[uuid] != err.Error() {
+			klog.FromContext(ctx).Error(err, "Listing the compute processes of a GPU; its last verdict stands", "gpu", uuid)
+			s.listErrs[uuid] = err.Error()
+		}
+		return nil
 	}
+	if _, failed := s.listErrs[uuid]; failed {
+		klog.FromContext(ctx).Info("Listing the compute processes of a GPU works again", "gpu", uuid)
+		delete(s.listErrs, uuid)
+	}
+	pids := slices.DeleteFunc(slices.Clone(listed), func(pid int) bool {
+		if s.ownServers[pid] {
+			return true
+		}
+		_, found := slices.BinarySearch(s.foreign[uuid], pid)
+		return claimed && !found
+	})
 	slices.Sort(pids)
 	s.foreign[uuid] = slices.Compact(pids)
+	return listed
 }
 
 // checkForeign looks at the claim's GPUs afresh (the poll may not have seen a process yet)

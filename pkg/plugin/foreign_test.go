@@ -9,11 +9,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2"
 
 	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
@@ -105,7 +107,7 @@ func TestForeignProcessesTaintTheGPUUntilTheyExit(t *testing.T) {
 	ctx := context.Background()
 	changes := s.RefreshForeign(ctx)
 	if len(changes) != 1 || changes[0].Device != "gpu-1" || !slices.Equal(changes[0].PIDs, []int{77, 4242}) ||
-		!strings.Contains(changes[0].Message(), "GPU gpu-1 ("+changes[0].UUID+") runs 2 process(es) fgpu did not start (pids 77 4242); it is not offered until they exit") {
+		!strings.Contains(changes[0].Message(), "GPU gpu-1 ("+changes[0].UUID+") runs 2 process(es) fgpu did not start; it is not offered until they exit") {
 		t.Fatalf("changes: %+v", changes)
 	}
 	if again := s.RefreshForeign(ctx); len(again) != 0 {
@@ -205,10 +207,204 @@ func TestForeignChangesBecomeNodeEvents(t *testing.T) {
 	}
 	slices.SortFunc(evs, func(a, b corev1.Event) int { return strings.Compare(string(b.Type), string(a.Type)) })
 	if evs[0].Type != corev1.EventTypeWarning || evs[0].Reason != ReasonForeignProcesses || evs[0].InvolvedObject.Name != node ||
-		!strings.Contains(evs[0].Message, "GPU gpu-0 (") || !strings.Contains(evs[0].Message, "runs 1 process(es) fgpu did not start (pids 5)") {
+		!strings.Contains(evs[0].Message, "GPU gpu-0 (") || !strings.Contains(evs[0].Message, "runs 1 process(es) fgpu did not start;") {
 		t.Errorf("first event: %+v", evs[0])
 	}
 	if evs[1].Type != corev1.EventTypeNormal || evs[1].Reason != ReasonForeignProcessesGone {
 		t.Errorf("second event: %+v", evs[1])
 	}
+}
+
+// A foreign job ran when a share that promises no memory cap was prepared next to it; when the
+// job exits the GPU is no longer tainted, though fgpu's claim stays.
+func TestForeignVerdictDropsExitedProcessesWhileClaimsStay(t *testing.T) {
+	e := newEnv(t)
+	e.foreignProcesses(0, "99")
+	s := e.state()
+	ctx := context.Background()
+	s.RefreshForeign(ctx)
+	claim := builders.MakeClaim("ns", "ts").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatalf("a share without enforced memory was refused on a foreign-busy GPU: %v", err)
+	}
+	e.foreignProcesses(0, "99", "100") // 100 came with fgpu's claim: its tenant's
+	s.RefreshForeign(ctx)
+	if f := s.Foreign(); !slices.Equal(f["gpu-0"], []int{99}) {
+		t.Fatalf("gpu-0 foreign %v, want [99]: a process started while fgpu has a claim there is its tenant's", f["gpu-0"])
+	}
+	e.foreignProcesses(0, "100") // the foreign job exits
+	if ch := s.RefreshForeign(ctx); len(ch) != 1 || len(ch[0].PIDs) != 0 {
+		t.Fatalf("changes %+v, want gpu-0 free", ch)
+	}
+	if f := s.Foreign(); len(f["gpu-0"]) != 0 {
+		t.Fatalf("foreign process 99 exited, gpu-0 still tainted as running %v while fgpu's claim stays", f["gpu-0"])
+	}
+}
+
+// A checkpoint of a version that did not record the compute modes it changed: the plugin put
+// gpu-0 in EXCLUSIVE_PROCESS for its one MPS domain and would have reset it to Default with the
+// last claim. After the upgrade the last claim's unprepare sets it back to Default.
+func TestUpgradeFromACheckpointWithoutFoundModesResetsExclusiveProcess(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns", "mps").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("gpu-0 is %s", m)
+	}
+	s.cp.FoundComputeModes, s.cp.ComputeModesRecorded = nil, false // what the old version wrote
+	if err := s.store.Save(s.cp); err != nil {
+		t.Fatal(err)
+	}
+	s = e.state() // the upgraded plugin
+	if err := s.Unprepare(ctx, string(claim.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeDefault {
+		t.Fatalf("after the upgrade and the last claim, gpu-0 stays %s for good", m)
+	}
+	if !s.cp.ComputeModesRecorded {
+		t.Fatal("the migrated checkpoint does not say its modes are recorded")
+	}
+}
+
+// NVML lists fgpu's own MPS servers among a GPU's processes. One that a gone claim left behind
+// at a restart, or that is still exiting after the last claim went, is not foreign.
+func TestOwnMPSServersAreNotForeign(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns", "mps").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(fake.ProcessFile(e.cfg.DevRoot, 0))
+	if err != nil || strings.TrimSpace(string(raw)) == "" {
+		t.Fatalf("the stand-in MPS server is not listed on gpu-0: %q, %v", raw, err)
+	}
+	// The claim goes while the plugin is down: its daemon is left behind.
+	delete(s.cp.Claims, string(claim.UID))
+	if err := s.store.Save(s.cp); err != nil {
+		t.Fatal(err)
+	}
+	s = e.state()
+	if f := s.Foreign(); len(f) != 0 {
+		t.Fatalf("fgpu's own left-over MPS server taken as foreign: %v", f)
+	}
+	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeDefault {
+		t.Fatalf("gpu-0 left in %s", m)
+	}
+	for range 3 { // the server unlists itself as it exits
+		if ch := s.RefreshForeign(ctx); len(ch) != 0 {
+			t.Fatalf("changes %+v after fgpu's own server stopped", ch)
+		}
+	}
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unprepare(ctx, string(claim.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if ch := s.RefreshForeign(ctx); len(ch) != 0 {
+		t.Fatalf("changes %+v after the last claim's MPS server stopped", ch)
+	}
+}
+
+// Outside the node's PID namespace NVML lists only the plugin's own processes: nothing is
+// judged foreign, whatever the backend lists.
+func TestOwnPIDNamespaceJudgesNoGPUForeign(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.OwnPIDNamespace = true
+	e.foreignProcesses(1, "4242")
+	s := e.state()
+	ctx := context.Background()
+	if ch := s.RefreshForeign(ctx); len(ch) != 0 {
+		t.Fatalf("changes %+v outside the node's PID namespace", ch)
+	}
+	claim := builders.MakeClaim("ns", "mps").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A whole-GPU claim wants no compute mode: an unprepare on another GPU (or a restart's
+// recover) leaves the admin's mode of the GPU the whole-GPU tenant uses alone.
+func TestWholeGPUClaimKeepsItsGPUsModeAcrossOtherUnprepares(t *testing.T) {
+	e := newEnv(t)
+	e.setMode("gpu-1", gpu.ComputeModeExclusiveProcess)
+	s := e.state()
+	ctx := context.Background()
+	whole := builders.MakeClaim("ns", "whole").Class(configapi.DeviceClassExclusive).AllocatedOn(node, "gpu-1").Obj()
+	if _, err := s.Prepare(ctx, whole); err != nil {
+		t.Fatal(err)
+	}
+	other := builders.MakeClaim("ns", "other").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unprepare(ctx, string(other.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if m := computeMode(t, s, "gpu-1"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("an unprepare on gpu-0 set the whole-GPU tenant's gpu-1 to %s", m)
+	}
+	s = e.state() // recover
+	if m := computeMode(t, s, "gpu-1"); m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("a restart set the whole-GPU tenant's gpu-1 to %s", m)
+	}
+}
+
+// A job that replaces one process by another makes no report (no event, no republish); a
+// change in the number does.
+func TestForeignChurnIsReportedOnlyWhenTheCountChanges(t *testing.T) {
+	e := newEnv(t)
+	e.foreignProcesses(1, "5")
+	s := e.state()
+	ctx := context.Background()
+	if ch := s.RefreshForeign(ctx); len(ch) != 1 {
+		t.Fatalf("changes %+v, want gpu-1 busy", ch)
+	}
+	e.foreignProcesses(1, "6")
+	if ch := s.RefreshForeign(ctx); len(ch) != 0 {
+		t.Fatalf("one process replaced by another reported: %+v", ch)
+	}
+	e.foreignProcesses(1, "6", "7")
+	if ch := s.RefreshForeign(ctx); len(ch) != 1 || !slices.Equal(ch[0].PIDs, []int{6, 7}) {
+		t.Fatalf("changes %+v, want gpu-1 with 2 processes", ch)
+	}
+}
+
+// A GPU whose processes cannot be listed is logged once per error, not at every poll.
+func TestAFailingProcessListingIsLoggedOnce(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	var lines []string
+	ctx := klog.NewContext(context.Background(), funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{}))
+	e.foreignProcesses(1, "not-a-pid")
+	for range 3 {
+		s.RefreshForeign(ctx)
+	}
+	if n := countContaining(lines, "Listing the compute processes of a GPU;"); n != 1 {
+		t.Fatalf("the failing listing logged %d times, want once: %q", n, lines)
+	}
+	e.foreignProcesses(1)
+	s.RefreshForeign(ctx)
+	e.foreignProcesses(1, "still-not-a-pid")
+	s.RefreshForeign(ctx)
+	if n := countContaining(lines, "Listing the compute processes of a GPU;"); n != 2 {
+		t.Fatalf("a failure after a recovery logged %d times in all, want 2: %q", n, lines)
+	}
+}
+
+func countContaining(lines []string, s string) int {
+	n := 0
+	for _, l := range lines {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
 }

@@ -22,6 +22,7 @@ import (
 	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/cdi"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+	"github.com/fgpu-dev/fgpu/pkg/gpu"
 )
 
 // ReasonCheckpointRecovered is the Node event's reason when a corrupt checkpoint was
@@ -208,12 +209,50 @@ func (s *State) nodeEvent(ctx context.Context, client kubernetes.Interface, even
 // loadOrRebuild loads the checkpoint, rebuilding it when it is corrupt.
 func (s *State) loadOrRebuild(ctx context.Context, client kubernetes.Interface) error {
 	cp, err := s.store.Load()
-	if err == nil {
+	switch {
+	case err == nil:
 		s.cp = cp
+	case !errors.Is(err, checkpoint.ErrCorrupt):
+		return err
+	default:
+		if err := s.rebuild(ctx, client, err); err != nil {
+			return err
+		}
+	}
+	return s.migrateComputeModes(ctx)
+}
+
+// migrateComputeModes completes FoundComputeModes where the checkpoint does not vouch for it
+// (an earlier version's, or one rebuilt after corruption): such a plugin may have put a GPU
+// holding MPS claims in EXCLUSIVE_PROCESS without recording it, and would have set it back
+// to Default when its last claim went. So Default is recorded as found there, and the mode
+// goes back to Default then instead of staying EXCLUSIVE_PROCESS for good.
+func (s *State) migrateComputeModes(ctx context.Context) error {
+	if s.cp.ComputeModesRecorded {
 		return nil
 	}
-	if !errors.Is(err, checkpoint.ErrCorrupt) {
-		return err
+	s.cp.ComputeModesRecorded = true
+	var gpus []string
+	for _, e := range s.cp.Claims {
+		for _, p := range e.Devices {
+			if _, ok := s.cp.FoundComputeModes[p.GPUUUID]; p.MPSKey == "" || ok || slices.Contains(gpus, p.GPUUUID) {
+				continue
+			}
+			gpus = append(gpus, p.GPUUUID)
+		}
 	}
-	return s.rebuild(ctx, client, err)
+	if len(gpus) == 0 {
+		return nil
+	}
+	if s.cp.FoundComputeModes == nil {
+		s.cp.FoundComputeModes = map[string]string{}
+	}
+	for _, uuid := range gpus {
+		s.cp.FoundComputeModes[uuid] = string(gpu.ComputeModeDefault)
+	}
+	if err := s.store.Save(s.cp); err != nil {
+		return fmt.Errorf("record the compute modes of GPUs with MPS claims: %w", err)
+	}
+	klog.FromContext(ctx).Info("The checkpoint did not record the compute modes fgpu changed; GPUs holding MPS claims go back to Default when their last claim goes", "gpus", gpus)
+	return nil
 }

@@ -41,6 +41,12 @@ type State struct {
 	// foreign are the compute processes fgpu did not start, by GPU UUID (see refreshForeign);
 	// reported is what RefreshForeign last told the driver.
 	foreign, reported map[string][]int
+	// ownServers are the PIDs of fgpu's MPS servers whose daemons no claim uses any more
+	// (leftovers, or stopped and maybe still exiting): NVML may list them on a GPU without
+	// claims, and they are not foreign.
+	ownServers map[int]bool
+	// listErrs is the last error listing each GPU's processes, logged once.
+	listErrs map[string]string
 }
 
 // NewState loads the checkpoint and recovers from whatever a previous run left half done.
@@ -73,7 +79,10 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		store:   checkpoint.NewStore(cfg.CheckpointPath()),
 		cdi:     w,
 		mps:     &mps.Manager{Root: cfg.MPSRoot, Binary: backend.MPSControlBinary()},
-		foreign: map[string][]int{}, reported: map[string][]int{},
+		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{},
+	}
+	if b, ok := backend.(interface{ MPSDaemonEnv(string) []string }); ok {
+		s.mps.DaemonEnv = b.MPSDaemonEnv
 	}
 	for _, d := range devs {
 		s.devices[d.Name()] = d
@@ -82,6 +91,8 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		return nil, err
 	}
 	// Before recover sets any compute mode: a GPU busy with someone else's work keeps its own.
+	// The servers of daemons recover stops are fgpu's, not someone else's.
+	s.noteOwnServers(ctx)
 	for _, d := range s.devices {
 		s.refreshForeign(ctx, d.UUID, "")
 	}
@@ -375,6 +386,7 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 	var errs []error
 	for _, k := range keys {
 		if !used[k] {
+			s.noteServersOf(ctx, k)
 			errs = append(errs, s.mps.Stop(ctx, k))
 		}
 	}
@@ -394,7 +406,7 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 // fgpu changes only what it needs and gives back what it found: the first change records
 // the GPU's mode in the checkpoint, and when fgpu's last claim on the GPU goes that mode is
 // restored. A GPU fgpu has not changed is not touched (an admin's mode stays), nor is one
-// that runs processes fgpu did not start: changing its mode could lock them or fgpu's MPS
+// that holds only whole-GPU claims, nor one that runs processes fgpu did not start: changing its mode could lock them or fgpu's MPS
 // server out.
 func (s *State) syncComputeMode(ctx context.Context, uuid string) error {
 	used, domains, timeSliced := false, map[string]bool{}, false
@@ -414,6 +426,10 @@ func (s *State) syncComputeMode(ctx context.Context, uuid string) error {
 	}
 	found, changed := s.cp.FoundComputeModes[uuid]
 	if !used && !changed {
+		return nil
+	}
+	if used && len(domains) == 0 && !timeSliced {
+		// Whole-GPU claims only: fgpu wants no mode there, and the tenant may rely on the one it has.
 		return nil
 	}
 	if pids := s.foreign[uuid]; len(pids) > 0 {

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
+	"github.com/fgpu-dev/fgpu/pkg/mps/fakecontrol"
 )
 
 // Model is a GPU product the fake backend can pretend to be.
@@ -231,6 +232,16 @@ func (b *Backend) device(uuid string) (gpu.Device, error) {
 		}
 	}
 	return gpu.Device{}, fmt.Errorf("no fake GPU with UUID %s", uuid)
+}
+
+// MPSDaemonEnv tells the stand-in daemon started for a GPU where that GPU's process file is,
+// so that it lists itself there as NVML lists a real MPS server.
+func (b *Backend) MPSDaemonEnv(uuid string) []string {
+	d, err := b.device(uuid)
+	if err != nil {
+		return nil
+	}
+	return []string{fakecontrol.ProcessFileEnv + "=" + ProcessFile(b.devDir, d.Index)}
 }
 
 // MPSControlBinary implements gpu.Backend: the stand-in control daemon.

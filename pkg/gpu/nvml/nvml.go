@@ -232,7 +232,9 @@ func (b *Backend) SetComputeMode(uuid string, mode gpu.ComputeMode) error {
 
 // ComputeProcesses lists the PIDs of the compute processes on the GPU with the given UUID:
 // those with a CUDA context of their own (an MPS server among them) and the MPS clients,
-// which NVML lists apart. A driver without the MPS listing reports only the former.
+// which NVML lists apart. A driver without the MPS listing reports only the former. The
+// driver translates the PIDs into the caller's PID namespace and drops the processes
+// outside it: from a pod without hostPID only the pod's own processes are listed.
 func (b *Backend) ComputeProcesses(uuid string) ([]int, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()

@@ -16,6 +16,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -25,6 +27,12 @@ import (
 const StateFile = "fake-mps-state.json"
 
 const daemonEnv = "FGPU_FAKE_MPS_DAEMON"
+
+// ProcessFileEnv names the fake GPU's process file (the fake backend's ProcessFile). The
+// daemon stands in for the MPS server too, so it lists its PID there while it runs, as NVML
+// lists a real MPS server among the GPU's compute processes, and answers get_server_list
+// with it.
+const ProcessFileEnv = "FGPU_FAKE_GPU_PROCESS_FILE"
 
 // State is what the stand-in daemon was told.
 type State struct {
@@ -111,6 +119,16 @@ func serve(sock, logDir string) error {
 	if err := st.save(logDir); err != nil {
 		return err
 	}
+	if file := os.Getenv(ProcessFileEnv); file != "" {
+		if err := listProcess(file, st.PID, true); err != nil {
+			return err
+		}
+		defer func() {
+			if err := listProcess(file, st.PID, false); err != nil {
+				logf(logDir, "unlisting the server process: "+err.Error())
+			}
+		}()
+	}
 	logf(logDir, "Starting control daemon")
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -145,6 +163,9 @@ func handle(conn net.Conn, st *State, logDir string) (quit bool) {
 		case f[0] == "quit":
 			quit = true
 		case f[0] == "get_server_list":
+			if os.Getenv(ProcessFileEnv) != "" {
+				reply = strconv.Itoa(st.PID)
+			}
 		case f[0] == "set_default_active_thread_percentage" && len(f) == 2:
 			st.DefaultActiveThreadPercentage = f[1]
 			reply = f[1]
@@ -203,4 +224,22 @@ func logf(logDir, msg string) {
 	}
 	defer f.Close()
 	fmt.Fprintf(f, "[%s] %s\n", time.Now().UTC().Format(time.RFC3339Nano), msg)
+}
+
+// listProcess adds pid to the fake GPU's process file, or takes it off. The file is replaced
+// whole, so that a reader never sees half a line.
+func listProcess(file string, pid int, add bool) error {
+	raw, err := os.ReadFile(file)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	lines := slices.DeleteFunc(strings.Fields(string(raw)), func(l string) bool { return l == strconv.Itoa(pid) })
+	if add {
+		lines = append(lines, strconv.Itoa(pid))
+	}
+	tmp := fmt.Sprintf("%s.%d.tmp", file, pid)
+	if err := os.WriteFile(tmp, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, file)
 }

@@ -82,8 +82,9 @@ func (s *State) RefreshForeign(ctx context.Context) []ForeignChange {
 	return changes
 }
 
-// noteOwnServers remembers the servers of the daemons no claim uses: a daemon a gone claim
-// left behind (recover stops it) or one whose stop failed.
+// noteOwnServers remembers the servers of every daemon fgpu runs: those of prepared claims
+// (a GPU's verdict is made afresh when a restart finds it with none), one a gone or rolled
+// back claim left behind, and one whose stop failed. None of them is foreign.
 // Caller holds s.mu (or owns s exclusively).
 func (s *State) noteOwnServers(ctx context.Context) {
 	if s.cfg.OwnPIDNamespace {
@@ -94,16 +95,8 @@ func (s *State) noteOwnServers(ctx context.Context) {
 		klog.FromContext(ctx).Error(err, "Listing the MPS daemons")
 		return
 	}
-	used := map[string]bool{}
-	for _, e := range s.cp.Claims {
-		for _, p := range e.Devices {
-			used[p.MPSKey] = true
-		}
-	}
 	for _, k := range keys {
-		if !used[k] {
-			s.noteServersOf(ctx, k)
-		}
+		s.noteServersOf(ctx, k)
 	}
 }
 

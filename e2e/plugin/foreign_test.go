@@ -84,8 +84,8 @@ func TestForeignProcessKeepsTheGPU(t *testing.T) {
 		t.Fatalf("one MPS tenant on the GPU: mode %s, want ExclusiveProcess", m)
 	}
 	// The stand-in MPS server is listed on the GPU, as NVML lists a real one: fgpu's own.
-	if raw, _ := os.ReadFile(procFile); strings.TrimSpace(string(raw)) == "" {
-		t.Fatal("the stand-in MPS server is not listed in the GPU's process file")
+	if raw, _ := os.ReadFile(fake.ServerFile(devDir, 0)); strings.TrimSpace(string(raw)) == "" {
+		t.Fatal("the stand-in MPS server is not listed among the GPU's processes")
 	}
 	deletePod(t, ns, "waits")
 	waitNodeState(t, func(s framework.NodeState) bool { return len(s.Daemons) == 0 && len(s.Checkpoint.Claims) == 0 })

@@ -19,6 +19,7 @@ import (
 
 	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 )
@@ -281,7 +282,7 @@ func TestOwnMPSServersAreNotForeign(t *testing.T) {
 	if _, err := s.Prepare(ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(fake.ProcessFile(e.cfg.DevRoot, 0))
+	raw, err := os.ReadFile(fake.ServerFile(e.cfg.DevRoot, 0))
 	if err != nil || strings.TrimSpace(string(raw)) == "" {
 		t.Fatalf("the stand-in MPS server is not listed on gpu-0: %q, %v", raw, err)
 	}
@@ -407,4 +408,32 @@ func countContaining(lines []string, s string) int {
 		}
 	}
 	return n
+}
+
+// A restart that rolls back a prepare cut short finds the claim's MPS server running, with
+// no prepared claim on its GPU (the kubelet prepares the claim again and reuses the server):
+// that server is fgpu's, never foreign.
+func TestServerOfARolledBackPrepareIsNotForeign(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns", "cut").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	entry := s.cp.Claims[string(claim.UID)]
+	entry.State = checkpoint.PrepareStarted
+	if err := s.store.Save(s.cp); err != nil {
+		t.Fatal(err)
+	}
+	s = e.state()
+	if f := s.Foreign(); len(f) != 0 {
+		t.Fatalf("the server of a rolled-back prepare taken as foreign at start: %v", f)
+	}
+	if ch := s.RefreshForeign(ctx); len(ch) != 0 {
+		t.Fatalf("changes %+v: fgpu's own server taken as foreign", ch)
+	}
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
 }

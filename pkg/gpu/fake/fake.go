@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
@@ -192,13 +193,32 @@ func (b *Backend) SetComputeMode(uuid string, mode gpu.ComputeMode) error {
 	return nil
 }
 
-// ComputeProcesses implements gpu.Backend: the PIDs listed in the GPU's ProcessFile.
+// ComputeProcesses implements gpu.Backend: the PIDs listed in the GPU's ProcessFile, and
+// those of its stand-in MPS servers (ServerFile) that still run. NVML lists live processes
+// only; a stand-in killed with its container cannot unlist itself, so the listing checks.
 func (b *Backend) ComputeProcesses(uuid string) ([]int, error) {
 	d, err := b.device(uuid)
 	if err != nil {
 		return nil, err
 	}
-	raw, err := os.ReadFile(ProcessFile(b.devDir, d.Index))
+	pids, err := readPIDs(ProcessFile(b.devDir, d.Index))
+	if err != nil {
+		return nil, err
+	}
+	servers, err := readPIDs(ServerFile(b.devDir, d.Index))
+	if err != nil {
+		return nil, err
+	}
+	for _, pid := range servers {
+		if !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+func readPIDs(file string) ([]int, error) {
+	raw, err := os.ReadFile(file)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -209,16 +229,22 @@ func (b *Backend) ComputeProcesses(uuid string) ([]int, error) {
 	for _, f := range strings.Fields(string(raw)) {
 		pid, err := strconv.Atoi(f)
 		if err != nil || pid <= 0 {
-			return nil, fmt.Errorf("fake GPU process file %s: %q is not a PID", ProcessFile(b.devDir, d.Index), f)
+			return nil, fmt.Errorf("fake GPU process file %s: %q is not a PID", file, f)
 		}
 		pids = append(pids, pid)
 	}
 	return pids, nil
 }
 
-// ProcessFile is where a fake GPU's compute processes are listed, one PID per line.
+// ProcessFile is where a fake GPU's compute processes are listed, one PID per line: what a
+// test or a person writes to stand for work fgpu did not start.
 func ProcessFile(devDir string, index int) string {
 	return filepath.Join(devDir, fmt.Sprintf("nvidia%d.processes", index))
+}
+
+// ServerFile is where the stand-in MPS daemons of a fake GPU list themselves while they run.
+func ServerFile(devDir string, index int) string {
+	return filepath.Join(devDir, fmt.Sprintf("nvidia%d.mps-servers", index))
 }
 
 func (b *Backend) modeFile(index int) string {
@@ -234,14 +260,14 @@ func (b *Backend) device(uuid string) (gpu.Device, error) {
 	return gpu.Device{}, fmt.Errorf("no fake GPU with UUID %s", uuid)
 }
 
-// MPSDaemonEnv tells the stand-in daemon started for a GPU where that GPU's process file is,
+// MPSDaemonEnv tells the stand-in daemon started for a GPU where that GPU's server file is,
 // so that it lists itself there as NVML lists a real MPS server.
 func (b *Backend) MPSDaemonEnv(uuid string) []string {
 	d, err := b.device(uuid)
 	if err != nil {
 		return nil
 	}
-	return []string{fakecontrol.ProcessFileEnv + "=" + ProcessFile(b.devDir, d.Index)}
+	return []string{fakecontrol.ProcessFileEnv + "=" + ServerFile(b.devDir, d.Index)}
 }
 
 // MPSControlBinary implements gpu.Backend: the stand-in control daemon.

@@ -1,8 +1,11 @@
 package fake
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -148,5 +151,39 @@ func TestComputeModeAndProcessesLiveBesideTheDeviceNodes(t *testing.T) {
 	}
 	if _, err := again.ComputeProcesses("GPU-unknown"); err == nil {
 		t.Fatal("an unknown UUID gave no error")
+	}
+}
+
+// A stand-in MPS server killed with its container cannot unlist itself; NVML lists live
+// processes only, and so does the fake backend.
+func TestDeadStandInServersAreNotListed(t *testing.T) {
+	dir := t.TempDir()
+	f, err := ParseSpec("1xH100-80GB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(f, "n1", dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	live := os.Getpid()
+	content := fmt.Sprintf("%d\n%d\n", dead.Process.Pid, live)
+	if err := os.WriteFile(ServerFile(dir, 0), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	devs, err := b.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.ComputeProcesses(devs[0].UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, []int{live}) {
+		t.Fatalf("listed %v, want only the live server %d", got, live)
 	}
 }

@@ -99,7 +99,13 @@ func (e expr) GetName() string          { return e.name }
 // TestClaimAdmissionPolicyCompiles compiles the policy as the API server does: request
 // typed (a dyn model would accept request.resource == 'x', which the API server refuses).
 func TestClaimAdmissionPolicyCompiles(t *testing.T) {
-	p := loadClaimPolicy(t)
+	compilePolicy(t, loadClaimPolicy(t))
+}
+
+// compilePolicy compiles every expression of an admission policy as the API server does,
+// with its variables typed.
+func compilePolicy(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy) {
+	t.Helper()
 	cc, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(version.MajorMinor(1, 37)))
 	if err != nil {
 		t.Fatal(err)

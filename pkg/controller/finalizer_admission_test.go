@@ -5,11 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/cel-go/cel"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
-	"k8s.io/apimachinery/pkg/util/version"
-	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
-	"k8s.io/apiserver/pkg/cel/environment"
 	"sigs.k8s.io/yaml"
 )
 
@@ -61,28 +57,7 @@ func TestFinalizerPolicyRenders(t *testing.T) {
 // TestFinalizerPolicyCompiles compiles every expression as the API server does.
 func TestFinalizerPolicyCompiles(t *testing.T) {
 	p, _ := loadFinalizerPolicy(t)
-	cc, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(version.MajorMinor(1, 37)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := plugincel.OptionalVariableDeclarations{}
-	for _, v := range p.Spec.Variables {
-		if r := cc.CompileAndStoreVariable(expr{name: v.Name, expression: v.Expression, types: []*cel.Type{cel.AnyType}}, opts, environment.StoredExpressions); r.Error != nil {
-			t.Errorf("variable %s: %v", v.Name, r.Error)
-		}
-	}
-	check := func(what, e string, typ *cel.Type) {
-		if r := cc.CompileCELExpression(expr{expression: e, types: []*cel.Type{typ}}, opts, environment.StoredExpressions); r.Error != nil {
-			t.Errorf("%s: %v", what, r.Error)
-		}
-	}
-	for _, mc := range p.Spec.MatchConditions {
-		check("matchCondition "+mc.Name, mc.Expression, cel.BoolType)
-	}
-	for _, v := range p.Spec.Validations {
-		check("validation", v.Expression, cel.BoolType)
-		check("messageExpression", v.MessageExpression, cel.StringType)
-	}
+	compilePolicy(t, p)
 }
 
 // admitUpdate runs the policy on an UPDATE as the API server would; it returns the refusal

@@ -90,7 +90,7 @@ func TestNamespaceIsolation(t *testing.T) {
 func TestLatencyCritical(t *testing.T) {
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "lat")
-	labelNamespace(t, ns, "fgpu.dev/e2e-latency", ns)
+	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-latency", ns)
 	createPolicy(t, builders.MakePolicy("e2e-critical").Namespaces("fgpu.dev/e2e-latency", ns).Priority(10).Pods("tier", "critical").
 		Isolation(api.IsolationNone).Latency(api.LatencyCritical).MaxCo(0).Obj())
 	createPolicy(t, builders.MakePolicy("e2e-packed").Namespaces("fgpu.dev/e2e-latency", ns).Priority(5).
@@ -125,7 +125,7 @@ func TestLatencyCritical(t *testing.T) {
 func TestQuota(t *testing.T) {
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "quota")
-	labelNamespace(t, ns, "fgpu.dev/e2e-quota", ns)
+	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-quota", ns)
 	createPolicy(t, builders.MakePolicy("e2e-quota").Priority(10).Isolation(api.IsolationNone).
 		Namespaces("fgpu.dev/e2e-quota", ns).QuotaMemory("20Gi").Obj())
 	for _, name := range []string{"p1", "p2"} {

@@ -39,23 +39,6 @@ func deletePolicies(ctx context.Context) {
 	_ = fgpuClient.FgpuV1alpha1().SharingPolicies().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "fgpu.dev/e2e=true"})
 }
 
-// labelNamespace sets a label on a test namespace (policies select by it).
-func labelNamespace(t *testing.T, ns, k, v string) {
-	t.Helper()
-	ctx := context.Background()
-	n, err := cluster.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n.Labels == nil {
-		n.Labels = map[string]string{}
-	}
-	n.Labels[k] = v
-	if _, err := cluster.Client.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // gpuOf returns the device of the pod's claim once the allocator placed it.
 func gpuOf(t *testing.T, pod *corev1.Pod) (string, *resourceapi.ResourceClaim) {
 	t.Helper()

@@ -10,9 +10,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
-
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
 )
@@ -43,7 +40,7 @@ func TestMain(m *testing.M) {
 	}
 	cluster = c
 	if fgpuClient, err = versioned.NewForConfig(c.Config); err == nil {
-		err = waitAllocatorReady(context.Background())
+		err = cluster.WaitAllocatorReady(context.Background())
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e setup:", err)
@@ -60,15 +57,4 @@ func TestMain(m *testing.M) {
 		code = 1
 	}
 	os.Exit(code)
-}
-
-// waitAllocatorReady waits for the allocator Deployment's pod to run.
-func waitAllocatorReady(ctx context.Context) error {
-	return wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		d, err := cluster.Client.AppsV1().Deployments(framework.Namespace).Get(ctx, "fgpu-allocator", metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		return d.Status.ReadyReplicas >= 1 && d.Status.ObservedGeneration == d.Generation, nil
-	})
 }

@@ -281,3 +281,31 @@ func (c *Cluster) dumpNamespace(t *testing.T, ns string) {
 	logs, _ := Run(context.Background(), Bin("kubectl"), "-n", Namespace, "logs", "-l", "app.kubernetes.io/component=kubelet-plugin", "--tail=40")
 	t.Logf("plugin log tail:\n%s", logs)
 }
+
+// WaitAllocatorReady waits until the allocator Deployment runs its current spec on a ready pod.
+func (c *Cluster) WaitAllocatorReady(ctx context.Context) error {
+	return wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		d, err := c.Client.AppsV1().Deployments(Namespace).Get(ctx, "fgpu-allocator", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		return d.Status.ReadyReplicas >= 1 && d.Status.UpdatedReplicas == d.Status.Replicas && d.Status.ObservedGeneration == d.Generation, nil
+	})
+}
+
+// LabelNamespace sets a label on a test namespace (policies select by it).
+func (c *Cluster) LabelNamespace(t *testing.T, ns, k, v string) {
+	t.Helper()
+	ctx := context.Background()
+	n, err := c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Labels == nil {
+		n.Labels = map[string]string{}
+	}
+	n.Labels[k] = v
+	if _, err := c.Client.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}

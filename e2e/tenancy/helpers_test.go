@@ -52,25 +52,9 @@ func namespaces(t *testing.T, prefix, key string, n int) []string {
 		nss = append(nss, cluster.Namespace(t, prefix))
 	}
 	for _, ns := range nss {
-		labelNamespace(t, ns, key, nss[0])
+		cluster.LabelNamespace(t, ns, key, nss[0])
 	}
 	return nss
-}
-
-func labelNamespace(t *testing.T, ns, k, v string) {
-	t.Helper()
-	ctx := context.Background()
-	n, err := cluster.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n.Labels == nil {
-		n.Labels = map[string]string{}
-	}
-	n.Labels[k] = v
-	if _, err := cluster.Client.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // running waits for a pod to run; on timeout the error carries what its events say.

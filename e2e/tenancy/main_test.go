@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/fgpu-dev/fgpu/e2e/framework"
@@ -61,7 +59,7 @@ func TestMain(m *testing.M) {
 	cluster, mode = c, allocatorMode
 	if fgpuClient, err = versioned.NewForConfig(c.Config); err == nil {
 		if dynClient, err = dynamic.NewForConfig(c.Config); err == nil {
-			err = waitAllocatorReady(context.Background())
+			err = cluster.WaitAllocatorReady(context.Background())
 		}
 	}
 	if err != nil {
@@ -94,19 +92,8 @@ func useMode(t *testing.T, m string) {
 	}
 	mode = m
 	if m == allocatorMode {
-		if err := waitAllocatorReady(ctx); err != nil {
+		if err := cluster.WaitAllocatorReady(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-}
-
-// waitAllocatorReady waits for the allocator Deployment's pod to run.
-func waitAllocatorReady(ctx context.Context) error {
-	return wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		d, err := cluster.Client.AppsV1().Deployments(framework.Namespace).Get(ctx, "fgpu-allocator", metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		return d.Status.ReadyReplicas >= 1 && d.Status.UpdatedReplicas == d.Status.Replicas && d.Status.ObservedGeneration == d.Generation, nil
-	})
 }

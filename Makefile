@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 
 .PHONY: all build test test-unit fuzz test-e2e verify generate lint golangci-lint logcheck demo demo-down images \
-	cluster-up cluster-down bench-e2e plot gpucheck
+	cluster-up cluster-down bench-e2e plot gpucheck gpucheck-fake
 
 # Developer tools run at the versions pinned in hack/tools (golangci-lint in its own module so its
 # dependencies stay as its authors tested them); `go tool` builds each once into the Go cache.
@@ -15,9 +15,9 @@ all: build
 build:
 	$(GO) build ./...
 
-## test: the tree checks (verify, lint), unit tests, a short fuzz run, then the e2e suites on a
-## real local Kubernetes cluster; .ci/run calls this.
-test: verify lint test-unit fuzz test-e2e
+## test: the tree checks (verify, lint), unit tests, a short fuzz run, the GPU check's fake-GPU
+## variant, then the e2e suites on a real local Kubernetes cluster; .ci/run calls this.
+test: verify lint test-unit fuzz gpucheck-fake test-e2e
 
 ## verify: Go files formatted, every go.mod tidy, generated files up to date (hack/verify.sh).
 verify:
@@ -95,8 +95,14 @@ plot:
 	$(GO) run ./cmd/fgpu plot --nodes $(TRACES)/openb_node_list_gpu_node.csv \
 		--pods $(TRACES)/openb_pod_list_default.csv --policies random,bestfit,fgd,fgpu -o docs/placement-default.png
 
-## gpucheck: the node side on a real NVIDIA GPU, no Kubernetes (run where a GPU and python3
-## with torch are): NVML, two claims with the real MPS daemon, caps checked by CUDA processes.
+## gpucheck: the node side in production shape on a real NVIDIA GPU, no Kubernetes (run as root
+## where a GPU and python3 with torch are): NVML, two tenants of two namespaces run as containers
+## of their claims' CDI specs, caps checked by CUDA processes, the plugin killed and restarted
+## under them. gpucheck-fake: the same script on fake GPUs and the MPS stand-in (in make test).
 gpucheck:
-	CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations go build -o _output/gpucheck ./e2e/gpucheck
-	e2e/gpucheck/run.sh _output/gpucheck _output/gpucheck-out
+	CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations $(GO) build -o _output/gpucheck/gpucheck ./e2e/gpucheck
+	e2e/gpucheck/run.sh _output/gpucheck/gpucheck _output/gpucheck-out
+
+gpucheck-fake:
+	CGO_ENABLED=0 $(GO) build -o _output/gpucheck-fake/ ./e2e/gpucheck ./cmd/fake-mps-control
+	e2e/gpucheck/run.sh --fake _output/gpucheck-fake/gpucheck _output/gpucheck-fake-out

@@ -109,6 +109,9 @@ func daemonize(sock string) error {
 	return errors.New("daemon did not start listening within 5s")
 }
 
+// PIDFile is the control daemon's PID file in its pipe directory.
+const PIDFile = "nvidia-cuda-mps-control.pid"
+
 func serve(sock, logDir string) error {
 	os.Remove(sock)
 	ln, err := net.Listen("unix", sock)
@@ -119,6 +122,12 @@ func serve(sock, logDir string) error {
 	if err := st.save(logDir); err != nil {
 		return err
 	}
+	// As the real daemon does: its PID, in the pipe directory, for whoever looks after it.
+	pidFile := filepath.Join(filepath.Dir(sock), PIDFile)
+	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(st.PID)+"\n"), 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(pidFile)
 	if file := os.Getenv(ProcessFileEnv); file != "" {
 		if err := listProcess(file, st.PID, true); err != nil {
 			return err

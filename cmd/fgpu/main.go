@@ -17,7 +17,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSimCmd(), newPlotCmd(), newGPUsCmd())
+	root.AddCommand(newSimCmd(), newPlotCmd(), newGPUsCmd(), newFaultsCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "fgpu:", err)
 		os.Exit(1)

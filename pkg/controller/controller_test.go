@@ -579,3 +579,19 @@ func TestTwoMPSSharesInOneClaimRefused(t *testing.T) {
 		t.Error("the refused claim's shares stayed in the model")
 	}
 }
+
+// A GPU the plugin fenced for a fault takes no claim, and the wait reason names the taint.
+func TestFaultTaintedGPUTakesNoClaimAndTheReasonSaysWhy(t *testing.T) {
+	sl := builders.MakeSlice("n1", 1, "80Gi")
+	sl.Spec.Devices[0].Taints = append(sl.Spec.Devices[0].Taints, resourceapi.DeviceTaint{Key: "fgpu.dev/gpu-fault", Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoExecute})
+	c := builders.MakeClaim("a", "c").Memory("10Gi").Obj()
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), sl, c, builders.MakePod("a", "p").Claim("c").Obj())
+	e.run()
+	got := e.claim("a", "c")
+	if got.Status.Allocation != nil {
+		t.Fatal("placed on a GPU tainted for a fault")
+	}
+	if msg := got.Annotations[AnnotationStatus]; !strings.Contains(msg, "fgpu.dev/gpu-fault=xid-79:NoExecute") {
+		t.Errorf("the wait reason does not name the taint: %q", msg)
+	}
+}

@@ -37,6 +37,13 @@ type Config struct {
 	// ForeignPoll is how often the GPUs are looked at for processes fgpu did not start
 	// (0: DefaultForeignPoll).
 	ForeignPoll time.Duration
+	// HealthPoll is how often the GPUs' faults are read (0: DefaultHealthPoll).
+	HealthPoll time.Duration
+	// A GPU that faulted FlapCount times within FlapWindow stays fenced for FlapBackoff
+	// (0: the defaults).
+	FlapCount   int
+	FlapWindow  time.Duration
+	FlapBackoff time.Duration
 }
 
 // DefaultForeignPoll is modest: a GPU freed by someone else is offered again within it.
@@ -51,3 +58,31 @@ func (c Config) foreignPoll() time.Duration {
 
 // CheckpointPath is where the checkpoint lives.
 func (c Config) CheckpointPath() string { return filepath.Join(c.PluginDataDir, "checkpoint.json") }
+
+func (c Config) healthPoll() time.Duration {
+	if c.HealthPoll > 0 {
+		return c.HealthPoll
+	}
+	return DefaultHealthPoll
+}
+
+func (c Config) flapCount() int {
+	if c.FlapCount > 0 {
+		return c.FlapCount
+	}
+	return DefaultFlapCount
+}
+
+func (c Config) flapWindow() time.Duration {
+	if c.FlapWindow > 0 {
+		return c.FlapWindow
+	}
+	return DefaultFlapWindow
+}
+
+func (c Config) flapBackoff() time.Duration {
+	if c.FlapBackoff > 0 {
+		return c.FlapBackoff
+	}
+	return DefaultFlapBackoff
+}

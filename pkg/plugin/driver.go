@@ -26,6 +26,7 @@ type Driver struct {
 	cfg     Config
 	metrics *Metrics
 	helper  *kubeletplugin.Helper
+	health  *health
 	ctx     context.Context
 	cancel  context.CancelCauseFunc
 }
@@ -38,13 +39,13 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	d := &Driver{state: state, client: client, cfg: cfg, metrics: metrics, ctx: ctx, cancel: cancel}
+	d := &Driver{state: state, client: client, cfg: cfg, metrics: metrics, ctx: ctx, cancel: cancel,
+		health: newHealth(ctx, cfg, backend, state.Devices())}
 	metrics.observeState(state)
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(cfg.DriverName),
 		kubeletplugin.NodeName(cfg.NodeName),
 		kubeletplugin.KubeClient(client),
-		kubeletplugin.HealthService(false),
 	}
 	if cfg.PluginDataDir != "" {
 		opts = append(opts, kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir))
@@ -65,17 +66,61 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		}
 	}
 	d.reportForeign(ctx, state.RefreshForeign(ctx))
+	// A restart publishes the faults that still hold at once, and none that went.
+	d.reportHealth(ctx, d.health.refresh(ctx, state.MPSFaults(ctx)))
 	if err := d.publish(ctx); err != nil {
 		helper.Stop()
 		cancel(err)
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	go d.watchForeign(ctx)
+	go d.watchHealth(ctx)
 	return d, nil
 }
 
 func (d *Driver) publish(ctx context.Context) error {
-	return d.helper.PublishResources(ctx, DriverResources(d.cfg.NodeName, d.state.Devices(), d.cfg.ReservedMemory, d.cfg.Fenced, d.state.Foreign()))
+	devs := d.state.Devices()
+	faults := map[string][]resourceapi.DeviceTaint{}
+	for _, g := range devs {
+		if t := d.health.taints(g.UUID); len(t) > 0 {
+			faults[g.Name()] = t
+		}
+	}
+	return d.helper.PublishResources(ctx, DriverResources(d.cfg.NodeName, devs, d.cfg.ReservedMemory, d.cfg.Fenced, d.state.Foreign(), faults))
+}
+
+// watchHealth reads the GPUs' faults every HealthPoll and republishes the slices when a
+// GPU's taints must come or go.
+func (d *Driver) watchHealth(ctx context.Context) {
+	ticker := time.NewTicker(d.cfg.healthPoll())
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		changes := d.health.refresh(ctx, d.state.MPSFaults(ctx))
+		if len(changes) == 0 {
+			continue
+		}
+		d.reportHealth(ctx, changes)
+		if err := d.publish(ctx); err != nil {
+			// The next change publishes again; the helper also retries on its own.
+			klog.FromContext(ctx).Error(err, "Publishing the ResourceSlices after a GPU's health changed")
+		}
+	}
+}
+
+// reportHealth tells a person what changed: a log line and a Node event each.
+func (d *Driver) reportHealth(ctx context.Context, changes []HealthChange) {
+	logger := klog.FromContext(ctx)
+	for _, c := range changes {
+		logger.Info(c.Message, "device", c.Device, "uuid", c.UUID, "reason", c.Reason)
+		if err := d.state.nodeEvent(ctx, d.client, c.Type, c.Reason, c.Message); err != nil {
+			logger.Error(err, "Recording a Node event about a GPU's health", "device", c.Device)
+		}
+	}
 }
 
 // watchForeign polls the GPUs for processes fgpu did not start and republishes the slices
@@ -180,8 +225,24 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	}
 }
 
-// WatchHealthStatus implements kubeletplugin.DRAPlugin. Health watching (XID events) is not
-// implemented yet, so the health service is not advertised and this is never called.
-func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
+// WatchHealthStatus implements kubeletplugin.DRAPlugin: every GPU's health, again at each
+// change and every healthResend, so that pods show their devices' health
+// (status.containerStatuses[].allocatedResourcesStatus).
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	ticker := time.NewTicker(healthResend)
+	defer ticker.Stop()
+	for {
+		changed := d.health.changes()
+		select {
+		case <-ctx.Done():
+			return nil
+		case reports <- d.health.report():
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-ticker.C:
+		}
+	}
 }

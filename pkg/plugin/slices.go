@@ -36,8 +36,9 @@ func AllocatableMemory(d gpu.Device, reserved int64) int64 {
 //
 // A GPU in foreign (by device name: the processes fgpu did not start on it) carries the
 // NoSchedule taint ForeignTaintKey, so that neither kube-scheduler nor the allocator puts a
-// new claim there; claims already allocated to it stay.
-func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced bool, foreign map[string][]int) resourceslice.DriverResources {
+// new claim there; claims already allocated to it stay. A faulty GPU carries its fault
+// taints (by device name: health.go's taints), NoExecute where its work cannot go on.
+func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced bool, foreign map[string][]int, faults map[string][]resourceapi.DeviceTaint) resourceslice.DriverResources {
 	devices := make([]resourceapi.Device, 0, len(devs))
 	for _, d := range devs {
 		mem := resource.NewQuantity(AllocatableMemory(d, reserved), resource.BinarySI)
@@ -76,6 +77,7 @@ func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced 
 		if pids := foreign[d.Name()]; len(pids) > 0 {
 			dev.Taints = append(dev.Taints, resourceapi.DeviceTaint{Key: ForeignTaintKey, Value: strconv.Itoa(len(pids)), Effect: resourceapi.DeviceTaintEffectNoSchedule})
 		}
+		dev.Taints = append(dev.Taints, faults[d.Name()]...)
 		devices = append(devices, dev)
 	}
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -100,6 +102,37 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
 	}
 	return s, nil
+}
+
+// MPSFaults looks for fgpu's MPS daemons that serve prepared claims and no longer answer:
+// their clients lost their server, so the GPU's MPS work cannot go on (gpu.FaultMPS).
+// A daemon the plugin restarts (recover, or a new prepare) answers again.
+func (s *State) MPSFaults(ctx context.Context) map[string][]gpu.Fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	claims := map[string]int{}
+	gpuOf := map[string]string{}
+	for _, e := range s.cp.Claims {
+		if e.State != checkpoint.PrepareCompleted {
+			continue
+		}
+		for _, p := range e.Devices {
+			if p.MPSKey != "" {
+				claims[p.MPSKey]++
+				gpuOf[p.MPSKey] = p.GPUUUID
+			}
+		}
+	}
+	out := map[string][]gpu.Fault{}
+	for _, key := range slices.Sorted(maps.Keys(claims)) {
+		if s.mps.Running(ctx, key) {
+			continue
+		}
+		uuid := gpuOf[key]
+		out[uuid] = append(out[uuid], gpu.Fault{Kind: gpu.FaultMPS, Since: time.Now(),
+			Detail: fmt.Sprintf("MPS daemon %s of %d prepared claim(s) does not answer", key, claims[key])})
+	}
+	return out
 }
 
 // Devices returns the node's GPUs in index order.

@@ -26,6 +26,13 @@ type Backend struct {
 	// so Shutdown never runs under a query.
 	mu     sync.RWMutex
 	closed bool
+
+	// fmu guards the health watch's state: the GPUs Devices found, whether the event
+	// watch runs, and the faults its events latched by GPU UUID.
+	fmu      sync.Mutex
+	uuids    []string
+	watching bool
+	latched  map[string][]gpu.Fault
 }
 
 var _ gpu.Backend = (*Backend)(nil)
@@ -62,7 +69,7 @@ func New(lib gonvml.Interface, opts ...Option) (*Backend, error) {
 		}
 		return nil, fmt.Errorf("nvml Init: %w", ret)
 	}
-	return &Backend{lib: lib, opts: o}, nil
+	return &Backend{lib: lib, opts: o, latched: map[string][]gpu.Fault{}}, nil
 }
 
 var errClosed = errors.New("nvml backend is closed")
@@ -100,6 +107,12 @@ func (b *Backend) Devices() ([]gpu.Device, error) {
 		d.CUDADriverVersion = formatCUDAVersion(cudaVersion)
 		devices = append(devices, d)
 	}
+	b.fmu.Lock()
+	b.uuids = b.uuids[:0]
+	for _, d := range devices {
+		b.uuids = append(b.uuids, d.UUID)
+	}
+	b.fmu.Unlock()
 	return devices, nil
 }
 

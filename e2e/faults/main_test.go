@@ -1,0 +1,46 @@
+// Package faults is the e2e suite of GPU faults in allocator mode: two fake GPUs, faults
+// injected through their fault files, the plugin's taints, the eviction of pods on a GPU
+// whose work cannot go on, and their replacements placed on the healthy GPU.
+package faults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/fgpu-dev/fgpu/e2e/framework"
+)
+
+var cluster *framework.Cluster
+
+func TestMain(m *testing.M) {
+	c, err := framework.Setup(
+		"allocationMode=allocator",
+		"kubeletPlugin.gpus=fake:2xH100-80GB",
+		"allocator.hostNetwork=true",
+	)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e setup:", err)
+		os.Exit(1)
+	}
+	if c == nil {
+		os.Exit(0)
+	}
+	cluster = c
+	if err := cluster.WaitAllocatorReady(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e setup:", err)
+		_ = c.Uninstall(context.Background())
+		os.Exit(1)
+	}
+	code := m.Run()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	err = c.Uninstall(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
+		code = 1
+	}
+	os.Exit(code)
+}

@@ -39,6 +39,7 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	d := &Driver{state: state, client: client, cfg: cfg, metrics: metrics, ctx: ctx, cancel: cancel}
+	state.podEvent = d.podEvent
 	metrics.observeState(state)
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(cfg.DriverName),
@@ -75,7 +76,7 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 }
 
 func (d *Driver) publish(ctx context.Context) error {
-	return d.helper.PublishResources(ctx, DriverResources(d.cfg.NodeName, d.state.Devices(), d.cfg.ReservedMemory, d.cfg.Fenced, d.state.Foreign()))
+	return d.helper.PublishResources(ctx, DriverResources(d.cfg.NodeName, d.state.Devices(), d.cfg.ReservedMemory, d.cfg.Fenced, d.state.Foreign(), d.state.CgroupCaps()))
 }
 
 // watchForeign polls the GPUs for processes fgpu did not start and republishes the slices
@@ -135,7 +136,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, claim := range claims {
 		start := time.Now()
-		devices, err := d.state.Prepare(ctx, claim)
+		devices, err := d.state.PrepareFor(ctx, claim, d.podsOf(ctx, claim))
 		d.metrics.observePrepare(time.Since(start), err)
 		if err != nil {
 			logger.Error(err, "Prepare failed", "claim", klog.KObj(claim))

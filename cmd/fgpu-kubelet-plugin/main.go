@@ -59,6 +59,7 @@ func main() {
 	fs.StringVar(&f.cfg.RegistrarDir, "registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registry directory")
 	fs.StringVar(&f.reservedMemory, "reserved-memory", "1Gi", "memory kept back on each GPU for the driver and the MPS server")
 	fs.StringVar(&f.allocationMode, "allocation-mode", "scheduler", `"scheduler": kube-scheduler allocates shares; "allocator": devices are fenced with a taint only fgpu's allocator tolerates`)
+	fs.StringVar(&f.cfg.CgroupRoot, "cgroup-root", "/sys/fs/cgroup", `the node's cgroup v2 mount as the plugin sees it; where its dmem controller lists a GPU (NVIDIA driver r615+, kernel 6.14+), each pod's MPS shares of it are capped as a whole (dmem.max) besides per process; "" turns that off`)
 	fs.DurationVar(&f.cfg.ForeignPoll, "foreign-poll-interval", plugin.DefaultForeignPoll, "how often GPUs are checked for compute processes fgpu did not start (such a GPU is tainted "+plugin.ForeignTaintKey+" and keeps its compute mode)")
 	fs.DurationVar(&f.cfg.HealthPoll, "health-poll-interval", plugin.DefaultHealthPoll, "how often the GPUs' faults are read (a faulty GPU is tainted "+plugin.FaultTaintKey+" or "+plugin.DegradedTaintKey+" within it)")
 	fs.IntVar(&f.cfg.FlapCount, "flap-count", plugin.DefaultFlapCount, "a GPU that faults this many times within --flap-window stays fenced ("+plugin.FlappingTaintKey+") for --flap-backoff")

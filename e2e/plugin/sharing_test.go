@@ -43,6 +43,11 @@ func TestThreePodsShareOneGPU(t *testing.T) {
 		if r.Env["FGPU_MEMORY_LIMIT"] != mem || r.Env["FGPU_SHARING_MODE"] != "mps" {
 			t.Errorf("%s: env %v", name, r.Env)
 		}
+		// Fake GPUs' PCI bus ids are in no dmem.capacity (and the local cluster runs cgroup v1):
+		// MPS caps each client process only, and the container is told so.
+		if r.Env["FGPU_MEMORY_CAP"] != "mps-per-process" || !strings.HasPrefix(r.Env["FGPU_MEMORY_ENFORCEMENT"], "mps: caps each MPS client process") {
+			t.Errorf("%s: FGPU_MEMORY_CAP=%q FGPU_MEMORY_ENFORCEMENT=%q, want mps-per-process", name, r.Env["FGPU_MEMORY_CAP"], r.Env["FGPU_MEMORY_ENFORCEMENT"])
+		}
 		if r.Env["FGPU_MEMORY_LIMIT_0"] != mem || r.Env["FGPU_SHARE_ID_0"] != r.Env["FGPU_SHARE_ID"] {
 			t.Errorf("%s: a one-device claim's FGPU_*_0 must repeat its FGPU_*: %v", name, r.Env)
 		}

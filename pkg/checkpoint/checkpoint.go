@@ -70,6 +70,15 @@ type ClaimEntry struct {
 	Name      string           `json:"name"`
 	State     ClaimState       `json:"state"`
 	Devices   []PreparedDevice `json:"devices"`
+	// Pods are the pods of this node the claim was prepared for (from its reservedFor, checked
+	// against the API): their cgroups get the claim's GPU memory cap where MemoryCap is cgroup.
+	Pods []PodRef `json:"pods,omitempty"`
+}
+
+// PodRef names a pod by the UID the API server gave it (which alone picks its cgroup).
+type PodRef struct {
+	UID  string `json:"uid"`
+	Name string `json:"name"`
 }
 
 // PreparedDevice is one allocated GPU share of a claim.
@@ -91,9 +100,13 @@ type PreparedDevice struct {
 	MPSKey          string `json:"mpsKey,omitempty"`
 	// MemoryEnforced says whether nothing in the claim's containers can pin more than
 	// MemoryLimitBytes; MemoryEnforcement says why, in words.
-	MemoryEnforced    bool     `json:"memoryEnforced,omitempty"`
-	MemoryEnforcement string   `json:"memoryEnforcement,omitempty"`
-	CDIDeviceIDs      []string `json:"cdiDeviceIDs"`
+	MemoryEnforced    bool   `json:"memoryEnforced,omitempty"`
+	MemoryEnforcement string `json:"memoryEnforcement,omitempty"`
+	// MemoryCap is what caps the share's GPU memory: cgroup (the pod's processes together,
+	// dmem.max, and each MPS client process too), mps-per-process, none (time-slicing) or
+	// whole-gpu.
+	MemoryCap    string   `json:"memoryCap,omitempty"`
+	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
 }
 
 // New returns an empty checkpoint.

@@ -34,6 +34,10 @@ type Config struct {
 	// (InNodePIDNamespace): NVML then lists only the processes of that namespace, fgpu's own,
 	// so no GPU is judged busy with foreign processes.
 	OwnPIDNamespace bool
+	// CgroupRoot is the node's cgroup v2 mount as the plugin sees it (/sys/fs/cgroup with the
+	// host's cgroup namespace). Where its dmem controller lists a GPU, the pods of that GPU's MPS
+	// claims get their caps as a cgroup limit too. Empty: per-process MPS limits only.
+	CgroupRoot string
 	// ForeignPoll is how often the GPUs are looked at for processes fgpu did not start
 	// (0: DefaultForeignPoll).
 	ForeignPoll time.Duration

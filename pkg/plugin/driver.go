@@ -41,6 +41,7 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	ctx, cancel := context.WithCancelCause(ctx)
 	d := &Driver{state: state, client: client, cfg: cfg, metrics: metrics, ctx: ctx, cancel: cancel,
 		health: newHealth(ctx, cfg, backend, state.Devices())}
+	state.podEvent = d.podEvent
 	metrics.observeState(state)
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(cfg.DriverName),
@@ -86,7 +87,7 @@ func (d *Driver) publish(ctx context.Context) error {
 			faults[g.Name()] = t
 		}
 	}
-	return d.helper.PublishResources(ctx, DriverResources(d.cfg.NodeName, devs, d.cfg.ReservedMemory, d.cfg.Fenced, d.state.Foreign(), faults))
+	return d.helper.PublishResources(ctx, DriverResources(d.cfg.NodeName, devs, d.cfg.ReservedMemory, d.cfg.Fenced, d.state.Foreign(), faults, d.state.CgroupCaps()))
 }
 
 // watchHealth reads the GPUs' faults every HealthPoll and republishes the slices when a
@@ -180,7 +181,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, claim := range claims {
 		start := time.Now()
-		devices, err := d.state.Prepare(ctx, claim)
+		devices, err := d.state.PrepareFor(ctx, claim, d.podsOf(ctx, claim))
 		d.metrics.observePrepare(time.Since(start), err)
 		if err != nil {
 			logger.Error(err, "Prepare failed", "claim", klog.KObj(claim))

@@ -114,7 +114,7 @@ func TestForeignProcessesTaintTheGPUUntilTheyExit(t *testing.T) {
 	if again := s.RefreshForeign(ctx); len(again) != 0 {
 		t.Fatalf("an unchanged GPU reported again: %+v", again)
 	}
-	res := DriverResources(node, s.Devices(), e.cfg.ReservedMemory, true, s.Foreign(), nil).Pools[node].Slices[0].Devices
+	res := DriverResources(node, s.Devices(), e.cfg.ReservedMemory, true, s.Foreign(), nil, nil).Pools[node].Slices[0].Devices
 	want := resourceapi.DeviceTaint{Key: ForeignTaintKey, Value: "2", Effect: resourceapi.DeviceTaintEffectNoSchedule}
 	if got := taints(res, "gpu-1"); len(got) != 2 || got[0] != configapi.FenceTaint() || got[1] != want {
 		t.Fatalf("gpu-1 taints %+v, want the fence and %+v", got, want)
@@ -144,7 +144,7 @@ func TestForeignProcessesTaintTheGPUUntilTheyExit(t *testing.T) {
 	if len(changes) != 1 || len(changes[0].PIDs) != 0 || !strings.Contains(changes[0].Message(), "runs no process fgpu did not start any more; it is offered again") {
 		t.Fatalf("changes after the processes exited: %+v", changes)
 	}
-	res = DriverResources(node, s.Devices(), e.cfg.ReservedMemory, false, s.Foreign(), nil).Pools[node].Slices[0].Devices
+	res = DriverResources(node, s.Devices(), e.cfg.ReservedMemory, false, s.Foreign(), nil, nil).Pools[node].Slices[0].Devices
 	if got := taints(res, "gpu-1"); len(got) != 0 {
 		t.Fatalf("gpu-1 still tainted: %+v", got)
 	}

@@ -60,7 +60,7 @@ func published(d *Driver) []resourceapi.Device {
 	for _, g := range d.state.Devices() {
 		faults[g.Name()] = d.health.taints(g.UUID)
 	}
-	return DriverResources(node, d.state.Devices(), d.cfg.ReservedMemory, d.cfg.Fenced, d.state.Foreign(), faults).Pools[node].Slices[0].Devices
+	return DriverResources(node, d.state.Devices(), d.cfg.ReservedMemory, d.cfg.Fenced, d.state.Foreign(), faults, nil).Pools[node].Slices[0].Devices
 }
 
 func (e *env) driver(s *State, backend gpu.Backend) *Driver {

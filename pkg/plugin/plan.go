@@ -105,20 +105,55 @@ func (s *State) planDevice(ns string, d gpu.Device, r resourceapi.DeviceRequestA
 	if p.Mode == string(configapi.SharingModeMPS) {
 		p.MPSKey = daemon.Key()
 	}
-	p.MemoryEnforced, p.MemoryEnforcement = s.memoryEnforcement(p.Mode, cfg.Placement)
+	p.MemoryCap = memoryCap(p.Mode, s.dmemRegions[d.UUID] != "")
+	p.MemoryEnforced, p.MemoryEnforcement = s.memoryEnforcement(p.Mode, p.MemoryCap, cfg.Placement)
 	return p, nil
 }
 
+// What caps a share's GPU memory (checkpoint.PreparedDevice.MemoryCap, FGPU_MEMORY_CAP).
+const (
+	MemoryCapCgroup        = "cgroup"
+	MemoryCapMPSPerProcess = "mps-per-process"
+	MemoryCapNone          = "none"
+	MemoryCapWholeGPU      = "whole-gpu"
+)
+
+// memoryCap: an MPS share on a GPU whose driver partitions memory through the dmem cgroup
+// controller is capped per pod (and per process by MPS as before); other MPS shares per
+// process only. Time-sliced claims get no cgroup limit: fgpu relies on dmem only for MPS
+// clients, as NVIDIA documents it.
+func memoryCap(mode string, cgroup bool) string {
+	switch {
+	case mode == ModeExclusive:
+		return MemoryCapWholeGPU
+	case mode != string(configapi.SharingModeMPS):
+		return MemoryCapNone
+	case cgroup:
+		return MemoryCapCgroup
+	}
+	return MemoryCapMPSPerProcess
+}
+
+// The first words of FGPU_MEMORY_ENFORCEMENT for an MPS share.
+const (
+	perProcessWhy = "mps: caps each MPS client process, not the container as a whole; "
+	cgroupWhy     = "cgroup: the pod's processes together are capped on this GPU (dmem.max of its cgroup), and MPS caps each client process too; "
+)
+
 // memoryEnforcement says whether nothing in the claim's containers can use more GPU memory
-// than its limit, and why in one line. MPS caps each client process, not a container, and
+// than its limit, and why in one line. The cgroup limit is not counted on for processes that
+// bypass MPS: NVIDIA documents it for MPS clients. MPS caps each client process, not a container, and
 // binds MPS clients only: a process that bypasses the server (the device nodes are mounted)
 // is stopped only by the GPU's EXCLUSIVE_PROCESS compute mode, which a GPU gets while one MPS
 // server and nothing else uses it. That holds only where the allocator placed the claim on a
 // GPU no other isolation domain may share (checkIsolation refuses to prepare one next to
 // it): in scheduler mode kube-scheduler may put any namespace's claim, MPS or time-sliced,
 // next to it.
-func (s *State) memoryEnforcement(mode string, pl *configapi.Placement) (bool, string) {
-	const perProcess = "mps: caps each MPS client process, not the container as a whole; "
+func (s *State) memoryEnforcement(mode, memCap string, pl *configapi.Placement) (bool, string) {
+	perProcess := perProcessWhy
+	if memCap == MemoryCapCgroup {
+		perProcess = cgroupWhy
+	}
 	switch {
 	case mode == ModeExclusive:
 		return true, "exclusive: the claim holds the whole GPU"

@@ -38,14 +38,18 @@ func AllocatableMemory(d gpu.Device, reserved int64) int64 {
 // NoSchedule taint ForeignTaintKey, so that neither kube-scheduler nor the allocator puts a
 // new claim there; claims already allocated to it stay. A faulty GPU carries its fault
 // taints (by device name: health.go's taints), NoExecute where its work cannot go on.
-func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced bool, foreign map[string][]int, faults map[string][]resourceapi.DeviceTaint) resourceslice.DriverResources {
+//
+// The attribute memoryEnforcement says what caps an MPS share's memory on each GPU:
+// "cgroup" where the kernel's dmem controller partitions it (cgroupCaps, by device name), else
+// "mps-per-process".
+func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced bool, foreign map[string][]int, faults map[string][]resourceapi.DeviceTaint, cgroupCaps map[string]bool) resourceslice.DriverResources {
 	devices := make([]resourceapi.Device, 0, len(devs))
 	for _, d := range devs {
 		mem := resource.NewQuantity(AllocatableMemory(d, reserved), resource.BinarySI)
 		dev := resourceapi.Device{
 			Name:                     d.Name(),
 			AllowMultipleAllocations: ptr.To(true),
-			Attributes:               attributes(d),
+			Attributes:               attributes(d, cgroupCaps[d.Name()]),
 			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 				configapi.CapacityMemory: {
 					Value: *mem,
@@ -85,14 +89,15 @@ func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced 
 	}}
 }
 
-func attributes(d gpu.Device) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+func attributes(d gpu.Device, cgroupCap bool) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		"uuid":         {StringValue: ptr.To(d.UUID)},
-		"productName":  {StringValue: ptr.To(d.ProductName)},
-		"architecture": {StringValue: ptr.To(d.Architecture)},
-		"index":        {IntValue: ptr.To(int64(d.Index))},
-		"minor":        {IntValue: ptr.To(int64(d.Minor))},
-		"computeMode":  {StringValue: ptr.To(string(d.ComputeMode))},
+		"memoryEnforcement": {StringValue: ptr.To(memoryCap(string(configapi.SharingModeMPS), cgroupCap))},
+		"uuid":              {StringValue: ptr.To(d.UUID)},
+		"productName":       {StringValue: ptr.To(d.ProductName)},
+		"architecture":      {StringValue: ptr.To(d.Architecture)},
+		"index":             {IntValue: ptr.To(int64(d.Index))},
+		"minor":             {IntValue: ptr.To(int64(d.Minor))},
+		"computeMode":       {StringValue: ptr.To(string(d.ComputeMode))},
 	}
 	if v := semver(d.CUDAComputeCapability); v != "" {
 		a["cudaComputeCapability"] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}

@@ -23,6 +23,7 @@ import (
 	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/cdi"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+	"github.com/fgpu-dev/fgpu/pkg/dmem"
 	"github.com/fgpu-dev/fgpu/pkg/driverroot"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/mps"
@@ -49,6 +50,14 @@ type State struct {
 	ownServers map[int]bool
 	// listErrs is the last error listing each GPU's processes, logged once.
 	listErrs map[string]string
+
+	// cgroups is the node's cgroup v2 root; dmemRegions the dmem region of each GPU (by UUID)
+	// whose memory it partitions (see detectCgroupCaps).
+	cgroups     dmem.Root
+	dmemRegions map[string]string
+	// background outlives a prepare call (a pod cgroup awaited); podEvent records a pod event.
+	background context.Context
+	podEvent   func(ctx context.Context, ns string, pod checkpoint.PodRef, reason, msg string)
 }
 
 // NewState loads the checkpoint and recovers from whatever a previous run left half done.
@@ -82,6 +91,7 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		cdi:     w,
 		mps:     &mps.Manager{Root: cfg.MPSRoot, Binary: backend.MPSControlBinary()},
 		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{},
+		background: ctx,
 	}
 	if b, ok := backend.(interface{ MPSDaemonEnv(string) []string }); ok {
 		s.mps.DaemonEnv = b.MPSDaemonEnv
@@ -89,6 +99,7 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 	for _, d := range devs {
 		s.devices[d.Name()] = d
 	}
+	s.detectCgroupCaps(ctx)
 	if err := s.loadOrRebuild(ctx, client); err != nil {
 		return nil, err
 	}
@@ -147,11 +158,32 @@ func (s *State) Devices() []gpu.Device {
 
 // Prepare prepares one claim: idempotent, and all-or-nothing.
 func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	return s.PrepareFor(ctx, claim, nil)
+}
+
+// PrepareFor prepares a claim for pods of this node (from its reservedFor, checked against the
+// API), whose cgroups get its GPU memory caps where the GPU supports it. A prepared claim's
+// new pods get them when it is prepared again (the kubelet does for each pod).
+func (s *State) PrepareFor(ctx context.Context, claim *resourceapi.ResourceClaim, pods []checkpoint.PodRef) ([]kubeletplugin.Device, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	uid := string(claim.UID)
 	if e, ok := s.cp.Claims[uid]; ok {
 		if e.State == checkpoint.PrepareCompleted {
+			var added []checkpoint.PodRef
+			for _, p := range pods {
+				if !slices.ContainsFunc(e.Pods, func(q checkpoint.PodRef) bool { return q.UID == p.UID }) {
+					added = append(added, p)
+				}
+			}
+			if len(added) > 0 {
+				e.Pods = append(e.Pods, added...)
+				if err := s.store.Save(s.cp); err != nil {
+					e.Pods = e.Pods[:len(e.Pods)-len(added)]
+					return nil, err
+				}
+				s.limitPods(ctx, e, added)
+			}
 			return pluginDevices(e), nil
 		}
 		if err := s.rollback(ctx, uid); err != nil {
@@ -175,7 +207,7 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 		s.rememberRefusal(ctx, claim, err)
 		return nil, err
 	}
-	entry := &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted, Devices: planned}
+	entry := &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted, Devices: planned, Pods: pods}
 	s.cp.Claims[uid] = entry
 	if err := s.store.Save(s.cp); err != nil {
 		delete(s.cp.Claims, uid)
@@ -213,7 +245,12 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 				return err
 			}
 		}
-		specs = append(specs, s.cdiDevice(p, i, len(e.Devices)))
+	}
+	if s.limitPods(ctx, e, e.Pods) {
+		cappedPerProcess(e)
+	}
+	for i := range e.Devices {
+		specs = append(specs, s.cdiDevice(&e.Devices[i], i, len(e.Devices)))
 	}
 	ids, err := s.cdi.Write(uid, specs)
 	if err != nil {
@@ -402,6 +439,7 @@ func (s *State) rollback(ctx context.Context, uid string) error {
 		s.cp.Claims[uid] = entry
 		return err
 	}
+	s.unlimitPods(ctx, entry)
 	return s.stopUnusedDaemons(ctx)
 }
 
@@ -548,6 +586,8 @@ func (s *State) recover(ctx context.Context) error {
 		return err
 	}
 	for _, e := range s.cp.Claims {
+		// Idempotent: a pod whose cgroup appeared while the plugin was down gets its caps now.
+		s.limitPods(ctx, e, e.Pods)
 		for _, p := range e.Devices {
 			if p.MPSKey != "" && !s.mps.Running(ctx, p.MPSKey) {
 				logger.Info("Restarting the MPS daemon of a prepared claim", "claim", klog.KRef(e.Namespace, e.Name), "daemon", p.MPSKey)
@@ -584,6 +624,7 @@ func (s *State) cdiDevice(p *checkpoint.PreparedDevice, i, n int) cdi.Device {
 		{"FGPU_COMPUTE_PERCENT", strconv.FormatInt(p.ThreadPercent, 10)},
 		{"FGPU_MEMORY_ENFORCED", strconv.FormatBool(p.MemoryEnforced)},
 		{"FGPU_MEMORY_ENFORCEMENT", p.MemoryEnforcement},
+		{"FGPU_MEMORY_CAP", p.MemoryCap},
 	} {
 		if n == 1 {
 			dev.Env = append(dev.Env, v.name+"="+v.value)

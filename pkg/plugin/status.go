@@ -28,6 +28,9 @@ type DeviceStatusData struct {
 	MemoryEnforced bool `json:"memoryEnforced"`
 	// MemoryEnforcement says why, in one line.
 	MemoryEnforcement string `json:"memoryEnforcement,omitempty"`
+	// MemoryCap is what caps the share's memory: cgroup (the pod as a whole, and each MPS
+	// client process), mps-per-process, none (time-slicing) or whole-gpu.
+	MemoryCap string `json:"memoryCap,omitempty"`
 }
 
 // publishDeviceStatus records the prepared shares in the claim's status.devices, replacing
@@ -44,6 +47,7 @@ func (d *Driver) publishDeviceStatus(ctx context.Context, claim *resourceapi.Res
 			GPUUUID: p.GPUUUID, Memory: bytesStr(p.MemoryBytes), MemoryLimit: bytesStr(p.MemoryLimitBytes),
 			ComputePercent: p.ComputePercent, ThreadPercent: p.ThreadPercent, Mode: p.Mode,
 			IsolationDomain: p.IsolationDomain, MemoryEnforced: p.MemoryEnforced, MemoryEnforcement: p.MemoryEnforcement,
+			MemoryCap: p.MemoryCap,
 		})
 		if err != nil {
 			return err

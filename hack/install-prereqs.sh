@@ -19,6 +19,8 @@ PKGS=(
   kmod                        # modprobe (overlay, br_netfilter)
   ca-certificates
   curl                        # readiness probes of the API server
+  gcc                         # cgo: the kubelet plugin's NVML backend (go-nvml) in its image
+  libc6-dev
 )
 
 if [[ $(id -u) -ne 0 ]]; then

@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/driverroot"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/nvml"
@@ -105,7 +106,7 @@ func run(ctx context.Context, f flags) error {
 		logger.Error(err, "Cannot tell whether the plugin runs in the node's PID namespace; taking it that it does not")
 	}
 	f.cfg.OwnPIDNamespace = !inNode
-	backend, err := newBackend(&f)
+	backend, err := newBackend(logger, &f)
 	if err != nil {
 		return err
 	}
@@ -142,7 +143,7 @@ func run(ctx context.Context, f flags) error {
 	}
 }
 
-func newBackend(f *flags) (gpu.Backend, error) {
+func newBackend(logger klog.Logger, f *flags) (gpu.Backend, error) {
 	switch {
 	case f.gpus == "nvml":
 		var opts []nvml.Option
@@ -155,6 +156,16 @@ func newBackend(f *flags) (gpu.Backend, error) {
 		if f.cfg.DriverRoot == "" {
 			f.cfg.DriverRoot = "/"
 		}
+		// NVML from the driver root, the one the containers get: the plugin's image carries no
+		// driver, and a library of another version would not talk to the kernel module.
+		drv, err := driverroot.Discover(logger, driverroot.Root{Host: f.cfg.DriverRoot, Local: f.cfg.DriverRootLocal})
+		if err != nil {
+			return nil, fmt.Errorf("--driver-root: %w", err)
+		}
+		if drv.NVML == "" {
+			return nil, fmt.Errorf("no libnvidia-ml.so.1 for driver %s under driver root %s: the NVML backend cannot load the driver", drv.Version, f.cfg.DriverRoot)
+		}
+		opts = append(opts, nvml.WithLibraryPath(drv.NVML))
 		return nvml.Open(opts...)
 	case strings.HasPrefix(f.gpus, "fake:"), strings.HasPrefix(f.gpus, "fake-file:"):
 		var fleet fake.Fleet

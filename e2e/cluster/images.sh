@@ -15,8 +15,10 @@
 #
 # Tarballs are left in _output/images/<name>.tar (docker-archive; `kind load image-archive` takes
 # them too). --no-import only builds them. Env: CGO_ENABLED (default 0) and GOFLAGS apply to the
-# builds; FGPU_BUILD_TAGS adds build tags. A binary that comes out dynamically linked gets its
-# shared libraries copied into the image.
+# builds; FGPU_BUILD_TAGS adds build tags; FGPU_CGO_PKGS (default ./cmd/fgpu-kubelet-plugin, whose
+# NVML backend needs cgo) are built with cgo. A binary that comes out dynamically linked gets its
+# shared libraries copied into the image, and the C library's others that the NVIDIA driver's
+# libraries (loaded at run time from the host's driver root) need.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -36,6 +38,7 @@ done
 FGPU_IMAGE=${FGPU_IMAGE:-fgpu.dev/fgpu:dev}
 FGPU_IMAGE_PKGS=${FGPU_IMAGE_PKGS:-./cmd/...}
 export CGO_ENABLED=${CGO_ENABLED:-0}
+FGPU_CGO_PKGS=${FGPU_CGO_PKGS:-./cmd/fgpu-kubelet-plugin}
 TAGS_ARG=()
 [[ -n ${FGPU_BUILD_TAGS:-} ]] && TAGS_ARG=(-tags "$FGPU_BUILD_TAGS")
 
@@ -50,11 +53,21 @@ main_pkgs() {
   go list -e -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' "$@" 2>/dev/null | sed '/^$/d'
 }
 
+# DLOPEN_LIBS: what libnvidia-ml and libcuda link against besides libc; a dynamic binary that
+# dlopens them from the driver root needs them in its image.
+DLOPEN_LIBS=(libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1)
+
 # lib_files BINARY: --file arguments for the shared libraries (and loader) of a dynamic binary.
 lib_files() {
-  local bin=$1 lib
+  local bin=$1 lib libc
   ldd "$bin" >/dev/null 2>&1 || return 0 # static: "not a dynamic executable"
   for lib in $(ldd "$bin" | grep -o '/[^ ]*' | sort -u); do
+    [[ -f $lib ]] && printf -- '--file\n%s:%s\n' "$(readlink -f "$lib")" "$lib"
+  done
+  libc=$(ldd "$bin" | grep -o '/[^ ]*/libc\.so\.6' | head -1)
+  [[ -n $libc ]] || return 0
+  for lib in "${DLOPEN_LIBS[@]}"; do
+    lib=$(dirname "$libc")/$lib
     [[ -f $lib ]] && printf -- '--file\n%s:%s\n' "$(readlink -f "$lib")" "$lib"
   done
 }
@@ -71,8 +84,22 @@ image() {
     return 0
   fi
   rm -rf "$bindir" && mkdir -p "$bindir"
+  local cgo=() p
+  mapfile -t cgo < <(main_pkgs $FGPU_CGO_PKGS)
+  local plain=()
+  for p in "${pkgs[@]}"; do
+    [[ " ${cgo[*]} " == *" $p "* ]] || plain+=("$p")
+  done
   log "images: $tag: go build ${pkgs[*]}"
-  go build "${TAGS_ARG[@]}" -trimpath -ldflags "-s -w" -o "$bindir/" "${pkgs[@]}" || die "build for $tag failed"
+  if ((${#plain[@]})); then
+    go build "${TAGS_ARG[@]}" -trimpath -ldflags "-s -w" -o "$bindir/" "${plain[@]}" || die "build for $tag failed"
+  fi
+  for p in "${pkgs[@]}"; do
+    [[ " ${cgo[*]} " == *" $p "* ]] || continue
+    command -v gcc >/dev/null || die "$p needs cgo (NVML) and there is no gcc: hack/install-prereqs.sh installs it"
+    CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations go build "${TAGS_ARG[@]}" -trimpath -ldflags "-s -w" -o "$bindir/" "$p" ||
+      die "cgo build of $p for $tag failed"
+  done
   local args=(--tag "$tag" --out "$out") b first=""
   for p in "${pkgs[@]}"; do
     b=${p##*/}

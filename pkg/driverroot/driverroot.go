@@ -47,6 +47,9 @@ type Root struct {
 type Driver struct {
 	Version string
 	Mounts  []cdi.Mount
+	// NVML is where this process sees the root's libnvidia-ml.so.1 (empty: none), so that the
+	// plugin's NVML backend loads the driver its containers get, not one of its own image.
+	NVML string
 }
 
 // Binaries are the toolkit's driver tools but the MPS ones: fgpu runs each tenant's MPS server,
@@ -186,6 +189,9 @@ func (d *discovery) libraries() ([]cdi.Mount, error) {
 				continue
 			}
 			mounts = append(mounts, m)
+			if primary && filepath.Base(p) == "libnvidia-ml.so.1" {
+				d.driver.NVML = target
+			}
 			// Again where NVIDIA's images look (LD_LIBRARY_PATH): a RHEL root's /usr/lib64 is
 			// no default loader directory of a Debian-based image, nor the other way round.
 			// Only the directory of libcuda's architecture: a 32-bit library there would break.

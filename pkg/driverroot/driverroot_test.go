@@ -83,6 +83,10 @@ func TestDiscoverFakeRootAsGPUOperatorDriverContainer(t *testing.T) {
 	}) {
 		t.Errorf("no libcuda.so.1 bound to libcuda.so.%s: %+v", fr.Version, d.Mounts)
 	}
+	// The plugin's NVML loads the root's library, where the plugin sees it.
+	if want := filepath.Join(local, "usr/lib/x86_64-linux-gnu/libnvidia-ml.so."+fr.Version); d.NVML != want {
+		t.Errorf("NVML library %q, want %q", d.NVML, want)
+	}
 }
 
 func TestDiscoverHostRootSeenInPlace(t *testing.T) {

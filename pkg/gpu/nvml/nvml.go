@@ -49,6 +49,9 @@ func Open(opts ...Option) (gpu.Backend, error) {
 		libOpts = append(libOpts, gonvml.WithLibraryPath(o.libraryPath))
 	}
 	b, err := New(gonvml.New(libOpts...), opts...)
+	if err != nil && o.libraryPath != "" {
+		return nil, fmt.Errorf("load NVML from %s: %w", o.libraryPath, err)
+	}
 	if err != nil {
 		return nil, err
 	}

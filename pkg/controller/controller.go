@@ -210,6 +210,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 // kick asks for every pending claim to be looked at again (capacity, nodes or policies
 // changed); bursts of kicks collapse into one pass.
 func (c *Controller) kick() {
+	c.pending.NewPass(c.now())
 	select {
 	case c.requeueAll <- struct{}{}:
 	default:

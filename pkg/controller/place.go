@@ -66,6 +66,7 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 		}
 		return 0, nil
 	}
+	c.pending.SetClass(key, in.pol.Latency)
 	start := c.now()
 	d, w, retry := c.decideInQueue(ctx, in)
 	if retry > 0 {
@@ -184,6 +185,12 @@ func (c *Controller) decideInQueue(ctx context.Context, in *input) (d *decision,
 		// Our own allocation, not shown by the informer yet: never decide twice.
 		c.pending.Decided(key)
 		return nil, nil, 100 * time.Millisecond
+	}
+	if first, ok := c.pending.MoreCriticalFirst(key, in.pol.Quota.Binds(), c.now()); ok {
+		// Capacity changed (a fault displaced pods, a claim went): a more critical claim
+		// gets the first look at it.
+		klog.FromContext(ctx).V(4).Info("Claim lets a more critical claim go first", "first", first)
+		return nil, nil, 50 * time.Millisecond
 	}
 	if in.pol.Quota.Binds() {
 		if c.pending.AnyUndecided(c.olderUnallocated(claim), c.now()) {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
 
 // claimQueue is the allocator's queue of claims it has yet to place: when each was created,
@@ -12,17 +14,39 @@ import (
 // namespace's quota queue, a strict FIFO by creation (as Kueue's StrictFIFO): a claim that
 // waits for quota holds the claims of its namespace created after it, and they wait in the
 // queue behind it, so that when it goes the next in line is still ahead of the younger ones.
+// Across namespaces claims go by latency class, critical first: each capacity change starts
+// a pass, and a claim waits until the more critical claims have been decided on in it (the
+// pods a fault displaced come back together; the critical ones must get the room first).
 type claimQueue struct {
 	mu      sync.Mutex
 	pending map[string]*pendingClaim // claim key → its place in the queue
 	// quota holds, per namespace, the claims that wait for quota, by creation time.
 	quota map[string]map[string]time.Time
+	// pass counts capacity changes; passStart is when the last one came.
+	pass      uint64
+	passStart time.Time
 }
 
 type pendingClaim struct {
 	created   time.Time
 	firstLook time.Time
 	decided   bool
+	// rank is the claim's latency class's place (classRank); ranked once its policy is known.
+	rank   int
+	ranked bool
+	// triedIn is the pass in which the allocator last decided on the claim.
+	triedIn uint64
+}
+
+// classRank orders latency classes: critical claims are placed first, best-effort last.
+func classRank(c api.LatencyClass) int {
+	switch c {
+	case api.LatencyCritical:
+		return 0
+	case api.LatencyBestEffort:
+		return 2
+	}
+	return 1
 }
 
 func newClaimQueue() *claimQueue {
@@ -44,7 +68,61 @@ func (q *claimQueue) Decided(key string) {
 	defer q.mu.Unlock()
 	if p := q.pending[key]; p != nil {
 		p.decided = true
+		p.triedIn = q.pass
 	}
+}
+
+// SetClass records a pending claim's latency class (its policy's).
+func (q *claimQueue) SetClass(key string, c api.LatencyClass) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if p := q.pending[key]; p != nil {
+		p.rank, p.ranked = classRank(c), true
+	}
+}
+
+// NewPass records a capacity change: every pending claim is to be decided on again, the more
+// critical ones first.
+func (q *claimQueue) NewPass(now time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.pass++
+	q.passStart = now
+}
+
+// MoreCriticalFirst returns a pending claim of a more critical latency class than key's that
+// has not been decided on since the last capacity change (key must let it go first), for at
+// most firstLookGrace after that change or after the other claim was first looked at. With
+// quotaBinds, claims of key's namespace created after it are passed over: they wait for key
+// in the quota queue.
+func (q *claimQueue) MoreCriticalFirst(key string, quotaBinds bool, now time.Time) (string, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	me := q.pending[key]
+	if me == nil || !me.ranked {
+		return "", false
+	}
+	ns, _, _ := strings.Cut(key, "/")
+	first, found := "", false
+	for k, p := range q.pending {
+		if !p.ranked || p.rank >= me.rank || p.triedIn >= q.pass && p.decided {
+			continue
+		}
+		start := p.firstLook
+		if q.passStart.After(start) {
+			start = q.passStart
+		}
+		if now.Sub(start) >= firstLookGrace {
+			continue
+		}
+		if quotaBinds && strings.HasPrefix(k, ns+"/") && !p.created.Before(me.created) {
+			continue
+		}
+		if !found || k < first {
+			first, found = k, true
+		}
+	}
+	return first, found
 }
 
 // Forget drops a claim that is placed, allocated by someone else, or gone. It reports
@@ -69,21 +147,31 @@ func (q *claimQueue) leaveQuota(key string) bool {
 	return true
 }
 
-// InOrder lists the pending claims of one namespace ("": all), oldest first.
+// InOrder lists the pending claims of one namespace ("": all), the most critical latency
+// class first (a claim whose class is not known yet counts as standard), oldest first
+// within a class.
 func (q *claimQueue) InOrder(ns string) []string {
 	type entry struct {
 		key     string
+		rank    int
 		created time.Time
 	}
 	q.mu.Lock()
 	list := make([]entry, 0, len(q.pending))
 	for k, p := range q.pending {
 		if ns == "" || strings.HasPrefix(k, ns+"/") {
-			list = append(list, entry{k, p.created})
+			rank := classRank(api.LatencyStandard)
+			if p.ranked {
+				rank = p.rank
+			}
+			list = append(list, entry{k, rank, p.created})
 		}
 	}
 	q.mu.Unlock()
 	sort.Slice(list, func(i, j int) bool {
+		if list[i].rank != list[j].rank {
+			return list[i].rank < list[j].rank
+		}
 		return list[i].created.Before(list[j].created) || (list[i].created.Equal(list[j].created) && list[i].key < list[j].key)
 	})
 	out := make([]string, len(list))

@@ -108,6 +108,28 @@ func (m *Manager) ServerPIDs(ctx context.Context, key string) ([]int, error) {
 	return pids, nil
 }
 
+// FaultedServers lists the daemon's MPS servers whose get_server_status is FAULT: after a
+// fatal fault of one client, NVIDIA's server refuses new clients until all of its clients
+// have exited (its other clients were hit by the fault too).
+func (m *Manager) FaultedServers(ctx context.Context, key string) ([]int, error) {
+	pids, err := m.ServerPIDs(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	var faulted []int
+	for _, pid := range pids {
+		out, err := m.control(ctx, key, nil, "get_server_status "+strconv.Itoa(pid))
+		if err != nil {
+			// The server may have exited between the two commands.
+			continue
+		}
+		if strings.EqualFold(strings.TrimSpace(out), "FAULT") {
+			faulted = append(faulted, pid)
+		}
+	}
+	return faulted, nil
+}
+
 // Ensure starts the daemon with directory key on GPU gpuUUID if it is not running and sets
 // its defaults. Idempotent. The key is the one recorded when the claim was planned (Daemon.Key
 // then), so that a daemon started by an earlier version keeps serving its claims.

@@ -175,3 +175,30 @@ func TestEarlierKeysStayManageable(t *testing.T) {
 		t.Fatal("malformed key accepted")
 	}
 }
+
+// A server in NVIDIA's FAULT state (a client's fatal fault: it refuses new clients until
+// all of its clients exited) still answers; FaultedServers names it.
+func TestFaultedServers(t *testing.T) {
+	ctx := context.Background()
+	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
+	procs := filepath.Join(t.TempDir(), "nvidia0.processes")
+	m.DaemonEnv = func(string) []string { return []string{fakecontrol.ProcessFileEnv + "=" + procs} }
+	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
+	if err := m.Ensure(ctx, key, "GPU-ABC", Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Stop(ctx, key) })
+	if f, err := m.FaultedServers(ctx, key); err != nil || len(f) != 0 {
+		t.Fatalf("an ACTIVE server: faulted %v, %v", f, err)
+	}
+	if err := os.WriteFile(filepath.Join(m.LogDir(key), fakecontrol.FaultFile), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := fakecontrol.ReadState(m.LogDir(key))
+	if f, err := m.FaultedServers(ctx, key); err != nil || len(f) != 1 || f[0] != st.PID {
+		t.Fatalf("a server in FAULT: faulted %v, %v; want [%d]", f, err, st.PID)
+	}
+	if !m.Running(ctx, key) {
+		t.Error("the faulted server's daemon does not answer")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
+	"github.com/fgpu-dev/fgpu/pkg/mps/fakecontrol"
 )
 
 // namingClient is a fake clientset that names events from their generateName, as the API
@@ -351,6 +353,77 @@ func TestDeadMPSDaemonIsAFatalFault(t *testing.T) {
 	}
 	d.health.refresh(ctx, s.MPSFaults(ctx))
 	if got := d.health.taints(s.Devices()[1].UUID); len(got) != 0 {
+		t.Errorf("the fault outlived its claims: %v", taintStrings(got))
+	}
+}
+
+// An MPS server in NVIDIA's FAULT state still answers, but refuses new clients until all
+// of its clients exited: NoExecute, until it is ACTIVE again.
+func TestMPSServerInFaultIsAFatalFault(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns", "a").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	d := e.driver(s, e.backend())
+	keys, _ := s.mps.Keys()
+	if len(keys) != 1 {
+		t.Fatalf("daemons %v", keys)
+	}
+	fault := filepath.Join(s.mps.LogDir(keys[0]), fakecontrol.FaultFile)
+	if err := os.WriteFile(fault, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.health.refresh(ctx, s.MPSFaults(ctx))
+	if got := taintStrings(d.health.taints(s.Devices()[1].UUID)); !slices.Equal(got, []string{"fgpu.dev/gpu-fault=mps-server:NoExecute"}) {
+		t.Fatalf("a server in FAULT: taints %v", got)
+	}
+	if got := d.health.taints(s.Devices()[0].UUID); len(got) != 0 {
+		t.Errorf("the other GPU is tainted: %v", taintStrings(got))
+	}
+	if err := os.Remove(fault); err != nil {
+		t.Fatal(err)
+	}
+	d.health.refresh(ctx, s.MPSFaults(ctx))
+	if got := d.health.taints(s.Devices()[1].UUID); len(got) != 0 {
+		t.Errorf("an ACTIVE server again: taints %v", taintStrings(got))
+	}
+}
+
+// A daemon that died with prepared claims while the plugin was down is restarted at the
+// plugin's start, but its clients lost their server: a fatal fault until those claims are
+// unprepared, not a healthy GPU.
+func TestMPSDaemonDeadAtRestartIsAFatalFault(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns", "a").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := s.mps.Keys()
+	if len(keys) != 1 {
+		t.Fatalf("daemons %v", keys)
+	}
+	if err := s.mps.Stop(ctx, keys[0]); err != nil {
+		t.Fatal(err)
+	}
+	s2 := e.state() // the plugin restarts
+	if !s2.mps.Running(ctx, keys[0]) {
+		t.Fatal("the daemon of a prepared claim was not restarted")
+	}
+	d := e.driver(s2, e.backend())
+	d.health.refresh(ctx, s2.MPSFaults(ctx))
+	if got := taintStrings(d.health.taints(s2.Devices()[1].UUID)); !slices.Equal(got, []string{"fgpu.dev/gpu-fault=mps-server:NoExecute"}) {
+		t.Fatalf("after the restart: taints %v", got)
+	}
+	if err := s2.Unprepare(ctx, string(claim.UID)); err != nil {
+		t.Fatal(err)
+	}
+	d.health.refresh(ctx, s2.MPSFaults(ctx))
+	if got := d.health.taints(s2.Devices()[1].UUID); len(got) != 0 {
 		t.Errorf("the fault outlived its claims: %v", taintStrings(got))
 	}
 }

@@ -34,6 +34,11 @@ const daemonEnv = "FGPU_FAKE_MPS_DAEMON"
 // with it.
 const ProcessFileEnv = "FGPU_FAKE_GPU_PROCESS_FILE"
 
+// FaultFile, in the log directory, puts the stand-in server in the state NVIDIA's server
+// takes after a fatal fault of a client: get_server_status answers FAULT (it refuses new
+// clients until all of its clients exited) while the file exists, ACTIVE otherwise.
+const FaultFile = "fake-mps-fault"
+
 // State is what the stand-in daemon was told.
 type State struct {
 	PID                           int               `json:"pid"`
@@ -174,6 +179,15 @@ func handle(conn net.Conn, st *State, logDir string) (quit bool) {
 		case f[0] == "get_server_list":
 			if os.Getenv(ProcessFileEnv) != "" {
 				reply = strconv.Itoa(st.PID)
+			}
+		case f[0] == "get_server_status" && len(f) == 2:
+			switch _, err := os.Stat(filepath.Join(logDir, FaultFile)); {
+			case f[1] != strconv.Itoa(st.PID) || os.Getenv(ProcessFileEnv) == "":
+				reply = "Unrecognized command: no server with PID " + f[1]
+			case err == nil:
+				reply = "FAULT"
+			default:
+				reply = "ACTIVE"
 			}
 		case f[0] == "set_default_active_thread_percentage" && len(f) == 2:
 			st.DefaultActiveThreadPercentage = f[1]

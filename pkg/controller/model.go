@@ -124,7 +124,7 @@ const (
 func newModel(driver string) *model {
 	return &model{driver: driver, gpus: map[gpuKey]*gpu{}, byPool: map[string]map[string]*gpu{}, claims: map[string]*claimRec{},
 		nsMem: map[string]int64{}, nsComp: map[string]int64{}, dirty: true,
-		learn: placement.NewLearner(defaultWorkload(), placement.DefaultLearnOptions()), learned: map[types.UID]struct{}{},
+		learn: placement.NewLearner(placement.DefaultWorkload(), placement.DefaultLearnOptions()), learned: map[types.UID]struct{}{},
 		selectors: selectorTable{ids: map[string]int{}, errs: map[int]string{}}, verdicts: nodeVerdicts{}}
 }
 

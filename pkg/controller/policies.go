@@ -38,18 +38,6 @@ func (c *Controller) schedPolicy(l api.LatencyClass, w placement.Workload) place
 	return p
 }
 
-// defaultWorkload is the shape distribution the fragmentation-aware policy measures
-// against until it has seen enough claims (placement.Learner): shares of an eighth, a
-// quarter, a half and a whole GPU.
-func defaultWorkload() placement.Workload {
-	return placement.Workload{
-		{GPUs: 1, Share: 125, Weight: 0.3},
-		{GPUs: 1, Share: 250, Weight: 0.3},
-		{GPUs: 1, Share: 500, Weight: 0.2},
-		{GPUs: 1, Share: 1000, Weight: 0.2},
-	}
-}
-
 // allocatable is a Node's allocatable CPU (milli-cores) and memory (MiB) for the placement
 // core: none without a Node object (pod fit refuses the node then), and a resource the
 // Node does not report is not limited, as in pod fit.

@@ -23,6 +23,17 @@ func DefaultLearnOptions() LearnOptions {
 	return LearnOptions{HalfLife: 2000, MinSeen: 200, Every: 200}
 }
 
+// DefaultWorkload is what a Learner gives until it has seen enough requests: shares of an
+// eighth, a quarter, a half and a whole GPU.
+func DefaultWorkload() Workload {
+	return Workload{
+		{GPUs: 1, Share: 125, Weight: 0.3},
+		{GPUs: 1, Share: 250, Weight: 0.3},
+		{GPUs: 1, Share: 500, Weight: 0.2},
+		{GPUs: 1, Share: 1000, Weight: 0.2},
+	}
+}
+
 // minWeight drops a learned shape once its share of the window falls below
 // it, so the learner stays small however many shapes went by.
 const minWeight = 1e-4

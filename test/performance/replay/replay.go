@@ -18,8 +18,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -61,14 +59,10 @@ type Report struct {
 	// Sync is how long the informers took to sync the nodes and slices, and First the
 	// first decision after it.
 	Sync, First time.Duration
-	// Decisions are the allocator's decision times (from its decision histogram's
-	// observations, one per claim), by fill band: Decisions[i] holds those made while
-	// the ratio was below Fills[i] and at or above Fills[i-1].
+	// Decisions are the times of the Sync calls that decided on a claim (the decision
+	// and its writes to the fake API server), by fill band: Decisions[i] holds those
+	// made while the ratio was below Fills[i] and at or above Fills[i-1].
 	Decisions [][]time.Duration
-	// Syncs are whole Sync calls (decide and write to the fake API server), all claims.
-	Syncs []time.Duration
-	// HeapMiB is the Go heap in use after the replay (fake API server included).
-	HeapMiB float64
 	Invariant error
 }
 
@@ -102,11 +96,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := setup(ctx, client, cfg.Nodes); err != nil {
 		return nil, err
 	}
-	reg := prometheus.NewRegistry()
 	ccfg := controller.DefaultConfig()
 	frozen := time.Now()
 	ccfg.Now = func() time.Time { return frozen }
-	c := controller.New(ccfg, client, nil, controller.NewMetrics(reg))
+	c := controller.New(ccfg, client, nil, nil)
 	start := time.Now()
 	if !c.WaitForCacheSync(ctx) {
 		return nil, errors.New("informer caches did not sync")
@@ -115,8 +108,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Sync = time.Since(start)
 	capa := float64(core.GPUCapacity())
 	var allocated int64
-	var decided uint64
-	var sumBefore float64
 	for i, k := range seq {
 		pod := &cfg.Pods[k]
 		claim, p := objects(i, pod)
@@ -128,27 +119,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		key := Namespace + "/" + claim.Name
 		// The informers show the claim and its pod a moment later: sync until the
-		// allocator has decided on it (its decision histogram counts one more).
+		// allocator has decided on it (allocated it, or said why it waits).
 		for deadline := time.Now().Add(time.Minute); ; {
 			t0 := time.Now()
 			if _, err := c.Sync(ctx, key); err != nil {
 				return nil, fmt.Errorf("sync %s: %w", key, err)
 			}
 			el := time.Since(t0)
-			n, sum, err := decisions(reg)
+			got, err := client.ResourceV1().ResourceClaims(Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
 			if err != nil {
 				return nil, err
 			}
-			if n > decided {
-				decided = n
-				d := time.Duration((sum - sumBefore) * float64(time.Second))
-				sumBefore = sum
-				band := sort.SearchFloat64s(cfg.Fills, float64(allocated)/capa+1e-12)
+			if _, ok := got.Annotations[controller.AnnotationStatus]; ok {
 				if i == 0 {
 					rep.First = time.Since(start)
 				}
-				rep.Decisions[band] = append(rep.Decisions[band], d)
-				rep.Syncs = append(rep.Syncs, el)
+				band := sort.SearchFloat64s(cfg.Fills, float64(allocated)/capa+1e-12)
+				rep.Decisions[band] = append(rep.Decisions[band], el)
+				if got.Status.Allocation != nil {
+					rep.Placed++
+					allocated += pod.GPUDemand()
+				}
 				break
 			}
 			if time.Now().After(deadline) {
@@ -156,33 +147,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
-		got, err := client.ResourceV1().ResourceClaims(Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
-		if err != nil {
-			return nil, err
-		}
-		if got.Status.Allocation != nil {
-			rep.Placed++
-			allocated += pod.GPUDemand()
-		}
 	}
 	rep.Alloc = float64(allocated) / capa
 	rep.Invariant = check(ctx, client)
 	return rep, nil
-}
-
-// decisions reads the allocator's decision histogram: how many and their total seconds.
-func decisions(g prometheus.Gatherer) (uint64, float64, error) {
-	mfs, err := g.Gather()
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "fgpu_allocator_decision_seconds" && mf.GetType() == dto.MetricType_HISTOGRAM && len(mf.Metric) == 1 {
-			h := mf.Metric[0].GetHistogram()
-			return h.GetSampleCount(), h.GetSampleSum(), nil
-		}
-	}
-	return 0, 0, nil
 }
 
 // objects are arrival i's claim and pod: a share of one GPU of the shared class, or whole

@@ -81,7 +81,11 @@ func TestSetPolicyDropsOldHooks(t *testing.T) {
 	// The new policy's caches follow the change the other scheduler made.
 	fresh := NewFGPU(w, DefaultOptions())
 	fresh.Attach(c)
-	if got, want := s.p.(*FGPU).TotalFrag(), fresh.TotalFrag(); got != want {
+	cur, ok := s.p.(*FGPU)
+	if !ok {
+		t.Fatalf("policy %T", s.p)
+	}
+	if got, want := cur.TotalFrag(), fresh.TotalFrag(); got != want {
 		t.Errorf("replaced policy's fragmentation %v, a fresh one's %v", got, want)
 	}
 }

@@ -19,9 +19,10 @@ func smallTrace() ([]placement.NodeSpec, []placement.Request) {
 	for i := range 48 {
 		n := placement.NodeSpec{Name: fmt.Sprintf("node-%03d", i), CPUMilli: 32000 + int64(i%3)*32000, MemoryMiB: 262144}
 		model, gpus := "T4", 2
-		if i%3 == 1 {
+		switch i % 3 {
+		case 1:
 			model, gpus = "G2", 8
-		} else if i%3 == 2 {
+		case 2:
 			gpus = 4
 		}
 		for range gpus {

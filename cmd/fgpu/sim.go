@@ -19,6 +19,7 @@ import (
 type simFlags struct {
 	nodes, pods, policy, seeds, output, plot string
 	knobs                                    string
+	learn                                    bool
 	tune                                     float64
 	batch, orders, parallel                  int
 }
@@ -45,6 +46,7 @@ departs. Prints the GPU allocation ratio as arrived demand grows.`,
 	fl.IntVar(&f.parallel, "parallel", 0, "seeds replayed at once (0 = all CPUs; 1 for clean latency figures)")
 	fl.StringVarP(&f.output, "output", "o", "table", "output: table or json")
 	fl.StringVar(&f.plot, "plot", "", "also draw the curve to this PNG file")
+	fl.BoolVar(&f.learn, "learn", false, "give the policy the workload learned from the pods arrived so far, as the allocator learns it from claims (else the whole pod list's)")
 	fl.StringVar(&f.knobs, "knobs", "", "with --policy fgpu: set options and ablations by name, e.g. MixReach=0,TieWhole=all (docs/placement.md, \"Knobs\")")
 	_ = cmd.MarkFlagRequired("nodes")
 	_ = cmd.MarkFlagRequired("pods")
@@ -73,6 +75,10 @@ func runSim(w io.Writer, f simFlags) error {
 		return err
 	}
 	cfg := sim.Config{Nodes: nodes, Pods: pods, Policy: f.policy, Tune: f.tune, Batch: f.batch, Orders: f.orders, Parallel: f.parallel}
+	if f.learn {
+		lo := placement.DefaultLearnOptions()
+		cfg.Learn = &lo
+	}
 	if f.knobs != "" {
 		if f.policy != "fgpu" && f.policy != "" {
 			return fmt.Errorf("--knobs needs --policy fgpu")

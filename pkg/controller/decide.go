@@ -12,6 +12,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
+	"github.com/fgpu-dev/fgpu/pkg/podfit"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
@@ -69,7 +70,7 @@ func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitRea
 	if len(claim.Spec.Devices.Constraints) > 0 {
 		return nil, &waitReason{reason: ReasonUnsupported, message: "the fgpu allocator does not support device constraints (spec.devices.constraints) yet"}
 	}
-	if err := c.model.ensureCore(c.schedPolicy); err != nil {
+	if err := c.model.ensureCore(c.schedPolicy, c); err != nil {
 		return nil, &waitReason{reason: ReasonWaiting, message: "cannot model the cluster: " + err.Error()}
 	}
 	if w := c.claimQuotaCheck(in); w != nil {
@@ -143,8 +144,15 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 	if !rq.whole {
 		share = milliOf(rq.mem, c.model.refMem, false)
 	}
-	p, err := c.model.scheduler(in.pol.Latency).Place(&placement.Request{Name: claimKey(in.claim), GPUs: int(rq.count), Share: share,
-		Filter: c.gpuFilter(ctx, in, d, rq, &rj)})
+	// The core gets what the simulator gives it: the pods' CPU and memory with the GPUs.
+	var pods podfit.Requests
+	for _, p := range in.pods {
+		pods.Add(podfit.PodRequests(p))
+	}
+	pr := &placement.Request{Name: claimKey(in.claim), CPUMilli: pods.MilliCPU, MemoryMiB: mebibytesUp(pods.Memory), GPUs: int(rq.count), Share: share,
+		Filter: c.gpuFilter(ctx, in, d, rq, &rj)}
+	c.model.observe(in.claim.UID, pr, c.schedPolicy)
+	p, err := c.model.scheduler(in.pol.Latency).Place(pr)
 	if err != nil {
 		return nil, c.unplaceable(in, rq, err, &rj)
 	}

@@ -20,7 +20,7 @@ func (c *Controller) handlers() eventHandlers {
 		claim: handlerFuncs(func(cl *resourceapi.ResourceClaim) { c.onClaim(cl) },
 			func(_, cl *resourceapi.ResourceClaim) { c.onClaim(cl) }, c.onClaimDelete),
 		slice:  handlerFuncs(c.onSlice, func(_, s *resourceapi.ResourceSlice) { c.onSlice(s) }, c.onSlice),
-		node:   handlerFuncs(func(*corev1.Node) { c.kick() }, c.onNodeUpdate, func(*corev1.Node) { c.kick() }),
+		node:   handlerFuncs(c.onNode, c.onNodeUpdate, c.onNode),
 		pod:    handlerFuncs(func(p *corev1.Pod) { c.onPod(nil, p) }, c.onPod, c.onPodDelete),
 		policy: handlerFuncs(c.onPolicy, func(_, p *api.SharingPolicy) { c.onPolicy(p) }, func(*api.SharingPolicy) { c.kick() }),
 		other:  cache.ResourceEventHandlerFuncs{AddFunc: kick, UpdateFunc: func(any, any) { c.kick() }, DeleteFunc: kick},
@@ -81,10 +81,22 @@ func (c *Controller) onSlice(s *resourceapi.ResourceSlice) {
 	c.kick()
 }
 
+// onNode notes a node that came or went (the placement core reads its allocatable), and
+// looks again at pending claims.
+func (c *Controller) onNode(n *corev1.Node) {
+	c.ledger.NodeChanged(n.Name)
+	c.kick()
+}
+
 // onNodeUpdate looks again at pending claims when a node changed in a way pod fit sees.
 func (c *Controller) onNodeUpdate(old, cur *corev1.Node) {
-	if old.Spec.Unschedulable != cur.Spec.Unschedulable || len(old.Spec.Taints) != len(cur.Spec.Taints) ||
-		!maps.Equal(old.Labels, cur.Labels) || old.Status.Allocatable.Cpu().Cmp(*cur.Status.Allocatable.Cpu()) != 0 {
+	cpuChanged := old.Status.Allocatable.Cpu().Cmp(*cur.Status.Allocatable.Cpu()) != 0 ||
+		old.Status.Allocatable.Memory().Cmp(*cur.Status.Allocatable.Memory()) != 0
+	if cpuChanged {
+		c.ledger.NodeChanged(cur.Name)
+	}
+	if cpuChanged || old.Spec.Unschedulable != cur.Spec.Unschedulable || len(old.Spec.Taints) != len(cur.Spec.Taints) ||
+		!maps.Equal(old.Labels, cur.Labels) {
 		c.kick()
 	}
 }

@@ -96,8 +96,10 @@ func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface,
 		h   cache.ResourceEventHandler
 	}{{claimInf.Informer(), h.claim}, {sliceInf.Informer(), h.slice}, {classInf.Informer(), h.other},
 		{nodeInf.Informer(), h.node}, {podInf.Informer(), h.pod}, {nsInf.Informer(), h.other}} {
-		_, _ = ih.inf.AddEventHandler(ih.h)
-		s.hasSynced = append(s.hasSynced, ih.inf.HasSynced)
+		// Synced once the handler has seen every listed object, not only once the
+		// cache holds them: the first decisions must see the model of every node.
+		reg, _ := ih.inf.AddEventHandler(ih.h)
+		s.hasSynced = append(s.hasSynced, reg.HasSynced)
 	}
 	if fgpuClient != nil {
 		s.fgpuFactory = fgpuinformers.NewSharedInformerFactory(fgpuClient, 0)
@@ -111,8 +113,8 @@ func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface,
 			}
 			cache.DefaultWatchErrorHandler(ctx, r, err)
 		})
-		_, _ = pInf.Informer().AddEventHandler(h.policy)
-		s.hasSynced = append(s.hasSynced, pInf.Informer().HasSynced)
+		reg, _ := pInf.Informer().AddEventHandler(h.policy)
+		s.hasSynced = append(s.hasSynced, reg.HasSynced)
 	}
 	return s
 }

@@ -22,6 +22,9 @@ type podLedger struct {
 	assumedOn map[string]podfit.Requests
 	boundOn   map[string]podfit.Requests
 	avoid     map[types.UID]map[string]bool
+	// changed are the nodes whose sums (or Node object, NodeChanged) changed since
+	// TakeChanged: the placement core refreshes only those.
+	changed map[string]struct{}
 }
 
 type podOnNode struct {
@@ -32,7 +35,8 @@ type podOnNode struct {
 
 func newPodLedger() *podLedger {
 	return &podLedger{assumed: map[types.UID]podOnNode{}, bound: map[types.UID]podOnNode{},
-		assumedOn: map[string]podfit.Requests{}, boundOn: map[string]podfit.Requests{}, avoid: map[types.UID]map[string]bool{}}
+		assumedOn: map[string]podfit.Requests{}, boundOn: map[string]podfit.Requests{}, avoid: map[types.UID]map[string]bool{},
+		changed: map[string]struct{}{}}
 }
 
 // Assume records that the allocator pinned pods to a node.
@@ -44,6 +48,7 @@ func (l *podLedger) Assume(pods []*corev1.Pod, node string, at time.Time) {
 		a := podOnNode{node: node, req: podfit.PodRequests(p), at: at}
 		l.assumed[p.UID] = a
 		addOnNode(l.assumedOn, node, a.req)
+		l.changed[node] = struct{}{}
 	}
 }
 
@@ -63,6 +68,7 @@ func (l *podLedger) dropAssumed(uid types.UID) {
 	}
 	delete(l.assumed, uid)
 	subOnNode(l.assumedOn, a.node, a.req)
+	l.changed[a.node] = struct{}{}
 }
 
 // Bound brings a pod's entry in line with the informer: a pod on a node counts there while
@@ -73,6 +79,7 @@ func (l *podLedger) Bound(pod *corev1.Pod, deleted bool) {
 	if b, ok := l.bound[pod.UID]; ok {
 		subOnNode(l.boundOn, b.node, b.req)
 		delete(l.bound, pod.UID)
+		l.changed[b.node] = struct{}{}
 	}
 	if pod.Spec.NodeName != "" || deleted {
 		l.dropAssumed(pod.UID)
@@ -87,6 +94,29 @@ func (l *podLedger) Bound(pod *corev1.Pod, deleted bool) {
 	b := podOnNode{node: pod.Spec.NodeName, req: podfit.PodRequests(pod)}
 	l.bound[pod.UID] = b
 	addOnNode(l.boundOn, b.node, b.req)
+	l.changed[b.node] = struct{}{}
+}
+
+// NodeChanged records that a Node object changed (its allocatable may have).
+func (l *podLedger) NodeChanged(node string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.changed[node] = struct{}{}
+}
+
+// TakeChanged returns the nodes changed since the last call, and forgets them.
+func (l *podLedger) TakeChanged() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.changed) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(l.changed))
+	for n := range l.changed {
+		out = append(out, n)
+	}
+	clear(l.changed)
+	return out
 }
 
 // Requested sums what bound and assumed pods ask of a node, except the pods being placed.

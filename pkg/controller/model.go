@@ -11,6 +11,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
+	"github.com/fgpu-dev/fgpu/pkg/podfit"
 )
 
 // gpuKey names a device: pool (fgpu's pool is the node name) and device.
@@ -92,9 +93,16 @@ type model struct {
 	dirty   bool // the GPU set changed: rebuild the placement core
 	core    *placement.Cluster
 	coreGPU [][]*gpu
+	coreIdx map[string]int // the core's node index by node name
 	refMem  int64
 	scheds  map[api.LatencyClass]*placement.Scheduler
 	seed    int64
+
+	// learn is the workload the standard class's policy measures against, learned from
+	// the claims decided, as fgpu sim --learn learns it from the pods that arrive;
+	// learned are the claims it has counted (a claim that waits is decided again).
+	learn   *placement.Learner
+	learned map[types.UID]struct{}
 
 	// minMem and minComp are the smallest GPU's memory and compute: the least a whole GPU
 	// takes of a quota before one is chosen.
@@ -116,6 +124,7 @@ const (
 func newModel(driver string) *model {
 	return &model{driver: driver, gpus: map[gpuKey]*gpu{}, byPool: map[string]map[string]*gpu{}, claims: map[string]*claimRec{},
 		nsMem: map[string]int64{}, nsComp: map[string]int64{}, dirty: true,
+		learn: placement.NewLearner(placement.DefaultWorkload(), placement.DefaultLearnOptions()), learned: map[types.UID]struct{}{},
 		selectors: selectorTable{ids: map[string]int{}, errs: map[int]string{}}, verdicts: nodeVerdicts{}}
 }
 
@@ -334,10 +343,29 @@ func (m *model) coreAssign(g *gpu, milli int64, sign int) {
 	}
 }
 
-// ensureCore rebuilds the placement core when the set of nodes or GPUs changed, and replays
-// every share into it. Caller holds mu.
-func (m *model) ensureCore(policies func(api.LatencyClass) placement.Policy) error {
+// nodeSource is what the placement core needs of nodes besides their GPUs: each Node's
+// allocatable CPU and memory, what its bound and assumed pods request, and which nodes
+// changed in either since it last asked.
+type nodeSource interface {
+	allocatable(node string) (cpuMilli, memMiB int64)
+	requested(node string) podfit.Requests
+	changedNodes() []string
+}
+
+// policyFor builds the placement core's policy for a latency class and workload.
+type policyFor func(api.LatencyClass, placement.Workload) placement.Policy
+
+// ensureCore brings the placement core up to date: rebuilt when the set of nodes or GPUs
+// changed, with every share replayed into it; otherwise the CPU and memory of the nodes
+// that changed since. The core then holds what the simulator's does: per node its
+// allocatable CPU and memory less what pods take, per GPU its free share. Caller holds mu.
+func (m *model) ensureCore(policies policyFor, nodes nodeSource) error {
 	if !m.dirty && m.core != nil {
+		for _, n := range nodes.changedNodes() {
+			if i, ok := m.coreIdx[n]; ok {
+				m.syncNode(i, n, nodes)
+			}
+		}
 		return nil
 	}
 	byNode := map[string][]*gpu{}
@@ -347,19 +375,23 @@ func (m *model) ensureCore(policies func(api.LatencyClass) placement.Policy) err
 			byNode[g.node] = append(byNode[g.node], g)
 		}
 	}
-	nodes := make([]string, 0, len(byNode))
+	names := make([]string, 0, len(byNode))
 	for n := range byNode {
-		nodes = append(nodes, n)
+		names = append(names, n)
 	}
-	sort.Strings(nodes)
-	specs := make([]placement.NodeSpec, len(nodes))
-	m.coreGPU = make([][]*gpu, len(nodes))
+	sort.Strings(names)
+	specs := make([]placement.NodeSpec, len(names))
+	m.coreGPU = make([][]*gpu, len(names))
+	m.coreIdx = make(map[string]int, len(names))
 	memCount := map[int64]int{}
 	m.minMem, m.minComp = 0, 0
-	for i, n := range nodes {
+	nodes.changedNodes() // all of them are read below
+	for i, n := range names {
 		gs := byNode[n]
 		sort.Slice(gs, func(a, b int) bool { return gs[a].key.device < gs[b].key.device })
-		specs[i] = placement.NodeSpec{Name: n, GPUs: make([]placement.GPUSpec, len(gs))}
+		cpu, mem := nodes.allocatable(n)
+		specs[i] = placement.NodeSpec{Name: n, CPUMilli: cpu, MemoryMiB: mem, GPUs: make([]placement.GPUSpec, len(gs))}
+		m.coreIdx[n] = i
 		for j, g := range gs {
 			g.coreNode, g.coreIndex = i, j
 			specs[i].GPUs[j] = placement.GPUSpec{Model: modelOf(g)}
@@ -388,6 +420,9 @@ func (m *model) ensureCore(policies func(api.LatencyClass) placement.Policy) err
 	}
 	m.core = c
 	m.dirty = false
+	for i, n := range names {
+		m.syncNode(i, n, nodes)
+	}
 	for _, g := range m.gpus {
 		for _, t := range g.tenants {
 			t.milli = milliOf(t.mem, g.memCap, t.whole)
@@ -395,12 +430,42 @@ func (m *model) ensureCore(policies func(api.LatencyClass) placement.Policy) err
 		}
 	}
 	m.scheds = map[api.LatencyClass]*placement.Scheduler{}
+	w := m.learn.Workload()
 	for _, l := range []api.LatencyClass{api.LatencyCritical, api.LatencyStandard, api.LatencyBestEffort} {
 		m.seed++
-		m.scheds[l] = placement.NewScheduler(c, policies(l), m.seed)
+		m.scheds[l] = placement.NewScheduler(c, policies(l, w), m.seed)
 	}
 	return nil
 }
+
+// syncNode sets core node i's CPU and memory from its Node and its pods. Caller holds mu.
+func (m *model) syncNode(i int, name string, nodes nodeSource) {
+	cpu, mem := nodes.allocatable(name)
+	m.core.SetCapacity(i, cpu, mem)
+	r := nodes.requested(name)
+	m.core.SetUsed(i, r.MilliCPU, mebibytesUp(r.Memory))
+}
+
+// observe counts a claim's request in the learned workload, once per claim, and hands the
+// standard class's policy the new workload when the learner says so. Caller holds mu.
+func (m *model) observe(uid types.UID, r *placement.Request, policies policyFor) {
+	if _, ok := m.learned[uid]; ok {
+		return
+	}
+	if len(m.learned) >= maxLearned {
+		clear(m.learned) // a claim still waiting from before may count twice
+	}
+	m.learned[uid] = struct{}{}
+	if m.learn.Observe(r) && m.core != nil {
+		m.scheduler(api.LatencyStandard).SetPolicy(policies(api.LatencyStandard, m.learn.Workload()))
+	}
+}
+
+// maxLearned bounds the claims remembered as counted by the learner.
+const maxLearned = 1 << 17
+
+// mebibytesUp is bytes in MiB, rounded up (a pod's memory in the core's unit).
+func mebibytesUp(b int64) int64 { return (b + 1<<20 - 1) >> 20 }
 
 // scheduler is the placement core's scheduler for a latency class.
 func (m *model) scheduler(l api.LatencyClass) *placement.Scheduler {

@@ -25,8 +25,9 @@ type Cluster struct {
 	nodes      []node
 	modelID    map[string]uint8
 	modelNames []string
-	observers  []func(n int)
-	gpuCap     int64 // total GPU capacity, share units
+	observers  []observer
+	attaching  *Scheduler // the scheduler whose policy is attaching (owns new observers)
+	gpuCap     int64      // total GPU capacity, share units
 	gpuFree    int64
 }
 
@@ -90,14 +91,51 @@ func (c *Cluster) GPUs(n int) (free, capacity []int64) { return c.nodes[n].gpuFr
 // ModelName returns the name of a model id.
 func (c *Cluster) ModelName(id uint8) string { return c.modelNames[id] }
 
+type observer struct {
+	owner *Scheduler
+	f     func(n int)
+}
+
 // OnChange registers f to be called with the index of every node whose free
 // capacity changes, so policies can refresh per-node caches incrementally.
-func (c *Cluster) OnChange(f func(n int)) { c.observers = append(c.observers, f) }
+// Hooks registered while a Scheduler attaches its policy belong to it, and go
+// with the policy when Scheduler.SetPolicy replaces it.
+func (c *Cluster) OnChange(f func(n int)) {
+	c.observers = append(c.observers, observer{owner: c.attaching, f: f})
+}
 
 func (c *Cluster) changed(n int) {
-	for _, f := range c.observers {
-		f(n)
+	for _, o := range c.observers {
+		o.f(n)
 	}
+}
+
+// SetCapacity sets node n's allocatable CPU (milli-cores) and memory (MiB),
+// keeping what is used of them: a controller's nodes change their
+// allocatable while claims run. Free capacity may go negative (then nothing
+// fits there).
+func (c *Cluster) SetCapacity(n int, cpuMilli, memoryMiB int64) {
+	nd := &c.nodes[n]
+	if nd.cpuCap == cpuMilli && nd.memCap == memoryMiB {
+		return
+	}
+	nd.cpuFree += cpuMilli - nd.cpuCap
+	nd.memFree += memoryMiB - nd.memCap
+	nd.cpuCap, nd.memCap = cpuMilli, memoryMiB
+	c.changed(n)
+}
+
+// SetUsed sets how much of node n's CPU and memory is taken by what does not
+// come through Assign (a controller's pods, bound or assumed); used is
+// clamped to the node's capacity.
+func (c *Cluster) SetUsed(n int, cpuMilli, memoryMiB int64) {
+	nd := &c.nodes[n]
+	cpu, mem := min(max(cpuMilli, 0), nd.cpuCap), min(max(memoryMiB, 0), nd.memCap)
+	if nd.cpuCap-nd.cpuFree == cpu && nd.memCap-nd.memFree == mem {
+		return
+	}
+	nd.cpuFree, nd.memFree = nd.cpuCap-cpu, nd.memCap-mem
+	c.changed(n)
 }
 
 // modelMask resolves allowed model names to a mask; 0 with ok=true means any.

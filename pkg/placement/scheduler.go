@@ -19,12 +19,35 @@ type Scheduler struct {
 // NewScheduler binds policy p to cluster c. seed drives random tie-breaking
 // for policies that ask for it.
 func NewScheduler(c *Cluster, p Policy, seed int64) *Scheduler {
-	p.Attach(c)
-	s := &Scheduler{c: c, p: p, rng: rand.New(rand.NewSource(seed))}
+	s := &Scheduler{c: c, rng: rand.New(rand.NewSource(seed))}
+	s.attach(p)
+	return s
+}
+
+// SetPolicy replaces the scheduler's policy (a policy for a workload learned
+// since, Learner): the old policy's Cluster.OnChange hooks are dropped and p
+// is attached to the cluster as it is now.
+func (s *Scheduler) SetPolicy(p Policy) {
+	kept := s.c.observers[:0]
+	for _, o := range s.c.observers {
+		if o.owner != s {
+			kept = append(kept, o)
+		}
+	}
+	clear(s.c.observers[len(kept):])
+	s.c.observers = kept
+	s.attach(p)
+}
+
+func (s *Scheduler) attach(p Policy) {
+	s.c.attaching = s
+	p.Attach(s.c)
+	s.c.attaching = nil
+	s.p = p
+	s.random = false
 	if rt, ok := p.(RandomTies); ok {
 		s.random = rt.RandomTies()
 	}
-	return s
 }
 
 // Cluster returns the scheduler's cluster.

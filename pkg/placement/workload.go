@@ -1,7 +1,6 @@
 package placement
 
 import (
-	"sort"
 	"strings"
 )
 
@@ -63,23 +62,7 @@ func TypicalShapesStep(reqs []Request, popularity float64, step int) Workload {
 	for k, v := range count {
 		w = append(w, Shape{CPUMilli: k.cpu, GPUs: k.gpus, Share: k.share, Models: k.models, Weight: v, MemoryMiB: int64(mem[k] / v)})
 	}
-	// Most frequent first; equal counts in a fixed order so runs repeat.
-	sort.Slice(w, func(i, j int) bool {
-		a, b := w[i], w[j]
-		if a.Weight != b.Weight {
-			return a.Weight > b.Weight
-		}
-		if a.CPUMilli != b.CPUMilli {
-			return a.CPUMilli > b.CPUMilli
-		}
-		if a.Share != b.Share {
-			return a.Share > b.Share
-		}
-		if a.GPUs != b.GPUs {
-			return a.GPUs > b.GPUs
-		}
-		return a.Models > b.Models
-	})
+	sortShapes(w)
 	total := float64(len(reqs))
 	kept, cum := 0, 0.0
 	for cum < popularity*total && kept < len(w) {

@@ -51,6 +51,11 @@ type Config struct {
 	// Shapes is the workload distribution given to the policy; nil derives
 	// it from Pods with placement.TypicalShapes.
 	Shapes placement.Workload
+	// Learn, when set, gives the policy the workload learned from the pods
+	// arrived so far instead (placement.Learner, from placement.DefaultWorkload),
+	// as the allocator learns it from the claims it decides. Online only
+	// (Batch 1).
+	Learn *placement.LearnOptions
 	// NewPolicy, when set, builds the policy instead of placement.New (for
 	// ablations and tests).
 	NewPolicy func(placement.Workload) placement.Policy
@@ -130,13 +135,25 @@ func Run(cfg Config) (*Result, error) {
 		return nil, errors.New("cluster has no GPUs")
 	}
 	shapes := cfg.Shapes
-	if shapes == nil {
+	var learn *placement.Learner
+	switch {
+	case cfg.Learn != nil:
+		if cfg.Batch > 1 {
+			return nil, errors.New("a learned workload needs online placement (batch 1)")
+		}
+		learn = placement.NewLearner(placement.DefaultWorkload(), *cfg.Learn)
+		shapes = learn.Workload()
+	case shapes == nil:
 		shapes = placement.TypicalShapes(cfg.Pods, 1.0)
 	}
-	var pol placement.Policy
-	if cfg.NewPolicy != nil {
-		pol = cfg.NewPolicy(shapes)
-	} else if pol, err = placement.New(cfg.Policy, shapes); err != nil {
+	newPolicy := func(w placement.Workload) (placement.Policy, error) {
+		if cfg.NewPolicy != nil {
+			return cfg.NewPolicy(w), nil
+		}
+		return placement.New(cfg.Policy, w)
+	}
+	pol, err := newPolicy(shapes)
+	if err != nil {
 		return nil, err
 	}
 	s := placement.NewScheduler(c, pol, cfg.Seed)
@@ -171,6 +188,13 @@ func Run(cfg Config) (*Result, error) {
 			}
 			errs = append(errs, es...)
 		} else {
+			if learn != nil && learn.Observe(batch[0]) {
+				pol, err := newPolicy(learn.Workload())
+				if err != nil {
+					return nil, err
+				}
+				s.SetPolicy(pol)
+			}
 			t0 := time.Now()
 			p, err := s.Allocate(batch[0])
 			res.Decisions = append(res.Decisions, time.Since(t0))

@@ -154,3 +154,18 @@ func parseInt(s string, lo, hi int64) (int64, error) {
 	}
 	return v, nil
 }
+
+// Replicate is a fleet of k copies of nodes, each copy's names prefixed with its number
+// (r00-, r01-, …, so the list stays in name order): the openb node list grown to the
+// size of a large cluster.
+func Replicate(nodes []placement.NodeSpec, k int) []placement.NodeSpec {
+	out := make([]placement.NodeSpec, 0, k*len(nodes))
+	for r := 0; r < k; r++ {
+		for _, n := range nodes {
+			n.Name = fmt.Sprintf("r%02d-%s", r, n.Name)
+			n.GPUs = append([]placement.GPUSpec(nil), n.GPUs...)
+			out = append(out, n)
+		}
+	}
+	return out
+}

@@ -1,0 +1,244 @@
+// Package replay drives the real allocator (its informers, decide and write) over a fake
+// API server loaded with an openb trace, in the order fgpu sim replays it, and compares
+// the GPU allocation ratio it reaches with the simulator's on the same seed. Nodes and
+// ResourceSlices come from the node list; each arriving pod of the pod list becomes a
+// ResourceClaim and a pod that uses it, created and synced one at a time, as fgpu sim
+// places one pod at a time.
+//
+// What differs from a cluster: nothing binds the pods (the allocator counts them as
+// assumed on their node, as it does until kube-scheduler binds them), no clock runs (no
+// allocation times out), and CPU-only pods are left out (kube-scheduler, not the
+// allocator, places them), so the simulator is given the same GPU pods.
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller"
+	"github.com/fgpu-dev/fgpu/pkg/controller/invariant"
+	"github.com/fgpu-dev/fgpu/pkg/placement"
+	"github.com/fgpu-dev/fgpu/pkg/sim"
+)
+
+// Namespace holds every replayed claim and pod: one tenant, as the simulator has.
+const Namespace = "replay"
+
+// gpuMemory is each GPU's published memory: 1000 memory steps, so a share of m milli-GPU is
+// exactly m steps and the allocator sizes it in the core as the trace does.
+var gpuMemory = 1000 * api.MemoryStep
+
+// Config is one replay.
+type Config struct {
+	Nodes []placement.NodeSpec
+	Pods  []placement.Request // GPU pods only (GPUPods)
+	Seed  int64
+	Tune  float64
+	// Fills are the allocation ratios at which decision times are reported separately
+	// (e.g. 0.5 and 0.9: claims decided while the ratio was below each).
+	Fills []float64
+}
+
+// Report is a replay's outcome.
+type Report struct {
+	Arrived, Placed int
+	// Alloc is the GPU allocation ratio at the end (allocated GPU share / capacity).
+	Alloc float64
+	// Sync is how long the informers took to sync the nodes and slices, and First the
+	// first decision after it.
+	Sync, First time.Duration
+	// Decisions are the times of the Sync calls that decided on a claim (the decision
+	// and its writes to the fake API server), by fill band: Decisions[i] holds those
+	// made while the ratio was below Fills[i] and at or above Fills[i-1].
+	Decisions [][]time.Duration
+	Invariant error
+}
+
+// GPUPods are the pods of a trace that ask for GPUs: the ones the allocator places.
+func GPUPods(pods []placement.Request) []placement.Request {
+	out := make([]placement.Request, 0, len(pods))
+	for _, p := range pods {
+		if p.GPUs > 0 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Sim is fgpu sim --learn on the same nodes, pods and seed: the figure the replay must match.
+func Sim(cfg Config) (*sim.Result, error) {
+	lo := placement.DefaultLearnOptions()
+	return sim.Run(sim.Config{Nodes: cfg.Nodes, Pods: cfg.Pods, Policy: "fgpu", Seed: cfg.Seed, Tune: cfg.Tune, Learn: &lo})
+}
+
+// Run replays the trace through the allocator.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	core, err := placement.NewCluster(cfg.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	seq := sim.Arrivals(cfg.Pods, core.GPUCapacity(), cfg.Tune, cfg.Seed)
+	client := fake.NewSimpleClientset() // NewClientset's field management would dominate
+	if err := setup(ctx, client, cfg.Nodes); err != nil {
+		return nil, err
+	}
+	ccfg := controller.DefaultConfig()
+	frozen := time.Now()
+	ccfg.Now = func() time.Time { return frozen }
+	c := controller.New(ccfg, client, nil, nil)
+	start := time.Now()
+	if !c.WaitForCacheSync(ctx) {
+		return nil, errors.New("informer caches did not sync")
+	}
+	rep := &Report{Arrived: len(seq), Decisions: make([][]time.Duration, len(cfg.Fills)+1)}
+	rep.Sync = time.Since(start)
+	capa := float64(core.GPUCapacity())
+	var allocated int64
+	for i, k := range seq {
+		pod := &cfg.Pods[k]
+		claim, p := objects(i, pod)
+		if _, err := client.ResourceV1().ResourceClaims(Namespace).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+			return nil, err
+		}
+		if _, err := client.CoreV1().Pods(Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			return nil, err
+		}
+		key := Namespace + "/" + claim.Name
+		// The informers show the claim and its pod a moment later: sync until the
+		// allocator has decided on it (allocated it, or said why it waits).
+		for deadline := time.Now().Add(time.Minute); ; {
+			t0 := time.Now()
+			if _, err := c.Sync(ctx, key); err != nil {
+				return nil, fmt.Errorf("sync %s: %w", key, err)
+			}
+			el := time.Since(t0)
+			got, err := client.ResourceV1().ResourceClaims(Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
+			if err != nil {
+				return nil, err
+			}
+			if _, ok := got.Annotations[controller.AnnotationStatus]; ok {
+				if i == 0 {
+					rep.First = time.Since(start)
+				}
+				band := sort.SearchFloat64s(cfg.Fills, float64(allocated)/capa+1e-12)
+				rep.Decisions[band] = append(rep.Decisions[band], el)
+				if got.Status.Allocation != nil {
+					rep.Placed++
+					allocated += pod.GPUDemand()
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("the allocator did not decide on %s within a minute", key)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	rep.Alloc = float64(allocated) / capa
+	rep.Invariant = check(ctx, client)
+	return rep, nil
+}
+
+// objects are arrival i's claim and pod: a share of one GPU of the shared class, or whole
+// GPUs of the exclusive class; the pod asks the trace's CPU and memory.
+func objects(i int, r *placement.Request) (*resourceapi.ResourceClaim, *corev1.Pod) {
+	name := fmt.Sprintf("p%06d", i)
+	req := &resourceapi.ExactDeviceRequest{AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(r.GPUs)}
+	if r.Whole() || r.Share >= placement.DefaultGPUCapacity {
+		req.DeviceClassName = api.DeviceClassExclusive
+	} else {
+		req.DeviceClassName = api.DeviceClassShared
+		// Compute 0 (uncapped): the trace has GPU shares only, and compute derived from
+		// memory rounds up, which would refuse a GPU the trace fills exactly.
+		req.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
+			api.CapacityMemory:  *resource.NewQuantity(r.Share*api.MemoryStep, resource.BinarySI),
+			api.CapacityCompute: resource.MustParse("0")}}
+	}
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: name, UID: types.UID("claim-" + name)},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}}}}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: name, UID: types.UID("pod-" + name)},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: *resource.NewMilliQuantity(r.CPUMilli, resource.DecimalSI),
+					corev1.ResourceMemory: *resource.NewQuantity(r.MemoryMiB<<20, resource.BinarySI)},
+				Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}},
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(name)}}}}
+	return claim, pod
+}
+
+// setup creates the namespace, the two DeviceClasses, and a Node and fenced ResourceSlice
+// per node of the trace.
+func setup(ctx context.Context, c *fake.Clientset, nodes []placement.NodeSpec) error {
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	for _, name := range []string{api.DeviceClassShared, api.DeviceClassExclusive} {
+		class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourceapi.DeviceClassSpec{
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", api.DriverName)}}}}}
+		if _, err := c.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	mem := *resource.NewQuantity(gpuMemory, resource.BinarySI)
+	for _, n := range nodes {
+		alloc := corev1.ResourceList{corev1.ResourceCPU: *resource.NewMilliQuantity(n.CPUMilli, resource.DecimalSI),
+			corev1.ResourceMemory: *resource.NewQuantity(n.MemoryMiB<<20, resource.BinarySI), corev1.ResourcePods: resource.MustParse("10000")}
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name}},
+			Status: corev1.NodeStatus{Allocatable: alloc, Capacity: alloc}}
+		if _, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		if len(n.GPUs) == 0 {
+			continue
+		}
+		s := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: n.Name + "-" + api.DriverName},
+			Spec: resourceapi.ResourceSliceSpec{Driver: api.DriverName, NodeName: ptr.To(n.Name), Pool: resourceapi.ResourcePool{Name: n.Name, ResourceSliceCount: 1}}}
+		for g, gs := range n.GPUs {
+			s.Spec.Devices = append(s.Spec.Devices, resourceapi.Device{Name: fmt.Sprintf("gpu-%d", g), AllowMultipleAllocations: ptr.To(true),
+				Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(g))}, "productName": {StringValue: ptr.To(gs.Model)}},
+				Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+					api.CapacityMemory:  {Value: mem, RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: &mem}},
+					api.CapacityCompute: {Value: resource.MustParse("100")}},
+				Taints: []resourceapi.DeviceTaint{api.FenceTaint()}})
+		}
+		if _, err := c.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// check runs the cluster-wide invariants over what the replay left in the fake API server.
+func check(ctx context.Context, c *fake.Clientset) error {
+	cl, err := c.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	sl, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	claims := make([]*resourceapi.ResourceClaim, len(cl.Items))
+	for i := range cl.Items {
+		claims[i] = &cl.Items[i]
+	}
+	slices := make([]*resourceapi.ResourceSlice, len(sl.Items))
+	for i := range sl.Items {
+		slices[i] = &sl.Items[i]
+	}
+	return invariant.CheckDriver(api.DriverName, claims, slices)
+}

@@ -72,7 +72,7 @@ func TestCgroupCapDetection(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
 			if withRoot {
-				e.cgroupRoot()
+				podCgroup(t, e.cgroupRoot(), podA)
 			} else {
 				e.cfg.CgroupRoot = t.TempDir() // a cgroup v1 node: no cgroup.controllers
 			}
@@ -95,7 +95,7 @@ func TestCgroupCapDetection(t *testing.T) {
 				{builders.MakeClaim("ns", "mps1").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj(), MemoryCapMPSPerProcess, "mps: caps each MPS client process"},
 				{builders.MakeClaim("ns", "ts").Memory("10Gi").Config(map[string]any{"mode": "timeSlicing"}).AllocatedOn(node, "gpu-1").Obj(), MemoryCapNone, "time-slicing: no memory cap"},
 			} {
-				if _, err := s.Prepare(context.Background(), c.claim); err != nil {
+				if _, err := s.PrepareFor(context.Background(), c.claim, []checkpoint.PodRef{{UID: podA, Name: "a"}}); err != nil {
 					t.Fatal(err)
 				}
 				env := e.specEnv(string(c.claim.UID))
@@ -228,5 +228,111 @@ func TestPodsOfChecksTheAPI(t *testing.T) {
 	got := d.podsOf(context.Background(), claim)
 	if want := []checkpoint.PodRef{{UID: podA, Name: "a"}}; !slices.Equal(got, want) {
 		t.Errorf("pods %+v, want %+v", got, want)
+	}
+}
+
+// A claim prepared with no pod whose cgroup was capped (none known, as for a prepare whose
+// pods could not be looked up) must not say its pod is capped as a whole.
+func TestCgroupCapNoPodCappedIsPerProcess(t *testing.T) {
+	e := newEnv(t)
+	e.cgroupRoot()
+	s := e.state()
+	claim := builders.MakeClaim("ns", "c").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.PrepareFor(context.Background(), claim, nil); err != nil {
+		t.Fatal(err)
+	}
+	if env := e.specEnv(string(claim.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=mps-per-process") {
+		t.Errorf("no pod's cgroup was capped, yet the claim's env is %v", env)
+	}
+}
+
+// dmem.max charges every process of the pod's cgroup: a pod that also holds a time-sliced
+// share of the GPU must not be capped at its MPS claim's limit, and that claim then says it is
+// capped per process only, whichever of the two was prepared first.
+func TestCgroupCapTimeSlicedShareLiftsThePodsCap(t *testing.T) {
+	for _, mpsFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "time-sliced first", true: "MPS first"}[mpsFirst], func(t *testing.T) {
+			e := newEnv(t)
+			root := e.cgroupRoot()
+			max := podCgroup(t, root, podA)
+			s := e.state()
+			ctx := context.Background()
+			pods := []checkpoint.PodRef{{UID: podA, Name: "a"}}
+			mpsClaim := builders.MakeClaim("ns", "m").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+			ts := builders.MakeClaim("ns", "t").Memory("20Gi").Config(map[string]any{"mode": "timeSlicing"}).AllocatedOn(node, "gpu-0").Obj()
+			order := []*resourceapi.ResourceClaim{ts, mpsClaim}
+			if mpsFirst {
+				order = []*resourceapi.ResourceClaim{mpsClaim, ts}
+			}
+			for _, c := range order {
+				if _, err := s.PrepareFor(ctx, c, pods); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := readFile(t, max); got != gpu0Region+" max\n" {
+				t.Errorf("dmem.max %q: the pod's time-sliced claim must not be squeezed under its MPS claim's cap", got)
+			}
+			if env := e.specEnv(string(mpsClaim.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=mps-per-process") {
+				t.Errorf("MPS claim env %v", env)
+			}
+			if got := s.cp.Claims[string(mpsClaim.UID)].Devices[0].MemoryCap; got != MemoryCapMPSPerProcess {
+				t.Errorf("MPS claim's memoryCap %s", got)
+			}
+			// Without the time-sliced share, the pod is capped at what it holds again.
+			if err := s.Unprepare(ctx, string(ts.UID)); err != nil {
+				t.Fatal(err)
+			}
+			if got := readFile(t, max); got != gpu0Region+" 10737418240\n" {
+				t.Errorf("after the time-sliced claim went: dmem.max %q", got)
+			}
+		})
+	}
+}
+
+const podB = "66666666-2222-3333-4444-555555555555"
+
+// One pod of a shared claim cannot be capped: the claim says mps-per-process, but the pod that
+// was capped keeps counting the claim, so its dmem.max never drops below what it holds.
+func TestCgroupCapPartialFailureKeepsCappedPodsAtWhatTheyHold(t *testing.T) {
+	e := newEnv(t)
+	root := e.cgroupRoot()
+	maxA := podCgroup(t, root, podA)
+	podCgroup(t, root, podB)
+	// pod B's dmem.max cannot be written (the kernel refuses, or it is not a file).
+	bMax := filepath.Join(root, "kubepods", "burstable", "pod"+podB, "dmem.max")
+	if err := os.Remove(bMax); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(bMax, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := e.state()
+	s.podEvent = func(context.Context, string, checkpoint.PodRef, string, string) {}
+	ctx := context.Background()
+	shared := builders.MakeClaim("ns", "shared").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	own := builders.MakeClaim("ns", "own").Memory("20Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.PrepareFor(ctx, shared, []checkpoint.PodRef{{UID: podA, Name: "a"}, {UID: podB, Name: "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	if env := e.specEnv(string(shared.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=mps-per-process") {
+		t.Errorf("shared claim env %v", env)
+	}
+	if _, err := s.PrepareFor(ctx, own, []checkpoint.PodRef{{UID: podA, Name: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, maxA); got != gpu0Region+" 32212254720\n" {
+		t.Errorf("pod a holds 10Gi+20Gi on gpu-0, dmem.max %q", got)
+	}
+	if err := s.Unprepare(ctx, string(own.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, maxA); got != gpu0Region+" 10737418240\n" {
+		t.Errorf("pod a holds 10Gi on gpu-0, dmem.max %q", got)
+	}
+	if err := s.Unprepare(ctx, string(shared.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, maxA); got != gpu0Region+" max\n" {
+		t.Errorf("pod a holds nothing, dmem.max %q", got)
 	}
 }

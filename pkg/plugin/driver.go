@@ -42,6 +42,7 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	d := &Driver{state: state, client: client, cfg: cfg, metrics: metrics, ctx: ctx, cancel: cancel,
 		health: newHealth(ctx, cfg, backend, state.Devices())}
 	state.podEvent = d.podEvent
+	state.capChanged = d.capChanged
 	metrics.observeState(state)
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(cfg.DriverName),

@@ -55,9 +55,11 @@ type State struct {
 	// whose memory it partitions (see detectCgroupCaps).
 	cgroups     dmem.Root
 	dmemRegions map[string]string
-	// background outlives a prepare call (a pod cgroup awaited); podEvent records a pod event.
+	// background outlives a prepare call (a pod cgroup awaited); podEvent records a pod event;
+	// capChanged republishes the status of a prepared claim whose memoryCap changed.
 	background context.Context
 	podEvent   func(ctx context.Context, ns string, pod checkpoint.PodRef, reason, msg string)
+	capChanged func(ctx context.Context, ns, name, uid string)
 }
 
 // NewState loads the checkpoint and recovers from whatever a previous run left half done.
@@ -246,9 +248,8 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 			}
 		}
 	}
-	if s.limitPods(ctx, e, e.Pods) {
-		cappedPerProcess(e)
-	}
+	// Before the spec: a claim none of whose pods got its cgroup cap says mps-per-process.
+	s.limitPods(ctx, e, e.Pods)
 	for i := range e.Devices {
 		specs = append(specs, s.cdiDevice(&e.Devices[i], i, len(e.Devices)))
 	}

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,8 +17,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // gpu-0 of the fake fleet, as dmem.capacity names it.
@@ -225,7 +231,10 @@ func TestPodsOfChecksTheAPI(t *testing.T) {
 		{Resource: "pods", Name: "missing", UID: "55555555-2222-3333-4444-555555555555"},
 		{APIGroup: "example.com", Resource: "pods", Name: "a", UID: podA},
 	}
-	got := d.podsOf(context.Background(), claim)
+	got, err := d.podsOf(context.Background(), claim)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if want := []checkpoint.PodRef{{UID: podA, Name: "a"}}; !slices.Equal(got, want) {
 		t.Errorf("pods %+v, want %+v", got, want)
 	}
@@ -334,5 +343,142 @@ func TestCgroupCapPartialFailureKeepsCappedPodsAtWhatTheyHold(t *testing.T) {
 	}
 	if got := readFile(t, maxA); got != gpu0Region+" max\n" {
 		t.Errorf("pod a holds nothing, dmem.max %q", got)
+	}
+}
+
+// A pod that cannot be looked up fails the prepare (the kubelet retries) instead of being left
+// out of its claim's caps.
+func TestPodsOfFailsOnAPIError(t *testing.T) {
+	e := newEnv(t)
+	e.cgroupRoot()
+	s := e.state()
+	client := k8sfake.NewClientset()
+	client.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("etcdserver: request timed out")
+	})
+	d := &Driver{state: s, client: client, cfg: e.cfg, metrics: NewMetrics(prometheus.NewRegistry())}
+	claim := builders.MakeClaim("ns", "c").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "a", UID: podA}}
+	res, err := d.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{claim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[claim.UID].Err == nil || !strings.Contains(res[claim.UID].Err.Error(), "request timed out") {
+		t.Errorf("prepare result %+v, want the lookup's error", res[claim.UID])
+	}
+	if _, ok := s.PreparedClaims()[string(claim.UID)]; ok {
+		t.Errorf("the claim was prepared without its pod")
+	}
+}
+
+// The kubelet prepares a claim once per node: a second pod sharing it is found by the pod
+// watch and capped, once the claim read from the API is reserved for it.
+func TestCgroupCapPodJoiningAPreparedClaim(t *testing.T) {
+	e := newEnv(t)
+	root := e.cgroupRoot()
+	podCgroup(t, root, podA)
+	maxB := podCgroup(t, root, podB)
+	const podC = "77777777-2222-3333-4444-555555555555"
+	maxC := podCgroup(t, root, podC)
+	s := e.state()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	claim := builders.MakeClaim("ns", "shared").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{
+		{Resource: "pods", Name: "a", UID: podA},
+		{Resource: "pods", Name: "b", UID: podB},
+	}
+	client := k8sfake.NewClientset(claim)
+	d := &Driver{state: s, client: client, cfg: e.cfg}
+	if _, err := s.PrepareFor(ctx, claim, []checkpoint.PodRef{{UID: podA, Name: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.watchPods(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name, uid string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(uid)},
+			Spec:       corev1.PodSpec{NodeName: node, ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("shared")}}},
+		}
+	}
+	// Pod c names the claim in its spec (a tenant can), but the claim is not reserved for it.
+	for _, p := range []*corev1.Pod{pod("c", podC), pod("b", podB)} {
+		if _, err := client.CoreV1().Pods("ns").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for readFile(t, maxB) != gpu0Region+" 10737418240\n" {
+		if time.Now().After(deadline) {
+			t.Fatalf("pod b's dmem.max %q", readFile(t, maxB))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := s.PreparedClaims()[string(claim.UID)].Pods; len(got) != 2 {
+		t.Errorf("claim pods %+v", got)
+	}
+	if got := readFile(t, maxC); got != "" {
+		t.Errorf("pod c, which the claim is not reserved for, got dmem.max %q", got)
+	}
+	if env := e.specEnv(string(claim.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=cgroup") {
+		t.Errorf("both pods capped, env %v", env)
+	}
+}
+
+// A pod that joins a prepared claim and cannot be capped turns the claim to mps-per-process:
+// its CDI spec for containers started later, and its status.devices.
+func TestCgroupCapPodJoiningUncappedTurnsClaimPerProcess(t *testing.T) {
+	e := newEnv(t)
+	root := e.cgroupRoot()
+	podCgroup(t, root, podA)
+	podCgroup(t, root, podB)
+	bMax := filepath.Join(root, "kubepods", "burstable", "pod"+podB, "dmem.max")
+	if err := os.Remove(bMax); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(bMax, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns", "shared").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{
+		{Resource: "pods", Name: "a", UID: podA},
+		{Resource: "pods", Name: "b", UID: podB},
+	}
+	client := k8sfake.NewClientset(claim)
+	d := &Driver{state: s, client: client, cfg: e.cfg}
+	s.podEvent = func(context.Context, string, checkpoint.PodRef, string, string) {}
+	published := make(chan string, 1)
+	s.capChanged = func(ctx context.Context, ns, name, uid string) {
+		d.capChanged(ctx, ns, name, uid)
+		published <- name
+	}
+	if _, err := s.PrepareFor(ctx, claim, []checkpoint.PodRef{{UID: podA, Name: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if env := e.specEnv(string(claim.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=cgroup") {
+		t.Fatalf("pod a capped, env %v", env)
+	}
+	d.podSeen(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "b", UID: podB},
+		Spec:       corev1.PodSpec{NodeName: node},
+		Status:     corev1.PodStatus{ResourceClaimStatuses: []corev1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: ptr.To("shared")}}},
+	})
+	if env := e.specEnv(string(claim.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=mps-per-process") {
+		t.Errorf("pod b not capped, env %v", env)
+	}
+	select {
+	case <-published:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the claim's status was not republished")
+	}
+	got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "shared", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.Devices) != 1 || !strings.Contains(string(got.Status.Devices[0].Data.Raw), `"memoryCap":"mps-per-process"`) {
+		t.Errorf("status.devices %+v", got.Status.Devices)
 	}
 }

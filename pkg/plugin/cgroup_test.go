@@ -89,8 +89,8 @@ func TestCgroupCapDetection(t *testing.T) {
 				want0 = MemoryCapCgroup
 			}
 			for i, want := range []string{want0, MemoryCapMPSPerProcess} {
-				if got := *res[i].Attributes["memoryEnforcement"].StringValue; got != want {
-					t.Errorf("%s memoryEnforcement=%s, want %s", res[i].Name, got, want)
+				if got := *res[i].Attributes["memoryCap"].StringValue; got != want {
+					t.Errorf("%s memoryCap=%s, want %s", res[i].Name, got, want)
 				}
 			}
 			for _, c := range []struct {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -184,4 +185,29 @@ func waitDeviceStatus(ctx context.Context, ns, name, substr string) error {
 		}
 		return false, nil
 	})
+}
+
+// Each GPU says which mode caps an MPS share's memory in the device attribute memoryCap (the
+// values of FGPU_MEMORY_CAP): fake GPUs are in no dmem.capacity, so mps-per-process.
+func TestSliceSaysWhatCapsMemory(t *testing.T) {
+	ctx := context.Background()
+	list, err := cluster.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + framework.Driver})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, s := range list.Items {
+		for _, d := range s.Spec.Devices {
+			n++
+			if a, ok := d.Attributes["memoryCap"]; !ok || a.StringValue == nil || *a.StringValue != "mps-per-process" {
+				t.Errorf("%s: memoryCap attribute %+v, want mps-per-process", d.Name, a)
+			}
+			if _, ok := d.Attributes["memoryEnforcement"]; ok {
+				t.Errorf("%s: still has the old memoryEnforcement attribute", d.Name)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no fgpu devices published")
+	}
 }

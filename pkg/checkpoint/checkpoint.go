@@ -70,8 +70,9 @@ type ClaimEntry struct {
 	Name      string           `json:"name"`
 	State     ClaimState       `json:"state"`
 	Devices   []PreparedDevice `json:"devices"`
-	// Pods are the pods of this node the claim was prepared for (from its reservedFor, checked
-	// against the API): their cgroups get the claim's GPU memory cap where MemoryCap is cgroup.
+	// Pods are the pods of this node the claim is reserved for, each checked against the API
+	// (at prepare, or when a pod joins the prepared claim): where the GPU's memory is
+	// partitioned by the dmem cgroup controller, their cgroups get the claim's GPU memory cap.
 	Pods []PodRef `json:"pods,omitempty"`
 }
 

@@ -10,10 +10,15 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/fgpu-dev/fgpu/pkg/cdi"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 	"github.com/fgpu-dev/fgpu/pkg/dmem"
 )
@@ -62,62 +67,141 @@ func (s *State) CgroupCaps() map[string]bool {
 	return out
 }
 
-// limitPod sets the pod's dmem.max on each GPU it holds cgroup-capped shares of: the sum of the
-// caps of all its prepared claims there (several claims of one pod on one GPU add up). Regions
-// in also get cleared ("max") where no claim of the pod is left. The caller holds s.mu.
-func (s *State) limitPod(uid string, also map[string]bool) error {
-	want := map[string]int64{}
+// cgroupCapped says whether the pod cgroup's dmem.max may cap a share: an MPS share of a GPU
+// the dmem controller partitions. It does not depend on what the claim reports (MemoryCap),
+// so a claim that fell back to mps-per-process still counts in the caps of its capped pods.
+func (s *State) cgroupCapped(p checkpoint.PreparedDevice) bool {
+	return p.MPSKey != "" && s.dmemRegions[p.GPUUUID] != ""
+}
+
+// limitPod sets the pod's dmem.max on each dmem-partitioned GPU it holds shares of: the sum of
+// the limits of its MPS shares there (several claims of one pod on one GPU add up). dmem.max
+// charges every process of the pod, so a pod that also holds a share no cgroup limit may cap
+// there (time-sliced, whole GPU) gets none on that GPU ("max"). Regions in also get cleared
+// where no claim of the pod is left. It returns the regions where the pod is now capped. The
+// caller holds s.mu.
+func (s *State) limitPod(uid string, also map[string]bool) (map[string]bool, error) {
+	want, uncappable := map[string]int64{}, map[string]bool{}
 	for r := range also {
 		want[r] = 0
 	}
 	for _, e := range s.cp.Claims {
-		if !slices.ContainsFunc(e.Pods, func(p checkpoint.PodRef) bool { return p.UID == uid }) {
+		if !hasPod(e, uid) {
 			continue
 		}
 		for _, p := range e.Devices {
-			if r := s.dmemRegions[p.GPUUUID]; r != "" && p.MemoryCap == MemoryCapCgroup {
+			r := s.dmemRegions[p.GPUUUID]
+			if r == "" {
+				continue
+			}
+			if _, ok := want[r]; !ok {
+				want[r] = 0
+			}
+			if s.cgroupCapped(p) {
 				want[r] += p.MemoryLimitBytes
+			} else {
+				uncappable[r] = true
 			}
 		}
 	}
+	capped := map[string]bool{}
 	if len(want) == 0 {
-		return nil
+		return capped, nil
 	}
 	cg, err := s.cgroups.PodCgroup(uid)
 	if err != nil {
-		return err
+		return capped, err
 	}
 	var errs []error
 	for r, bytes := range want {
-		errs = append(errs, s.cgroups.SetMax(cg, r, bytes))
+		if uncappable[r] {
+			bytes = 0
+		}
+		err := s.cgroups.SetMax(cg, r, bytes)
+		errs = append(errs, err)
+		capped[r] = err == nil && bytes > 0
 	}
-	return errors.Join(errs...)
+	return capped, errors.Join(errs...)
+}
+
+func hasPod(e *checkpoint.ClaimEntry, uid string) bool {
+	return slices.ContainsFunc(e.Pods, func(p checkpoint.PodRef) bool { return p.UID == uid })
 }
 
 // limitPods applies the cgroup caps of a prepared claim to some of its pods: a pod whose cgroup
-// cannot be limited gets an event (failed is true), one whose cgroup is not there yet is waited
-// for in the background. The caller holds s.mu.
-func (s *State) limitPods(ctx context.Context, e *checkpoint.ClaimEntry, pods []checkpoint.PodRef) (failed bool) {
-	if !slices.ContainsFunc(e.Devices, func(p checkpoint.PreparedDevice) bool { return p.MemoryCap == MemoryCapCgroup }) {
-		return false
+// cannot be limited gets an event, one whose cgroup is not there yet is waited for in the
+// background. Every claim of these pods that says cgroup, but has a pod not capped on its GPU
+// now, says mps-per-process from then on (settleCaps); so does the entry being applied, which
+// the caller writes. The caller holds s.mu.
+func (s *State) limitPods(ctx context.Context, e *checkpoint.ClaimEntry, pods []checkpoint.PodRef) {
+	if !slices.ContainsFunc(e.Devices, func(p checkpoint.PreparedDevice) bool { return s.dmemRegions[p.GPUUUID] != "" }) {
+		return
 	}
+	capped := map[string]map[string]bool{}
 	for _, pod := range pods {
-		err := s.limitPod(pod.UID, nil)
+		c, err := s.limitPod(pod.UID, nil)
+		capped[pod.UID] = c
 		switch {
 		case err == nil:
+			if why := s.uncappedBy(pod.UID, c); why != "" {
+				s.notCapped(ctx, e.Namespace, pod, errors.New(why))
+			}
 		case errors.Is(err, dmem.ErrNoCgroup):
 			go s.awaitPodCgroup(e.Namespace, pod)
 		default:
 			s.notCapped(ctx, e.Namespace, pod, err)
-			failed = true
 		}
 	}
-	return failed
+	s.settleCaps(ctx, capped)
 }
 
-// cappedPerProcess tells a claim whose pod could not be limited, before its CDI spec is
-// written, that its processes are capped one by one only.
-func cappedPerProcess(e *checkpoint.ClaimEntry) {
+// uncappedBy says why a pod whose limits were written is still not capped on a GPU where it
+// holds an MPS share, or "".
+func (s *State) uncappedBy(uid string, capped map[string]bool) string {
+	for _, e := range s.cp.Claims {
+		if !hasPod(e, uid) {
+			continue
+		}
+		for _, p := range e.Devices {
+			if s.cgroupCapped(p) && !capped[s.dmemRegions[p.GPUUUID]] {
+				return fmt.Sprintf("the pod also holds a share of GPU %s that is not an MPS share (time-sliced or the whole GPU), whose processes a cgroup limit would cap too", p.Device)
+			}
+		}
+	}
+	return ""
+}
+
+// settleCaps makes every claim that says cgroup but has a pod, among those just limited, that
+// is not capped on the claim's GPU say mps-per-process: in its checkpoint entry and, for a
+// claim already prepared, in its CDI spec (for containers started from now on; a running
+// container keeps the environment it started with) and its status.devices. A claim being
+// prepared with no pod known, or none capped, says so too. The caller holds s.mu.
+func (s *State) settleCaps(ctx context.Context, capped map[string]map[string]bool) {
+	for uid, e := range s.cp.Claims {
+		uncapped := false
+		for _, p := range e.Devices {
+			if p.MemoryCap != MemoryCapCgroup {
+				continue
+			}
+			if len(e.Pods) == 0 {
+				uncapped = true
+			}
+			for _, pod := range e.Pods {
+				if c, ok := capped[pod.UID]; ok && !c[s.dmemRegions[p.GPUUUID]] {
+					uncapped = true
+				}
+			}
+		}
+		if uncapped {
+			s.cappedPerProcess(ctx, uid, e)
+		}
+	}
+}
+
+// cappedPerProcess tells a claim with a pod that could not be limited that its processes are
+// capped one by one only. An entry still being prepared is written by its caller; a prepared
+// one gets its CDI spec rewritten and its status updated.
+func (s *State) cappedPerProcess(ctx context.Context, uid string, e *checkpoint.ClaimEntry) {
 	for i := range e.Devices {
 		p := &e.Devices[i]
 		if p.MemoryCap == MemoryCapCgroup {
@@ -125,10 +209,30 @@ func cappedPerProcess(e *checkpoint.ClaimEntry) {
 			p.MemoryEnforcement = perProcessWhy + strings.TrimPrefix(p.MemoryEnforcement, cgroupWhy)
 		}
 	}
+	if e.State != checkpoint.PrepareCompleted {
+		return
+	}
+	logger := klog.FromContext(ctx)
+	logger.Info("A pod of a prepared claim is not capped through its cgroup: the claim's GPU memory is capped per MPS client process only", "claim", klog.KRef(e.Namespace, e.Name))
+	if err := s.store.Save(s.cp); err != nil {
+		// The entry says so in memory; the next save or a restart's recover writes it.
+		logger.Error(err, "Recording a claim's fallback to per-process GPU memory caps", "claim", klog.KRef(e.Namespace, e.Name))
+	}
+	specs := make([]cdi.Device, 0, len(e.Devices))
+	for i := range e.Devices {
+		specs = append(specs, s.cdiDevice(&e.Devices[i], i, len(e.Devices)))
+	}
+	if _, err := s.cdi.Write(uid, specs); err != nil {
+		logger.Error(err, "Rewriting a claim's CDI spec for its fallback to per-process GPU memory caps", "claim", klog.KRef(e.Namespace, e.Name))
+	}
+	if s.capChanged != nil {
+		go s.capChanged(s.background, e.Namespace, e.Name, uid)
+	}
 }
 
 // awaitPodCgroup applies a pod's caps once its cgroup appears. Until then the pod's containers,
-// if already running, are capped per MPS client process only.
+// if already running, are capped per MPS client process only; its claims say so (limitPods),
+// also once the cap is there: their containers may have started without it.
 func (s *State) awaitPodCgroup(ns string, pod checkpoint.PodRef) {
 	ctx := s.background
 	deadline := time.Now().Add(cgroupWait)
@@ -139,7 +243,7 @@ func (s *State) awaitPodCgroup(ns string, pod checkpoint.PodRef) {
 		case <-time.After(cgroupPoll):
 		}
 		s.mu.Lock()
-		err := s.limitPod(pod.UID, nil)
+		_, err := s.limitPod(pod.UID, nil)
 		s.mu.Unlock()
 		if err == nil {
 			return
@@ -156,7 +260,7 @@ func (s *State) awaitPodCgroup(ns string, pod checkpoint.PodRef) {
 func (s *State) unlimitPods(ctx context.Context, e *checkpoint.ClaimEntry) {
 	regions := map[string]bool{}
 	for _, p := range e.Devices {
-		if r := s.dmemRegions[p.GPUUUID]; r != "" && p.MemoryCap == MemoryCapCgroup {
+		if r := s.dmemRegions[p.GPUUUID]; r != "" {
 			regions[r] = true
 		}
 	}
@@ -164,7 +268,7 @@ func (s *State) unlimitPods(ctx context.Context, e *checkpoint.ClaimEntry) {
 		return
 	}
 	for _, pod := range e.Pods {
-		if err := s.limitPod(pod.UID, regions); err != nil && !errors.Is(err, dmem.ErrNoCgroup) {
+		if _, err := s.limitPod(pod.UID, regions); err != nil && !errors.Is(err, dmem.ErrNoCgroup) {
 			klog.FromContext(ctx).Error(err, "Lifting a released claim's GPU memory cap from its pod's cgroup", "pod", klog.KRef(e.Namespace, pod.Name), "podUID", pod.UID)
 		}
 	}
@@ -180,10 +284,11 @@ func (s *State) notCapped(ctx context.Context, ns string, pod checkpoint.PodRef,
 
 // podsOf are the pods of this node the claim is reserved for, each checked against the API
 // (same UID, bound to this node): the UID then comes from the API server, not from anything a
-// tenant wrote. Only asked where a GPU is cgroup-capped.
-func (d *Driver) podsOf(ctx context.Context, claim *resourceapi.ResourceClaim) []checkpoint.PodRef {
+// tenant wrote. Only asked where a GPU is cgroup-capped. A pod that cannot be looked up fails
+// the prepare (the kubelet retries): preparing without it would leave it uncapped.
+func (d *Driver) podsOf(ctx context.Context, claim *resourceapi.ResourceClaim) ([]checkpoint.PodRef, error) {
 	if len(d.state.dmemRegions) == 0 {
-		return nil
+		return nil, nil
 	}
 	var out []checkpoint.PodRef
 	for _, ref := range claim.Status.ReservedFor {
@@ -191,16 +296,83 @@ func (d *Driver) podsOf(ctx context.Context, claim *resourceapi.ResourceClaim) [
 			continue
 		}
 		pod, err := d.client.CoreV1().Pods(claim.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		if err != nil {
-			klog.FromContext(ctx).Error(err, "Looking up a pod of a claim for its GPU memory cgroup cap", "claim", klog.KObj(claim), "pod", ref.Name)
+		if apierrors.IsNotFound(err) {
 			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("look up pod %s/%s of the claim for its GPU memory cgroup cap: %w", claim.Namespace, ref.Name, err)
 		}
 		if pod.UID != ref.UID || pod.Spec.NodeName != d.cfg.NodeName {
 			continue
 		}
 		out = append(out, checkpoint.PodRef{UID: string(pod.UID), Name: pod.Name})
 	}
-	return out
+	return out, nil
+}
+
+// podResync is how often every pod of the node is looked at again: a pod whose claim could not
+// be read is tried again then.
+const podResync = time.Minute
+
+// watchPods caps the pods that join a claim already prepared here. The kubelet prepares a claim
+// once, for the first of its pods on the node, and never again for a later pod sharing it, so
+// such pods are found by watching this node's pods. Only run where a GPU is cgroup-capped.
+func (d *Driver) watchPods(ctx context.Context) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(d.client, podResync, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", d.cfg.NodeName).String()
+	}))
+	inf := factory.Core().V1().Pods().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { d.podSeen(ctx, obj) },
+		UpdateFunc: func(_, obj any) { d.podSeen(ctx, obj) },
+	}); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	return nil
+}
+
+// podSeen caps a pod of this node in each prepared claim that is reserved for it. The claim
+// names in the pod are only candidates (a tenant writes spec.resourceClaims): the claim read
+// from the API must be the prepared one and list the pod's UID in status.reservedFor, which
+// the scheduler writes.
+func (d *Driver) podSeen(ctx context.Context, obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok || pod.Spec.NodeName != d.cfg.NodeName || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return
+	}
+	var names []string
+	for _, c := range pod.Spec.ResourceClaims {
+		if c.ResourceClaimName != nil {
+			names = append(names, *c.ResourceClaimName)
+		}
+	}
+	for _, c := range pod.Status.ResourceClaimStatuses {
+		if c.ResourceClaimName != nil {
+			names = append(names, *c.ResourceClaimName)
+		}
+	}
+	logger := klog.FromContext(ctx)
+	ref := checkpoint.PodRef{UID: string(pod.UID), Name: pod.Name}
+	for _, name := range names {
+		uid, pods := d.state.preparedClaim(pod.Namespace, name)
+		if uid == "" || slices.Contains(pods, ref) {
+			continue
+		}
+		claim, err := d.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			logger.Error(err, "Reading a prepared claim to cap a pod that joined it", "claim", klog.KRef(pod.Namespace, name), "pod", klog.KObj(pod))
+			continue
+		}
+		if string(claim.UID) != uid || !slices.ContainsFunc(claim.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool {
+			return r.APIGroup == "" && r.Resource == "pods" && r.UID == pod.UID
+		}) {
+			continue
+		}
+		if err := d.state.AddPods(ctx, uid, []checkpoint.PodRef{ref}); err != nil {
+			logger.Error(err, "Recording a pod that joined a prepared claim", "claim", klog.KObj(claim), "pod", klog.KObj(pod))
+		}
+	}
 }
 
 func (d *Driver) podEvent(ctx context.Context, ns string, pod checkpoint.PodRef, reason, msg string) {

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,8 +17,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // gpu-0 of the fake fleet, as dmem.capacity names it.
@@ -72,7 +78,7 @@ func TestCgroupCapDetection(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
 			if withRoot {
-				e.cgroupRoot()
+				podCgroup(t, e.cgroupRoot(), podA)
 			} else {
 				e.cfg.CgroupRoot = t.TempDir() // a cgroup v1 node: no cgroup.controllers
 			}
@@ -83,8 +89,8 @@ func TestCgroupCapDetection(t *testing.T) {
 				want0 = MemoryCapCgroup
 			}
 			for i, want := range []string{want0, MemoryCapMPSPerProcess} {
-				if got := *res[i].Attributes["memoryEnforcement"].StringValue; got != want {
-					t.Errorf("%s memoryEnforcement=%s, want %s", res[i].Name, got, want)
+				if got := *res[i].Attributes["memoryCap"].StringValue; got != want {
+					t.Errorf("%s memoryCap=%s, want %s", res[i].Name, got, want)
 				}
 			}
 			for _, c := range []struct {
@@ -95,7 +101,7 @@ func TestCgroupCapDetection(t *testing.T) {
 				{builders.MakeClaim("ns", "mps1").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj(), MemoryCapMPSPerProcess, "mps: caps each MPS client process"},
 				{builders.MakeClaim("ns", "ts").Memory("10Gi").Config(map[string]any{"mode": "timeSlicing"}).AllocatedOn(node, "gpu-1").Obj(), MemoryCapNone, "time-slicing: no memory cap"},
 			} {
-				if _, err := s.Prepare(context.Background(), c.claim); err != nil {
+				if _, err := s.PrepareFor(context.Background(), c.claim, []checkpoint.PodRef{{UID: podA, Name: "a"}}); err != nil {
 					t.Fatal(err)
 				}
 				env := e.specEnv(string(c.claim.UID))
@@ -225,8 +231,254 @@ func TestPodsOfChecksTheAPI(t *testing.T) {
 		{Resource: "pods", Name: "missing", UID: "55555555-2222-3333-4444-555555555555"},
 		{APIGroup: "example.com", Resource: "pods", Name: "a", UID: podA},
 	}
-	got := d.podsOf(context.Background(), claim)
+	got, err := d.podsOf(context.Background(), claim)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if want := []checkpoint.PodRef{{UID: podA, Name: "a"}}; !slices.Equal(got, want) {
 		t.Errorf("pods %+v, want %+v", got, want)
+	}
+}
+
+// A claim prepared with no pod whose cgroup was capped (none known, as for a prepare whose
+// pods could not be looked up) must not say its pod is capped as a whole.
+func TestCgroupCapNoPodCappedIsPerProcess(t *testing.T) {
+	e := newEnv(t)
+	e.cgroupRoot()
+	s := e.state()
+	claim := builders.MakeClaim("ns", "c").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.PrepareFor(context.Background(), claim, nil); err != nil {
+		t.Fatal(err)
+	}
+	if env := e.specEnv(string(claim.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=mps-per-process") {
+		t.Errorf("no pod's cgroup was capped, yet the claim's env is %v", env)
+	}
+}
+
+// dmem.max charges every process of the pod's cgroup: a pod that also holds a time-sliced
+// share of the GPU must not be capped at its MPS claim's limit, and that claim then says it is
+// capped per process only, whichever of the two was prepared first.
+func TestCgroupCapTimeSlicedShareLiftsThePodsCap(t *testing.T) {
+	for _, mpsFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "time-sliced first", true: "MPS first"}[mpsFirst], func(t *testing.T) {
+			e := newEnv(t)
+			root := e.cgroupRoot()
+			max := podCgroup(t, root, podA)
+			s := e.state()
+			ctx := context.Background()
+			pods := []checkpoint.PodRef{{UID: podA, Name: "a"}}
+			mpsClaim := builders.MakeClaim("ns", "m").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+			ts := builders.MakeClaim("ns", "t").Memory("20Gi").Config(map[string]any{"mode": "timeSlicing"}).AllocatedOn(node, "gpu-0").Obj()
+			order := []*resourceapi.ResourceClaim{ts, mpsClaim}
+			if mpsFirst {
+				order = []*resourceapi.ResourceClaim{mpsClaim, ts}
+			}
+			for _, c := range order {
+				if _, err := s.PrepareFor(ctx, c, pods); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := readFile(t, max); got != gpu0Region+" max\n" {
+				t.Errorf("dmem.max %q: the pod's time-sliced claim must not be squeezed under its MPS claim's cap", got)
+			}
+			if env := e.specEnv(string(mpsClaim.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=mps-per-process") {
+				t.Errorf("MPS claim env %v", env)
+			}
+			if got := s.cp.Claims[string(mpsClaim.UID)].Devices[0].MemoryCap; got != MemoryCapMPSPerProcess {
+				t.Errorf("MPS claim's memoryCap %s", got)
+			}
+			// Without the time-sliced share, the pod is capped at what it holds again.
+			if err := s.Unprepare(ctx, string(ts.UID)); err != nil {
+				t.Fatal(err)
+			}
+			if got := readFile(t, max); got != gpu0Region+" 10737418240\n" {
+				t.Errorf("after the time-sliced claim went: dmem.max %q", got)
+			}
+		})
+	}
+}
+
+const podB = "66666666-2222-3333-4444-555555555555"
+
+// One pod of a shared claim cannot be capped: the claim says mps-per-process, but the pod that
+// was capped keeps counting the claim, so its dmem.max never drops below what it holds.
+func TestCgroupCapPartialFailureKeepsCappedPodsAtWhatTheyHold(t *testing.T) {
+	e := newEnv(t)
+	root := e.cgroupRoot()
+	maxA := podCgroup(t, root, podA)
+	podCgroup(t, root, podB)
+	// pod B's dmem.max cannot be written (the kernel refuses, or it is not a file).
+	bMax := filepath.Join(root, "kubepods", "burstable", "pod"+podB, "dmem.max")
+	if err := os.Remove(bMax); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(bMax, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := e.state()
+	s.podEvent = func(context.Context, string, checkpoint.PodRef, string, string) {}
+	ctx := context.Background()
+	shared := builders.MakeClaim("ns", "shared").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	own := builders.MakeClaim("ns", "own").Memory("20Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.PrepareFor(ctx, shared, []checkpoint.PodRef{{UID: podA, Name: "a"}, {UID: podB, Name: "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	if env := e.specEnv(string(shared.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=mps-per-process") {
+		t.Errorf("shared claim env %v", env)
+	}
+	if _, err := s.PrepareFor(ctx, own, []checkpoint.PodRef{{UID: podA, Name: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, maxA); got != gpu0Region+" 32212254720\n" {
+		t.Errorf("pod a holds 10Gi+20Gi on gpu-0, dmem.max %q", got)
+	}
+	if err := s.Unprepare(ctx, string(own.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, maxA); got != gpu0Region+" 10737418240\n" {
+		t.Errorf("pod a holds 10Gi on gpu-0, dmem.max %q", got)
+	}
+	if err := s.Unprepare(ctx, string(shared.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, maxA); got != gpu0Region+" max\n" {
+		t.Errorf("pod a holds nothing, dmem.max %q", got)
+	}
+}
+
+// A pod that cannot be looked up fails the prepare (the kubelet retries) instead of being left
+// out of its claim's caps.
+func TestPodsOfFailsOnAPIError(t *testing.T) {
+	e := newEnv(t)
+	e.cgroupRoot()
+	s := e.state()
+	client := k8sfake.NewClientset()
+	client.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("etcdserver: request timed out")
+	})
+	d := &Driver{state: s, client: client, cfg: e.cfg, metrics: NewMetrics(prometheus.NewRegistry())}
+	claim := builders.MakeClaim("ns", "c").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "a", UID: podA}}
+	res, err := d.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{claim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[claim.UID].Err == nil || !strings.Contains(res[claim.UID].Err.Error(), "request timed out") {
+		t.Errorf("prepare result %+v, want the lookup's error", res[claim.UID])
+	}
+	if _, ok := s.PreparedClaims()[string(claim.UID)]; ok {
+		t.Errorf("the claim was prepared without its pod")
+	}
+}
+
+// The kubelet prepares a claim once per node: a second pod sharing it is found by the pod
+// watch and capped, once the claim read from the API is reserved for it.
+func TestCgroupCapPodJoiningAPreparedClaim(t *testing.T) {
+	e := newEnv(t)
+	root := e.cgroupRoot()
+	podCgroup(t, root, podA)
+	maxB := podCgroup(t, root, podB)
+	const podC = "77777777-2222-3333-4444-555555555555"
+	maxC := podCgroup(t, root, podC)
+	s := e.state()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	claim := builders.MakeClaim("ns", "shared").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{
+		{Resource: "pods", Name: "a", UID: podA},
+		{Resource: "pods", Name: "b", UID: podB},
+	}
+	client := k8sfake.NewClientset(claim)
+	d := &Driver{state: s, client: client, cfg: e.cfg}
+	if _, err := s.PrepareFor(ctx, claim, []checkpoint.PodRef{{UID: podA, Name: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.watchPods(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name, uid string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(uid)},
+			Spec:       corev1.PodSpec{NodeName: node, ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("shared")}}},
+		}
+	}
+	// Pod c names the claim in its spec (a tenant can), but the claim is not reserved for it.
+	for _, p := range []*corev1.Pod{pod("c", podC), pod("b", podB)} {
+		if _, err := client.CoreV1().Pods("ns").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for readFile(t, maxB) != gpu0Region+" 10737418240\n" {
+		if time.Now().After(deadline) {
+			t.Fatalf("pod b's dmem.max %q", readFile(t, maxB))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := s.PreparedClaims()[string(claim.UID)].Pods; len(got) != 2 {
+		t.Errorf("claim pods %+v", got)
+	}
+	if got := readFile(t, maxC); got != "" {
+		t.Errorf("pod c, which the claim is not reserved for, got dmem.max %q", got)
+	}
+	if env := e.specEnv(string(claim.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=cgroup") {
+		t.Errorf("both pods capped, env %v", env)
+	}
+}
+
+// A pod that joins a prepared claim and cannot be capped turns the claim to mps-per-process:
+// its CDI spec for containers started later, and its status.devices.
+func TestCgroupCapPodJoiningUncappedTurnsClaimPerProcess(t *testing.T) {
+	e := newEnv(t)
+	root := e.cgroupRoot()
+	podCgroup(t, root, podA)
+	podCgroup(t, root, podB)
+	bMax := filepath.Join(root, "kubepods", "burstable", "pod"+podB, "dmem.max")
+	if err := os.Remove(bMax); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(bMax, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns", "shared").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{
+		{Resource: "pods", Name: "a", UID: podA},
+		{Resource: "pods", Name: "b", UID: podB},
+	}
+	client := k8sfake.NewClientset(claim)
+	d := &Driver{state: s, client: client, cfg: e.cfg}
+	s.podEvent = func(context.Context, string, checkpoint.PodRef, string, string) {}
+	published := make(chan string, 1)
+	s.capChanged = func(ctx context.Context, ns, name, uid string) {
+		d.capChanged(ctx, ns, name, uid)
+		published <- name
+	}
+	if _, err := s.PrepareFor(ctx, claim, []checkpoint.PodRef{{UID: podA, Name: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if env := e.specEnv(string(claim.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=cgroup") {
+		t.Fatalf("pod a capped, env %v", env)
+	}
+	d.podSeen(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "b", UID: podB},
+		Spec:       corev1.PodSpec{NodeName: node},
+		Status:     corev1.PodStatus{ResourceClaimStatuses: []corev1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: ptr.To("shared")}}},
+	})
+	if env := e.specEnv(string(claim.UID)); !slices.Contains(env, "FGPU_MEMORY_CAP=mps-per-process") {
+		t.Errorf("pod b not capped, env %v", env)
+	}
+	select {
+	case <-published:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the claim's status was not republished")
+	}
+	got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "shared", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.Devices) != 1 || !strings.Contains(string(got.Status.Devices[0].Data.Raw), `"memoryCap":"mps-per-process"`) {
+		t.Errorf("status.devices %+v", got.Status.Devices)
 	}
 }

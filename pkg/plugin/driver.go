@@ -42,6 +42,7 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	d := &Driver{state: state, client: client, cfg: cfg, metrics: metrics, ctx: ctx, cancel: cancel,
 		health: newHealth(ctx, cfg, backend, state.Devices())}
 	state.podEvent = d.podEvent
+	state.capChanged = d.capChanged
 	metrics.observeState(state)
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(cfg.DriverName),
@@ -73,6 +74,13 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		helper.Stop()
 		cancel(err)
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	if len(state.dmemRegions) > 0 {
+		if err := d.watchPods(ctx); err != nil {
+			helper.Stop()
+			cancel(err)
+			return nil, fmt.Errorf("watch this node's pods for their GPU memory cgroup caps: %w", err)
+		}
 	}
 	go d.watchForeign(ctx)
 	go d.watchHealth(ctx)
@@ -181,7 +189,14 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, claim := range claims {
 		start := time.Now()
-		devices, err := d.state.PrepareFor(ctx, claim, d.podsOf(ctx, claim))
+		pods, err := d.podsOf(ctx, claim)
+		if err != nil {
+			d.metrics.observePrepare(time.Since(start), err)
+			logger.Error(err, "Prepare failed", "claim", klog.KObj(claim))
+			result[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("fgpu: %w", err)}
+			continue
+		}
+		devices, err := d.state.PrepareFor(ctx, claim, pods)
 		d.metrics.observePrepare(time.Since(start), err)
 		if err != nil {
 			logger.Error(err, "Prepare failed", "claim", klog.KObj(claim))

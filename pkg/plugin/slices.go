@@ -91,13 +91,13 @@ func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced 
 
 func attributes(d gpu.Device, cgroupCap bool) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		"memoryEnforcement": {StringValue: ptr.To(memoryCap(string(configapi.SharingModeMPS), cgroupCap))},
-		"uuid":              {StringValue: ptr.To(d.UUID)},
-		"productName":       {StringValue: ptr.To(d.ProductName)},
-		"architecture":      {StringValue: ptr.To(d.Architecture)},
-		"index":             {IntValue: ptr.To(int64(d.Index))},
-		"minor":             {IntValue: ptr.To(int64(d.Minor))},
-		"computeMode":       {StringValue: ptr.To(string(d.ComputeMode))},
+		"memoryCap":    {StringValue: ptr.To(memoryCap(string(configapi.SharingModeMPS), cgroupCap))},
+		"uuid":         {StringValue: ptr.To(d.UUID)},
+		"productName":  {StringValue: ptr.To(d.ProductName)},
+		"architecture": {StringValue: ptr.To(d.Architecture)},
+		"index":        {IntValue: ptr.To(int64(d.Index))},
+		"minor":        {IntValue: ptr.To(int64(d.Minor))},
+		"computeMode":  {StringValue: ptr.To(string(d.ComputeMode))},
 	}
 	if v := semver(d.CUDAComputeCapability); v != "" {
 		a["cudaComputeCapability"] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}

@@ -60,9 +60,11 @@ type State struct {
 	// whose memory it partitions (see detectCgroupCaps).
 	cgroups     dmem.Root
 	dmemRegions map[string]string
-	// background outlives a prepare call (a pod cgroup awaited); podEvent records a pod event.
+	// background outlives a prepare call (a pod cgroup awaited); podEvent records a pod event;
+	// capChanged republishes the status of a prepared claim whose memoryCap changed.
 	background context.Context
 	podEvent   func(ctx context.Context, ns string, pod checkpoint.PodRef, reason, msg string)
+	capChanged func(ctx context.Context, ns, name, uid string)
 }
 
 // NewState loads the checkpoint and recovers from whatever a previous run left half done.
@@ -193,27 +195,16 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 }
 
 // PrepareFor prepares a claim for pods of this node (from its reservedFor, checked against the
-// API), whose cgroups get its GPU memory caps where the GPU supports it. A prepared claim's
-// new pods get them when it is prepared again (the kubelet does for each pod).
+// API), whose cgroups get its GPU memory caps where the GPU supports it. The kubelet prepares a
+// claim once, for the first of its pods on the node: later pods come through AddPods.
 func (s *State) PrepareFor(ctx context.Context, claim *resourceapi.ResourceClaim, pods []checkpoint.PodRef) ([]kubeletplugin.Device, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	uid := string(claim.UID)
 	if e, ok := s.cp.Claims[uid]; ok {
 		if e.State == checkpoint.PrepareCompleted {
-			var added []checkpoint.PodRef
-			for _, p := range pods {
-				if !slices.ContainsFunc(e.Pods, func(q checkpoint.PodRef) bool { return q.UID == p.UID }) {
-					added = append(added, p)
-				}
-			}
-			if len(added) > 0 {
-				e.Pods = append(e.Pods, added...)
-				if err := s.store.Save(s.cp); err != nil {
-					e.Pods = e.Pods[:len(e.Pods)-len(added)]
-					return nil, err
-				}
-				s.limitPods(ctx, e, added)
+			if err := s.addPods(ctx, e, pods); err != nil {
+				return nil, err
 			}
 			return pluginDevices(e), nil
 		}
@@ -261,6 +252,49 @@ func (s *State) PrepareFor(ctx context.Context, claim *resourceapi.ResourceClaim
 	return pluginDevices(entry), nil
 }
 
+// AddPods records more pods of this node for a prepared claim (checked against the API by the
+// caller) and caps their cgroups; a claim that is not prepared (any more) is left alone.
+func (s *State) AddPods(ctx context.Context, uid string, pods []checkpoint.PodRef) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.cp.Claims[uid]
+	if !ok || e.State != checkpoint.PrepareCompleted {
+		return nil
+	}
+	return s.addPods(ctx, e, pods)
+}
+
+// preparedClaim is the UID of the prepared claim ns/name ("" if none) and its pods.
+func (s *State) preparedClaim(ns, name string) (uid string, pods []checkpoint.PodRef) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for uid, e := range s.cp.Claims {
+		if e.Namespace == ns && e.Name == name && e.State == checkpoint.PrepareCompleted {
+			return uid, slices.Clone(e.Pods)
+		}
+	}
+	return "", nil
+}
+
+func (s *State) addPods(ctx context.Context, e *checkpoint.ClaimEntry, pods []checkpoint.PodRef) error {
+	var added []checkpoint.PodRef
+	for _, p := range pods {
+		if !hasPod(e, p.UID) {
+			added = append(added, p)
+		}
+	}
+	if len(added) == 0 {
+		return nil
+	}
+	e.Pods = append(e.Pods, added...)
+	if err := s.store.Save(s.cp); err != nil {
+		e.Pods = e.Pods[:len(e.Pods)-len(added)]
+		return err
+	}
+	s.limitPods(ctx, e, added)
+	return nil
+}
+
 // apply performs the side effects of a PrepareStarted entry.
 func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry) error {
 	var specs []cdi.Device
@@ -277,9 +311,8 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 			}
 		}
 	}
-	if s.limitPods(ctx, e, e.Pods) {
-		cappedPerProcess(e)
-	}
+	// Before the spec: a claim none of whose pods got its cgroup cap says mps-per-process.
+	s.limitPods(ctx, e, e.Pods)
 	for i := range e.Devices {
 		specs = append(specs, s.cdiDevice(&e.Devices[i], i, len(e.Devices)))
 	}

@@ -7,7 +7,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 )
 
@@ -31,6 +33,15 @@ type DeviceStatusData struct {
 	// MemoryCap is what caps the share's memory: cgroup (the pod as a whole, and each MPS
 	// client process), mps-per-process, none (time-slicing) or whole-gpu.
 	MemoryCap string `json:"memoryCap,omitempty"`
+}
+
+// capChanged republishes the status.devices of a prepared claim whose memoryCap changed after
+// its prepare (a pod of it could not be capped through its cgroup).
+func (d *Driver) capChanged(ctx context.Context, ns, name, uid string) {
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(uid)}}
+	if err := d.publishDeviceStatus(ctx, claim); err != nil {
+		klog.FromContext(ctx).Error(err, "Updating claim device status", "claim", klog.KObj(claim))
+	}
 }
 
 // publishDeviceStatus records the prepared shares in the claim's status.devices, replacing

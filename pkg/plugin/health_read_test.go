@@ -22,7 +22,7 @@ type partialMonitor struct {
 }
 
 func (m *partialMonitor) Faults() (map[string][]gpu.Fault, map[string]error) { return m.faults, m.errs }
-func (m *partialMonitor) ClearFaults(string) error                         { return nil }
+func (m *partialMonitor) ClearFaults(string) error                           { return nil }
 
 // A plugin restart while a fault holds is not a new onset: three restarts (a CrashLoop, a
 // rolling upgrade) during one fault do not fence the GPU as flapping, nor tell of the

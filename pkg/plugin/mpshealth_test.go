@@ -42,10 +42,18 @@ func (e *env) tenantClaim(s *State, ns, name string) *resourceapi.ResourceClaim 
 
 // evicted lists "<namespace>/<pod>" of the evictions asked for.
 func (e *env) evicted() []string {
+	e.t.Helper()
+	client, ok := e.client.(*k8sfake.Clientset)
+	if !ok {
+		e.t.Fatalf("client %T records no actions", e.client)
+	}
 	var out []string
-	for _, a := range e.client.(*k8sfake.Clientset).Actions() {
-		if a.GetVerb() == "create" && a.GetSubresource() == "eviction" {
-			o := a.(k8stesting.CreateAction).GetObject().(metav1.Object)
+	for _, a := range client.Actions() {
+		c, ok := a.(k8stesting.CreateAction)
+		if !ok || a.GetSubresource() != "eviction" {
+			continue
+		}
+		if o, ok := c.GetObject().(metav1.Object); ok {
 			out = append(out, o.GetNamespace()+"/"+o.GetName())
 		}
 	}

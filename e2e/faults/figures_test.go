@@ -39,7 +39,7 @@ func TestFaultFigures(t *testing.T) {
 	ns := cluster.Namespace(t, "figures")
 	// The replicas start together on gpu-0: gpu-1 is fenced while they are placed.
 	inject(t, 1, "thermal")
-	waitTaints(t, "gpu-1", 5*time.Second, plugin.DegradedTaintKey+"=thermal:NoSchedule")
+	waitTaints(t, "gpu-1", slowdownWait, plugin.DegradedTaintKey+"=thermal:NoSchedule")
 	deployment(t, ns, "app", 3, 0)
 	cur := waitPlaced(t, ns, "app", 3, time.Minute, "gpu-0")
 	recoverGPU(t, 1)

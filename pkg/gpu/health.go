@@ -22,13 +22,10 @@ const (
 	FaultThermal FaultKind = "thermal"
 	// FaultPower is a hardware power brake slowdown.
 	FaultPower FaultKind = "power"
-	// FaultMPS is an MPS control daemon of prepared claims that stopped answering: its
-	// clients lost their server.
-	FaultMPS FaultKind = "mps-server"
 )
 
 // FaultKinds are the kinds in the order of the documented table.
-var FaultKinds = []FaultKind{FaultXID, FaultECC, FaultLost, FaultRowRemap, FaultThermal, FaultPower, FaultMPS}
+var FaultKinds = []FaultKind{FaultXID, FaultECC, FaultLost, FaultRowRemap, FaultThermal, FaultPower}
 
 // Severity says what a fault means for the GPU's work.
 type Severity int
@@ -36,8 +33,8 @@ type Severity int
 const (
 	// SeverityDegraded: running work may continue, no new work should come.
 	SeverityDegraded Severity = iota + 1
-	// SeverityFatal: the GPU's work cannot continue (the GPU is lost, or a fatal fault broke
-	// its MPS clients).
+	// SeverityFatal: the GPU's work cannot continue (the GPU is lost, or an
+	// uncorrectable error broke it).
 	SeverityFatal
 )
 
@@ -73,7 +70,8 @@ var fatalXIDs = map[uint64]bool{48: true, 62: true, 79: true, 95: true, 119: tru
 
 // ApplicationXID reports XIDs that an application's own bug causes (illegal memory access,
 // a killed context, ...): they say nothing about the GPU. Under MPS such a fault still
-// breaks every client of the server, which the MPS check notices (FaultMPS).
+// breaks every client of the server: the plugin's MPS check notices it on that server,
+// which serves one isolation domain, not the GPU.
 func ApplicationXID(xid uint64) bool {
 	switch xid {
 	case 13, 31, 43, 45, 68, 109:
@@ -85,7 +83,7 @@ func ApplicationXID(xid uint64) bool {
 // Severity is the documented table (docs/faults.md) in code.
 func (f Fault) Severity() Severity {
 	switch f.Kind {
-	case FaultECC, FaultLost, FaultMPS:
+	case FaultECC, FaultLost:
 		return SeverityFatal
 	case FaultXID:
 		if fatalXIDs[f.XID] {
@@ -117,8 +115,11 @@ func (f Fault) String() string {
 type HealthMonitor interface {
 	// Faults returns each GPU's current faults by UUID: the conditions the GPU is in now
 	// and the latched faults of events not cleared since. A GPU missing from the map is
-	// healthy.
-	Faults() (map[string][]Fault, error)
+	// healthy, unless errs names it: errs holds, by UUID, why a GPU's conditions could not
+	// be read (the caller keeps that GPU's last verdict; its latched faults are still
+	// listed), and under "" a problem that leaves every reading valid (e.g. events not
+	// watched).
+	Faults() (faults map[string][]Fault, errs map[string]error)
 	// ClearFaults drops a GPU's latched faults (an admin's word that it recovered).
 	ClearFaults(uuid string) error
 }

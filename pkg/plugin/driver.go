@@ -29,6 +29,9 @@ type Driver struct {
 	health  *health
 	ctx     context.Context
 	cancel  context.CancelCauseFunc
+	// evicting are the pods told they are evicted because their MPS server broke (only
+	// watchMPS uses it).
+	evicting map[types.UID]bool
 }
 
 // Start recovers the node's state, registers with the kubelet and publishes the GPUs. It
@@ -69,7 +72,7 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	}
 	d.reportForeign(ctx, state.RefreshForeign(ctx))
 	// A restart publishes the faults that still hold at once, and none that went.
-	d.reportHealth(ctx, d.health.refresh(ctx, state.MPSFaults(ctx)))
+	d.reportHealth(ctx, d.health.refresh(ctx))
 	if err := d.publish(ctx); err != nil {
 		helper.Stop()
 		cancel(err)
@@ -84,6 +87,7 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	}
 	go d.watchForeign(ctx)
 	go d.watchHealth(ctx)
+	go d.watchMPS(ctx)
 	return d, nil
 }
 
@@ -109,7 +113,7 @@ func (d *Driver) watchHealth(ctx context.Context) {
 			return
 		case <-ticker.C:
 		}
-		changes := d.health.refresh(ctx, d.state.MPSFaults(ctx))
+		changes := d.health.refresh(ctx)
 		if len(changes) == 0 {
 			continue
 		}
@@ -118,6 +122,22 @@ func (d *Driver) watchHealth(ctx context.Context) {
 			// The next change publishes again; the helper also retries on its own.
 			klog.FromContext(ctx).Error(err, "Publishing the ResourceSlices after a GPU's health changed")
 		}
+	}
+}
+
+// watchMPS checks fgpu's MPS daemons every HealthPoll, on its own so that a slow daemon
+// delays no GPU's taint: a dead one is restarted, and the pods of one whose clients lost
+// their server are moved.
+func (d *Driver) watchMPS(ctx context.Context) {
+	ticker := time.NewTicker(d.cfg.healthPoll())
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		d.moveMPSClients(ctx, d.state.CheckMPS(ctx))
 	}
 }
 

@@ -22,8 +22,9 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 )
 
-// GPU health (docs/faults.md): the backend's faults and those of fgpu's MPS daemons become
-// device taints, Node events and the kubelet's device health.
+// GPU health (docs/faults.md): the backend's faults become device taints, Node events and
+// the kubelet's device health. fgpu's MPS daemons are not the GPU's health: each serves one
+// isolation domain (mpshealth.go).
 
 // The taints of a faulty GPU; each value names the reason ("xid-79", "lost", ...).
 const (
@@ -55,6 +56,9 @@ const (
 	// healthResend keeps the kubelet's view fresh: it takes a device's health as unknown
 	// 30 s after the last report.
 	healthResend = 10 * time.Second
+	// slowdownPolls damps thermal and power slowdowns, which come and go with the load: one
+	// is reported after that many polls in a row see it, and lifted after as many do not.
+	slowdownPolls = 3
 )
 
 // ClearFaultsDir is where an admin asks the plugin to forget a GPU's latched faults and
@@ -66,8 +70,10 @@ func ClearFaultsDir(pluginDataDir string) string {
 func (c Config) healthPath() string { return filepath.Join(c.PluginDataDir, "health.json") }
 
 // gpuRecord is what a restart must not forget about a GPU: the latched faults (an event
-// is not seen twice), the recent fault onsets and the back-off.
+// is not seen twice), the recent fault onsets, the back-off, and the faults it has now with
+// their first sighting (a restart during a fault is no new onset, and keeps the taints' time).
 type gpuRecord struct {
+	Active      []gpu.Fault `json:"active,omitempty"`
 	Latched     []gpu.Fault `json:"latched,omitempty"`
 	Onsets      []time.Time `json:"onsets,omitempty"`
 	FencedUntil time.Time   `json:"fencedUntil,omitzero"`
@@ -90,14 +96,23 @@ type health struct {
 	mu      sync.Mutex
 	active  map[string][]gpu.Fault // by UUID
 	records map[string]*gpuRecord  // by UUID; persisted
-	listErr string
+	// readErrs is the last error reading each GPU's faults (by UUID; "" for none in
+	// particular), logged once.
+	readErrs map[string]string
+	// streaks counts the polls in a row whose reading of a slowdown ("<uuid>/<reason>")
+	// differs from its verdict (slowdownPolls).
+	streaks map[string]int
+	// refreshed is false until the first refresh: at a start the conditions are read
+	// afresh, and a restored one that went while the plugin was down goes at once.
+	refreshed bool
 	// changed is closed and replaced when a GPU's health changes.
 	changed chan struct{}
 }
 
 func newHealth(ctx context.Context, cfg Config, backend gpu.Backend, devices []gpu.Device) *health {
 	h := &health{cfg: cfg, devices: devices, now: time.Now,
-		active: map[string][]gpu.Fault{}, records: map[string]*gpuRecord{}, changed: make(chan struct{})}
+		active: map[string][]gpu.Fault{}, records: map[string]*gpuRecord{}, readErrs: map[string]string{}, streaks: map[string]int{},
+		changed: make(chan struct{})}
 	h.mon, _ = backend.(gpu.HealthMonitor)
 	raw, err := os.ReadFile(cfg.healthPath())
 	switch {
@@ -114,12 +129,17 @@ func newHealth(ctx context.Context, cfg Config, backend gpu.Backend, devices []g
 	maps.DeleteFunc(h.records, func(uuid string, _ *gpuRecord) bool {
 		return !slices.ContainsFunc(devices, func(d gpu.Device) bool { return d.UUID == uuid })
 	})
+	for uuid, rec := range h.records {
+		if len(rec.Active) > 0 {
+			h.active[uuid] = rec.Active
+		}
+	}
 	return h
 }
 
-// refresh reads the faults again (mps: those of fgpu's MPS daemons, by GPU UUID), takes
-// the admin's clear requests, and returns what changed.
-func (h *health) refresh(ctx context.Context, mps map[string][]gpu.Fault) []HealthChange {
+// refresh reads the faults again, takes the admin's clear requests, and returns what
+// changed.
+func (h *health) refresh(ctx context.Context) []HealthChange {
 	logger := klog.FromContext(ctx)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -138,41 +158,40 @@ func (h *health) refresh(ctx context.Context, mps map[string][]gpu.Fault) []Heal
 			Message: fmt.Sprintf("GPU %s (%s): an admin cleared its latched faults and back-off; conditions that still hold are reported again", d.Name(), d.UUID)})
 	}
 	var found map[string][]gpu.Fault
+	var errs map[string]error
 	if h.mon != nil {
-		var err error
-		found, err = h.mon.Faults()
-		switch {
-		case err != nil && h.listErr != err.Error():
-			logger.Error(err, "Reading the GPUs' faults; a GPU whose faults cannot be read keeps its last verdict")
-			h.listErr = err.Error()
-		case err == nil && h.listErr != "":
-			logger.Info("Reading the GPUs' faults works again")
-			h.listErr = ""
-		}
-		if err != nil && len(found) == 0 {
-			found = maps.Clone(h.active)
-		}
+		found, errs = h.mon.Faults()
 	}
+	h.logReadErrors(ctx, errs)
 	for _, d := range h.devices {
 		rec := h.records[d.UUID]
 		if rec == nil {
 			rec = &gpuRecord{}
 		}
+		before := h.active[d.UUID]
 		var now2 []gpu.Fault
-		for _, f := range append(slices.Clone(found[d.UUID]), mps[d.UUID]...) {
-			if f.Kind == gpu.FaultXID && gpu.ApplicationXID(f.XID) {
-				continue
+		for _, f := range found[d.UUID] {
+			switch {
+			case f.Kind == gpu.FaultXID && gpu.ApplicationXID(f.XID):
+			case f.Latched:
+				if !slices.ContainsFunc(rec.Latched, sameFault(f)) {
+					rec.Latched = append(rec.Latched, f)
+					dirty = true
+				}
+			default:
+				now2 = addFault(now2, f)
 			}
-			now2 = addFault(now2, f)
-			if f.Latched && !slices.ContainsFunc(rec.Latched, sameFault(f)) {
-				rec.Latched = append(rec.Latched, f)
-				dirty = true
-			}
+		}
+		if errs[d.UUID] != nil {
+			// Unreadable: its conditions keep their last verdict. Latched faults come from the
+			// record only, so an admin's clear holds.
+			now2 = slices.DeleteFunc(slices.Clone(before), func(f gpu.Fault) bool { return f.Latched })
+		} else {
+			now2 = h.damp(d.UUID, before, now2)
 		}
 		for _, f := range rec.Latched {
 			now2 = addFault(now2, f)
 		}
-		before := h.active[d.UUID]
 		for i, f := range now2 {
 			if j := slices.IndexFunc(before, sameFault(f)); j >= 0 {
 				now2[i].Since = before[j].Since
@@ -197,13 +216,15 @@ func (h *health) refresh(ctx context.Context, mps map[string][]gpu.Fault) []Heal
 		}
 		if reasons(before) != reasons(now2) {
 			changes = append(changes, faultChange(d, before, now2))
+			rec.Active = now2
+			dirty = true
 		}
 		if len(now2) == 0 {
 			delete(h.active, d.UUID)
 		} else {
 			h.active[d.UUID] = now2
 		}
-		if rec.FencedUntil.IsZero() && len(rec.Latched) == 0 && len(rec.Onsets) == 0 {
+		if rec.FencedUntil.IsZero() && len(rec.Latched) == 0 && len(rec.Onsets) == 0 && len(rec.Active) == 0 {
 			delete(h.records, d.UUID)
 		} else {
 			h.records[d.UUID] = rec
@@ -218,7 +239,64 @@ func (h *health) refresh(ctx context.Context, mps map[string][]gpu.Fault) []Heal
 		close(h.changed)
 		h.changed = make(chan struct{})
 	}
+	h.refreshed = true
 	return changes
+}
+
+// damp holds a thermal or power slowdown's verdict (before) until slowdownPolls readings in
+// a row (read) disagree with it; other conditions are taken as read. Caller holds h.mu.
+func (h *health) damp(uuid string, before, read []gpu.Fault) []gpu.Fault {
+	damped := func(f gpu.Fault) bool { return f.Kind == gpu.FaultThermal || f.Kind == gpu.FaultPower }
+	out := slices.DeleteFunc(slices.Clone(read), damped)
+	for _, kind := range []gpu.FaultKind{gpu.FaultThermal, gpu.FaultPower} {
+		key := uuid + "/" + string(kind)
+		is := func(f gpu.Fault) bool { return f.Kind == kind }
+		i, j := slices.IndexFunc(before, is), slices.IndexFunc(read, is)
+		switch {
+		case (i >= 0) == (j >= 0):
+			delete(h.streaks, key)
+			if j >= 0 {
+				out = append(out, read[j])
+			}
+		case i >= 0 && !h.refreshed:
+			// Restored at a start, and gone while the plugin was down.
+			delete(h.streaks, key)
+		default:
+			h.streaks[key]++
+			if h.streaks[key] >= slowdownPolls {
+				delete(h.streaks, key)
+				if j >= 0 {
+					out = append(out, read[j])
+				}
+			} else if i >= 0 {
+				out = append(out, before[i])
+			}
+		}
+	}
+	return out
+}
+
+// logReadErrors logs each GPU's error reading its faults once, and when it went. Caller
+// holds h.mu.
+func (h *health) logReadErrors(ctx context.Context, errs map[string]error) {
+	logger := klog.FromContext(ctx)
+	for uuid, err := range errs {
+		if err == nil || h.readErrs[uuid] == err.Error() {
+			continue
+		}
+		h.readErrs[uuid] = err.Error()
+		if uuid == "" {
+			logger.Error(err, "Reading the GPUs' faults")
+		} else {
+			logger.Error(err, "Reading a GPU's faults; it keeps its last verdict until they can be read", "gpu", uuid)
+		}
+	}
+	for uuid := range h.readErrs {
+		if errs[uuid] == nil {
+			delete(h.readErrs, uuid)
+			logger.Info("Reading the GPU's faults works again", "gpu", uuid)
+		}
+	}
 }
 
 func faultChange(d gpu.Device, before, now []gpu.Fault) HealthChange {
@@ -337,17 +415,35 @@ func (h *health) clearRequests(ctx context.Context) []gpu.Device {
 	return out
 }
 
-// save writes the records, replacing the file whole. Caller holds h.mu.
+// save writes the records with write-fsync-rename, so that a crash leaves the old or the
+// new file, never a torn one. Caller holds h.mu.
 func (h *health) save() error {
 	raw, err := json.Marshal(h.records)
 	if err != nil {
 		return err
 	}
-	tmp := h.cfg.healthPath() + ".tmp"
-	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
+	path := h.cfg.healthPath()
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".health-*")
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, h.cfg.healthPath())
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(raw)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if err := errors.Join(err, tmp.Close()); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Sync()
 }
 
 func sameFault(f gpu.Fault) func(gpu.Fault) bool {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -18,10 +17,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
-	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
-	"github.com/fgpu-dev/fgpu/pkg/mps/fakecontrol"
 )
 
 // namingClient is a fake clientset that names events from their generateName, as the API
@@ -86,12 +83,12 @@ func TestFaultTaintsComeAndGo(t *testing.T) {
 	s := e.state()
 	ctx := context.Background()
 	d := e.driver(s, e.backend())
-	if c := d.health.refresh(ctx, s.MPSFaults(ctx)); len(c) != 0 {
+	if c := d.health.refresh(ctx); len(c) != 0 {
 		t.Fatalf("healthy GPUs changed: %+v", c)
 	}
 	e.inject(1, "xid 79")
-	e.inject(0, "thermal")
-	d.reportHealth(ctx, d.health.refresh(ctx, s.MPSFaults(ctx)))
+	e.inject(0, "row-remap-failure")
+	d.reportHealth(ctx, d.health.refresh(ctx))
 	res := published(d)
 	if got := taintStrings(taints(res, "gpu-1")); !slices.Equal(got, []string{"fgpu.dev/allocator=required:NoSchedule", "fgpu.dev/gpu-fault=xid-79:NoExecute"}) {
 		t.Errorf("gpu-1 taints %v", got)
@@ -99,12 +96,12 @@ func TestFaultTaintsComeAndGo(t *testing.T) {
 	if ts := taints(res, "gpu-1"); len(ts) == 2 && ts[1].TimeAdded == nil {
 		t.Error("a fault taint has no time")
 	}
-	if got := taintStrings(taints(res, "gpu-0")); !slices.Equal(got, []string{"fgpu.dev/allocator=required:NoSchedule", "fgpu.dev/gpu-degraded=thermal:NoSchedule"}) {
+	if got := taintStrings(taints(res, "gpu-0")); !slices.Equal(got, []string{"fgpu.dev/allocator=required:NoSchedule", "fgpu.dev/gpu-degraded=row-remap-failure:NoSchedule"}) {
 		t.Errorf("gpu-0 taints %v", got)
 	}
 	// Nothing changed: no news, and the taints keep their time.
 	before := taints(published(d), "gpu-1")[1].TimeAdded
-	if c := d.health.refresh(ctx, s.MPSFaults(ctx)); len(c) != 0 {
+	if c := d.health.refresh(ctx); len(c) != 0 {
 		t.Errorf("unchanged faults reported: %+v", c)
 	}
 	if after := taints(published(d), "gpu-1")[1].TimeAdded; !after.Equal(before) {
@@ -112,7 +109,7 @@ func TestFaultTaintsComeAndGo(t *testing.T) {
 	}
 	e.recoverGPU(1)
 	e.recoverGPU(0)
-	d.reportHealth(ctx, d.health.refresh(ctx, s.MPSFaults(ctx)))
+	d.reportHealth(ctx, d.health.refresh(ctx))
 	res = published(d)
 	for _, name := range []string{"gpu-0", "gpu-1"} {
 		if got := taintStrings(taints(res, name)); !slices.Equal(got, []string{"fgpu.dev/allocator=required:NoSchedule"}) {
@@ -142,7 +139,7 @@ type stubMonitor struct {
 	cleared []string
 }
 
-func (m *stubMonitor) Faults() (map[string][]gpu.Fault, error) {
+func (m *stubMonitor) Faults() (map[string][]gpu.Fault, map[string]error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := map[string][]gpu.Fault{}
@@ -172,7 +169,7 @@ func TestRestartKeepsLatchedFaultsUntilAnAdminClears(t *testing.T) {
 		devs[1].UUID: {{Kind: gpu.FaultPower, Since: time.Now()}},
 	}}
 	d := e.driver(s, mon)
-	d.health.refresh(ctx, nil)
+	d.health.refresh(ctx)
 	if got := taintStrings(d.health.taints(devs[0].UUID)); !slices.Equal(got, []string{"fgpu.dev/gpu-fault=xid-48:NoExecute"}) {
 		t.Fatalf("gpu-0: %v", got)
 	}
@@ -180,7 +177,7 @@ func TestRestartKeepsLatchedFaultsUntilAnAdminClears(t *testing.T) {
 	// Restart: the new backend remembers no event, and the power brake is over.
 	mon2 := &stubMonitor{Backend: e.backend(), faults: map[string][]gpu.Fault{}}
 	d2 := e.driver(s, mon2)
-	d2.health.refresh(ctx, nil)
+	d2.health.refresh(ctx)
 	if got := taintStrings(d2.health.taints(devs[0].UUID)); !slices.Equal(got, []string{"fgpu.dev/gpu-fault=xid-48:NoExecute"}) {
 		t.Errorf("gpu-0 after a restart: %v", got)
 	}
@@ -194,7 +191,7 @@ func TestRestartKeepsLatchedFaultsUntilAnAdminClears(t *testing.T) {
 	if err := os.WriteFile(ClearFaultsDir(e.cfg.PluginDataDir)+"/gpu-0", nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	changes := d2.health.refresh(ctx, nil)
+	changes := d2.health.refresh(ctx)
 	if got := d2.health.taints(devs[0].UUID); len(got) != 0 {
 		t.Errorf("gpu-0 after the admin cleared it: %v", taintStrings(got))
 	}
@@ -208,7 +205,7 @@ func TestRestartKeepsLatchedFaultsUntilAnAdminClears(t *testing.T) {
 		t.Errorf("the clear request is still there: %v", err)
 	}
 	d3 := e.driver(s, &stubMonitor{Backend: e.backend()})
-	d3.health.refresh(ctx, nil)
+	d3.health.refresh(ctx)
 	if got := d3.health.taints(devs[0].UUID); len(got) != 0 {
 		t.Errorf("a cleared fault came back after a restart: %v", taintStrings(got))
 	}
@@ -232,10 +229,10 @@ func TestFlappingGPUStaysFencedForTheBackoff(t *testing.T) {
 	var flapping []HealthChange
 	for i := range 3 {
 		e.inject(0, "xid 94")
-		d.health.refresh(ctx, nil)
+		d.health.refresh(ctx)
 		clock = clock.Add(10 * time.Second)
 		e.recoverGPU(0)
-		for _, c := range d.health.refresh(ctx, nil) {
+		for _, c := range d.health.refresh(ctx) {
 			if c.Reason == ReasonGPUFlapping {
 				flapping = append(flapping, c)
 			}
@@ -256,12 +253,12 @@ func TestFlappingGPUStaysFencedForTheBackoff(t *testing.T) {
 		t.Errorf("kubelet report %+v", r.Devices[0])
 	}
 	d = newDriver()
-	d.health.refresh(ctx, nil)
+	d.health.refresh(ctx)
 	if got := d.health.taints(uuid); len(got) != 1 {
 		t.Fatalf("a restart dropped the back-off: %v", taintStrings(got))
 	}
 	clock = clock.Add(10 * time.Minute)
-	changes := d.health.refresh(ctx, nil)
+	changes := d.health.refresh(ctx)
 	if got := d.health.taints(uuid); len(got) != 0 {
 		t.Fatalf("after the back-off: %v", taintStrings(got))
 	}
@@ -277,11 +274,11 @@ func TestFlappingEventSaysWhy(t *testing.T) {
 	ctx := context.Background()
 	d := e.driver(s, e.backend())
 	e.inject(0, "lost")
-	d.health.refresh(ctx, nil)
+	d.health.refresh(ctx)
 	e.recoverGPU(0)
-	d.health.refresh(ctx, nil)
+	d.health.refresh(ctx)
 	e.inject(0, "lost")
-	changes := d.health.refresh(ctx, nil)
+	changes := d.health.refresh(ctx)
 	i := slices.IndexFunc(changes, func(c HealthChange) bool { return c.Reason == ReasonGPUFlapping })
 	if i < 0 || !strings.Contains(changes[i].Message, "faulted 2 times within 10m0s") || !strings.Contains(changes[i].Message, FlappingTaintKey) {
 		t.Fatalf("changes %+v", changes)
@@ -305,7 +302,7 @@ func TestWatchHealthStatusReportsChanges(t *testing.T) {
 		t.Fatalf("first report %+v", first)
 	}
 	e.inject(1, "ecc-dbe")
-	d.health.refresh(ctx, nil)
+	d.health.refresh(ctx)
 	select {
 	case r := <-reports:
 		if r.Devices[1].DeviceName != "gpu-1" || r.Devices[1].Health != kubeletplugin.HealthStatusUnhealthy || r.Devices[1].Message != "fatal: ecc-dbe" {
@@ -317,113 +314,5 @@ func TestWatchHealthStatusReportsChanges(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("WatchHealthStatus: %v", err)
-	}
-}
-
-// An MPS daemon of prepared claims that stops answering broke its clients: NoExecute.
-func TestDeadMPSDaemonIsAFatalFault(t *testing.T) {
-	e := newEnv(t)
-	s := e.state()
-	ctx := context.Background()
-	claim := builders.MakeClaim("ns", "a").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()
-	if _, err := s.Prepare(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
-	d := e.driver(s, e.backend())
-	d.health.refresh(ctx, s.MPSFaults(ctx))
-	if got := d.health.taints(s.Devices()[1].UUID); len(got) != 0 {
-		t.Fatalf("a running daemon is a fault: %v", taintStrings(got))
-	}
-	keys, _ := s.mps.Keys()
-	if len(keys) != 1 {
-		t.Fatalf("daemons %v", keys)
-	}
-	if _, err := s.mps.ServerPIDs(ctx, keys[0]); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.mps.Stop(ctx, keys[0]); err != nil {
-		t.Fatal(err)
-	}
-	d.health.refresh(ctx, s.MPSFaults(ctx))
-	if got := taintStrings(d.health.taints(s.Devices()[1].UUID)); !slices.Equal(got, []string{"fgpu.dev/gpu-fault=mps-server:NoExecute"}) {
-		t.Fatalf("taints %v", got)
-	}
-	if err := s.Unprepare(ctx, string(claim.UID)); err != nil {
-		t.Fatal(err)
-	}
-	d.health.refresh(ctx, s.MPSFaults(ctx))
-	if got := d.health.taints(s.Devices()[1].UUID); len(got) != 0 {
-		t.Errorf("the fault outlived its claims: %v", taintStrings(got))
-	}
-}
-
-// An MPS server in NVIDIA's FAULT state still answers, but refuses new clients until all
-// of its clients exited: NoExecute, until it is ACTIVE again.
-func TestMPSServerInFaultIsAFatalFault(t *testing.T) {
-	e := newEnv(t)
-	s := e.state()
-	ctx := context.Background()
-	claim := builders.MakeClaim("ns", "a").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()
-	if _, err := s.Prepare(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
-	d := e.driver(s, e.backend())
-	keys, _ := s.mps.Keys()
-	if len(keys) != 1 {
-		t.Fatalf("daemons %v", keys)
-	}
-	fault := filepath.Join(s.mps.LogDir(keys[0]), fakecontrol.FaultFile)
-	if err := os.WriteFile(fault, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	d.health.refresh(ctx, s.MPSFaults(ctx))
-	if got := taintStrings(d.health.taints(s.Devices()[1].UUID)); !slices.Equal(got, []string{"fgpu.dev/gpu-fault=mps-server:NoExecute"}) {
-		t.Fatalf("a server in FAULT: taints %v", got)
-	}
-	if got := d.health.taints(s.Devices()[0].UUID); len(got) != 0 {
-		t.Errorf("the other GPU is tainted: %v", taintStrings(got))
-	}
-	if err := os.Remove(fault); err != nil {
-		t.Fatal(err)
-	}
-	d.health.refresh(ctx, s.MPSFaults(ctx))
-	if got := d.health.taints(s.Devices()[1].UUID); len(got) != 0 {
-		t.Errorf("an ACTIVE server again: taints %v", taintStrings(got))
-	}
-}
-
-// A daemon that died with prepared claims while the plugin was down is restarted at the
-// plugin's start, but its clients lost their server: a fatal fault until those claims are
-// unprepared, not a healthy GPU.
-func TestMPSDaemonDeadAtRestartIsAFatalFault(t *testing.T) {
-	e := newEnv(t)
-	s := e.state()
-	ctx := context.Background()
-	claim := builders.MakeClaim("ns", "a").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()
-	if _, err := s.Prepare(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
-	keys, _ := s.mps.Keys()
-	if len(keys) != 1 {
-		t.Fatalf("daemons %v", keys)
-	}
-	if err := s.mps.Stop(ctx, keys[0]); err != nil {
-		t.Fatal(err)
-	}
-	s2 := e.state() // the plugin restarts
-	if !s2.mps.Running(ctx, keys[0]) {
-		t.Fatal("the daemon of a prepared claim was not restarted")
-	}
-	d := e.driver(s2, e.backend())
-	d.health.refresh(ctx, s2.MPSFaults(ctx))
-	if got := taintStrings(d.health.taints(s2.Devices()[1].UUID)); !slices.Equal(got, []string{"fgpu.dev/gpu-fault=mps-server:NoExecute"}) {
-		t.Fatalf("after the restart: taints %v", got)
-	}
-	if err := s2.Unprepare(ctx, string(claim.UID)); err != nil {
-		t.Fatal(err)
-	}
-	d.health.refresh(ctx, s2.MPSFaults(ctx))
-	if got := d.health.taints(s2.Devices()[1].UUID); len(got) != 0 {
-		t.Errorf("the fault outlived its claims: %v", taintStrings(got))
 	}
 }

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -50,11 +48,13 @@ type State struct {
 	ownServers map[int]bool
 	// listErrs is the last error listing each GPU's processes, logged once.
 	listErrs map[string]string
-	// diedUnder are the MPS daemons the plugin found dead at its start while claims were
-	// prepared on them, with those claims: their clients lost their server while the plugin
-	// was down, and the restarted daemon does not make them whole (gpu.FaultMPS until
-	// those claims are unprepared).
+	// diedUnder are the MPS daemons the plugin found dead while claims were prepared on
+	// them (at its start, or mpsDeadChecks checks in a row), with those claims: their
+	// clients lost their server, and the restarted daemon does not make them whole
+	// (CheckMPS reports them until those claims are unprepared).
 	diedUnder map[string]map[string]bool
+	// unanswered counts each daemon's failed checks in a row (CheckMPS).
+	unanswered map[string]int
 
 	// cgroups is the node's cgroup v2 root; dmemRegions the dmem region of each GPU (by UUID)
 	// whose memory it partitions (see detectCgroupCaps).
@@ -97,7 +97,7 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		store:   checkpoint.NewStore(cfg.CheckpointPath()),
 		cdi:     w,
 		mps:     &mps.Manager{Root: cfg.MPSRoot, Binary: backend.MPSControlBinary()},
-		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{}, diedUnder: map[string]map[string]bool{},
+		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{}, diedUnder: map[string]map[string]bool{}, unanswered: map[string]int{},
 		background: ctx,
 	}
 	if b, ok := backend.(interface{ MPSDaemonEnv(string) []string }); ok {
@@ -120,63 +120,6 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
 	}
 	return s, nil
-}
-
-// MPSFaults looks for fgpu's MPS daemons that serve prepared claims and cannot serve them:
-// a daemon that no longer answers, a server in the FAULT state (a client's fatal fault: it
-// refuses new clients until all of its clients exited), or a daemon that had died with
-// claims while the plugin was down. Their clients lost their server, so the GPU's MPS work
-// of that domain cannot go on (gpu.FaultMPS). The first clears when the daemon answers
-// again (restarted by a new prepare), the others when the claims are unprepared.
-func (s *State) MPSFaults(ctx context.Context) map[string][]gpu.Fault {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	claims := map[string]int{}
-	gpuOf := map[string]string{}
-	prepared := map[string]map[string]bool{} // daemon → its claims' UIDs
-	for uid, e := range s.cp.Claims {
-		if e.State != checkpoint.PrepareCompleted {
-			continue
-		}
-		for _, p := range e.Devices {
-			if p.MPSKey != "" {
-				claims[p.MPSKey]++
-				gpuOf[p.MPSKey] = p.GPUUUID
-				if prepared[p.MPSKey] == nil {
-					prepared[p.MPSKey] = map[string]bool{}
-				}
-				prepared[p.MPSKey][uid] = true
-			}
-		}
-	}
-	out := map[string][]gpu.Fault{}
-	add := func(key, detail string) {
-		uuid := gpuOf[key]
-		out[uuid] = append(out[uuid], gpu.Fault{Kind: gpu.FaultMPS, Since: time.Now(), Detail: detail})
-	}
-	for _, key := range slices.Sorted(maps.Keys(claims)) {
-		if died := s.diedUnder[key]; died != nil {
-			maps.DeleteFunc(died, func(uid string, _ bool) bool { return !prepared[key][uid] })
-			if len(died) > 0 {
-				add(key, fmt.Sprintf("MPS daemon %s died with %d prepared claim(s) while the plugin was down; their clients lost their server", key, len(died)))
-				continue
-			}
-		}
-		if !s.mps.Running(ctx, key) {
-			add(key, fmt.Sprintf("MPS daemon %s of %d prepared claim(s) does not answer", key, claims[key]))
-			continue
-		}
-		faulted, err := s.mps.FaultedServers(ctx, key)
-		if err == nil && len(faulted) > 0 {
-			add(key, fmt.Sprintf("MPS server %v of daemon %s is in FAULT after a client's fatal fault: it refuses new clients until its %d prepared claim(s)' clients exit", faulted, key, claims[key]))
-		}
-	}
-	for key := range s.diedUnder {
-		if claims[key] == 0 {
-			delete(s.diedUnder, key)
-		}
-	}
-	return out
 }
 
 // Devices returns the node's GPUs in index order.
@@ -654,7 +597,7 @@ func (s *State) recover(ctx context.Context) error {
 		s.limitPods(ctx, e, e.Pods)
 		for _, p := range e.Devices {
 			if p.MPSKey != "" && !s.mps.Running(ctx, p.MPSKey) {
-				logger.Info("Restarting the MPS daemon of a prepared claim; its clients lost their server, the GPU is reported faulty until the claim is unprepared",
+				logger.Info("Restarting the MPS daemon of a prepared claim; its clients lost their server and are moved",
 					"claim", klog.KRef(e.Namespace, e.Name), "daemon", p.MPSKey)
 				if s.diedUnder[p.MPSKey] == nil {
 					s.diedUnder[p.MPSKey] = map[string]bool{}

@@ -13,6 +13,8 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 )
 
+var _ gpu.HealthMonitor = (*Backend)(nil)
+
 // FaultFile is where a fake GPU's faults are written, one a line: "xid <number>" or the
 // name of another kind ("ecc-dbe", "lost", "row-remap-failure", "thermal", "power"),
 // optionally followed by a detail. The GPU is in those conditions while the lines stand,
@@ -42,42 +44,46 @@ func ParseFault(line string) (gpu.Fault, error) {
 			return gpu.Fault{}, fmt.Errorf("fault %q: %q is not an XID number", line, rest[0])
 		}
 		f.XID, rest = n, rest[1:]
-	case f.Kind == gpu.FaultMPS || !slices.Contains(gpu.FaultKinds, f.Kind):
-		// An MPS fault is noticed on the servers themselves, not injected.
+	case !slices.Contains(gpu.FaultKinds, f.Kind):
 		return gpu.Fault{}, fmt.Errorf("fault %q: unknown kind %q (known: xid <n>, ecc-dbe, lost, row-remap-failure, thermal, power)", line, fields[0])
 	}
 	f.Detail = strings.Join(rest, " ")
 	return f, nil
 }
 
-// Faults implements gpu.HealthMonitor: the lines of each GPU's FaultFile.
-func (b *Backend) Faults() (map[string][]gpu.Fault, error) {
+// Faults implements gpu.HealthMonitor: the lines of each GPU's FaultFile. A GPU whose file
+// cannot be read, or has a line that is no fault, is unreadable as a whole.
+func (b *Backend) Faults() (map[string][]gpu.Fault, map[string]error) {
 	out := map[string][]gpu.Fault{}
-	var errs []error
+	errs := map[string]error{}
 	for _, d := range b.devices {
 		raw, err := os.ReadFile(FaultFile(b.devDir, d.Index))
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("read fake GPU faults: %w", err))
+			errs[d.UUID] = fmt.Errorf("read fake GPU faults: %w", err)
 			continue
 		}
 		now := time.Now()
+		var fs []gpu.Fault
 		for _, line := range strings.Split(string(raw), "\n") {
 			if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "#") {
 				continue
 			}
 			f, err := ParseFault(line)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", FaultFile(b.devDir, d.Index), err))
-				continue
+				errs[d.UUID] = fmt.Errorf("%s: %w", FaultFile(b.devDir, d.Index), err)
+				break
 			}
 			f.Since = now
-			out[d.UUID] = append(out[d.UUID], f)
+			fs = append(fs, f)
+		}
+		if errs[d.UUID] == nil && len(fs) > 0 {
+			out[d.UUID] = fs
 		}
 	}
-	return out, errors.Join(errs...)
+	return out, errs
 }
 
 // ClearFaults implements gpu.HealthMonitor: a fake GPU latches nothing; its faults go

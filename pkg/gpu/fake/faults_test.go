@@ -17,8 +17,8 @@ func TestFaultsInjectedEachKindAndCleared(t *testing.T) {
 		t.Fatal(err)
 	}
 	devs, _ := b.Devices()
-	if got, err := b.Faults(); err != nil || len(got) != 0 {
-		t.Fatalf("a fresh fleet has faults %v (%v)", got, err)
+	if got, errs := b.Faults(); len(errs) != 0 || len(got) != 0 {
+		t.Fatalf("a fresh fleet has faults %v (%v)", got, errs)
 	}
 	lines := []string{"xid 79", "ecc-dbe page 0x12", "lost", "row-remap-failure", "thermal", "power"}
 	want := []gpu.Severity{gpu.SeverityFatal, gpu.SeverityFatal, gpu.SeverityFatal, gpu.SeverityDegraded, gpu.SeverityDegraded, gpu.SeverityDegraded}
@@ -27,9 +27,9 @@ func TestFaultsInjectedEachKindAndCleared(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := b.Faults()
-	if err != nil {
-		t.Fatal(err)
+	got, errs := b.Faults()
+	if len(errs) != 0 {
+		t.Fatal(errs)
 	}
 	if len(got[devs[0].UUID]) != 0 || len(got[devs[1].UUID]) != len(lines) {
 		t.Fatalf("faults by GPU: %v", got)
@@ -45,8 +45,8 @@ func TestFaultsInjectedEachKindAndCleared(t *testing.T) {
 	if err := RemoveFaults(dir, 1); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := b.Faults(); err != nil || len(got) != 0 {
-		t.Fatalf("cleared faults still reported: %v (%v)", got, err)
+	if got, errs := b.Faults(); len(errs) != 0 || len(got) != 0 {
+		t.Fatalf("cleared faults still reported: %v (%v)", got, errs)
 	}
 }
 
@@ -62,5 +62,32 @@ func TestParseFaultRefusesWhatItDoesNotKnow(t *testing.T) {
 	f, err := ParseFault("xid 31")
 	if err != nil || !gpu.ApplicationXID(f.XID) || f.Reason() != "xid-31" {
 		t.Errorf("xid 31: %+v %v", f, err)
+	}
+}
+
+// A line that is no fault makes its GPU unreadable as a whole (it keeps its last verdict
+// in the plugin); the other GPUs are read as usual.
+func TestUnparsableFaultFileMakesOnlyItsGPUUnreadable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("creates device nodes: needs root")
+	}
+	dir := t.TempDir()
+	b, err := New(Fleet{GPUs: []FleetGPU{{Model: "H100-80GB", Count: 2}}}, "n", dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, _ := b.Devices()
+	if err := InjectFault(dir, 0, "thermal"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(FaultFile(dir, 1), []byte("power\nthermall\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, errs := b.Faults()
+	if len(errs) != 1 || errs[devs[1].UUID] == nil {
+		t.Errorf("errors %v, want one for gpu-1 only", errs)
+	}
+	if len(got) != 1 || len(got[devs[0].UUID]) != 1 {
+		t.Errorf("faults %v, want gpu-0's thermal only", got)
 	}
 }

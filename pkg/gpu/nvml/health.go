@@ -18,20 +18,31 @@ import (
 // until an admin clears it (ClearFaults, after a GPU reset).
 const healthEvents = gonvml.EventTypeXidCriticalError | gonvml.EventTypeDoubleBitEccError
 
+var _ gpu.HealthMonitor = (*Backend)(nil)
+
 // eventWait bounds one wait for an event, and so how long Close may wait for the watch.
 const eventWait = 1000 // ms
 
 // Faults implements gpu.HealthMonitor. The conditions a GPU can be asked for are asked now:
 // a GPU that does not answer (ERROR_GPU_IS_LOST) is lost; a hardware thermal or power
 // brake slowdown (clock event reasons) and a failed row remapping degrade it. The latched
-// events of the watch that the first call starts are added to them.
-func (b *Backend) Faults() (map[string][]gpu.Fault, error) {
+// events of the watch that the first call starts are added to them. A GPU whose state NVML
+// does not give is in errs; events that are not watched are errs[""].
+func (b *Backend) Faults() (map[string][]gpu.Fault, map[string]error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
+	errs := map[string]error{}
 	if b.closed {
-		return nil, errClosed
+		b.fmu.Lock()
+		defer b.fmu.Unlock()
+		for _, uuid := range b.uuids {
+			errs[uuid] = errClosed
+		}
+		return nil, errs
 	}
-	watchErr := b.startWatch()
+	if err := b.startWatch(); err != nil {
+		errs[""] = err
+	}
 	now := time.Now()
 	out := map[string][]gpu.Fault{}
 	b.fmu.Lock()
@@ -40,21 +51,17 @@ func (b *Backend) Faults() (map[string][]gpu.Fault, error) {
 	}
 	uuids := slices.Clone(b.uuids)
 	b.fmu.Unlock()
-	var errs []error
-	if watchErr != nil {
-		errs = append(errs, watchErr)
-	}
 	for _, uuid := range uuids {
 		fs, err := b.conditions(uuid, now)
 		if err != nil {
-			errs = append(errs, err)
+			errs[uuid] = err
 		}
 		out[uuid] = append(out[uuid], fs...)
 		if len(out[uuid]) == 0 {
 			delete(out, uuid)
 		}
 	}
-	return out, errors.Join(errs...)
+	return out, errs
 }
 
 // conditions asks NVML for the GPU's present state. Caller holds b.mu for reading.

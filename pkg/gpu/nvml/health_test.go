@@ -61,8 +61,8 @@ func TestFaultsFromEventsAndConditions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := b.Faults(); err != nil || len(got) != 0 {
-		t.Fatalf("healthy GPUs have faults %v (%v)", got, err)
+	if got, errs := b.Faults(); len(errs) != 0 || len(got) != 0 {
+		t.Fatalf("healthy GPUs have faults %v (%v)", got, errs)
 	}
 	mu.Lock()
 	if registered[0] != healthEvents {
@@ -76,8 +76,9 @@ func TestFaultsFromEventsAndConditions(t *testing.T) {
 	events <- gonvml.EventData{Device: s.Devices[4], EventType: gonvml.EventTypeDoubleBitEccError}
 	var got map[string][]gpu.Fault
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if got, err = b.Faults(); err != nil {
-			t.Fatal(err)
+		var errs map[string]error
+		if got, errs = b.Faults(); len(errs) != 0 {
+			t.Fatal(errs)
 		}
 		if len(got[devs[4].UUID]) > 0 {
 			break
@@ -128,11 +129,40 @@ func TestFaultsWithoutEventsStillPollsConditions(t *testing.T) {
 	if _, err := b.Devices(); err != nil {
 		t.Fatal(err)
 	}
-	got, err := b.Faults()
-	if err == nil {
-		t.Error("no error for an event set that could not be created")
+	got, errs := b.Faults()
+	if len(errs) != 1 || errs[""] == nil {
+		t.Errorf("errors %v, want one for the event set that could not be created, and no GPU unreadable", errs)
 	}
 	if len(got) != 8 {
 		t.Fatalf("faults %v, want every GPU lost", got)
+	}
+}
+
+// A GPU whose state NVML does not give is named in the errors, alone: the others' faults
+// stand as read.
+func TestFaultsNameTheGPUThatCannotBeRead(t *testing.T) {
+	s := newMock(t)
+	s.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
+	for i := range s.Devices {
+		d := mockDevice(t, s, i)
+		d.GetCurrentClocksEventReasonsFunc = func() (uint64, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
+		ret := gonvml.SUCCESS
+		if i == 1 {
+			ret = gonvml.ERROR_UNKNOWN
+		}
+		d.GetRemappedRowsFunc = func() (int, int, bool, bool, gonvml.Return) { return 0, 0, false, i == 2, ret }
+	}
+	b := newBackend(t, s)
+	devs, err := b.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, errs := b.Faults()
+	delete(errs, "") // the event set
+	if len(errs) != 1 || errs[devs[1].UUID] == nil {
+		t.Errorf("errors %v, want GPU 1's only", errs)
+	}
+	if len(got) != 1 || len(got[devs[2].UUID]) != 1 {
+		t.Errorf("faults %v, want GPU 2's row-remap-failure only", got)
 	}
 }

@@ -3,6 +3,8 @@ package plugin
 import (
 	"path/filepath"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Config is everything the kubelet plugin needs, parsed from flags by its main.
@@ -34,6 +36,9 @@ type Config struct {
 	// (InNodePIDNamespace): NVML then lists only the processes of that namespace, fgpu's own,
 	// so no GPU is judged busy with foreign processes.
 	OwnPIDNamespace bool
+	// MPSPods, with an Image, runs each MPS control daemon in a pod of its own; without one
+	// the daemons are the plugin's children (outside Kubernetes, as in the GPU check).
+	MPSPods MPSPodConfig
 	// ForeignPoll is how often the GPUs are looked at for processes fgpu did not start
 	// (0: DefaultForeignPoll).
 	ForeignPoll time.Duration
@@ -51,3 +56,19 @@ func (c Config) foreignPoll() time.Duration {
 
 // CheckpointPath is where the checkpoint lives.
 func (c Config) CheckpointPath() string { return filepath.Join(c.PluginDataDir, "checkpoint.json") }
+
+// MPSPodConfig is how the MPS control daemons' pods run.
+type MPSPodConfig struct {
+	// Namespace is the plugin's own: the daemons' pods are created there.
+	Namespace string
+	// Image is the plugin's image; it carries the fake GPUs' stand-in control binary.
+	Image      string
+	PullPolicy corev1.PullPolicy
+	// DriverRoot is the host's driver root whose nvidia-cuda-mps-control the pods run
+	// (real GPUs); empty: the control binary in Image (fake GPUs).
+	DriverRoot string
+	// HostPaths are host directories the daemons need at their own paths.
+	HostPaths []string
+	// ShmSize is the size of each daemon's shm tmpfs, shared by its server and clients.
+	ShmSize int64
+}

@@ -42,7 +42,7 @@ func ReadNodeState() (NodeState, error) {
 			continue
 		}
 		env, err := os.ReadFile(filepath.Join("/proc", p.Name(), "environ"))
-		if err != nil || !strings.Contains(string(env), "FGPU_FAKE_MPS_DAEMON=1") {
+		if err != nil || !isStandInDaemon(p.Name(), string(env)) {
 			continue
 		}
 		for _, kv := range strings.Split(string(env), "\x00") {
@@ -57,6 +57,16 @@ func ReadNodeState() (NodeState, error) {
 	}
 	s.Checkpoint = cp
 	return s, nil
+}
+
+// isStandInDaemon: the stand-in MPS daemon, detached (-d, the plugin's child outside
+// Kubernetes) or in the foreground of its pod (-f).
+func isStandInDaemon(pid, env string) bool {
+	if strings.Contains(env, "FGPU_FAKE_MPS_DAEMON=1") {
+		return true
+	}
+	cmdline, err := os.ReadFile(filepath.Join("/proc", pid, "cmdline"))
+	return err == nil && strings.HasSuffix(string(cmdline), "fake-mps-control\x00-f\x00")
 }
 
 // alive is false for exited processes, zombies included.
@@ -96,4 +106,21 @@ func KillPlugin() (int, error) {
 		}
 	}
 	return len(pids), nil
+}
+
+// MountsUnder lists the host's mount points at or below dir (the MPS servers' shm tmpfs).
+func MountsUnder(dir string) []string {
+	raw, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// ContainerdSocket is the local cluster's containerd.
+func ContainerdSocket() string {
+	return filepath.Join(RepoRoot(), "_output", "cluster", "containerd", "containerd.sock")
 }

@@ -46,7 +46,8 @@ func ReadNodeState() (NodeState, error) {
 			continue
 		}
 		for _, kv := range strings.Split(string(env), "\x00") {
-			if dir, ok := strings.CutPrefix(kv, "CUDA_MPS_PIPE_DIRECTORY="); ok {
+			// Unit tests on this machine run stand-ins of their own, elsewhere.
+			if dir, ok := strings.CutPrefix(kv, "CUDA_MPS_PIPE_DIRECTORY="); ok && strings.HasPrefix(dir, StateDir+"/") {
 				s.Daemons[dir] = append(s.Daemons[dir], pid)
 			}
 		}
@@ -110,6 +111,10 @@ func KillPlugin() (int, error) {
 
 // MountsUnder lists the host's mount points at or below dir (the MPS servers' shm tmpfs).
 func MountsUnder(dir string) []string {
+	// mountinfo names the real path (/var/run is a link to /run).
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
 	raw, _ := os.ReadFile("/proc/self/mountinfo")
 	var out []string
 	for _, l := range strings.Split(string(raw), "\n") {
@@ -123,4 +128,18 @@ func MountsUnder(dir string) []string {
 // ContainerdSocket is the local cluster's containerd.
 func ContainerdSocket() string {
 	return filepath.Join(RepoRoot(), "_output", "cluster", "containerd", "containerd.sock")
+}
+
+// PluginRegistrations counts the kubelet's connections to a (re)started fgpu plugin, from the
+// local cluster's kubelet log: a plugin pod is Ready before the kubelet has registered it,
+// and a claim prepared in between waits for the kubelet's retry (a minute or more).
+func PluginRegistrations() int {
+	raw, _ := os.ReadFile(filepath.Join(RepoRoot(), "_output", "cluster", "logs", "kubelet.log"))
+	n := 0
+	for _, l := range strings.Split(string(raw), "\n") {
+		if strings.Contains(l, `"Connection changed"`) && strings.Contains(l, `driverName="`+Driver+`"`) && strings.Contains(l, "connected=true") {
+			n++
+		}
+	}
+	return n
 }

@@ -119,14 +119,14 @@ func TestMPSServersOutliveThePlugin(t *testing.T) {
 		deletePod(t, tn.ns, name)
 	}
 
-	pluginsBefore := framework.PluginPIDs()
+	pluginsBefore, registrations := framework.PluginPIDs(), framework.PluginRegistrations()
 	if _, err := framework.Run(ctx, framework.Bin("kubectl"), "-n", framework.Namespace, "rollout", "restart", "daemonset/fgpu-kubelet-plugin"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := framework.Run(ctx, framework.Bin("kubectl"), "-n", framework.Namespace, "rollout", "status", "daemonset/fgpu-kubelet-plugin", "--timeout=3m"); err != nil {
 		t.Fatal(err)
 	}
-	waitNewPlugin(t, pluginsBefore)
+	waitNewPlugin(t, pluginsBefore, registrations)
 	untouched("a rollout restart of the plugin")
 	newClaim("after the rollout", 0)
 
@@ -142,11 +142,11 @@ func TestMPSServersOutliveThePlugin(t *testing.T) {
 			t.Errorf("removing the retagged image: %v", err)
 		}
 	}()
-	pluginsBefore = framework.PluginPIDs()
+	pluginsBefore, registrations = framework.PluginPIDs(), framework.PluginRegistrations()
 	if err := cluster.Install(ctx, append(slices.Clone(suiteValues), "image.tag="+upgradeTag)...); err != nil {
 		t.Fatal(err)
 	}
-	waitNewPlugin(t, pluginsBefore)
+	waitNewPlugin(t, pluginsBefore, registrations)
 	untouched("a helm upgrade to another image")
 	newClaim("after the upgrade", 1)
 
@@ -181,22 +181,23 @@ func checkSharedShm(t *testing.T, ns, name string, s servers) {
 		t.Errorf("the MPS server does not see the client's %s in its /dev/shm: %q (%v)", r.ShmFile, raw, err)
 	}
 	shmDir := filepath.Join(filepath.Dir(r.Env["CUDA_MPS_PIPE_DIRECTORY"]), "shm")
-	if m := framework.MountsUnder(framework.StateDir); !slices.Contains(m, "/run/fgpu"+strings.TrimPrefix(shmDir, "/var/run/fgpu")) {
+	if m := framework.MountsUnder(shmDir); len(m) != 1 {
 		t.Errorf("the shm directory %s is not a mount of its own on the host: %v", shmDir, m)
 	}
 }
 
-// waitNewPlugin waits until a plugin process runs that is none of before.
-func waitNewPlugin(t *testing.T, before []int) {
+// waitNewPlugin waits until a plugin process runs that is none of before and the kubelet has
+// registered it (registrations counts those before).
+func waitNewPlugin(t *testing.T, before []int, registrations int) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		now := framework.PluginPIDs()
-		if len(now) == 1 && !slices.Contains(before, now[0]) {
+		if len(now) == 1 && !slices.Contains(before, now[0]) && framework.PluginRegistrations() > registrations {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no new plugin process: before %v, now %v", before, now)
+			t.Fatalf("no new plugin process registered: before %v, now %v", before, now)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -218,6 +219,10 @@ func TestPluginRunsDaemonPodsOnItsOwnNodeOnly(t *testing.T) {
 		}
 	}
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	policyInForce(t, func(opts metav1.CreateOptions) error {
+		_, err := pluginOn(t, "some-other-node").CoreV1().Pods(framework.Namespace).Create(ctx, pod(cluster.Node, "mps-daemon"), opts)
+		return err
+	})
 	_, err := pluginOn(t, "some-other-node").CoreV1().Pods(framework.Namespace).Create(ctx, pod(cluster.Node, "mps-daemon"), dryRun)
 	if err == nil || !strings.Contains(err.Error(), "may only run MPS daemon pods on its own node, not on node "+cluster.Node) {
 		t.Errorf("a plugin on another node created a daemon pod on this node: %v", err)

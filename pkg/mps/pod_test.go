@@ -173,6 +173,10 @@ func TestPodDaemonThatNeverAnswersSaysWhy(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "did not answer within 500ms") || !strings.Contains(err.Error(), "ErrImageNeverPull") {
 		t.Fatalf("Ensure = %v, want a timeout naming the pod's reason", err)
 	}
+	// The kubelet's retry finds the pod still starting: it waits for it, never starts another.
+	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{}); err == nil || kubelet.Created() != 1 {
+		t.Fatalf("a second Ensure of a starting daemon: %v, %d pods created", err, kubelet.Created())
+	}
 	if err := m.Stop(ctx, key); err != nil {
 		t.Fatal(err)
 	}

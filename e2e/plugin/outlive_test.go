@@ -238,3 +238,52 @@ func TestPluginRunsDaemonPodsOnItsOwnNodeOnly(t *testing.T) {
 		t.Error("a plugin created a pod outside its namespace")
 	}
 }
+
+// A daemon pod deleted while a tenant uses it is started again by the domain's next prepare,
+// with an event on the Node; unprepare of the last claim removes it.
+func TestDeletedMPSDaemonIsStartedAgain(t *testing.T) {
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "redaemon")
+	if _, err := cluster.Create(ctx, framework.MakeGPUPod(ns, "first").Memory("10Gi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.WaitRunning(ctx, ns, "first", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	pods, err := cluster.DaemonPods(ctx)
+	if err != nil || len(pods) != 1 {
+		t.Fatalf("want one daemon pod: %v (%v)", pods, err)
+	}
+	var old corev1.Pod
+	for _, p := range pods {
+		old = p
+	}
+	if err := cluster.Client.CoreV1().Pods(framework.Namespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.Create(ctx, framework.MakeGPUPod(ns, "second").Memory("10Gi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.WaitRunning(ctx, ns, "second", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.WaitEvent(ctx, metav1.NamespaceDefault, cluster.Node, "for isolation domain "+ns+"/default was not running", time.Minute); err != nil {
+		t.Error(err)
+	}
+	pods, err = cluster.DaemonPods(ctx)
+	if err != nil || len(pods) != 1 || pods[old.Name].UID == old.UID {
+		t.Errorf("want the daemon's pod created again: %v (%v)", pods, err)
+	}
+	st := readServers(t)
+	if len(st.daemons) != 1 {
+		t.Errorf("want one daemon, have %v", st.daemons)
+	}
+	deletePod(t, ns, "first")
+	deletePod(t, ns, "second")
+	waitNodeState(t, func(s framework.NodeState) bool {
+		return len(s.SpecClaims) == 0 && len(s.Daemons) == 0 && len(s.MPSDirs) == 0 && len(s.Checkpoint.Claims) == 0
+	})
+	if pods, err := cluster.DaemonPods(ctx); err != nil || len(pods) != 0 {
+		t.Errorf("daemon pods left: %v (%v)", pods, err)
+	}
+}

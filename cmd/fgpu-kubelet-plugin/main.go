@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -32,6 +33,8 @@ type flags struct {
 	gpus           string
 	mpsControl     string
 	reservedMemory string
+	mpsShmSize     string
+	mpsPullPolicy  string
 	allocationMode string
 	metrics        serve.MetricsOptions
 	kubeconfig     string
@@ -54,6 +57,10 @@ func main() {
 	fs.StringVar(&f.cfg.DriverRoot, "driver-root", "", `host path of the NVIDIA driver installation that claims' containers get (libraries, tools, IPC sockets): "/" (the default) or e.g. /run/nvidia/driver (GPU Operator); fake GPUs: a fake driver laid out at /var/run/fgpu/fake-driver (default) or the given path`)
 	fs.StringVar(&f.cfg.DriverRootLocal, "driver-root-container-path", "", "where the plugin's container sees --driver-root (default: the same path)")
 	fs.StringVar(&f.mpsControl, "mps-control-binary", "", "MPS control binary (default nvidia-cuda-mps-control; fake GPUs: fake-mps-control)")
+	fs.StringVar(&f.cfg.MPSPods.Image, "mps-daemon-image", "", "image of the MPS control daemons' pods (the plugin's own; fake GPUs: it carries fake-mps-control); empty: the daemons run as the plugin's children and die with it, for use outside Kubernetes")
+	fs.StringVar(&f.mpsPullPolicy, "mps-daemon-image-pull-policy", string(corev1.PullIfNotPresent), "pull policy of --mps-daemon-image")
+	fs.StringVar(&f.cfg.MPSPods.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the plugin's namespace, where the MPS daemons' pods run (default $POD_NAMESPACE)")
+	fs.StringVar(&f.mpsShmSize, "mps-shm-size", "256Mi", "size of the tmpfs each MPS server and its clients share as /dev/shm (with --mps-daemon-image)")
 	fs.StringVar(&f.cfg.CDIDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs")
 	fs.StringVar(&f.cfg.MPSRoot, "mps-root", "/var/run/fgpu/mps", "directory for MPS pipe and log directories (same path on the host and in the container)")
 	fs.StringVar(&f.cfg.PluginDataDir, "plugin-data-dir", "/var/lib/kubelet/plugins/"+api.DriverName, "plugin socket and checkpoint directory")
@@ -90,6 +97,17 @@ func run(ctx context.Context, f flags) error {
 		return fmt.Errorf("--reserved-memory: %w", err)
 	}
 	f.cfg.ReservedMemory = reserved.Value()
+	if f.cfg.MPSPods.Image != "" {
+		shm, err := resource.ParseQuantity(f.mpsShmSize)
+		if err != nil || shm.Value() <= 0 {
+			return fmt.Errorf("--mps-shm-size %q: a positive size, e.g. 256Mi", f.mpsShmSize)
+		}
+		f.cfg.MPSPods.ShmSize = shm.Value()
+		f.cfg.MPSPods.PullPolicy = corev1.PullPolicy(f.mpsPullPolicy)
+		if f.cfg.MPSPods.Namespace == "" {
+			return errors.New("--namespace (or $POD_NAMESPACE) is required with --mps-daemon-image")
+		}
+	}
 	switch f.allocationMode {
 	case "scheduler":
 	case "allocator":
@@ -166,6 +184,8 @@ func newBackend(logger klog.Logger, f *flags) (gpu.Backend, error) {
 			return nil, fmt.Errorf("no libnvidia-ml.so.1 for driver %s under driver root %s: the NVML backend cannot load the driver", drv.Version, f.cfg.DriverRoot)
 		}
 		opts = append(opts, nvml.WithLibraryPath(drv.NVML))
+		// A daemon's pod runs the driver's own nvidia-cuda-mps-control.
+		f.cfg.MPSPods.DriverRoot = f.cfg.DriverRoot
 		return nvml.Open(opts...)
 	case strings.HasPrefix(f.gpus, "fake:"), strings.HasPrefix(f.gpus, "fake-file:"):
 		var fleet fake.Fleet
@@ -187,6 +207,8 @@ func newBackend(logger klog.Logger, f *flags) (gpu.Backend, error) {
 		if err := layOutFakeDriver(f); err != nil {
 			return nil, err
 		}
+		// The stand-in daemon lists itself beside the fake device nodes, as NVML lists a server.
+		f.cfg.MPSPods.HostPaths = []string{f.cfg.DevRoot}
 		return fake.New(fleet, f.cfg.NodeName, f.cfg.DevRoot, f.mpsControl)
 	default:
 		return nil, fmt.Errorf(`--gpus must be "nvml", "fake:<spec>" or "fake-file:<path>", not %q`, f.gpus)

@@ -25,6 +25,8 @@ type Report struct {
 	PipeDirWritable bool `json:"pipeDirWritable"`
 	// DriverFiles are the files of DriverPaths that exist in the container.
 	DriverFiles []string `json:"driverFiles"`
+	// ShmFile is a file the probe wrote in its /dev/shm, which it shares with its MPS server.
+	ShmFile string `json:"shmFile,omitempty"`
 }
 
 // DriverPaths are where a CUDA image expects the NVIDIA driver: the loader's directory of a
@@ -60,6 +62,14 @@ func main() {
 			r.PipeDirWritable = true
 			f.Close()
 			os.Remove(f.Name())
+		}
+	}
+
+	if r.Env["CUDA_MPS_PIPE_DIRECTORY"] != "" {
+		host, _ := os.Hostname()
+		name := "/dev/shm/fgpu-probe-" + host
+		if err := os.WriteFile(name, []byte(host), 0o644); err == nil {
+			r.ShmFile = name
 		}
 	}
 

@@ -109,7 +109,8 @@ stop 10 kube-apiserver
 stop 10 etcd
 
 # 4. Mounts: pod volumes under the kubelet root, containerd's rootfs/shm mounts under /run and the
-#    state dir, and the CNI network namespaces. Deepest first; lazily if busy.
+#    state dir, fgpu's state dir (up.sh's shared bind and the MPS servers' shm), and the CNI
+#    network namespaces. Deepest first; lazily if busy.
 unmount_under() {
   local prefix=$1 m
   # /proc/self/mountinfo field 5 is the mount point (octal-escaped spaces are rare enough here).
@@ -117,7 +118,7 @@ unmount_under() {
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "down: WARNING: cannot unmount $m"
   done < <(awk -v p="$prefix" '$5 == p || index($5, p "/") == 1 {print $5}' /proc/self/mountinfo | sort -r -u)
 }
-for prefix in "$KUBELET_ROOT" /run/containerd /var/run/containerd "$STATE_DIR"; do
+for prefix in "$KUBELET_ROOT" /run/containerd /var/run/containerd "$STATE_DIR" "$FGPU_STATE_DIR"; do
   unmount_under "$prefix"
 done
 for ns in /run/netns/cni-*; do

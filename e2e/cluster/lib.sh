@@ -27,6 +27,9 @@ RUNTIME_CONFIG=${FGPU_RUNTIME_CONFIG:-}
 
 # Host paths outside the state dir that the cluster creates; down.sh removes the ones that did not
 # exist before up.sh (recorded in $STATE_DIR/preexisting).
+# FGPU_STATE_DIR is fgpu's node directory (the chart's kubeletPlugin.stateDir), made a shared
+# mount by up.sh: the plugin's hostPath of it uses Bidirectional mount propagation.
+FGPU_STATE_DIR=/run/fgpu
 HOST_PATHS=(/var/lib/kubelet /var/log/pods /var/log/containers /run/containerd /run/netns
   /etc/cdi /var/run/cdi /var/lib/cni /var/lib/cni/networks /var/lib/cni/results /run/nri /run/mount)
 

@@ -83,6 +83,15 @@ for s in "${SYSCTLS[@]}"; do
 done
 echo "$NODE_NAME" >"$STATE_DIR/node-name"
 
+# The kubelet plugin mounts each MPS server's shm (a size-limited tmpfs) under its state dir
+# through a hostPath with Bidirectional mount propagation, so that the server's pod and its
+# clients see it. containerd refuses Bidirectional on a path whose mount is not shared, and
+# this machine's / is private (systemd makes it shared on ordinary nodes): bind the state dir
+# onto itself and make that mount shared. down.sh unmounts it.
+mkdir -p "$FGPU_STATE_DIR"
+findmnt -n --mountpoint "$FGPU_STATE_DIR" >/dev/null || mount --bind "$FGPU_STATE_DIR" "$FGPU_STATE_DIR"
+mount --make-rshared "$FGPU_STATE_DIR"
+
 # The pause image is built while nothing else runs yet (a cached go build: a second or two).
 "$REPO_ROOT/e2e/cluster/images.sh" --no-import pause
 

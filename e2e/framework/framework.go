@@ -309,3 +309,17 @@ func (c *Cluster) LabelNamespace(t *testing.T, ns, k, v string) {
 		t.Fatal(err)
 	}
 }
+
+// DaemonPods returns the MPS daemon pods on this node by name.
+func (c *Cluster) DaemonPods(ctx context.Context) (map[string]corev1.Pod, error) {
+	list, err := c.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/component=mps-daemon", FieldSelector: "spec.nodeName=" + c.Node})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]corev1.Pod{}
+	for _, p := range list.Items {
+		out[p.Name] = p
+	}
+	return out, nil
+}

@@ -42,11 +42,12 @@ func ReadNodeState() (NodeState, error) {
 			continue
 		}
 		env, err := os.ReadFile(filepath.Join("/proc", p.Name(), "environ"))
-		if err != nil || !strings.Contains(string(env), "FGPU_FAKE_MPS_DAEMON=1") {
+		if err != nil || !isStandInDaemon(p.Name(), string(env)) {
 			continue
 		}
 		for _, kv := range strings.Split(string(env), "\x00") {
-			if dir, ok := strings.CutPrefix(kv, "CUDA_MPS_PIPE_DIRECTORY="); ok {
+			// Unit tests on this machine run stand-ins of their own, elsewhere.
+			if dir, ok := strings.CutPrefix(kv, "CUDA_MPS_PIPE_DIRECTORY="); ok && strings.HasPrefix(dir, StateDir+"/") {
 				s.Daemons[dir] = append(s.Daemons[dir], pid)
 			}
 		}
@@ -57,6 +58,16 @@ func ReadNodeState() (NodeState, error) {
 	}
 	s.Checkpoint = cp
 	return s, nil
+}
+
+// isStandInDaemon: the stand-in MPS daemon, detached (-d, the plugin's child outside
+// Kubernetes) or in the foreground of its pod (-f).
+func isStandInDaemon(pid, env string) bool {
+	if strings.Contains(env, "FGPU_FAKE_MPS_DAEMON=1") {
+		return true
+	}
+	cmdline, err := os.ReadFile(filepath.Join("/proc", pid, "cmdline"))
+	return err == nil && strings.HasSuffix(string(cmdline), "fake-mps-control\x00-f\x00")
 }
 
 // alive is false for exited processes, zombies included.
@@ -96,4 +107,39 @@ func KillPlugin() (int, error) {
 		}
 	}
 	return len(pids), nil
+}
+
+// MountsUnder lists the host's mount points at or below dir (the MPS servers' shm tmpfs).
+func MountsUnder(dir string) []string {
+	// mountinfo names the real path (/var/run is a link to /run).
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
+	raw, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// ContainerdSocket is the local cluster's containerd.
+func ContainerdSocket() string {
+	return filepath.Join(RepoRoot(), "_output", "cluster", "containerd", "containerd.sock")
+}
+
+// PluginRegistrations counts the kubelet's connections to a (re)started fgpu plugin, from the
+// local cluster's kubelet log: a plugin pod is Ready before the kubelet has registered it,
+// and a claim prepared in between waits for the kubelet's retry (a minute or more).
+func PluginRegistrations() int {
+	raw, _ := os.ReadFile(filepath.Join(RepoRoot(), "_output", "cluster", "logs", "kubelet.log"))
+	n := 0
+	for _, l := range strings.Split(string(raw), "\n") {
+		if strings.Contains(l, `"Connection changed"`) && strings.Contains(l, `driverName="`+Driver+`"`) && strings.Contains(l, "connected=true") {
+			n++
+		}
+	}
+	return n
 }

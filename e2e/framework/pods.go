@@ -177,6 +177,8 @@ type ProbeReport struct {
 	PipeDirWritable bool              `json:"pipeDirWritable"`
 	// DriverFiles are the paths where a CUDA image expects the driver that exist in the container.
 	DriverFiles []string `json:"driverFiles"`
+	// ShmFile is a file the probe wrote in its /dev/shm.
+	ShmFile string `json:"shmFile"`
 }
 
 // Probe reads fgpu-probe's JSON line from the pod's log.

@@ -4,9 +4,11 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -40,10 +42,24 @@ func slice(name, node string) *resourceapi.ResourceSlice {
 	}
 }
 
+// policyInForce waits (bounded) until a dry run of create is refused: the API server
+// enforces an admission policy a moment after the chart (re)created it.
+func policyInForce(t *testing.T, create func(metav1.CreateOptions) error) {
+	t.Helper()
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	_ = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return create(dryRun) != nil, nil
+	})
+}
+
 // A plugin may write its own node's ResourceSlices only.
 func TestPluginWritesOnlyItsOwnNodesSlices(t *testing.T) {
 	ctx := context.Background()
 	other := pluginOn(t, "some-other-node")
+	policyInForce(t, func(opts metav1.CreateOptions) error {
+		_, err := other.ResourceV1().ResourceSlices().Create(ctx, slice("fgpu-e2e-intruder", cluster.Node), opts)
+		return err
+	})
 	_, err := other.ResourceV1().ResourceSlices().Create(ctx, slice("fgpu-e2e-intruder", cluster.Node), metav1.CreateOptions{})
 	if err == nil {
 		if err := cluster.Client.ResourceV1().ResourceSlices().Delete(ctx, "fgpu-e2e-intruder", metav1.DeleteOptions{}); err != nil {

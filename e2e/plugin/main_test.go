@@ -15,11 +15,11 @@ import (
 
 var cluster *framework.Cluster
 
+// suiteValues are the chart values the suite installs (and a test that changes them puts back).
+var suiteValues = []string{"allocationMode=scheduler", "kubeletPlugin.gpus=fake:1xH100-80GB"}
+
 func TestMain(m *testing.M) {
-	c, err := framework.Setup(
-		"allocationMode=scheduler",
-		"kubeletPlugin.gpus=fake:1xH100-80GB",
-	)
+	c, err := framework.Setup(suiteValues...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e setup:", err)
 		os.Exit(1)

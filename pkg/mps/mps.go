@@ -1,7 +1,11 @@
 // Package mps runs one MPS control daemon per GPU and isolation domain, each with its own
-// pipe and log directories, through nvidia-cuda-mps-control's own command interface. The
+// pipe, log and shm directories, through nvidia-cuda-mps-control's own command interface. The
 // fake backend points Binary at a stand-in that speaks the same interface, so this code
 // path is the one real GPUs use.
+//
+// In a cluster each daemon runs in a pod of its own (PodLauncher), so that it outlives the
+// plugin's container; without a Launcher it runs as a detached child (`-d`), as the GPU check
+// does without Kubernetes.
 package mps
 
 import (
@@ -14,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,6 +73,14 @@ type Manager struct {
 	DaemonEnv func(gpuUUID string) []string
 	// Timeout bounds one control command.
 	Timeout time.Duration
+	// Launcher runs each daemon outside this process (a pod); nil: a detached child.
+	Launcher Launcher
+	// StartTimeout bounds the wait for a launched daemon to answer (default 30s: the
+	// kubelet gives a prepare 45s).
+	StartTimeout time.Duration
+	// ShmSize, if set, makes each daemon's shm directory a tmpfs of that many bytes, shared
+	// by its server (as /dev/shm) and its clients.
+	ShmSize int64
 
 	mu sync.Mutex
 	// applied remembers the defaults each daemon was last given, to skip a control
@@ -83,6 +96,23 @@ func (m *Manager) LogDir(key string) string { return filepath.Join(m.Root, key, 
 
 // ShmDir is shared by the daemon's clients as their /dev/shm.
 func (m *Manager) ShmDir(key string) string { return filepath.Join(m.Root, key, "shm") }
+
+// Spec is how daemon key runs for GPU gpuUUID: in the foreground, with its directories in
+// the environment. One function, so that every launcher runs the same command.
+func (m *Manager) Spec(key, gpuUUID string) DaemonSpec {
+	env := []string{
+		"CUDA_MPS_PIPE_DIRECTORY=" + m.PipeDir(key),
+		"CUDA_MPS_LOG_DIRECTORY=" + m.LogDir(key),
+		"CUDA_VISIBLE_DEVICES=" + gpuUUID,
+	}
+	if m.DaemonEnv != nil {
+		env = append(env, m.DaemonEnv(gpuUUID)...)
+	}
+	return DaemonSpec{
+		Key: key, GPUUUID: gpuUUID, Command: []string{m.Binary, "-f"}, Env: env,
+		Dir: filepath.Join(m.Root, key), PipeDir: m.PipeDir(key), ShmDir: m.ShmDir(key),
+	}
+}
 
 // Running reports whether the daemon answers on its pipe directory.
 func (m *Manager) Running(ctx context.Context, key string) bool {
@@ -131,31 +161,72 @@ func (m *Manager) FaultedServers(ctx context.Context, key string) ([]int, error)
 }
 
 // Ensure starts the daemon with directory key on GPU gpuUUID if it is not running and sets
-// its defaults. Idempotent. The key is the one recorded when the claim was planned (Daemon.Key
-// then), so that a daemon started by an earlier version keeps serving its claims.
-func (m *Manager) Ensure(ctx context.Context, key, gpuUUID string, limits Limits) error {
+// its defaults; started says it was not running. Idempotent, and never starts a second
+// daemon for a key: a launched one that does not answer yet is waited for. The key is the
+// one recorded when the claim was planned (Daemon.Key then), so that a daemon started by an
+// earlier version keeps serving its claims.
+func (m *Manager) Ensure(ctx context.Context, key, gpuUUID string, limits Limits) (started bool, err error) {
 	if !keyRE.MatchString(key) {
-		return fmt.Errorf("refusing to start MPS daemon with malformed key %q", key)
+		return false, fmt.Errorf("refusing to start MPS daemon with malformed key %q", key)
 	}
 	for _, dir := range []string{m.PipeDir(key), m.LogDir(key), m.ShmDir(key)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("create MPS directory: %w", err)
+			return false, fmt.Errorf("create MPS directory: %w", err)
+		}
+	}
+	if m.ShmSize > 0 {
+		if err := mountShm(m.ShmDir(key), m.ShmSize); err != nil {
+			return false, err
 		}
 	}
 	if !m.Running(ctx, key) {
+		started = true
 		m.forget(key)
-		// A daemon killed with its container leaves its pipe files; a new one needs them gone.
-		if err := clearDir(m.PipeDir(key)); err != nil {
-			return err
-		}
-		env := []string{"CUDA_VISIBLE_DEVICES=" + gpuUUID}
-		if m.DaemonEnv != nil {
-			env = append(env, m.DaemonEnv(gpuUUID)...)
-		}
-		if out, err := m.run(ctx, key, env, nil, "-d"); err != nil {
-			return fmt.Errorf("start MPS control daemon %s for GPU %s: %w: %s", key, gpuUUID, err, out)
+		if err := m.start(ctx, key, gpuUUID); err != nil {
+			return true, err
 		}
 	}
+	return started, m.setDefaults(ctx, key, gpuUUID, limits)
+}
+
+func (m *Manager) start(ctx context.Context, key, gpuUUID string) error {
+	if m.Launcher != nil {
+		if err := m.Launcher.Start(ctx, m.Spec(key, gpuUUID)); err != nil {
+			return fmt.Errorf("start MPS control daemon %s for GPU %s: %w", key, gpuUUID, err)
+		}
+		return m.waitAnswering(ctx, key, gpuUUID)
+	}
+	// A daemon killed with its container leaves its pipe files; a new one needs them gone.
+	if err := clearDir(m.PipeDir(key)); err != nil {
+		return err
+	}
+	env := []string{"CUDA_VISIBLE_DEVICES=" + gpuUUID}
+	if m.DaemonEnv != nil {
+		env = append(env, m.DaemonEnv(gpuUUID)...)
+	}
+	if out, err := m.run(ctx, key, env, nil, "-d"); err != nil {
+		return fmt.Errorf("start MPS control daemon %s for GPU %s: %w: %s", key, gpuUUID, err, out)
+	}
+	return nil
+}
+
+// waitAnswering waits, bounded, for a launched daemon to answer on its pipe directory.
+func (m *Manager) waitAnswering(ctx context.Context, key, gpuUUID string) error {
+	timeout := m.StartTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	deadline := time.Now().Add(timeout)
+	for !m.Running(ctx, key) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("MPS control daemon %s for GPU %s did not answer within %s: %s", key, gpuUUID, timeout, m.Launcher.Describe(ctx, key))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
+func (m *Manager) setDefaults(ctx context.Context, key, gpuUUID string, limits Limits) error {
 	if m.unchanged(key, limits) {
 		return nil
 	}
@@ -206,15 +277,45 @@ func (m *Manager) Stop(ctx context.Context, key string) error {
 			return err
 		}
 	}
+	if m.Launcher != nil {
+		if err := m.Launcher.Stop(ctx, key); err != nil {
+			return fmt.Errorf("stop MPS control daemon %s: %w", key, err)
+		}
+	}
 	m.forget(key)
+	if err := unmountShm(m.ShmDir(key)); err != nil {
+		return err
+	}
 	if err := m.removeDirs(key); err != nil {
 		return fmt.Errorf("remove MPS directories of %s: %w", key, err)
 	}
 	return nil
 }
 
-// Keys lists the daemon directories present under Root, running or not.
-func (m *Manager) Keys() ([]string, error) {
+// Keys lists the daemons present, running or not: their directories under Root, and the
+// daemons launched (pods) whose directories are gone.
+func (m *Manager) Keys(ctx context.Context) ([]string, error) {
+	keys, err := m.DirKeys()
+	if err != nil {
+		return nil, err
+	}
+	if m.Launcher != nil {
+		launched, err := m.Launcher.Keys(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range launched {
+			if keyRE.MatchString(k) && !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	return keys, nil
+}
+
+// DirKeys lists the daemon directories present under Root: the daemons that can be asked
+// on their pipe directory.
+func (m *Manager) DirKeys() ([]string, error) {
 	entries, err := os.ReadDir(m.Root)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil

@@ -31,7 +31,7 @@ func TestEnsureStartsConfiguresAndStops(t *testing.T) {
 	if m.Running(ctx, key) {
 		t.Fatal("daemon running before start")
 	}
-	if err := m.Ensure(ctx, key, d.GPUUUID, Limits{PinnedMemBytes: 10 << 30, ThreadPercent: 40}); err != nil {
+	if _, err := m.Ensure(ctx, key, d.GPUUUID, Limits{PinnedMemBytes: 10 << 30, ThreadPercent: 40}); err != nil {
 		t.Fatal(err)
 	}
 	if !m.Running(ctx, key) {
@@ -45,14 +45,14 @@ func TestEnsureStartsConfiguresAndStops(t *testing.T) {
 		t.Fatalf("daemon got %+v", st)
 	}
 	// A second Ensure reuses the daemon and only updates its defaults.
-	if err := m.Ensure(ctx, key, d.GPUUUID, Limits{PinnedMemBytes: 20 << 30}); err != nil {
+	if _, err := m.Ensure(ctx, key, d.GPUUUID, Limits{PinnedMemBytes: 20 << 30}); err != nil {
 		t.Fatal(err)
 	}
 	st2, _ := fakecontrol.ReadState(m.LogDir(key))
 	if st2.PID != st.PID || st2.DefaultPinnedMemLimit["0"] != "20480M" {
 		t.Fatalf("Ensure restarted or did not update the daemon: %+v -> %+v", st, st2)
 	}
-	keys, _ := m.Keys()
+	keys, _ := m.Keys(ctx)
 	if len(keys) != 1 || keys[0] != key {
 		t.Fatalf("Keys() = %v", keys)
 	}
@@ -80,7 +80,7 @@ func TestEnsureRecoversFromStalePipe(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(m.PipeDir(d.Key()), "control"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Ensure(ctx, d.Key(), d.GPUUUID, Limits{}); err != nil {
+	if _, err := m.Ensure(ctx, d.Key(), d.GPUUUID, Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -162,16 +162,16 @@ func TestEarlierKeysStayManageable(t *testing.T) {
 	ctx := context.Background()
 	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
 	old := "ns-team-a_0123456789ab"
-	if err := m.Ensure(ctx, old, "GPU-1", Limits{}); err != nil {
+	if _, err := m.Ensure(ctx, old, "GPU-1", Limits{}); err != nil {
 		t.Fatal(err)
 	}
-	if keys, _ := m.Keys(); len(keys) != 1 || keys[0] != old {
+	if keys, _ := m.Keys(ctx); len(keys) != 1 || keys[0] != old {
 		t.Fatalf("Keys() = %v", keys)
 	}
 	if err := m.Stop(ctx, old); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Ensure(ctx, "../etc", "GPU-1", Limits{}); err == nil {
+	if _, err := m.Ensure(ctx, "../etc", "GPU-1", Limits{}); err == nil {
 		t.Fatal("malformed key accepted")
 	}
 }
@@ -184,7 +184,7 @@ func TestFaultedServers(t *testing.T) {
 	procs := filepath.Join(t.TempDir(), "nvidia0.processes")
 	m.DaemonEnv = func(string) []string { return []string{fakecontrol.ProcessFileEnv + "=" + procs} }
 	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
-	if err := m.Ensure(ctx, key, "GPU-ABC", Limits{}); err != nil {
+	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Stop(ctx, key) })

@@ -3,6 +3,8 @@ package plugin
 import (
 	"path/filepath"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Config is everything the kubelet plugin needs, parsed from flags by its main.
@@ -38,6 +40,9 @@ type Config struct {
 	// host's cgroup namespace). Where its dmem controller lists a GPU, the pods of that GPU's MPS
 	// claims get their caps as a cgroup limit too. Empty: per-process MPS limits only.
 	CgroupRoot string
+	// MPSPods, with an Image, runs each MPS control daemon in a pod of its own; without one
+	// the daemons are the plugin's children (outside Kubernetes, as in the GPU check).
+	MPSPods MPSPodConfig
 	// ForeignPoll is how often the GPUs are looked at for processes fgpu did not start
 	// (0: DefaultForeignPoll).
 	ForeignPoll time.Duration
@@ -89,4 +94,20 @@ func (c Config) flapBackoff() time.Duration {
 		return c.FlapBackoff
 	}
 	return DefaultFlapBackoff
+}
+
+// MPSPodConfig is how the MPS control daemons' pods run.
+type MPSPodConfig struct {
+	// Namespace is the plugin's own: the daemons' pods are created there.
+	Namespace string
+	// Image is the plugin's image; it carries the fake GPUs' stand-in control binary.
+	Image      string
+	PullPolicy corev1.PullPolicy
+	// DriverRoot is the host's driver root whose nvidia-cuda-mps-control the pods run
+	// (real GPUs); empty: the control binary in Image (fake GPUs).
+	DriverRoot string
+	// HostPaths are host directories the daemons need at their own paths.
+	HostPaths []string
+	// ShmSize is the size of each daemon's shm tmpfs, shared by its server and clients.
+	ShmSize int64
 }

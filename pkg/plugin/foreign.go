@@ -90,7 +90,8 @@ func (s *State) noteOwnServers(ctx context.Context) {
 	if s.cfg.OwnPIDNamespace {
 		return
 	}
-	keys, err := s.mps.Keys()
+	// Only a daemon with a directory can be asked for its servers.
+	keys, err := s.mps.DirKeys()
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Listing the MPS daemons")
 		return

@@ -115,7 +115,7 @@ func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 		for uid := range d.claims {
 			s.diedUnder[key][uid] = true
 		}
-		if err := s.mps.Ensure(ctx, key, d.gpu, s.domainLimits(key)); err != nil {
+		if _, err := s.mps.Ensure(ctx, key, d.gpu, s.domainLimits(key)); err != nil {
 			logger.Error(err, "Restarting an MPS daemon; the next check tries again", "daemon", key)
 		}
 	}

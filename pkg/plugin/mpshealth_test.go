@@ -194,7 +194,7 @@ func TestMPSDaemonDeadAtRestartMovesItsClients(t *testing.T) {
 	s := e.state()
 	ctx := context.Background()
 	claim := e.tenantClaim(s, "ns", "a")
-	keys, _ := s.mps.Keys()
+	keys, _ := s.mps.Keys(ctx)
 	if len(keys) != 1 {
 		t.Fatalf("daemons %v", keys)
 	}

@@ -75,7 +75,7 @@ func testRebuild(t *testing.T, corrupt func(*testing.T, []byte) []byte) {
 		}
 	}
 	before := s.PreparedClaims()
-	keysBefore, _ := s.mps.Keys()
+	keysBefore, _ := s.mps.Keys(context.Background())
 	e.client = fake.NewClientset(a, b, c, gone, later)
 
 	path := e.cfg.CheckpointPath()
@@ -102,7 +102,7 @@ func testRebuild(t *testing.T, corrupt func(*testing.T, []byte) []byte) {
 	if !slices.Equal(uids, wantUIDs) {
 		t.Fatalf("CDI specs after rebuild %v, want %v", uids, wantUIDs)
 	}
-	keys, _ := restarted.mps.Keys()
+	keys, _ := restarted.mps.Keys(context.Background())
 	if len(keysBefore) != 4 || len(keys) != 3 {
 		t.Fatalf("MPS servers before %v, after %v: want gone's server stopped, the others kept", keysBefore, keys)
 	}

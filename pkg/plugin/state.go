@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -36,6 +37,8 @@ type State struct {
 	store   *checkpoint.Store
 	cdi     *cdi.Writer
 	mps     *mps.Manager
+	// client records Node events; nil outside a cluster.
+	client kubernetes.Interface
 
 	mu sync.Mutex
 	cp *checkpoint.Checkpoint
@@ -97,11 +100,20 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		store:   checkpoint.NewStore(cfg.CheckpointPath()),
 		cdi:     w,
 		mps:     &mps.Manager{Root: cfg.MPSRoot, Binary: backend.MPSControlBinary()},
+		client:  client,
 		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{}, diedUnder: map[string]map[string]bool{}, unanswered: map[string]int{},
 		background: ctx,
 	}
 	if b, ok := backend.(interface{ MPSDaemonEnv(string) []string }); ok {
 		s.mps.DaemonEnv = b.MPSDaemonEnv
+	}
+	if pc := cfg.MPSPods; pc.Image != "" {
+		if client == nil {
+			return nil, errors.New("MPS daemons in pods need an API client")
+		}
+		s.mps.Launcher = &mps.PodLauncher{Client: client, Namespace: pc.Namespace, NodeName: cfg.NodeName,
+			Image: pc.Image, PullPolicy: pc.PullPolicy, DriverRoot: pc.DriverRoot, HostPaths: pc.HostPaths}
+		s.mps.ShmSize = pc.ShmSize
 	}
 	for _, d := range devs {
 		s.devices[d.Name()] = d
@@ -249,7 +261,11 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 			}
 		}
 		if p.MPSKey != "" {
-			if err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey)); err != nil {
+			started, err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey))
+			if started {
+				s.daemonWasDown(ctx, p, uid)
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -457,7 +473,7 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 			used[p.MPSKey] = true
 		}
 	}
-	keys, err := s.mps.Keys()
+	keys, err := s.mps.Keys(ctx)
 	if err != nil {
 		return err
 	}
@@ -592,24 +608,69 @@ func (s *State) recover(ctx context.Context) error {
 	if err := s.stopUnusedDaemons(ctx); err != nil {
 		return err
 	}
+	// The daemons prepared claims use are adopted as they run; only one that is gone is
+	// started again (and its claims' pods moved: daemonWasDown).
+	checked := map[string]bool{}
 	for uid, e := range s.cp.Claims {
 		// Idempotent: a pod whose cgroup appeared while the plugin was down gets its caps now.
 		s.limitPods(ctx, e, e.Pods)
-		for _, p := range e.Devices {
-			if p.MPSKey != "" && !s.mps.Running(ctx, p.MPSKey) {
-				logger.Info("Restarting the MPS daemon of a prepared claim; its clients lost their server and are moved",
-					"claim", klog.KRef(e.Namespace, e.Name), "daemon", p.MPSKey)
-				if s.diedUnder[p.MPSKey] == nil {
-					s.diedUnder[p.MPSKey] = map[string]bool{}
-				}
-				s.diedUnder[p.MPSKey][uid] = true
-				if err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey)); err != nil {
-					return err
-				}
+		for i := range e.Devices {
+			p := &e.Devices[i]
+			if p.MPSKey == "" || checked[p.MPSKey] {
+				continue
 			}
+			checked[p.MPSKey] = true
+			if s.mps.Running(ctx, p.MPSKey) {
+				continue
+			}
+			s.daemonWasDown(ctx, p, "")
+			if _, err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey)); err != nil {
+				return err
+			}
+			logger.Info("Started the MPS daemon of a prepared claim again", "claim", klog.KRef(e.Namespace, e.Name), "uid", uid, "daemon", p.MPSKey)
 		}
 	}
 	return nil
+}
+
+// ReasonMPSDaemonRestarted is the Node event of an MPS daemon that prepared claims used and
+// that was found stopped.
+const ReasonMPSDaemonRestarted = "FgpuMPSDaemonRestarted"
+
+// daemonWasDown reports an MPS daemon found not running while prepared claims other than
+// claim uid use it: a tenant quit it, or its pod died or was deleted. Their running CUDA
+// processes lost their server.
+func (s *State) daemonWasDown(ctx context.Context, p *checkpoint.PreparedDevice, uid string) {
+	var users int
+	for u, e := range s.cp.Claims {
+		if u == uid {
+			continue
+		}
+		for _, q := range e.Devices {
+			if q.MPSKey == p.MPSKey {
+				users++
+				// Its pods' CUDA processes lost their server: the MPS check moves them.
+				if s.diedUnder[p.MPSKey] == nil {
+					s.diedUnder[p.MPSKey] = map[string]bool{}
+				}
+				s.diedUnder[p.MPSKey][u] = true
+				break
+			}
+		}
+	}
+	if users == 0 {
+		return
+	}
+	msg := fmt.Sprintf("the MPS server of GPU %s (%s) for isolation domain %s was not running while %d prepared claim(s) used it (stopped through its pipe directory, or its pod died or was deleted); starting it again: their CUDA processes lost it, so their pods are moved",
+		p.Device, p.GPUUUID, p.IsolationDomain, users)
+	logger := klog.FromContext(ctx)
+	logger.Error(nil, msg, "daemon", p.MPSKey)
+	if s.client == nil {
+		return
+	}
+	if err := s.nodeEvent(ctx, s.client, corev1.EventTypeWarning, ReasonMPSDaemonRestarted, msg); err != nil {
+		logger.Error(err, "Recording a Node event about a stopped MPS daemon")
+	}
 }
 
 // cdiDevice is what a container of the claim receives for device i of its n devices.

@@ -77,7 +77,7 @@ func (e *env) state() *State {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() {
-		keys, _ := s.mps.Keys()
+		keys, _ := s.mps.Keys(context.Background())
 		for _, k := range keys {
 			if err := s.mps.Stop(context.Background(), k); err != nil {
 				e.t.Error(err)
@@ -150,7 +150,7 @@ func TestThreeClaimsShareOneGPUThroughOneMPSServer(t *testing.T) {
 	if pa, pc := pipeOf(envA), pipeOf(e.specEnv(uids["c"])); pa == "" || pa != pc {
 		t.Fatalf("claims of one domain on one GPU must share the MPS pipe directory: %q vs %q", pa, pc)
 	}
-	keys, _ := s.mps.Keys()
+	keys, _ := s.mps.Keys(context.Background())
 	if len(keys) != 1 {
 		t.Fatalf("want one MPS daemon, have %v", keys)
 	}
@@ -173,7 +173,7 @@ func TestIsolationDomainsGetSeparateServers(t *testing.T) {
 	if _, err := s.Prepare(ctx, builders.MakeClaim("b", "y").Memory("10Gi").Config(map[string]any{"isolationDomain": "team-b"}).AllocatedOn(node, "gpu-0").Obj()); err != nil {
 		t.Fatal(err)
 	}
-	keys, _ := s.mps.Keys()
+	keys, _ := s.mps.Keys(context.Background())
 	if len(keys) != 2 {
 		t.Fatalf("two domains on one GPU need two MPS daemons, have %v", keys)
 	}
@@ -332,7 +332,7 @@ func TestBadConfigLeavesNothingBehind(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want %q", err, tc.want)
 			}
-			keys, _ := s.mps.Keys()
+			keys, _ := s.mps.Keys(context.Background())
 			if e.specCount() != 0 || len(keys) != 0 || len(s.PreparedClaims()) != 0 {
 				t.Fatalf("left behind: %d specs, daemons %v, %d entries", e.specCount(), keys, len(s.PreparedClaims()))
 			}
@@ -355,7 +355,7 @@ func TestUnprepareStopsTheServerAfterTheLastTenant(t *testing.T) {
 	if _, err := s.Prepare(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	key, _ := s.mps.Keys()
+	key, _ := s.mps.Keys(context.Background())
 	if err := s.Unprepare(ctx, string(a.UID)); err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +368,7 @@ func TestUnprepareStopsTheServerAfterTheLastTenant(t *testing.T) {
 	if err := s.Unprepare(ctx, string(b.UID)); err != nil {
 		t.Fatalf("unprepare is idempotent: %v", err)
 	}
-	keys, _ := s.mps.Keys()
+	keys, _ := s.mps.Keys(context.Background())
 	if s.mps.Running(ctx, key[0]) || len(keys) != 0 || e.specCount() != 0 {
 		t.Fatalf("left: daemons %v, %d specs", keys, e.specCount())
 	}
@@ -388,7 +388,7 @@ func TestWholeGPUNeedsNoMPS(t *testing.T) {
 	if !slices.Contains(env, "FGPU_SHARING_MODE=exclusive") || slices.ContainsFunc(env, func(v string) bool { return strings.HasPrefix(v, "CUDA_MPS_") }) {
 		t.Fatalf("whole GPU env %v", env)
 	}
-	if keys, _ := s.mps.Keys(); len(keys) != 0 {
+	if keys, _ := s.mps.Keys(context.Background()); len(keys) != 0 {
 		t.Fatalf("daemons %v", keys)
 	}
 }
@@ -417,7 +417,7 @@ func TestRestartRecoversFromACrashMidPrepare(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The crash also takes the daemons with it (they live in the plugin's container).
-	keys, _ := s.mps.Keys()
+	keys, _ := s.mps.Keys(context.Background())
 	for _, k := range keys {
 		if err := s.mps.Stop(ctx, k); err != nil {
 			t.Fatal(err)
@@ -436,7 +436,7 @@ func TestRestartRecoversFromACrashMidPrepare(t *testing.T) {
 	if len(claims) != 1 || claims[string(done.UID)].State != checkpoint.PrepareCompleted {
 		t.Fatalf("after restart: %+v", claims)
 	}
-	keys, _ = restarted.mps.Keys()
+	keys, _ = restarted.mps.Keys(context.Background())
 	if len(keys) != 1 || !restarted.mps.Running(ctx, keys[0]) {
 		t.Fatalf("want only the completed claim's daemon running, have %v", keys)
 	}

@@ -1,5 +1,6 @@
 // Package fakecontrol is a stand-in for nvidia-cuda-mps-control on machines without a GPU.
-// It speaks the same interface (-d to start a daemon; commands on stdin, with
+// It speaks the same interface (-d to start a daemon, -f to run one in the foreground, as a
+// daemon pod does; commands on stdin, with
 // CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY in the environment) and records the
 // limits it was given in StateFile under the log directory, so tests and the demo can show
 // what a real daemon would have enforced.
@@ -72,6 +73,17 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return 0
+	case len(args) == 1 && args[0] == "-f":
+		if answers(sock) {
+			fmt.Fprintln(stderr, errAlreadyRunning)
+			return 1
+		}
+		if err := serve(sock, logDir); err != nil {
+			fmt.Fprintln(stderr, "daemon failed:", err)
+			logf(logDir, "daemon failed: "+err.Error())
+			return 1
+		}
+		return 0
 	case len(args) == 1 && args[0] == "-d":
 		if err := daemonize(sock); err != nil {
 			fmt.Fprintln(stderr, err)
@@ -81,7 +93,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case len(args) == 0:
 		return client(sock, stdin, stdout, stderr)
 	default:
-		fmt.Fprintf(stderr, "usage: %s [-d]\n", filepath.Base(os.Args[0]))
+		fmt.Fprintf(stderr, "usage: %s [-d|-f]\n", filepath.Base(os.Args[0]))
 		return 2
 	}
 }
@@ -89,9 +101,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // daemonize re-runs this binary as a detached daemon and waits until it listens, as the
 // real control binary returns only once the daemon is up.
 func daemonize(sock string) error {
-	if c, err := net.Dial("unix", sock); err == nil {
-		c.Close()
-		return errors.New("An instance of this daemon is already running") //nolint:staticcheck // ST1005: the real control binary's words
+	if answers(sock) {
+		return errAlreadyRunning
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -116,6 +127,18 @@ func daemonize(sock string) error {
 
 // PIDFile is the control daemon's PID file in its pipe directory.
 const PIDFile = "nvidia-cuda-mps-control.pid"
+
+var errAlreadyRunning = errors.New("An instance of this daemon is already running") //nolint:staticcheck // ST1005: the real control binary's words
+
+// answers says whether a daemon listens on sock.
+func answers(sock string) bool {
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
 
 func serve(sock, logDir string) error {
 	os.Remove(sock)

@@ -1,0 +1,254 @@
+package mps
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+// Labels of a daemon's pod.
+const (
+	ComponentLabel = "app.kubernetes.io/component"
+	// Component is ComponentLabel's value on every daemon pod.
+	Component = "mps-daemon"
+	// KeyLabel holds the daemon's key: how a restarted plugin knows what a pod serves.
+	KeyLabel  = "fgpu.dev/mps-daemon"
+	GPULabel  = "fgpu.dev/gpu"
+	NodeLabel = "fgpu.dev/node"
+)
+
+// DriverRootPath is where a daemon pod sees the host's driver root, whose
+// nvidia-cuda-mps-control it runs.
+const DriverRootPath = "/driver-root"
+
+// PodLauncher runs each control daemon in a pod of its own on this node, in the plugin's
+// namespace, so that it outlives the plugin's container (restarts, rollouts, upgrades). The
+// pod's name derives from node and key: two plugins, or a plugin and its predecessor, can
+// never both start one, and a restarted plugin finds (adopts) the pods it needs.
+type PodLauncher struct {
+	Client    kubernetes.Interface
+	Namespace string
+	NodeName  string
+	// Image is the plugin's own image: it carries the stand-in for fake GPUs.
+	Image      string
+	PullPolicy corev1.PullPolicy
+	// DriverRoot is the host's driver root, mounted at DriverRootPath, whose
+	// nvidia-cuda-mps-control runs (found on PATH); empty: the control binary is in Image.
+	DriverRoot string
+	// HostPaths are more host directories the daemon needs at their own paths (the fake
+	// GPUs' process files).
+	HostPaths []string
+	// StopTimeout bounds the wait for a deleted pod to be gone (default 30s).
+	StopTimeout time.Duration
+
+	mu      sync.Mutex
+	nodeUID types.UID
+}
+
+// PodName is the daemon's pod: a hash of node and key, so one node's daemons never collide
+// with another's in the shared namespace.
+func (l *PodLauncher) PodName(key string) string {
+	sum := sha256.Sum256([]byte(l.NodeName + "/" + key))
+	return fmt.Sprintf("fgpu-mps-%x", sum[:10])
+}
+
+// Start implements Launcher.
+func (l *PodLauncher) Start(ctx context.Context, spec DaemonSpec) error {
+	pods := l.Client.CoreV1().Pods(l.Namespace)
+	name := l.PodName(spec.Key)
+	existing, err := pods.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return fmt.Errorf("get pod %s/%s: %w", l.Namespace, name, err)
+	case existing.DeletionTimestamp == nil && !finished(existing):
+		return nil
+	default:
+		// Exited (a tenant's quit, a crash) or on its way out: its defaults are lost.
+		if err := l.Stop(ctx, spec.Key); err != nil {
+			return err
+		}
+	}
+	// A daemon killed with its pod leaves its pipe files; a new one needs them gone.
+	if err := clearDir(spec.PipeDir); err != nil {
+		return err
+	}
+	pod, err := l.pod(ctx, spec)
+	if err != nil {
+		return err
+	}
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create pod %s/%s: %w", l.Namespace, name, err)
+	}
+	return nil
+}
+
+// Stop implements Launcher.
+func (l *PodLauncher) Stop(ctx context.Context, key string) error {
+	pods := l.Client.CoreV1().Pods(l.Namespace)
+	name := l.PodName(key)
+	if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete pod %s/%s: %w", l.Namespace, name, err)
+	}
+	timeout := l.StopTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		_, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("pod %s/%s is not gone %s after its deletion: %s", l.Namespace, name, timeout, l.Describe(ctx, key))
+	}
+	return nil
+}
+
+// Keys implements Launcher.
+func (l *PodLauncher) Keys(ctx context.Context) ([]string, error) {
+	list, err := l.Client.CoreV1().Pods(l.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: ComponentLabel + "=" + Component + "," + KeyLabel,
+		FieldSelector: "spec.nodeName=" + l.NodeName,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list the MPS daemon pods of node %s: %w", l.NodeName, err)
+	}
+	var keys []string
+	for _, p := range list.Items {
+		if p.Spec.NodeName == l.NodeName && p.Name == l.PodName(p.Labels[KeyLabel]) {
+			keys = append(keys, p.Labels[KeyLabel])
+		}
+	}
+	return keys, nil
+}
+
+// Describe implements Launcher.
+func (l *PodLauncher) Describe(ctx context.Context, key string) string {
+	name := l.PodName(key)
+	p, err := l.Client.CoreV1().Pods(l.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Sprintf("pod %s/%s: %v", l.Namespace, name, err)
+	}
+	parts := []string{string(p.Status.Phase)}
+	if p.DeletionTimestamp != nil {
+		parts = append(parts, "being deleted")
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		switch {
+		case c.State.Waiting != nil:
+			parts = append(parts, fmt.Sprintf("container %s waiting: %s %s", c.Name, c.State.Waiting.Reason, c.State.Waiting.Message))
+		case c.State.Terminated != nil:
+			parts = append(parts, fmt.Sprintf("container %s exited %d: %s %s", c.Name, c.State.Terminated.ExitCode, c.State.Terminated.Reason, c.State.Terminated.Message))
+		}
+	}
+	return fmt.Sprintf("pod %s/%s: %s", l.Namespace, name, strings.Join(parts, "; "))
+}
+
+func finished(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// pod is the daemon's pod. The daemon runs in the node's PID namespace (an MPS daemon in a
+// PID namespace of its own is known to leave limits unenforced) and IPC namespace, with the
+// daemon's shm directory, which its clients mount, as its /dev/shm. It tolerates every taint
+// (evicting it would break every client) and is restarted by the plugin, not the kubelet: a
+// restarted daemon has lost the defaults the plugin set.
+func (l *PodLauncher) pod(ctx context.Context, spec DaemonSpec) (*corev1.Pod, error) {
+	nodeUID, err := l.node(ctx)
+	if err != nil {
+		return nil, err
+	}
+	labels := map[string]string{"app.kubernetes.io/name": "fgpu", ComponentLabel: Component, KeyLabel: spec.Key}
+	for k, v := range map[string]string{GPULabel: spec.GPUUUID, NodeLabel: l.NodeName} {
+		if len(validation.IsValidLabelValue(v)) == 0 {
+			labels[k] = v
+		}
+	}
+	hostPath := func(name, path string) corev1.Volume {
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: ptr.To(corev1.HostPathDirectory)}}}
+	}
+	volumes := []corev1.Volume{hostPath("daemon", spec.Dir), hostPath("shm", spec.ShmDir)}
+	mounts := []corev1.VolumeMount{{Name: "daemon", MountPath: spec.Dir}, {Name: "shm", MountPath: "/dev/shm"}}
+	for i, p := range l.HostPaths {
+		name := fmt.Sprintf("host-%d", i)
+		volumes = append(volumes, hostPath(name, p))
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: p})
+	}
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	var env []corev1.EnvVar
+	if l.DriverRoot != "" {
+		volumes = append(volumes, hostPath("driver-root", l.DriverRoot))
+		mounts = append(mounts, corev1.VolumeMount{Name: "driver-root", MountPath: DriverRootPath, ReadOnly: true})
+		path = DriverRootPath + "/usr/bin:" + DriverRootPath + "/usr/sbin:" + path
+		env = append(env, corev1.EnvVar{Name: "LD_LIBRARY_PATH", Value: DriverRootPath + "/usr/lib/x86_64-linux-gnu:" + DriverRootPath + "/usr/lib64:" + DriverRootPath + "/usr/lib"})
+	}
+	env = append(env, corev1.EnvVar{Name: "PATH", Value: path})
+	for _, kv := range spec.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		env = append(env, corev1.EnvVar{Name: k, Value: v})
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: l.PodName(spec.Key), Namespace: l.Namespace, Labels: labels,
+			// The node's garbage collection removes the node's daemons with it.
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: l.NodeName, UID: nodeUID}},
+		},
+		Spec: corev1.PodSpec{
+			NodeName:                      l.NodeName,
+			HostPID:                       true,
+			HostIPC:                       true,
+			HostNetwork:                   true,
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			PriorityClassName:             "system-node-critical",
+			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			TerminationGracePeriodSeconds: ptr.To[int64](10),
+			AutomountServiceAccountToken:  ptr.To(false),
+			EnableServiceLinks:            ptr.To(false),
+			Volumes:                       volumes,
+			Containers: []corev1.Container{{
+				Name:            "mps-control",
+				Image:           l.Image,
+				ImagePullPolicy: l.PullPolicy,
+				Command:         spec.Command,
+				Env:             env,
+				VolumeMounts:    mounts,
+				// GPU device nodes and compute modes.
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+					corev1.ResourceCPU:    resource.MustParse("10m"),
+					corev1.ResourceMemory: resource.MustParse("16Mi"),
+				}},
+			}},
+		},
+	}, nil
+}
+
+func (l *PodLauncher) node(ctx context.Context) (types.UID, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.nodeUID != "" {
+		return l.nodeUID, nil
+	}
+	n, err := l.Client.CoreV1().Nodes().Get(ctx, l.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("get node %s for the MPS daemon pod's owner: %w", l.NodeName, err)
+	}
+	l.nodeUID = n.UID
+	return l.nodeUID, nil
+}

@@ -1,0 +1,194 @@
+package mps
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/fgpu-dev/fgpu/internal/testing/fakekubelet"
+	"github.com/fgpu-dev/fgpu/pkg/mps/fakecontrol"
+)
+
+const testNS, testNode = "fgpu-system", "node-a"
+
+// podManager is a plugin's Manager whose daemons run as pods through client; a second one
+// over the same root and client is the plugin after a restart.
+func podManager(root, bin string, client *fake.Clientset) *Manager {
+	shm := int64(0)
+	if os.Geteuid() == 0 {
+		shm = 8 << 20
+	}
+	return &Manager{Root: root, Binary: bin, ShmSize: shm, StartTimeout: 5 * time.Second,
+		Launcher: &PodLauncher{Client: client, Namespace: testNS, NodeName: testNode, Image: "fgpu.dev/fgpu:dev", StopTimeout: 5 * time.Second}}
+}
+
+func daemonPods(t *testing.T, client *fake.Clientset) []corev1.Pod {
+	t.Helper()
+	list, err := client.CoreV1().Pods(testNS).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+// mounts counts the mounts on dir in this mount namespace.
+func mounts(t *testing.T, dir string) int {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == dir {
+			n++
+		}
+	}
+	return n
+}
+
+func TestPodDaemonIsAdoptedByARestartedPluginAndStopped(t *testing.T) {
+	ctx := context.Background()
+	root, bin := shortDir(t), buildStandIn(t)
+	client := fake.NewClientset(fakekubelet.Node(testNode))
+	kubelet := fakekubelet.New(t, client)
+	m := podManager(root, bin, client)
+	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
+
+	started, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30})
+	if err != nil || !started {
+		t.Fatalf("Ensure = %v, %v; want started", started, err)
+	}
+	pods := daemonPods(t, client)
+	if len(pods) != 1 {
+		t.Fatalf("want one daemon pod, have %d", len(pods))
+	}
+	p := pods[0]
+	spec := p.Spec
+	c := spec.Containers[0]
+	if p.Name != m.Launcher.(*PodLauncher).PodName(key) || p.Labels[KeyLabel] != key || p.Labels[GPULabel] != "GPU-ABC" || p.Labels[NodeLabel] != testNode ||
+		len(p.OwnerReferences) != 1 || p.OwnerReferences[0].Kind != "Node" || p.OwnerReferences[0].UID != "uid-node-"+testNode ||
+		spec.NodeName != testNode || !spec.HostPID || !spec.HostIPC || spec.RestartPolicy != corev1.RestartPolicyNever ||
+		spec.PriorityClassName != "system-node-critical" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists ||
+		c.Image != "fgpu.dev/fgpu:dev" || !slices.Equal(c.Command, []string{bin, "-f"}) || !*c.SecurityContext.Privileged {
+		t.Errorf("daemon pod: %+v", p)
+	}
+	var shmSource string
+	for _, vm := range c.VolumeMounts {
+		if vm.MountPath == "/dev/shm" {
+			for _, v := range spec.Volumes {
+				if v.Name == vm.Name {
+					shmSource = v.HostPath.Path
+				}
+			}
+		}
+	}
+	if shmSource != m.ShmDir(key) {
+		t.Errorf("the daemon's /dev/shm is %q, want its clients' %q", shmSource, m.ShmDir(key))
+	}
+	st, err := fakecontrol.ReadState(m.LogDir(key))
+	if err != nil || st.VisibleDevices != "GPU-ABC" || st.DefaultPinnedMemLimit["0"] != "10240M" {
+		t.Fatalf("daemon state %+v (%v)", st, err)
+	}
+	if m.ShmSize > 0 && mounts(t, m.ShmDir(key)) != 1 {
+		t.Errorf("shm mounted %d times, want once", mounts(t, m.ShmDir(key)))
+	}
+
+	// A restarted plugin adopts the pod: no second pod, no second mount, the same daemon.
+	restarted := podManager(root, bin, client)
+	if keys, err := restarted.Keys(ctx); err != nil || !slices.Equal(keys, []string{key}) {
+		t.Fatalf("Keys() = %v, %v", keys, err)
+	}
+	started, err = restarted.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30})
+	if err != nil || started {
+		t.Fatalf("Ensure after a restart = %v, %v; want the daemon adopted", started, err)
+	}
+	if st2, _ := fakecontrol.ReadState(m.LogDir(key)); st2.PID != st.PID || kubelet.Created() != 1 {
+		t.Errorf("adopting restarted the daemon: PID %d -> %d, %d pods created", st.PID, st2.PID, kubelet.Created())
+	}
+	if m.ShmSize > 0 && mounts(t, m.ShmDir(key)) != 1 {
+		t.Errorf("shm mounted %d times after a restart, want once", mounts(t, m.ShmDir(key)))
+	}
+
+	if err := restarted.Stop(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if pods := daemonPods(t, client); len(pods) != 0 {
+		t.Errorf("pods left after Stop: %d", len(pods))
+	}
+	if _, err := os.Stat(m.ShmDir(key)); !os.IsNotExist(err) || mounts(t, m.ShmDir(key)) != 0 {
+		t.Errorf("after Stop the shm directory is still there (%v) or mounted (%d)", err, mounts(t, m.ShmDir(key)))
+	}
+	if err := syscallAlive(st.PID); err == nil {
+		t.Errorf("daemon %d still runs after Stop", st.PID)
+	}
+}
+
+func TestPodDaemonThatDiedIsStartedAgain(t *testing.T) {
+	ctx := context.Background()
+	root, bin := shortDir(t), buildStandIn(t)
+	client := fake.NewClientset(fakekubelet.Node(testNode))
+	kubelet := fakekubelet.New(t, client)
+	m := podManager(root, bin, client)
+	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
+	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := fakecontrol.ReadState(m.LogDir(key))
+	kubelet.Kill(testNS, m.Launcher.(*PodLauncher).PodName(key))
+	if m.Running(ctx, key) {
+		t.Fatal("the killed daemon still answers")
+	}
+	started, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30})
+	if err != nil || !started {
+		t.Fatalf("Ensure after the daemon died = %v, %v; want it started again", started, err)
+	}
+	st2, _ := fakecontrol.ReadState(m.LogDir(key))
+	if st2.PID == st.PID || st2.DefaultPinnedMemLimit["0"] != "10240M" || kubelet.Created() != 2 || len(daemonPods(t, client)) != 1 {
+		t.Errorf("after a restart: PID %d -> %d, defaults %v, %d created, %d pods", st.PID, st2.PID, st2.DefaultPinnedMemLimit, kubelet.Created(), len(daemonPods(t, client)))
+	}
+	if err := m.Stop(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPodDaemonThatNeverAnswersSaysWhy(t *testing.T) {
+	ctx := context.Background()
+	root, bin := shortDir(t), buildStandIn(t)
+	client := fake.NewClientset(fakekubelet.Node(testNode))
+	kubelet := fakekubelet.New(t, client)
+	kubelet.NoStart = "ErrImageNeverPull"
+	m := podManager(root, bin, client)
+	m.StartTimeout = 500 * time.Millisecond
+	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
+	_, err := m.Ensure(ctx, key, "GPU-ABC", Limits{})
+	if err == nil || !strings.Contains(err.Error(), "did not answer within 500ms") || !strings.Contains(err.Error(), "ErrImageNeverPull") {
+		t.Fatalf("Ensure = %v, want a timeout naming the pod's reason", err)
+	}
+	// The kubelet's retry finds the pod still starting: it waits for it, never starts another.
+	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{}); err == nil || kubelet.Created() != 1 {
+		t.Fatalf("a second Ensure of a starting daemon: %v, %d pods created", err, kubelet.Created())
+	}
+	if err := m.Stop(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if keys, _ := m.Keys(ctx); len(keys) != 0 || len(daemonPods(t, client)) != 0 {
+		t.Errorf("after Stop: keys %v, %d pods", keys, len(daemonPods(t, client)))
+	}
+}
+
+func syscallAlive(pid int) error {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return err
+	}
+	return p.Signal(syscall.Signal(0))
+}

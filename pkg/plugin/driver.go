@@ -27,8 +27,10 @@ type Driver struct {
 	metrics *Metrics
 	helper  *kubeletplugin.Helper
 	health  *health
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
+	// usage measures the prepared shares' GPU use; nil where the backend cannot.
+	usage  *usageMeter
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 }
 
 // Start recovers the node's state, registers with the kubelet and publishes the GPUs. It
@@ -42,6 +44,10 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	d := &Driver{state: state, client: client, cfg: cfg, metrics: metrics, ctx: ctx, cancel: cancel,
 		health: newHealth(ctx, cfg, backend, state.Devices())}
 	state.podEvent = d.podEvent
+	// Set before the kubelet can call Prepare, which publishes the summaries.
+	if source, ok := backend.(gpu.UsageSource); ok && cfg.usagePoll() > 0 {
+		d.usage = newUsageMeter(source, "/proc", cfg.usageReport(), cfg.usageHeartbeat())
+	}
 	metrics.observeState(state)
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(cfg.DriverName),
@@ -76,6 +82,9 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	}
 	go d.watchForeign(ctx)
 	go d.watchHealth(ctx)
+	if d.usage != nil {
+		go d.watchUsage(ctx, cfg.usagePoll())
+	}
 	return d, nil
 }
 

@@ -36,6 +36,9 @@ const (
 	// spec.nodeName), so not all of them can use it. The claim waits, or, placed again after
 	// a refused prepare, stays with the pods it is reserved for, and the others are told.
 	ReasonPodBoundElsewhere = "FgpuPodBoundElsewhere"
+	// ReasonSizingRecommendation: a workload's recommended size, from its claims' measured use,
+	// appeared or moved (on the claim whose report moved it; RecommendationAnnotation holds it).
+	ReasonSizingRecommendation = "FgpuSizingRecommendation"
 )
 
 // waitReason is why a claim is not placed now.

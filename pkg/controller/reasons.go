@@ -37,7 +37,7 @@ const (
 	// a refused prepare, stays with the pods it is reserved for, and the others are told.
 	ReasonPodBoundElsewhere = "FgpuPodBoundElsewhere"
 	// ReasonSizingRecommendation: a workload's recommended size, from its claims' measured use,
-	// appeared or moved (on the claim whose report moved it; RecommendationAnnotation holds it).
+	// appeared or moved (on the claim whose report moved it; sizing.RecordAnnotation holds it).
 	ReasonSizingRecommendation = "FgpuSizingRecommendation"
 )
 

@@ -14,16 +14,6 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
-// RecommendationAnnotation carries, on each FgpuSizingRecommendation event, the workload and
-// its recommendation as JSON (SizingRecord), which `fgpu sizing` reads.
-const RecommendationAnnotation = "fgpu.dev/recommendation"
-
-// SizingRecord is what RecommendationAnnotation holds.
-type SizingRecord struct {
-	Workload       sizing.Workload       `json:"workload"`
-	Recommendation sizing.Recommendation `json:"recommendation"`
-}
-
 // sizer feeds the claims' measured use to the recommender and says when a workload's
 // recommendation is new or moved enough to tell a person.
 type sizer struct {
@@ -49,7 +39,7 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 		return
 	}
 	top := topOwner(pods[0])
-	var changed []SizingRecord
+	var changed []sizing.Record
 	c.sizer.mu.Lock()
 	for _, st := range claim.Status.Devices {
 		if st.Driver != c.cfg.DriverName || st.Data == nil || st.ShareID == nil {
@@ -75,13 +65,13 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 		}
 		if prev, had := c.sizer.announced[w]; !had || moved(prev, rec) {
 			c.sizer.announced[w] = rec
-			changed = append(changed, SizingRecord{Workload: w, Recommendation: rec})
+			changed = append(changed, sizing.Record{Workload: w, Recommendation: rec})
 		}
 	}
 	c.sizer.mu.Unlock()
 	for _, r := range changed {
 		raw, _ := json.Marshal(r)
-		c.recorder.AnnotatedEventf(claim, map[string]string{RecommendationAnnotation: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
+		c.recorder.AnnotatedEventf(claim, map[string]string{sizing.RecordAnnotation: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
 			"%s %s/%s request %s: recommended memory %s, compute %d%% (peak seen %s, from %d samples); sizing mode Off: nothing is changed",
 			r.Workload.Kind, r.Workload.Namespace, r.Workload.Name, r.Workload.Request, quantity(r.Recommendation.MemoryBytes),
 			r.Recommendation.ComputePercent, quantity(r.Recommendation.PeakBytes), r.Recommendation.Samples)

@@ -49,6 +49,16 @@ type Recommendation struct {
 	PeakBytes int64 `json:"peakBytes"`
 }
 
+// RecordAnnotation carries, on each FgpuSizingRecommendation event the allocator records,
+// the workload and its recommendation as JSON (Record), which `fgpu recommendations` reads.
+const RecordAnnotation = "fgpu.dev/recommendation"
+
+// Record is what RecordAnnotation holds.
+type Record struct {
+	Workload       Workload       `json:"workload"`
+	Recommendation Recommendation `json:"recommendation"`
+}
+
 type history struct {
 	memory, compute *Histogram
 	samples         int

@@ -91,7 +91,7 @@ func TestUsageIsMeasuredPerClaimAndReportedWithinBudget(t *testing.T) {
 
 	m := newUsageMeter(e.backend(), proc, 5*time.Minute, 30*time.Minute)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	at := t0.Add
 	for i := range 30 { // every 10 s for 5 min
 		if due := m.sample(ctx, at(time.Duration(i)*10*time.Second), s.PreparedClaims()); len(due) != 0 {
 			t.Fatalf("a report was due after %d samples, before the report interval: %v", i+1, due)
@@ -180,12 +180,12 @@ func statusUsage(t *testing.T, client *k8sfake.Clientset, claim *resourceapi.Res
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range got.Status.Devices {
-		var data DeviceStatusData
-		if err := json.Unmarshal(s.Data.Raw, &data); err != nil {
-			t.Fatal(err)
-		}
-		return data.Usage
+	if len(got.Status.Devices) != 1 {
+		t.Fatalf("status.devices %+v; want the one share", got.Status.Devices)
 	}
-	return nil
+	var data DeviceStatusData
+	if err := json.Unmarshal(got.Status.Devices[0].Data.Raw, &data); err != nil {
+		t.Fatal(err)
+	}
+	return data.Usage
 }

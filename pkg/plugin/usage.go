@@ -42,6 +42,8 @@ type shareUsage struct {
 	// before any, the first sample's time, so that the first report waits an interval).
 	published   *sizing.Usage
 	publishedAt time.Time
+	// latest is the newest sample, for the metrics.
+	latest sizing.Sample
 }
 
 // usageMeter samples what each prepared share uses and says when its summary is worth an
@@ -140,7 +142,8 @@ func (m *usageMeter) sample(ctx context.Context, now time.Time, claims map[strin
 			if u.window.Len() == 0 && u.published == nil {
 				u.publishedAt = now
 			}
-			u.window.Add(sizing.Sample{At: now, MemoryBytes: mem[s.key], SMPercent: smPct})
+			u.latest = sizing.Sample{At: now, MemoryBytes: mem[s.key], SMPercent: smPct}
+			u.window.Add(u.latest)
 		}
 	}
 	var due []string
@@ -176,6 +179,19 @@ func (m *usageMeter) summaries(claimUID string, now time.Time) map[shareKey]sizi
 			out[k] = sum
 		} else if u.published != nil {
 			out[k] = *u.published
+		}
+	}
+	return out
+}
+
+// latest returns each measured share's newest sample.
+func (m *usageMeter) latest() map[shareKey]sizing.Sample {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[shareKey]sizing.Sample{}
+	for k, u := range m.shares {
+		if u.seen {
+			out[k] = u.latest
 		}
 	}
 	return out
@@ -250,7 +266,9 @@ func (d *Driver) watchUsage(ctx context.Context, poll time.Duration) {
 		}
 		now := time.Now()
 		claims := d.state.PreparedClaims()
-		for _, uid := range d.usage.sample(ctx, now, claims) {
+		due := d.usage.sample(ctx, now, claims)
+		d.metrics.observeUsage(claims, d.usage.latest())
+		for _, uid := range due {
 			e := claims[uid]
 			claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace, Name: e.Name, UID: types.UID(uid)}}
 			sums := d.usage.summaries(uid, now)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
@@ -109,6 +111,17 @@ func TestUsageIsMeasuredPerClaimAndReportedWithinBudget(t *testing.T) {
 	sumsB := m.summaries(string(b.UID), at(5*time.Minute))
 	if u := sumsB[shareKey{string(b.UID), "gpu", "gpu-0"}]; u.MemoryMaxBytes != 12<<30 || u.SMP95Percent != 50 {
 		t.Fatalf("claim b: %+v; want 12Gi at SM 50 (nothing of the other pod)", u)
+	}
+
+	// The newest sample is served as metrics.
+	reg := prometheus.NewRegistry()
+	metrics := NewMetrics(reg)
+	metrics.observeUsage(s.PreparedClaims(), m.latest())
+	if got := testutil.ToFloat64(metrics.claimUsed.WithLabelValues("ns", "a", "gpu-0")); got != 4<<30 {
+		t.Errorf("fgpu_claim_memory_used_bytes of a = %v; want 4Gi", got)
+	}
+	if got := testutil.ToFloat64(metrics.claimSM.WithLabelValues("ns", "b", "gpu-0")); got != 50 {
+		t.Errorf("fgpu_claim_sm_active_percent of b = %v; want 50", got)
 	}
 
 	// The summary lands in the claim's status.devices[].data.usage.

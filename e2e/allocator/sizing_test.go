@@ -3,17 +3,21 @@ package allocator
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/clusterview"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
@@ -34,13 +38,17 @@ func replayPod(ns, name, memory, steps string) *corev1.Pod {
 	return p
 }
 
-// A Deployment's pod replays a usage pattern; the plugin reports it in the claim's status and
-// the allocator, after enough samples, recommends a size above the peak for the Deployment,
-// readable as an event and through `fgpu recommendations`'s reader. (The suite installs the
-// chart with a 1 s poll, 5 s reports and 20 samples before a recommendation.)
-func TestMeasuredUsageBecomesARecommendation(t *testing.T) {
+// A Deployment under sizing Initial replays a usage pattern; the plugin reports it in the
+// claim's status and the allocator, after enough samples, recommends a size above the peak
+// for the Deployment, readable as an event and through `fgpu recommendations`'s reader; the
+// running pod keeps what it asked, and a new pod of the Deployment gets the recommended size.
+// (The suite installs the chart with a 1 s poll, 5 s reports and 20 samples before a
+// recommendation.)
+func TestMeasuredUsageSizesNewPods(t *testing.T) {
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "sizing")
+	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
+	createPolicy(t, builders.MakePolicy("sizing-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(api.SizingInitial).Obj())
 	gp := framework.MakeGPUPod(ns, "web").Memory("20Gi")
 	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gp.Template(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -106,10 +114,49 @@ func TestMeasuredUsageBecomesARecommendation(t *testing.T) {
 		recs[0].Recommendation.MemoryBytes < 6<<30 || recs[0].Recommendation.MemoryBytes > 8<<30 {
 		t.Fatalf("recommendations %+v; want Deployment web above its 6Gi peak, below 8Gi", recs)
 	}
-	// Recommended only: the running claim keeps what it asked for.
+	// The running pod's claim, placed before enough samples, keeps what it asked for.
 	c, _ := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, claim.Name, metav1.GetOptions{})
 	if got := c.Status.Allocation.Devices.Results[0].ConsumedCapacity["memory"]; got.String() != "20Gi" {
 		t.Errorf("allocation changed to %s", got.String())
+	}
+	// A new pod of the Deployment gets the recommended size, in its allocation and its caps.
+	if _, err := cluster.Client.AppsV1().Deployments(ns).UpdateScale(ctx, "web", &autoscalingv1.Scale{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 2}}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var second *corev1.Pod
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		if err != nil {
+			return false, nil
+		}
+		for i := range pods.Items {
+			if p := &pods.Items[i]; p.Name != running.Name && p.Status.Phase == corev1.PodRunning {
+				second = p
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatal("the second pod did not run")
+	}
+	claim2, err := cluster.ClaimOf(ctx, second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := recs[0].Recommendation
+	if got := claim2.Status.Allocation.Devices.Results[0].ConsumedCapacity["memory"]; got.Value() != rec.MemoryBytes {
+		t.Errorf("new pod's claim got %s; want the recommended %d bytes", got.String(), rec.MemoryBytes)
+	}
+	report, err := cluster.Probe(ctx, ns, second.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("0=%dM", rec.MemoryBytes>>20); report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != want {
+		t.Errorf("new pod's MPS cap %q; want %q", report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], want)
+	}
+	if _, err := cluster.WaitEvent(ctx, ns, claim2.Name, "(asked 20Gi)", 30*time.Second); err != nil {
+		t.Error(err)
 	}
 }
 

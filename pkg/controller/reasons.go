@@ -39,6 +39,8 @@ const (
 	// ReasonSizingRecommendation: a workload's recommended size, from its claims' measured use,
 	// appeared or moved (on the claim whose report moved it; sizing.RecordAnnotation holds it).
 	ReasonSizingRecommendation = "FgpuSizingRecommendation"
+	// ReasonSized: a claim was placed at its workload's recommended size (sizing Initial).
+	ReasonSized = "FgpuSized"
 )
 
 // waitReason is why a claim is not placed now.

@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/policy"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
@@ -39,6 +41,7 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 		return
 	}
 	top := topOwner(pods[0])
+	mode := c.policyOf(claim, pods[0]).Sizing
 	var changed []sizing.Record
 	c.sizer.mu.Lock()
 	for _, st := range claim.Status.Devices {
@@ -60,8 +63,8 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 			continue
 		}
 		rec, ok := c.sizer.rec.Recommend(w)
-		if !ok {
-			continue
+		if !ok || mode == api.SizingOff {
+			continue // an Off workload's history is kept, so that Recommend has it at once
 		}
 		if prev, had := c.sizer.announced[w]; !had || moved(prev, rec) {
 			c.sizer.announced[w] = rec
@@ -72,10 +75,29 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 	for _, r := range changed {
 		raw, _ := json.Marshal(r)
 		c.recorder.AnnotatedEventf(claim, map[string]string{sizing.RecordAnnotation: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
-			"%s %s/%s request %s: recommended memory %s, compute %d%% (peak seen %s, from %d samples); sizing mode Off: nothing is changed",
+			"%s %s/%s request %s: recommended memory %s, compute %d%% (peak seen %s, from %d samples); sizing %s: %s",
 			r.Workload.Kind, r.Workload.Namespace, r.Workload.Name, r.Workload.Request, quantity(r.Recommendation.MemoryBytes),
-			r.Recommendation.ComputePercent, quantity(r.Recommendation.PeakBytes), r.Recommendation.Samples)
+			r.Recommendation.ComputePercent, quantity(r.Recommendation.PeakBytes), r.Recommendation.Samples, mode, modeEffect[mode])
 	}
+}
+
+// modeEffect says, in the recommendation event, what the sizing mode does with it.
+var modeEffect = map[api.SizingMode]string{
+	api.SizingRecommend: "nothing is changed",
+	api.SizingInitial:   "new pods of the workload get it, running ones keep their size",
+}
+
+// policyOf is the policy that applies to a claim used by pod, as placing it resolves it.
+func (c *Controller) policyOf(claim *resourceapi.ResourceClaim, pod *corev1.Pod) policy.Effective {
+	nsLabels := map[string]string{}
+	if ns, err := c.namespaces.Get(claim.Namespace); err == nil && ns.Labels != nil {
+		nsLabels = ns.Labels
+	}
+	podLabels := pod.Labels
+	if podLabels == nil {
+		podLabels = map[string]string{}
+	}
+	return policy.Resolve(c.policyList(), nsLabels, podLabels)
 }
 
 // forgetUsage drops what the recommender keeps of a deleted claim's shares.

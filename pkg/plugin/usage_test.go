@@ -202,3 +202,53 @@ func statusUsage(t *testing.T, client *k8sfake.Clientset, claim *resourceapi.Res
 	}
 	return data.Usage
 }
+
+// The driver's loop samples, reports a due claim into its status and serves the metrics.
+func TestWatchUsagePublishes(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := builders.MakeClaim("ns", "a").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.PrepareFor(ctx, a, []checkpoint.PodRef{{UID: podA, Name: "pa"}}); err != nil {
+		t.Fatal(err)
+	}
+	proc := t.TempDir()
+	pid := livePID(t)
+	fakeProc(t, proc, pid, "0::/kubepods/besteffort/pod"+podA+"/c\n")
+	if err := fake.ReportUsage(e.cfg.DevRoot, 0, pid, 2<<30, 20, 0); err != nil {
+		t.Fatal(err)
+	}
+	client := k8sfake.NewClientset(a.DeepCopy())
+	d := &Driver{state: s, client: client, cfg: e.cfg, metrics: NewMetrics(prometheus.NewRegistry()),
+		usage: newUsageMeter(e.backend(), proc, 100*time.Millisecond, time.Hour)}
+	go d.watchUsage(ctx, 20*time.Millisecond)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if u := statusUsageOrNil(client, a); u != nil {
+			if u.MemoryMaxBytes != 2<<30 || u.Samples < 2 {
+				t.Fatalf("usage %+v; want 2Gi over several samples", u)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no usage in the claim's status within 5s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := testutil.ToFloat64(d.metrics.claimUsed.WithLabelValues("ns", "a", "gpu-0")); got != 2<<30 {
+		t.Errorf("fgpu_claim_memory_used_bytes = %v; want 2Gi", got)
+	}
+}
+
+func statusUsageOrNil(client *k8sfake.Clientset, claim *resourceapi.ResourceClaim) *sizing.Usage {
+	got, err := client.ResourceV1().ResourceClaims(claim.Namespace).Get(context.Background(), claim.Name, metav1.GetOptions{})
+	if err != nil || len(got.Status.Devices) != 1 {
+		return nil
+	}
+	var data DeviceStatusData
+	if json.Unmarshal(got.Status.Devices[0].Data.Raw, &data) != nil {
+		return nil
+	}
+	return data.Usage
+}

@@ -1,11 +1,18 @@
 // Command fgpu-probe is the workload of fgpu's demo and e2e tests: it prints what its
 // container received from fgpu (CUDA_MPS_* and FGPU_* variables, GPU device nodes, the MPS
 // mounts, the driver's files), once as text for people and once as a JSON line for tests, then sleeps.
+//
+// With --replay-usage STEPS --usage-dir DIR [--speed N] it then plays a usage pattern on a
+// fake GPU (DIR: the plugin's fake device directory, mounted; the pod needs hostPID so that
+// its PID is the node's): "SECONDS:MEMORY:SM,..." reported as its own use, N times faster,
+// failing with "out of memory" (exit status 2) past its MPS memory cap.
 package main
 
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"maps"
 	"os"
@@ -14,6 +21,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 )
 
 // Report is the JSON line's content.
@@ -88,12 +97,40 @@ func main() {
 	raw, _ := json.Marshal(r)
 	fmt.Printf("FGPU-PROBE %s\n", raw)
 
-	if len(os.Args) > 1 && os.Args[1] == "--once" {
+	fs := flag.NewFlagSet("fgpu-probe", flag.ExitOnError)
+	once := fs.Bool("once", false, "exit after the report")
+	stepsFlag := fs.String("replay-usage", "", "usage pattern to play on a fake GPU: SECONDS:MEMORY:SM,...")
+	devDir := fs.String("usage-dir", "", "the fake GPUs' device directory (the plugin's --dev-root)")
+	speed := fs.Float64("speed", 1, "play the pattern this many times faster")
+	_ = fs.Parse(os.Args[1:])
+	if *once {
 		return
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	<-sig
+	if *stepsFlag == "" {
+		<-sig
+		return
+	}
+	steps, err := parseSteps(*stepsFlag)
+	if err == nil && (*devDir == "" || *speed <= 0) {
+		err = errors.New("--replay-usage needs --usage-dir and a positive --speed")
+	}
+	var index int
+	if err == nil {
+		index, err = gpuIndex(r.Devices)
+	}
+	if err == nil {
+		err = replay(steps, *devDir, index, *speed, sig)
+	}
+	if errors.Is(err, fake.ErrOutOfMemory) {
+		fmt.Fprintln(os.Stderr, "fgpu-probe:", err)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fgpu-probe:", err)
+		os.Exit(1)
+	}
 }
 
 // mounts lists the mount points fgpu is responsible for: the MPS directories and /dev/shm.

@@ -17,7 +17,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSimCmd(), newPlotCmd(), newGPUsCmd(), newFaultsCmd())
+	root.AddCommand(newSimCmd(), newPlotCmd(), newGPUsCmd(), newFaultsCmd(), newRecommendationsCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "fgpu:", err)
 		os.Exit(1)

@@ -50,6 +50,7 @@ departs. Prints the GPU allocation ratio as arrived demand grows.`,
 	fl.StringVar(&f.knobs, "knobs", "", "with --policy fgpu: set options and ablations by name, e.g. MixReach=0,TieWhole=all (docs/placement.md, \"Knobs\")")
 	_ = cmd.MarkFlagRequired("nodes")
 	_ = cmd.MarkFlagRequired("pods")
+	cmd.AddCommand(newSimSizingCmd())
 	return cmd
 }
 

@@ -30,6 +30,11 @@ func TestMain(m *testing.M) {
 		"allocator.bindTimeout="+bindTimeout,
 		"allocator.orphanGrace=10s",
 		"allocator.verbosity=4",
+		// Sizing within a test's time: measure every second, report every 5 s, recommend
+		// after 20 samples.
+		"kubeletPlugin.usage.pollInterval=1s",
+		"kubeletPlugin.usage.reportInterval=5s",
+		"allocator.sizing.minSamples=20",
 	)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e setup:", err)

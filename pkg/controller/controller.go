@@ -31,6 +31,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // Config configures the controller.
@@ -51,13 +52,16 @@ type Config struct {
 	// cmd/fgpu-allocator passes its leader election's (pkg/leader).
 	Fence interface{ Allow() error }
 	Now   func() time.Time
+	// Sizing sets the recommender that sizes workloads from their claims' measured use
+	// (zero: sizing.DefaultOptions).
+	Sizing sizing.Options
 }
 
 // DefaultConfig is the allocator's default configuration.
 func DefaultConfig() Config {
 	return Config{DriverName: api.DriverName, DeviceClasses: []string{api.DeviceClassShared, api.DeviceClassExclusive},
 		ExclusiveClasses: []string{api.DeviceClassExclusive}, BindTimeout: 2 * time.Minute, OrphanGrace: 30 * time.Second,
-		Workers: 32, Placement: "fgpu"}
+		Workers: 32, Placement: "fgpu", Sizing: sizing.DefaultOptions()}
 }
 
 func (cfg *Config) isFgpuClass(name string) bool { return slices.Contains(cfg.DeviceClasses, name) }
@@ -103,6 +107,9 @@ type Controller struct {
 	// fgpuClient and policyQueue write SharingPolicy status; nil without an fgpu client.
 	fgpuClient  versioned.Interface
 	policyQueue workqueue.TypedRateLimitingInterface[string]
+
+	// sizer recommends workload sizes from measured use.
+	sizer *sizer
 }
 
 // New builds the controller and its informers (not started). fgpuClient reads the
@@ -119,6 +126,11 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		c.metrics = NewMetrics(nil)
 	}
 	c.metrics.ctrl = c
+	if cfg.Sizing == (sizing.Options{}) {
+		cfg.Sizing = sizing.DefaultOptions()
+		c.cfg.Sizing = cfg.Sizing
+	}
+	c.sizer = newSizer(cfg.Sizing)
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedMaxOfRateLimiter(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second)),

@@ -14,6 +14,7 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // input is everything a decision depends on besides the model.
@@ -33,6 +34,10 @@ type input struct {
 	// conflict: the consuming pods are bound to different nodes, and no placement serves
 	// them all.
 	conflict *waitReason
+	// sized are the recommendations (by request name) of the claim's workload, where its
+	// policy's sizing mode is Initial and they stand on enough samples; sizedFor names it.
+	sized    map[string]sizing.Recommendation
+	sizedFor sizing.Workload
 }
 
 // decision is where a claim goes: the node, and one result per device.
@@ -44,6 +49,8 @@ type decision struct {
 	// reservedFor is written with the allocation: the pods a claim placed again after a
 	// refused prepare was reserved for, which the scheduler will not reserve again.
 	reservedFor []resourceapi.ResourceClaimConsumerReference
+	// sized says, per request placed at a recommended size, what it asked and got.
+	sized []string
 }
 
 // result is one device share the decision hands out.
@@ -165,6 +172,9 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 			userCfg: rq.userCfg, tolerations: tol, shareID: uuid.NewUUID()})
 	}
 	d.node = c.model.coreGPU[p.Node][0].node
+	if rq.sized != "" {
+		d.sized = append(d.sized, rq.sized)
+	}
 	return out, nil
 }
 

@@ -47,6 +47,7 @@ func (c *Controller) onClaim(claim *resourceapi.ResourceClaim) {
 	}
 	if ours {
 		c.queue.Add(claimKey(claim))
+		c.observeUsage(claim)
 	}
 }
 
@@ -60,6 +61,7 @@ func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	c.status.Forget(key)
 	c.refused.Forget(claim.UID)
 	c.restores.forget(claim.UID)
+	c.forgetUsage(claim)
 	c.forget(key)
 }
 

@@ -14,7 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/klog/v2"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // Sync looks at one claim: places it, times its allocation out, or releases it.
@@ -129,6 +131,20 @@ func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
 		podLabels = map[string]string{}
 	}
 	in.pol = policy.Resolve(c.policyList(), nsLabels, podLabels)
+	if in.pol.Sizing == api.SizingInitial {
+		top := topOwner(in.consumers[0])
+		for _, r := range claim.Spec.Devices.Requests {
+			for _, a := range alternatives(r) {
+				w := sizing.Workload{Namespace: claim.Namespace, Kind: top.Kind, Name: top.Name, Request: a.name}
+				if rec, ok := c.Recommendation(w); ok {
+					if in.sized == nil {
+						in.sized = map[string]sizing.Recommendation{}
+					}
+					in.sized[a.name], in.sizedFor = rec, w
+				}
+			}
+		}
+	}
 	in.avoid = c.ledger.Avoided(in.consumers)
 	return in, true
 }
@@ -258,6 +274,9 @@ func (c *Controller) commit(ctx context.Context, in *input, d *decision) (time.D
 	}
 	written.Annotations[AnnotationStatus] = msg
 	c.setStatus(ctx, written, in.consumers, msg, ReasonPlaced)
+	for _, note := range d.sized {
+		c.recorder.Event(claim, corev1.EventTypeNormal, ReasonSized, note)
+	}
 	for _, p := range in.consumers {
 		if p.Spec.NodeName != "" && p.Spec.NodeName != d.node {
 			c.recorder.Event(p, corev1.EventTypeWarning, ReasonPodBoundElsewhere, fmt.Sprintf(

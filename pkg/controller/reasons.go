@@ -36,6 +36,11 @@ const (
 	// spec.nodeName), so not all of them can use it. The claim waits, or, placed again after
 	// a refused prepare, stays with the pods it is reserved for, and the others are told.
 	ReasonPodBoundElsewhere = "FgpuPodBoundElsewhere"
+	// ReasonSizingRecommendation: a workload's recommended size, from its claims' measured use,
+	// appeared or moved (on the claim whose report moved it; sizing.RecordAnnotation holds it).
+	ReasonSizingRecommendation = "FgpuSizingRecommendation"
+	// ReasonSized: a claim was placed at its workload's recommended size (sizing Initial).
+	ReasonSized = "FgpuSized"
 )
 
 // waitReason is why a claim is not placed now.

@@ -2,12 +2,14 @@ package controller
 
 import (
 	"fmt"
+	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // alt is one way to satisfy a request: the request itself or one of its firstAvailable
@@ -55,6 +57,8 @@ type request struct {
 	mode    api.SharingMode
 	domain  domain
 	userCfg *api.GpuConfig
+	// sized says what the request asked and got where its workload's recommendation sized it.
+	sized string
 }
 
 // resolveRequest sizes an alternative, and chooses its mode and isolation domain, from the
@@ -106,6 +110,9 @@ func resolveRequest(cfg *Config, in *input, a alt) (*request, *waitReason) {
 			return unsupported("request %q: unknown capacity %q (fgpu devices have memory and compute)", a.name, k)
 		}
 	}
+	if r, ok := in.sized[a.name]; ok && rq.count == 1 && !cfg.isExclusiveClass(a.class) && in.pol.Isolation != api.IsolationExclusive {
+		rq.applySizing(r, in.sizedFor)
+	}
 	rq.mode = sharingMode(in.pol, userCfg)
 	rq.domain = domain{in.claim.Namespace, subDomain(userCfg)}
 	if rq.count > 1 && !rq.whole && rq.mode != api.SharingModeTimeSlicing {
@@ -125,6 +132,31 @@ func resolveRequest(cfg *Config, in *input, a alt) (*request, *waitReason) {
 		return unsupported("request %q: computePercent %d is above the compute it asks (%d%%); lower the limit or ask for more compute", a.name, *p, *rq.comp)
 	}
 	return rq, nil
+}
+
+// applySizing lowers the request to its workload's recommendation (sizing mode Initial):
+// never above what it asks, nor below the limits its config sets; a request for a whole GPU
+// (no memory asked) becomes a share of the recommended memory. Compute is lowered only where
+// the request asks for some.
+func (rq *request) applySizing(r sizing.Recommendation, w sizing.Workload) {
+	var notes []string
+	if l := rq.userCfg.MemoryLimit; (rq.whole || r.MemoryBytes < rq.mem) && (l == nil || l.Value() <= r.MemoryBytes) {
+		asked := "a whole GPU"
+		if !rq.whole {
+			asked = fmtBytes(rq.mem)
+		}
+		rq.mem, rq.whole = r.MemoryBytes, false
+		notes = append(notes, fmt.Sprintf("memory %s (asked %s)", fmtBytes(rq.mem), asked))
+	}
+	if p := rq.userCfg.ComputePercent; rq.comp != nil && *rq.comp > int64(r.ComputePercent) && (p == nil || int64(*p) <= int64(r.ComputePercent)) {
+		notes = append(notes, fmt.Sprintf("compute %d%% (asked %d%%)", r.ComputePercent, *rq.comp))
+		v := int64(r.ComputePercent)
+		rq.comp = &v
+	}
+	if len(notes) > 0 {
+		rq.sized = fmt.Sprintf("request %q sized by the recommendation for %s %s/%s (%d samples, peak seen %s): %s",
+			rq.alt.name, w.Kind, w.Namespace, w.Name, r.Samples, fmtBytes(r.PeakBytes), strings.Join(notes, ", "))
+	}
 }
 
 // limitsFit says why the claim's memoryLimit or computePercent exceed what a device of the

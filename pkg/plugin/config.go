@@ -48,6 +48,13 @@ type Config struct {
 	ForeignPoll time.Duration
 	// HealthPoll is how often the GPUs' faults are read (0: DefaultHealthPoll).
 	HealthPoll time.Duration
+	// UsagePoll is how often each prepared share's GPU use is measured (0: DefaultUsagePoll;
+	// negative: not measured). UsageReport is the least time between two reports of a claim's
+	// use in its status, written only when the use moved beyond the thresholds or
+	// UsageHeartbeat passed (0: the defaults).
+	UsagePoll      time.Duration
+	UsageReport    time.Duration
+	UsageHeartbeat time.Duration
 	// A GPU that faulted FlapCount times within FlapWindow stays fenced for FlapBackoff
 	// (0: the defaults).
 	FlapCount   int
@@ -110,4 +117,25 @@ type MPSPodConfig struct {
 	HostPaths []string
 	// ShmSize is the size of each daemon's shm tmpfs, shared by its server and clients.
 	ShmSize int64
+}
+
+func (c Config) usagePoll() time.Duration {
+	if c.UsagePoll == 0 {
+		return DefaultUsagePoll
+	}
+	return c.UsagePoll
+}
+
+func (c Config) usageReport() time.Duration {
+	if c.UsageReport > 0 {
+		return c.UsageReport
+	}
+	return DefaultUsageReport
+}
+
+func (c Config) usageHeartbeat() time.Duration {
+	if c.UsageHeartbeat > 0 {
+		return max(c.UsageHeartbeat, c.usageReport())
+	}
+	return max(DefaultUsageHeartbeat, c.usageReport())
 }

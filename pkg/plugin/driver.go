@@ -27,8 +27,10 @@ type Driver struct {
 	metrics *Metrics
 	helper  *kubeletplugin.Helper
 	health  *health
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
+	// usage measures the prepared shares' GPU use; nil where the backend cannot.
+	usage  *usageMeter
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 	// evicting are the pods told they are evicted because their MPS server broke (only
 	// watchMPS uses it).
 	evicting map[types.UID]bool
@@ -46,6 +48,10 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		health: newHealth(ctx, cfg, backend, state.Devices())}
 	state.podEvent = d.podEvent
 	state.capChanged = d.capChanged
+	// Set before the kubelet can call Prepare, which publishes the summaries.
+	if source, ok := backend.(gpu.UsageSource); ok && cfg.usagePoll() > 0 {
+		d.usage = newUsageMeter(source, "/proc", cfg.usageReport(), cfg.usageHeartbeat())
+	}
 	metrics.observeState(state)
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(cfg.DriverName),
@@ -88,6 +94,9 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	go d.watchForeign(ctx)
 	go d.watchHealth(ctx)
 	go d.watchMPS(ctx)
+	if d.usage != nil {
+		go d.watchUsage(ctx, cfg.usagePoll())
+	}
 	return d, nil
 }
 

@@ -4,6 +4,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // Metrics are the plugin's Prometheus series.
@@ -14,6 +17,8 @@ type Metrics struct {
 	tenants        *prometheus.GaugeVec
 	capacityBytes  *prometheus.GaugeVec
 	claimMemory    *prometheus.GaugeVec
+	claimUsed      *prometheus.GaugeVec
+	claimSM        *prometheus.GaugeVec
 }
 
 // NewMetrics registers the plugin's metrics with reg.
@@ -28,8 +33,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		tenants:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_gpu_tenants", Help: "Claims prepared on a GPU."}, []string{"gpu", "uuid"}),
 		capacityBytes:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_gpu_allocatable_memory_bytes", Help: "Memory a GPU offers to claims."}, []string{"gpu", "uuid"}),
 		claimMemory:    prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_claim_memory_limit_bytes", Help: "Memory cap of a prepared claim."}, []string{"namespace", "claim", "gpu"}),
+		claimUsed: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_claim_memory_used_bytes",
+			Help: "GPU memory the processes of a prepared claim held at the last measurement."}, []string{"namespace", "claim", "gpu"}),
+		claimSM: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_claim_sm_active_percent",
+			Help: "SM activity of the processes of a prepared claim over the last measurement (absent where the driver gave no sample)."}, []string{"namespace", "claim", "gpu"}),
 	}
-	reg.MustRegister(m.prepareSeconds, m.allocatedBytes, m.allocatedPct, m.tenants, m.capacityBytes, m.claimMemory)
+	reg.MustRegister(m.prepareSeconds, m.allocatedBytes, m.allocatedPct, m.tenants, m.capacityBytes, m.claimMemory, m.claimUsed, m.claimSM)
 	return m
 }
 
@@ -72,5 +81,25 @@ func (m *Metrics) observeState(s *State) {
 		m.allocatedPct.WithLabelValues(d.Name(), d.UUID).Set(float64(v.pct))
 		m.tenants.WithLabelValues(d.Name(), d.UUID).Set(float64(v.n))
 		m.capacityBytes.WithLabelValues(d.Name(), d.UUID).Set(float64(AllocatableMemory(d, s.cfg.ReservedMemory)))
+	}
+}
+
+// observeUsage sets the per-claim use gauges from the newest samples; claims gone drop out.
+func (m *Metrics) observeUsage(claims map[string]checkpoint.ClaimEntry, latest map[shareKey]sizing.Sample) {
+	if m == nil {
+		return
+	}
+	m.claimUsed.Reset()
+	m.claimSM.Reset()
+	for k, s := range latest {
+		e, ok := claims[k.claimUID]
+		if !ok {
+			continue
+		}
+		// A claim's shares of several requests on one GPU add up, as its cap does.
+		m.claimUsed.WithLabelValues(e.Namespace, e.Name, k.device).Add(float64(s.MemoryBytes))
+		if s.SMPercent >= 0 {
+			m.claimSM.WithLabelValues(e.Namespace, e.Name, k.device).Add(float64(s.SMPercent))
+		}
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
+
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // DeviceStatusData is what `kubectl get resourceclaim -o yaml` shows under
@@ -33,6 +35,9 @@ type DeviceStatusData struct {
 	// MemoryCap is what caps the share's memory: cgroup (the pod as a whole, and each MPS
 	// client process), mps-per-process, none (time-slicing) or whole-gpu.
 	MemoryCap string `json:"memoryCap,omitempty"`
+	// Usage is what the share's processes used, as the plugin last reported it (see
+	// sizing.Usage); absent until it has measured the share for a report interval.
+	Usage *sizing.Usage `json:"usage,omitempty"`
 }
 
 // capChanged republishes the status.devices of a prepared claim whose memoryCap changed after
@@ -48,18 +53,31 @@ func (d *Driver) capChanged(ctx context.Context, ns, name, uid string) {
 // only this driver's entries. (Not server-side apply: an allocation written with Update by
 // another manager made every status apply try to clear it.)
 func (d *Driver) publishDeviceStatus(ctx context.Context, claim *resourceapi.ResourceClaim) error {
+	var usage map[shareKey]sizing.Usage
+	if d.usage != nil {
+		usage = d.usage.lastPublished(string(claim.UID))
+	}
+	return d.publishDeviceStatusWith(ctx, claim, usage)
+}
+
+// publishDeviceStatusWith is publishDeviceStatus with the shares' usage summaries.
+func (d *Driver) publishDeviceStatusWith(ctx context.Context, claim *resourceapi.ResourceClaim, usage map[shareKey]sizing.Usage) error {
 	entry, ok := d.state.PreparedClaims()[string(claim.UID)]
 	if !ok {
 		return nil
 	}
 	var ours []resourceapi.AllocatedDeviceStatus
 	for _, p := range entry.Devices {
-		data, err := json.Marshal(DeviceStatusData{
+		sd := DeviceStatusData{
 			GPUUUID: p.GPUUUID, Memory: bytesStr(p.MemoryBytes), MemoryLimit: bytesStr(p.MemoryLimitBytes),
 			ComputePercent: p.ComputePercent, ThreadPercent: p.ThreadPercent, Mode: p.Mode,
 			IsolationDomain: p.IsolationDomain, MemoryEnforced: p.MemoryEnforced, MemoryEnforcement: p.MemoryEnforcement,
 			MemoryCap: p.MemoryCap,
-		})
+		}
+		if u, ok := usage[shareKey{string(claim.UID), p.Request, p.Device}]; ok {
+			sd.Usage = &u
+		}
+		data, err := json.Marshal(sd)
 		if err != nil {
 			return err
 		}

@@ -28,6 +28,7 @@ type Effective struct {
 	Mode                   api.PolicyMode
 	ComputeFromMemory      bool
 	DefaultCompute         int64
+	Sizing                 api.SizingMode
 	// Quota is the namespace's, from every policy that selects the namespace: not only
 	// from this one, which pod labels may have chosen.
 	Quota Quota
@@ -73,7 +74,7 @@ func (e Effective) DisplayName() string {
 // Default is what applies when no SharingPolicy selects a claim: namespaces isolated,
 // standard latency, mode auto, no quota.
 func Default() Effective {
-	return Effective{Isolation: api.IsolationNamespace, Latency: api.LatencyStandard, Mode: api.PolicyModeAuto, MaxCoTenants: 1}
+	return Effective{Isolation: api.IsolationNamespace, Latency: api.LatencyStandard, Mode: api.PolicyModeAuto, MaxCoTenants: 1, Sizing: api.SizingOff}
 }
 
 // FromSpec applies defaults to a policy's spec.
@@ -103,6 +104,9 @@ func FromSpec(name string, s *api.SharingPolicySpec) Effective {
 		e.Mode = s.Mode
 	}
 	e.ComputeFromMemory = s.ComputeFromMemory
+	if s.Sizing != "" {
+		e.Sizing = s.Sizing
+	}
 	if s.DefaultCompute != nil {
 		e.DefaultCompute = int64(*s.DefaultCompute)
 	}

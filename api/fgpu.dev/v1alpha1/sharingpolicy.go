@@ -60,6 +60,24 @@ const (
 	PolicyModeAuto        PolicyMode = "auto"
 )
 
+// SizingMode says what the allocator does with the sizes it recommends for a workload from
+// its claims' measured use, named as Kubernetes' VPA names its update modes.
+// +kubebuilder:validation:Enum=Off;Recommend;Initial
+type SizingMode string
+
+const (
+	// SizingOff: nothing is told or changed.
+	SizingOff SizingMode = "Off"
+	// SizingRecommend: the recommendation is told (FgpuSizingRecommendation events, `fgpu
+	// recommendations`); nothing is changed.
+	SizingRecommend SizingMode = "Recommend"
+	// SizingInitial: Recommend, and a new claim of the workload is placed at the recommended
+	// memory and compute, never more than it asks; one that asks for no memory (a whole GPU)
+	// at the recommended memory. Running pods keep their size: MPS fixes a process's caps
+	// when it starts.
+	SizingInitial SizingMode = "Initial"
+)
+
 // +genclient
 // +genclient:nonNamespaced
 // +kubebuilder:object:root=true
@@ -206,6 +224,15 @@ type SharingPolicySpec struct {
 	// +kubebuilder:validation:Maximum=100
 	// +optional
 	DefaultCompute *int32 `json:"defaultCompute,omitempty"`
+
+	// Sizing is what the allocator does with the sizes it recommends for the workloads (a
+	// Deployment, StatefulSet, CronJob, Job or bare pod, and the claim's request) of the pods
+	// this policy applies to, from their claims' measured use: Off (the default), Recommend
+	// or Initial. Pod labels choose the policy, so a tenant can choose its own workloads' mode;
+	// a workload is only ever sized from its own pods' use.
+	// +kubebuilder:default=Off
+	// +optional
+	Sizing SizingMode `json:"sizing,omitempty"`
 
 	// Quota caps what the claims of each namespace that namespaceSelector selects hold
 	// together, whole GPUs included. It binds every claim of such a namespace, whatever

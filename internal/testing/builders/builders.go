@@ -257,6 +257,9 @@ func (b *PolicyBuilder) ComputeFromMemory() *PolicyBuilder {
 	return b
 }
 
+// Sizing sets the sizing mode.
+func (b *PolicyBuilder) Sizing(m api.SizingMode) *PolicyBuilder { b.p.Spec.Sizing = m; return b }
+
 // Priority sets the priority.
 func (b *PolicyBuilder) Priority(p int32) *PolicyBuilder { b.p.Spec.Priority = p; return b }
 

@@ -5,7 +5,9 @@
 // whoever drives it: nvidiaN.compute-mode holds the GPU's compute mode, and nvidiaN.processes
 // the PIDs of the compute processes on it, one per line, as NVML would list them. A test
 // puts a process "on" a GPU that fgpu did not start by writing its PID there (ProcessFile)
-// and takes it off by removing the line or the file.
+// and takes it off by removing the line or the file. nvidiaN.usage (UsageFile) says what
+// processes use of the GPU, as NVML measures it: written by tests, or by a workload that
+// replays recorded usage (ReportUsage).
 package fake
 
 import (
@@ -194,7 +196,7 @@ func (b *Backend) SetComputeMode(uuid string, mode gpu.ComputeMode) error {
 }
 
 // ComputeProcesses implements gpu.Backend: the PIDs listed in the GPU's ProcessFile, and
-// those of its stand-in MPS servers (ServerFile) that still run. NVML lists live processes
+// those of its stand-in MPS servers (ServerFile) and UsageFile that still run. NVML lists live processes
 // only; a stand-in killed with its container cannot unlist itself, so the listing checks.
 func (b *Backend) ComputeProcesses(uuid string) ([]int, error) {
 	d, err := b.device(uuid)
@@ -210,12 +212,24 @@ func (b *Backend) ComputeProcesses(uuid string) ([]int, error) {
 		return nil, err
 	}
 	for _, pid := range servers {
-		if !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+		if alive(pid) {
 			pids = append(pids, pid)
+		}
+	}
+	usage, err := readUsage(UsageFile(b.devDir, d.Index))
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range usage {
+		// A replaying workload killed mid-run cannot unlist itself either.
+		if alive(u.PID) && !slices.Contains(pids, u.PID) {
+			pids = append(pids, u.PID)
 		}
 	}
 	return pids, nil
 }
+
+func alive(pid int) bool { return !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) }
 
 func readPIDs(file string) ([]int, error) {
 	raw, err := os.ReadFile(file)

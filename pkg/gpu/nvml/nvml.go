@@ -33,9 +33,17 @@ type Backend struct {
 	uuids    []string
 	watching bool
 	latched  map[string][]gpu.Fault
+
+	// umu guards lastSample: per GPU UUID, the timestamp of the newest utilization sample
+	// ProcessUsage has read, so that each call averages only the samples since the last one.
+	umu        sync.Mutex
+	lastSample map[string]uint64
 }
 
-var _ gpu.Backend = (*Backend)(nil)
+var (
+	_ gpu.Backend     = (*Backend)(nil)
+	_ gpu.UsageSource = (*Backend)(nil)
+)
 
 // Open loads the host's NVML library (libnvidia-ml.so.1, or WithLibraryPath)
 // and initialises it. When the library is missing the error wraps ErrNotAvailable.
@@ -280,6 +288,80 @@ func (b *Backend) ComputeProcesses(uuid string) ([]int, error) {
 		}
 	}
 	return pids, nil
+}
+
+// ProcessUsage lists the GPU's compute processes (as ComputeProcesses) with the memory NVML
+// counts for each and the mean of the SM utilization samples the driver took of each since
+// the previous call (GetProcessUtilization; -1 for a process with no sample in that span,
+// and for all of them where the driver does not sample per process).
+func (b *Backend) ProcessUsage(uuid string) ([]gpu.ProcessUsage, error) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return nil, errClosed
+	}
+	h, ret := b.lib.DeviceGetHandleByUUID(uuid)
+	if ret != gonvml.SUCCESS {
+		return nil, fmt.Errorf("nvml DeviceGetHandleByUUID for GPU %s: %w", uuid, ret)
+	}
+	procs, ret := h.GetComputeRunningProcesses()
+	if ret != gonvml.SUCCESS {
+		return nil, fmt.Errorf("nvml GetComputeRunningProcesses on GPU %s: %w", uuid, ret)
+	}
+	mpsProcs, ret := h.GetMPSComputeRunningProcesses()
+	switch ret {
+	case gonvml.SUCCESS:
+		procs = append(procs, mpsProcs...)
+	case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND:
+	default:
+		return nil, fmt.Errorf("nvml GetMPSComputeRunningProcesses on GPU %s: %w", uuid, ret)
+	}
+	sm, err := b.smSamples(h, uuid)
+	if err != nil {
+		return nil, err
+	}
+	var out []gpu.ProcessUsage
+	for _, p := range procs {
+		if slices.ContainsFunc(out, func(u gpu.ProcessUsage) bool { return u.PID == int(p.Pid) }) {
+			continue
+		}
+		u := gpu.ProcessUsage{PID: int(p.Pid), MemoryBytes: int64(p.UsedGpuMemory), SMPercent: -1}
+		if s, ok := sm[p.Pid]; ok {
+			u.SMPercent = s
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+// smSamples averages the driver's per-process SM utilization samples taken since the last
+// call for this GPU.
+func (b *Backend) smSamples(h gonvml.Device, uuid string) (map[uint32]int, error) {
+	b.umu.Lock()
+	defer b.umu.Unlock()
+	samples, ret := h.GetProcessUtilization(b.lastSample[uuid])
+	switch ret {
+	case gonvml.SUCCESS:
+	case gonvml.ERROR_NOT_FOUND, gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND:
+		return nil, nil // no sample since the last call, or none per process on this GPU
+	default:
+		return nil, fmt.Errorf("nvml GetProcessUtilization on GPU %s: %w", uuid, ret)
+	}
+	sum, n := map[uint32]int{}, map[uint32]int{}
+	for _, s := range samples {
+		sum[s.Pid] += int(min(s.SmUtil, 100))
+		n[s.Pid]++
+		if s.TimeStamp > b.lastSample[uuid] {
+			if b.lastSample == nil {
+				b.lastSample = map[string]uint64{}
+			}
+			b.lastSample[uuid] = s.TimeStamp
+		}
+	}
+	for pid := range sum {
+		sum[pid] /= n[pid]
+	}
+	return sum, nil
 }
 
 // MPSControlBinary is the configured nvidia-cuda-mps-control.

@@ -1,0 +1,192 @@
+package allocator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/e2e/framework"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/clusterview"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
+)
+
+// fakeDevDir is where the chart's plugin keeps its fake device nodes and their usage files.
+const fakeDevDir = framework.StateDir + "/fake-dev"
+
+// replayPod is a GPU pod whose fgpu-probe plays a usage pattern on its fake GPU: it needs the
+// node's PID namespace (its PID is what the usage file names) and the fake device directory.
+func replayPod(ns, name, memory, steps string) *corev1.Pod {
+	p := framework.MakeGPUPod(ns, name).Memory(memory).Pod()
+	p.Spec.HostPID = true
+	c := &p.Spec.Containers[0]
+	c.Args = []string{"--replay-usage", steps, "--usage-dir", fakeDevDir}
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "fake-dev", MountPath: fakeDevDir})
+	p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "fake-dev",
+		VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: fakeDevDir}}})
+	return p
+}
+
+// A Deployment under sizing Initial replays a usage pattern; the plugin reports it in the
+// claim's status and the allocator, after enough samples, recommends a size above the peak
+// for the Deployment, readable as an event and through `fgpu recommendations`'s reader; the
+// running pod keeps what it asked, and a new pod of the Deployment gets the recommended size.
+// (The suite installs the chart with a 1 s poll, 5 s reports and 20 samples before a
+// recommendation.)
+func TestMeasuredUsageSizesNewPods(t *testing.T) {
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "sizing")
+	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
+	createPolicy(t, builders.MakePolicy("sizing-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(api.SizingInitial).Obj())
+	gp := framework.MakeGPUPod(ns, "web").Memory("20Gi")
+	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gp.Template(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := replayPod(ns, "web", "20Gi", "0:2Gi:30,3:6Gi:40")
+	labels := map[string]string{"app": "web"}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: pod.Spec}},
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var running *corev1.Pod
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		if err != nil || len(pods.Items) == 0 || pods.Items[0].Status.Phase != corev1.PodRunning {
+			return false, nil
+		}
+		running = &pods.Items[0]
+		return true, nil
+	}); err != nil {
+		t.Fatal("the Deployment's pod did not run")
+	}
+	claim, err := cluster.ClaimOf(ctx, running)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The measured peak reaches the claim's status.
+	var usage sizing.Usage
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		c, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, claim.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, st := range c.Status.Devices {
+			var data struct {
+				Usage *sizing.Usage `json:"usage"`
+			}
+			if st.Data != nil && json.Unmarshal(st.Data.Raw, &data) == nil && data.Usage != nil && data.Usage.MemoryMaxBytes == 6<<30 {
+				usage = *data.Usage
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("no usage with a 6Gi peak in claim %s's status within a minute", claim.Name)
+	}
+	if usage.SMMaxPercent != 40 {
+		t.Errorf("usage %+v; want SM 40 at the peak", usage)
+	}
+	ev, err := cluster.WaitEvent(ctx, ns, claim.Name, "Deployment "+ns+"/web request gpu: recommended memory", 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(ev)
+	recs, err := clusterview.Recommendations(ctx, cluster.Client, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].Workload.Kind != "Deployment" || recs[0].Workload.Name != "web" ||
+		recs[0].Recommendation.MemoryBytes < 6<<30 || recs[0].Recommendation.MemoryBytes > 8<<30 {
+		t.Fatalf("recommendations %+v; want Deployment web above its 6Gi peak, below 8Gi", recs)
+	}
+	// The running pod's claim, placed before enough samples, keeps what it asked for.
+	c, _ := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, claim.Name, metav1.GetOptions{})
+	if got := c.Status.Allocation.Devices.Results[0].ConsumedCapacity["memory"]; got.String() != "20Gi" {
+		t.Errorf("allocation changed to %s", got.String())
+	}
+	// A new pod of the Deployment gets the recommended size, in its allocation and its caps.
+	if _, err := cluster.Client.AppsV1().Deployments(ns).UpdateScale(ctx, "web", &autoscalingv1.Scale{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 2}}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var second *corev1.Pod
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		if err != nil {
+			return false, nil
+		}
+		for i := range pods.Items {
+			if p := &pods.Items[i]; p.Name != running.Name && p.Status.Phase == corev1.PodRunning {
+				second = p
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatal("the second pod did not run")
+	}
+	claim2, err := cluster.ClaimOf(ctx, second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := recs[0].Recommendation
+	if got := claim2.Status.Allocation.Devices.Results[0].ConsumedCapacity["memory"]; got.Value() != rec.MemoryBytes {
+		t.Errorf("new pod's claim got %s; want the recommended %d bytes", got.String(), rec.MemoryBytes)
+	}
+	report, err := cluster.Probe(ctx, ns, second.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("0=%dM", rec.MemoryBytes>>20); report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != want {
+		t.Errorf("new pod's MPS cap %q; want %q", report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], want)
+	}
+	if _, err := cluster.WaitEvent(ctx, ns, claim2.Name, "(asked 20Gi)", 30*time.Second); err != nil {
+		t.Error(err)
+	}
+}
+
+// A workload that grows past its MPS cap fails as a CUDA allocation would.
+func TestReplayPastTheCapRunsOutOfMemory(t *testing.T) {
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "sizing-oom")
+	gp := framework.MakeGPUPod(ns, "grow").Memory("4Gi")
+	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gp.Template(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := replayPod(ns, "grow", "4Gi", "0:2Gi:30,2:5Gi:30")
+	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
+	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "grow", metav1.GetOptions{})
+		if err != nil || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].State.Terminated == nil {
+			return false, nil
+		}
+		if code := p.Status.ContainerStatuses[0].State.Terminated.ExitCode; code != 2 {
+			t.Fatalf("exit status %d; want 2 (out of memory)", code)
+		}
+		return true, nil
+	}); err != nil {
+		t.Fatal("the pod did not fail past its cap")
+	}
+	raw, _ := cluster.Client.CoreV1().Pods(ns).GetLogs("grow", &corev1.PodLogOptions{}).DoRaw(ctx)
+	if !strings.Contains(string(raw), "out of memory") {
+		t.Errorf("log %q; want out of memory", raw)
+	}
+}

@@ -1,0 +1,171 @@
+package controller
+
+import (
+	"encoding/json"
+	"regexp"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/policy"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
+)
+
+// sizer feeds the claims' measured use to the recommender and says when a workload's
+// recommendation is new or moved enough to tell a person.
+type sizer struct {
+	mu        sync.Mutex
+	rec       *sizing.Recommender
+	announced map[sizing.Workload]sizing.Recommendation
+}
+
+func newSizer(opts sizing.Options) *sizer {
+	return &sizer{rec: sizing.NewRecommender(opts), announced: map[sizing.Workload]sizing.Recommendation{}}
+}
+
+// observeUsage takes the usage summaries the kubelet plugin wrote into the claim's
+// status.devices (which a tenant cannot write) for the shares of its allocation, for the
+// workload of the claim's pods, and records an event on the claim when the workload's
+// recommendation appears or moves.
+func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
+	if c.sizer == nil || claim.Status.Allocation == nil || len(claim.Status.Devices) == 0 {
+		return
+	}
+	pods := c.claimPods(claim)
+	if len(pods) == 0 {
+		return
+	}
+	top := topOwner(pods[0])
+	mode := c.policyOf(claim, pods[0]).Sizing
+	var changed []sizing.Record
+	c.sizer.mu.Lock()
+	for _, st := range claim.Status.Devices {
+		if st.Driver != c.cfg.DriverName || st.Data == nil || st.ShareID == nil {
+			continue
+		}
+		req := allocatedRequest(claim.Status.Allocation, st)
+		if req == "" {
+			continue // not a share of the current allocation
+		}
+		var data struct {
+			Usage *sizing.Usage `json:"usage"`
+		}
+		if json.Unmarshal(st.Data.Raw, &data) != nil || data.Usage == nil {
+			continue
+		}
+		w := sizing.Workload{Namespace: claim.Namespace, Kind: top.Kind, Name: top.Name, Request: req}
+		if !c.sizer.rec.Add(w, *st.ShareID, *data.Usage) {
+			continue
+		}
+		rec, ok := c.sizer.rec.Recommend(w)
+		if !ok || mode == api.SizingOff {
+			continue // an Off workload's history is kept, so that Recommend has it at once
+		}
+		if prev, had := c.sizer.announced[w]; !had || moved(prev, rec) {
+			c.sizer.announced[w] = rec
+			changed = append(changed, sizing.Record{Workload: w, Recommendation: rec})
+		}
+	}
+	c.sizer.mu.Unlock()
+	for _, r := range changed {
+		raw, _ := json.Marshal(r)
+		c.recorder.AnnotatedEventf(claim, map[string]string{sizing.RecordAnnotation: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
+			"%s %s/%s request %s: recommended memory %s, compute %d%% (peak seen %s, from %d samples); sizing %s: %s",
+			r.Workload.Kind, r.Workload.Namespace, r.Workload.Name, r.Workload.Request, quantity(r.Recommendation.MemoryBytes),
+			r.Recommendation.ComputePercent, quantity(r.Recommendation.PeakBytes), r.Recommendation.Samples, mode, modeEffect[mode])
+	}
+}
+
+// modeEffect says, in the recommendation event, what the sizing mode does with it.
+var modeEffect = map[api.SizingMode]string{
+	api.SizingRecommend: "nothing is changed",
+	api.SizingInitial:   "new pods of the workload get it, running ones keep their size",
+}
+
+// policyOf is the policy that applies to a claim used by pod, as placing it resolves it.
+func (c *Controller) policyOf(claim *resourceapi.ResourceClaim, pod *corev1.Pod) policy.Effective {
+	nsLabels := map[string]string{}
+	if ns, err := c.namespaces.Get(claim.Namespace); err == nil && ns.Labels != nil {
+		nsLabels = ns.Labels
+	}
+	podLabels := pod.Labels
+	if podLabels == nil {
+		podLabels = map[string]string{}
+	}
+	return policy.Resolve(c.policyList(), nsLabels, podLabels)
+}
+
+// forgetUsage drops what the recommender keeps of a deleted claim's shares.
+func (c *Controller) forgetUsage(claim *resourceapi.ResourceClaim) {
+	if c.sizer == nil {
+		return
+	}
+	c.sizer.mu.Lock()
+	defer c.sizer.mu.Unlock()
+	for _, st := range claim.Status.Devices {
+		if st.ShareID != nil {
+			c.sizer.rec.Forget(*st.ShareID)
+		}
+	}
+}
+
+// Recommendation is the recommender's current size for a workload.
+func (c *Controller) Recommendation(w sizing.Workload) (sizing.Recommendation, bool) {
+	if c.sizer == nil {
+		return sizing.Recommendation{}, false
+	}
+	c.sizer.mu.Lock()
+	defer c.sizer.mu.Unlock()
+	return c.sizer.rec.Recommend(w)
+}
+
+// moved: worth telling again (the same thresholds as the plugin's reports).
+func moved(prev, cur sizing.Recommendation) bool {
+	d := cur.MemoryBytes - prev.MemoryBytes
+	return max(d, -d) > max(sizing.MemoryStep, prev.MemoryBytes/10) || max(cur.ComputePercent-prev.ComputePercent, prev.ComputePercent-cur.ComputePercent) > 10
+}
+
+// allocatedRequest is the request of the allocation result a device status entry is for, or
+// "" when the allocation has no such share.
+func allocatedRequest(a *resourceapi.AllocationResult, st resourceapi.AllocatedDeviceStatus) string {
+	for _, r := range a.Devices.Results {
+		if r.Driver == st.Driver && r.Pool == st.Pool && r.Device == st.Device && r.ShareID != nil && st.ShareID != nil && string(*r.ShareID) == *st.ShareID {
+			return r.Request
+		}
+	}
+	return ""
+}
+
+// cronJobRun matches the name the CronJob controller gives a Job: the CronJob's name and its
+// scheduled time in minutes.
+var cronJobRun = regexp.MustCompile(`^(.+)-[0-9]{8,}$`)
+
+// topOwner is the workload a pod belongs to, from its controller reference and the names
+// Kubernetes' controllers give what they create, without reading the owners: a ReplicaSet
+// named <deployment>-<pod-template-hash> is its Deployment's, a Job named
+// <cronjob>-<minutes> its CronJob's. All of it is the tenant's to write, which only ever
+// moves its pods among the workloads of its own namespace.
+func topOwner(pod *corev1.Pod) metav1.OwnerReference {
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil {
+		return metav1.OwnerReference{Kind: "Pod", Name: pod.Name}
+	}
+	switch ref.Kind {
+	case "ReplicaSet":
+		if h := pod.Labels["pod-template-hash"]; h != "" && strings.HasSuffix(ref.Name, "-"+h) {
+			return metav1.OwnerReference{Kind: "Deployment", Name: strings.TrimSuffix(ref.Name, "-"+h)}
+		}
+	case "Job":
+		if m := cronJobRun.FindStringSubmatch(ref.Name); m != nil {
+			return metav1.OwnerReference{Kind: "CronJob", Name: m[1]}
+		}
+	}
+	return metav1.OwnerReference{Kind: ref.Kind, Name: ref.Name}
+}
+
+func quantity(b int64) string { return resource.NewQuantity(b, resource.BinarySI).String() }

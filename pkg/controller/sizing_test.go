@@ -1,0 +1,209 @@
+package controller
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
+)
+
+func ownedPod(ns, name, kind, owner string, labels map[string]string) *corev1.Pod {
+	p := builders.MakePod(ns, name).Claim("c").Bound("n1").Obj()
+	p.OwnerReferences = []metav1.OwnerReference{{Kind: kind, Name: owner, Controller: ptr.To(true)}}
+	for k, v := range labels {
+		p.Labels[k] = v
+	}
+	return p
+}
+
+// usageStatus is the status.devices entry the kubelet plugin writes for the claim's share.
+func usageStatus(t *testing.T, claim *resourceapi.ResourceClaim, shareID string, u sizing.Usage) resourceapi.AllocatedDeviceStatus {
+	t.Helper()
+	raw, err := json.Marshal(map[string]any{"gpuUUID": "GPU-x", "usage": u})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := claim.Status.Allocation.Devices.Results[0]
+	return resourceapi.AllocatedDeviceStatus{Driver: api.DriverName, Pool: r.Pool, Device: r.Device, ShareID: &shareID, Data: &runtime.RawExtension{Raw: raw}}
+}
+
+// sizingEnv is a controller whose namespace team-a has a Deployment web's pod with claim c
+// placed on one of n1's four 80Gi GPUs, under a policy of the given sizing mode; report writes the
+// plugin's usage summary i (5 min of 30 samples) into c's status.
+type sizingEnv struct {
+	*env
+	share string
+	w     sizing.Workload
+}
+
+func newSizingEnv(t *testing.T, mode api.SizingMode) *sizingEnv {
+	claim := builders.MakeClaim("team-a", "c").Memory("40Gi").AllocatedOn("n1", "gpu-0").Obj()
+	pod := ownedPod("team-a", "web-7c9d5-abcde", "ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"})
+	e := newEnvWith(t, func(c *Config) {
+		c.Sizing = sizing.DefaultOptions()
+		c.Sizing.MinSamples = 90
+	}, []*api.SharingPolicy{builders.MakePolicy("sizing").Sizing(mode).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"), claim, pod)
+	return &sizingEnv{env: e, share: string(*claim.Status.Allocation.Devices.Results[0].ShareID),
+		w: sizing.Workload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}}
+}
+
+func (e *sizingEnv) report(i int, peakGiB int64, sid string) {
+	e.t.Helper()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cur := e.claim("team-a", "c")
+	cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, sid, sizing.Usage{
+		From: t0.Add(time.Duration(i-1) * 5 * time.Minute), To: t0.Add(time.Duration(i) * 5 * time.Minute), Samples: 30,
+		MemoryMaxBytes: peakGiB << 30, SMSamples: 30, SMP95Percent: 35})}
+	if _, err := e.client.ResourceV1().ResourceClaims("team-a").UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.settle()
+}
+
+func TestRecommendationFromMeasuredUsage(t *testing.T) {
+	e := newSizingEnv(t, api.SizingRecommend)
+	e.report(1, 9, e.share)
+	e.report(2, 11, e.share)
+	if _, ok := e.c.Recommendation(e.w); ok {
+		t.Fatal("a recommendation on 60 samples")
+	}
+	if ev := e.events(ReasonSizingRecommendation); len(ev) != 0 {
+		t.Fatalf("events before enough samples: %q", ev)
+	}
+	// A status entry for a share the allocation does not hold is not the claim's use.
+	e.report(3, 70, "00000000-0000-0000-0000-000000000000")
+	if _, ok := e.c.Recommendation(e.w); ok {
+		t.Fatal("a share outside the allocation counted")
+	}
+	e.report(3, 10, e.share)
+	rec, ok := e.c.Recommendation(e.w)
+	if !ok || rec.PeakBytes != 11<<30 || rec.MemoryBytes < 11<<30 || rec.MemoryBytes > 13<<30 {
+		t.Fatalf("recommendation %+v, %v; want above the 11Gi peak with headroom", rec, ok)
+	}
+	ev := e.events(ReasonSizingRecommendation)
+	if len(ev) != 1 || !strings.Contains(ev[0], "Deployment team-a/web request gpu: recommended memory") || !strings.Contains(ev[0], "sizing Recommend: nothing is changed") {
+		t.Fatalf("events %q; want one recommendation for Deployment web", ev)
+	}
+	// The same report again (a resync) changes nothing, and an unmoved one tells no one.
+	e.report(3, 10, e.share)
+	e.report(4, 10, e.share)
+	if ev := e.events(ReasonSizingRecommendation); len(ev) != 1 {
+		t.Fatalf("events %q; want still one", ev)
+	}
+	if got, _ := e.c.Recommendation(e.w); got.Samples != 120 {
+		t.Fatalf("samples %d; want 120 (the repeated report counted once)", got.Samples)
+	}
+	// Recommend changes no new claim of the workload.
+	e.create(builders.MakeClaim("team-a", "c2").Memory("40Gi").Obj(), sizedPod("web-7c9d5-fghij", "c2"))
+	e.run()
+	if got := e.claim("team-a", "c2").Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]; got.String() != "40Gi" {
+		t.Errorf("under Recommend a new claim got %s; want the 40Gi it asked", got.String())
+	}
+}
+
+// Off keeps the history but tells no one.
+func TestSizingOffTellsNothing(t *testing.T) {
+	e := newSizingEnv(t, api.SizingOff)
+	for i := 1; i <= 4; i++ {
+		e.report(i, 10, e.share)
+	}
+	if _, ok := e.c.Recommendation(e.w); !ok {
+		t.Fatal("no history kept under Off")
+	}
+	if ev := e.events(ReasonSizingRecommendation); len(ev) != 0 {
+		t.Fatalf("events under Off: %q", ev)
+	}
+}
+
+// sizedPod is another pod of Deployment web, using claim.
+func sizedPod(name, claim string) *corev1.Pod {
+	p := ownedPod("team-a", name, "ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"})
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: claim, ResourceClaimName: ptr.To(claim)}}
+	return p
+}
+
+// Under Initial, new claims of the workload are placed at the recommended size, never above
+// what they ask nor below the limits they set; other workloads and claims without enough
+// samples keep what they ask.
+func TestSizingInitialSizesNewClaims(t *testing.T) {
+	e := newSizingEnv(t, api.SizingInitial)
+	// Not enough samples yet: a new claim keeps its ask.
+	e.create(builders.MakeClaim("team-a", "early").Memory("40Gi").Obj(), sizedPod("web-7c9d5-early", "early"))
+	e.run()
+	mem := func(name string) string {
+		c := e.claim("team-a", name)
+		if c.Status.Allocation == nil {
+			t.Fatalf("claim %s not allocated: %v %q", name, c.Annotations, e.events(name))
+		}
+		q := c.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]
+		return q.String()
+	}
+	if got := mem("early"); got != "40Gi" {
+		t.Fatalf("before the recommendation: %s; want 40Gi", got)
+	}
+	for i := 1; i <= 3; i++ {
+		e.report(i, 7, e.share)
+	}
+	rec, ok := e.c.Recommendation(e.w)
+	if !ok {
+		t.Fatal("no recommendation")
+	}
+	want := resource.NewQuantity(rec.MemoryBytes, resource.BinarySI).String()
+	whole := builders.MakeClaim("team-a", "whole").Obj() // no memory: a whole GPU
+	limited := builders.MakeClaim("team-a", "limited").Memory("30Gi").Config(map[string]any{"memoryLimit": "20Gi"}).Obj()
+	small := builders.MakeClaim("team-a", "small").Memory("4Gi").Obj()
+	other := ownedPod("team-a", "db-0", "StatefulSet", "db", nil)
+	other.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "o", ResourceClaimName: ptr.To("o")}}
+	e.create(builders.MakeClaim("team-a", "c2").Memory("40Gi").Obj(), sizedPod("web-7c9d5-fghij", "c2"),
+		whole, sizedPod("web-7c9d5-whole", "whole"), limited, sizedPod("web-7c9d5-limited", "limited"),
+		small, sizedPod("web-7c9d5-small", "small"), builders.MakeClaim("team-a", "o").Memory("40Gi").Obj(), other)
+	e.run()
+	for name, wantMem := range map[string]string{"c2": want, "whole": want, "limited": "30Gi", "small": "4Gi", "o": "40Gi"} {
+		if got := mem(name); got != wantMem {
+			t.Errorf("claim %s: %s; want %s", name, got, wantMem)
+		}
+	}
+	ev := e.events(ReasonSized)
+	if len(ev) != 2 || !strings.Contains(strings.Join(ev, "\n"), "memory "+fmtBytes(rec.MemoryBytes)+" (asked 40Gi)") ||
+		!strings.Contains(strings.Join(ev, "\n"), "(asked a whole GPU)") {
+		t.Errorf("FgpuSized events %q; want c2's and whole's", ev)
+	}
+	e.checkInvariant()
+}
+
+func TestTopOwner(t *testing.T) {
+	for _, tc := range []struct {
+		kind, owner string
+		labels      map[string]string
+		want        string
+	}{
+		{"ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"}, "Deployment/web"},
+		{"ReplicaSet", "plain-rs", nil, "ReplicaSet/plain-rs"},
+		{"ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "other"}, "ReplicaSet/web-7c9d5"},
+		{"StatefulSet", "db", nil, "StatefulSet/db"},
+		{"Job", "nightly-29471040", nil, "CronJob/nightly"},
+		{"Job", "train", nil, "Job/train"},
+		{"", "", nil, "Pod/p"},
+	} {
+		p := ownedPod("ns", "p", tc.kind, tc.owner, tc.labels)
+		if tc.kind == "" {
+			p.OwnerReferences = nil
+		}
+		got := topOwner(p)
+		if got.Kind+"/"+got.Name != tc.want {
+			t.Errorf("%s %s: %s/%s, want %s", tc.kind, tc.owner, got.Kind, got.Name, tc.want)
+		}
+	}
+}

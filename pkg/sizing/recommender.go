@@ -1,0 +1,147 @@
+package sizing
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Workload is what a recommendation is for: the top owner of a claim's pods (a Deployment
+// through its ReplicaSet, a StatefulSet, a CronJob through its Job, …, or the pod itself)
+// in its namespace, and the claim's request. Its namespace is the claim's: a tenant's pods
+// only ever size that tenant's workloads.
+type Workload struct {
+	Namespace string `json:"namespace"`
+	Kind      string `json:"kind"`
+	Name      string `json:"name"`
+	Request   string `json:"request"`
+}
+
+func (w Workload) String() string {
+	return fmt.Sprintf("%s/%s/%s request %s", w.Namespace, w.Kind, w.Name, w.Request)
+}
+
+// Options set the recommender.
+type Options struct {
+	// HalfLife: a sample this much older weighs half as much.
+	HalfLife time.Duration
+	// MemoryPercentile of the per-report memory peaks, ComputePercentile of the per-report
+	// p95 SM activity, each raised by Headroom (0.15: 15 % more).
+	MemoryPercentile  float64
+	ComputePercentile float64
+	Headroom          float64
+	// MinSamples measured samples (each claim's every poll) before a recommendation is made.
+	MinSamples int
+}
+
+// DefaultOptions: VPA's day-long half-life; memory near the peaks (running out of it kills
+// the process), compute at the busy end; one hour of samples at the plugin's 10 s poll.
+func DefaultOptions() Options {
+	return Options{HalfLife: 24 * time.Hour, MemoryPercentile: 0.99, ComputePercentile: 0.9, Headroom: 0.15, MinSamples: 360}
+}
+
+// Recommendation is the size the recommender gives a workload's claims.
+type Recommendation struct {
+	MemoryBytes    int64 `json:"memoryBytes"`
+	ComputePercent int   `json:"computePercent"`
+	// Samples is how many measured samples it rests on; PeakBytes the largest memory seen.
+	Samples   int   `json:"samples"`
+	PeakBytes int64 `json:"peakBytes"`
+}
+
+// RecordAnnotation carries, on each FgpuSizingRecommendation event the allocator records,
+// the workload and its recommendation as JSON (Record), which `fgpu recommendations` reads.
+const RecordAnnotation = "fgpu.dev/recommendation"
+
+// Record is what RecordAnnotation holds.
+type Record struct {
+	Workload       Workload       `json:"workload"`
+	Recommendation Recommendation `json:"recommendation"`
+}
+
+type history struct {
+	memory, compute *Histogram
+	samples         int
+	peak            int64
+}
+
+// Recommender keeps a decaying history per workload and recommends sizes from it. It is
+// not safe for concurrent use.
+type Recommender struct {
+	opts      Options
+	workloads map[Workload]*history
+	// last is each share's newest summary taken (by its end), so a summary seen twice
+	// (a resync, another status write) counts once.
+	last map[string]time.Time
+}
+
+// NewRecommender makes a recommender with opts.
+func NewRecommender(opts Options) *Recommender {
+	return &Recommender{opts: opts, workloads: map[Workload]*history{}, last: map[string]time.Time{}}
+}
+
+// Memory buckets from 64 MiB up to 4 TiB, 5 % apart; compute from 1 % up to 100 %.
+const (
+	memoryFirstBucket = 64 << 20
+	memoryMax         = 4 << 40
+	bucketRatio       = 1.05
+)
+
+// Add takes a share's summary for workload w; it returns false for one already taken.
+func (r *Recommender) Add(w Workload, share string, u Usage) bool {
+	if u.Samples <= 0 || !u.To.After(r.last[share]) {
+		return false
+	}
+	r.last[share] = u.To
+	h := r.workloads[w]
+	if h == nil {
+		h = &history{
+			memory:  NewHistogram(memoryFirstBucket, bucketRatio, memoryMax, r.opts.HalfLife),
+			compute: NewHistogram(1, bucketRatio, 100, r.opts.HalfLife),
+		}
+		r.workloads[w] = h
+	}
+	// A report's peak stands for its whole span, as VPA takes memory peaks per interval.
+	h.memory.Add(float64(u.MemoryMaxBytes), float64(u.Samples), u.To)
+	if u.SMSamples > 0 {
+		h.compute.Add(float64(u.SMP95Percent), float64(u.SMSamples), u.To)
+	}
+	h.samples += u.Samples
+	h.peak = max(h.peak, u.MemoryMaxBytes)
+	return true
+}
+
+// Forget drops what is kept of a share that is gone (its workload's history stays).
+func (r *Recommender) Forget(share string) { delete(r.last, share) }
+
+// Recommend gives w's recommendation, or false while it rests on fewer than MinSamples.
+func (r *Recommender) Recommend(w Workload) (Recommendation, bool) {
+	h := r.workloads[w]
+	if h == nil || h.samples < r.opts.MinSamples {
+		return Recommendation{}, false
+	}
+	mem := h.memory.Percentile(r.opts.MemoryPercentile) * (1 + r.opts.Headroom)
+	step := float64(MemoryStep)
+	rec := Recommendation{
+		MemoryBytes: int64(math.Ceil(mem/step) * step),
+		Samples:     h.samples, PeakBytes: h.peak,
+		ComputePercent: 100,
+	}
+	if !h.compute.Empty() {
+		rec.ComputePercent = min(100, max(1, int(math.Ceil(h.compute.Percentile(r.opts.ComputePercentile)*(1+r.opts.Headroom)))))
+	}
+	return rec, true
+}
+
+// Workloads lists the workloads with a history.
+func (r *Recommender) Workloads() []Workload {
+	out := make([]Workload, 0, len(r.workloads))
+	for w := range r.workloads {
+		out = append(out, w)
+	}
+	return out
+}
+
+// MemoryStep is the granularity of memory shares (api's MemoryStep, not imported so that
+// this package stays free of Kubernetes types).
+const MemoryStep = int64(256) << 20

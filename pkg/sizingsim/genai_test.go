@@ -1,0 +1,126 @@
+package sizingsim
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// genaiDir is the trace beside the repository's worktree, when there is one.
+const genaiDir = "../../../../shared/traces/genai_v2026"
+
+func writeTarGz(t *testing.T, path, name, content string) {
+	t.Helper()
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(content)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write([]byte(content)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := gz.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoadGenAI(t *testing.T) {
+	dir := t.TempDir()
+	writeTarGz(t, filepath.Join(dir, "pod_gpu_memory_used_bytes_anon.tar.gz"), "m.csv",
+		"timestamp_anon,value,container_ip\n100.0,1000.0,a\n157.0,2000.0,a\n271.0,4000.0,a\n157.0,500.0,b\n")
+	writeTarGz(t, filepath.Join(dir, "pod_gpu_duty_cycle_anon.tar.gz"), "d.csv",
+		"value,timestamp_anon,container_ip\n12.6,100.0,a\n99.9,157.0,b\n")
+	tr, err := LoadGenAI(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.StepSeconds != 57 || tr.Steps != 4 || len(tr.Containers) != 2 {
+		t.Fatalf("trace %+v", tr)
+	}
+	a, b := tr.Containers[0], tr.Containers[1]
+	// The missing step at 214 s holds the last value.
+	if a.Start != 0 || len(a.Memory) != 4 || a.Memory[2] != 2000 || a.Memory[3] != 4000 || a.SM[0] != 13 || a.SM[1] != -1 {
+		t.Errorf("container a %+v", a)
+	}
+	if b.Start != 1 || len(b.Memory) != 1 || b.SM[0] != 100 {
+		t.Errorf("container b %+v", b)
+	}
+	writeTarGz(t, filepath.Join(dir, "pod_gpu_duty_cycle_anon.tar.gz"), "d.csv", "value,when,container_ip\n1,2,a\n")
+	if _, err := LoadGenAI(dir); err == nil {
+		t.Error("a CSV without timestamp_anon loaded")
+	}
+}
+
+// Two containers whose peaks come apart: the fixed strategies and the oracle are exact, and
+// Auto shrinks an idle container after its history and counts its growth past the cap.
+func TestRunStrategies(t *testing.T) {
+	const gib = int64(1) << 30
+	steady := make([]int64, 200)
+	for i := range steady {
+		steady[i] = 30 * gib
+	}
+	grows := make([]int64, 200)
+	for i := range grows {
+		grows[i] = 10 * gib
+		if i >= 150 {
+			grows[i] = 35 * gib
+		}
+	}
+	sm := make([]int, 200)
+	tr := &Trace{StepSeconds: 60, Steps: 200, Containers: []Container{{ID: "a", Memory: steady, SM: sm}, {ID: "b", Memory: grows, SM: sm}}}
+	opts := DefaultOptions(60)
+	opts.Sizing.MinSamples = 60
+	got := map[string]Result{}
+	for _, r := range Run(tr, opts, nil) {
+		got[r.Strategy] = r
+	}
+	if r := got["whole"]; r.GPUsPeak != 2 || r.GPUsMean != 2 || r.Violations != 0 {
+		t.Errorf("whole %+v", r)
+	}
+	// 32 + 40 GiB share one GPU.
+	if r := got["human"]; r.GPUsPeak != 1 || r.ContainersPerGPU != 2 || r.Violations != 0 {
+		t.Errorf("human %+v", r)
+	}
+	if r := got["oracle"]; r.GPUsPeak != 1 {
+		t.Errorf("oracle %+v", r)
+	}
+	if r := got["initial"]; r.GPUsPeak != 2 || r.Violations != 0 {
+		t.Errorf("initial %+v; want a whole GPU each, never violated", r)
+	}
+	r := got["auto"]
+	if r.GPUsPeak != 2 || r.GPUsMean >= 2 || r.Restarts < 2 || r.Violations != 1 {
+		t.Errorf("auto %+v; want both shrunk after the history onto one GPU, and b's jump past its cap one violation", r)
+	}
+	if hours := 400.0 / 60; r.ViolationsPer100h < 100/hours-1e-9 || r.ViolationsPer100h > 100/hours+1e-9 {
+		t.Errorf("violations per 100h %v; want %v", r.ViolationsPer100h, 100/hours)
+	}
+}
+
+// The real trace, where it is at hand: the orders the figures must keep.
+func TestGenAIOrders(t *testing.T) {
+	if _, err := os.Stat(genaiDir); err != nil {
+		t.Skip("genai_v2026 trace not here")
+	}
+	tr, err := LoadGenAI(genaiDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Result{}
+	for _, r := range Run(tr, DefaultOptions(tr.StepSeconds), nil) {
+		got[r.Strategy] = r
+		t.Logf("%+v", r)
+	}
+	if len(tr.Containers) != 144 || !(got["oracle"].GPUsMean < got["human"].GPUsMean && got["human"].GPUsMean < got["whole"].GPUsMean) {
+		t.Errorf("%d containers; figures %+v", len(tr.Containers), got)
+	}
+}

@@ -1,0 +1,276 @@
+package sizingsim
+
+import (
+	"math"
+	"sort"
+	"time"
+
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
+)
+
+// Options set a run.
+type Options struct {
+	// GPUMemory is each GPU's memory (80 GiB).
+	GPUMemory int64
+	// Sizing is the recommender's; MinSamples counts trace steps.
+	Sizing sizing.Options
+	// NearCap: Auto restarts a container larger once its use passes this share of its cap.
+	NearCap float64
+	// FarBelow: Auto restarts a container smaller once its use stayed under this share of its
+	// cap for MinSamples steps and its recommendation is smaller.
+	FarBelow float64
+}
+
+// DefaultOptions are the allocator's defaults on 80 GiB GPUs, an hour of history at the
+// trace's step.
+func DefaultOptions(stepSeconds float64) Options {
+	s := sizing.DefaultOptions()
+	s.MinSamples = int(math.Ceil(3600 / stepSeconds))
+	return Options{GPUMemory: 80 << 30, Sizing: s, NearCap: 0.95, FarBelow: 0.8}
+}
+
+// Result is one strategy's figures.
+type Result struct {
+	Strategy          string  `json:"strategy"`
+	GPUsPeak          int     `json:"gpus_peak"`
+	GPUsMean          float64 `json:"gpus_mean"`
+	ContainersPerGPU  float64 `json:"containers_per_gpu"`
+	Violations        int     `json:"violations"`
+	ViolationsPer100h float64 `json:"violations_per_100h"`
+	// Restarts are the pods Auto restarted to resize them before they ran out of memory.
+	Restarts int `json:"restarts"`
+}
+
+// pool is GPUs placed on online, best fit by memory: a container goes to the GPU it leaves
+// the least memory free on; a GPU with no container is given back.
+type pool struct {
+	capacity int64
+	free     []int64
+	tenants  []int
+}
+
+func (p *pool) place(size int64) int {
+	best := -1
+	for g, f := range p.free {
+		if p.tenants[g] > 0 && f >= size && (best < 0 || f < p.free[best]) {
+			best = g
+		}
+	}
+	if best < 0 {
+		for g := range p.free {
+			if p.tenants[g] == 0 {
+				best = g
+				break
+			}
+		}
+	}
+	if best < 0 {
+		p.free = append(p.free, p.capacity)
+		p.tenants = append(p.tenants, 0)
+		best = len(p.free) - 1
+	}
+	p.free[best] -= size
+	p.tenants[best]++
+	return best
+}
+
+func (p *pool) remove(g int, size int64) {
+	p.free[g] += size
+	p.tenants[g]--
+}
+
+func (p *pool) inUse() int {
+	n := 0
+	for _, t := range p.tenants {
+		if t > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// figures accumulates GPUs in use and container-steps over the run.
+type figures struct {
+	Result
+	gpuSteps, containerSteps, steps int
+}
+
+func (f *figures) step(gpus, containers int) {
+	f.GPUsPeak = max(f.GPUsPeak, gpus)
+	f.gpuSteps += gpus
+	f.containerSteps += containers
+	f.steps++
+}
+
+func (f *figures) done(stepSeconds float64) Result {
+	r := f.Result
+	if f.steps > 0 {
+		r.GPUsMean = float64(f.gpuSteps) / float64(f.steps)
+	}
+	if f.gpuSteps > 0 {
+		r.ContainersPerGPU = float64(f.containerSteps) / float64(f.gpuSteps)
+	}
+	if hours := float64(f.containerSteps) * stepSeconds / 3600; hours > 0 {
+		r.ViolationsPer100h = float64(r.Violations) / hours * 100
+	}
+	return r
+}
+
+func roundUp(v, step int64) int64 { return (v + step - 1) / step * step }
+
+// Run replays the trace online against each strategy: whole (a GPU per container), human
+// (each container's true peak rounded up to 8 GiB, known in advance), initial (fgpu Initial:
+// the container asks a whole GPU, and only a start after an out-of-memory is sized, at the
+// recommendation), auto (Initial, and containers restarted larger as their use nears their
+// cap or smaller when it stays far below it) and oracle (each container at its true peak,
+// all repacked perfectly at every step: first-fit decreasing). A cap violation is a step at
+// which a container's use passes its cap: it runs out of memory and restarts larger.
+func Run(tr *Trace, opts Options, progress func(done, total int)) []Result {
+	peak := make([]int64, len(tr.Containers))
+	for i, c := range tr.Containers {
+		for _, m := range c.Memory {
+			peak[i] = max(peak[i], m)
+		}
+	}
+	fixed := func(name string, size func(i int) int64) Result {
+		p := &pool{capacity: opts.GPUMemory}
+		f := &figures{Result: Result{Strategy: name}}
+		where := map[int]int{}
+		for t := 0; t < tr.Steps; t++ {
+			active := 0
+			for i, c := range tr.Containers {
+				switch {
+				case t == c.Start:
+					where[i] = p.place(min(size(i), opts.GPUMemory))
+				case t == c.Start+len(c.Memory):
+					p.remove(where[i], min(size(i), opts.GPUMemory))
+				}
+				if t >= c.Start && t < c.Start+len(c.Memory) {
+					active++
+					if c.Memory[t-c.Start] > size(i) {
+						f.Violations++
+					}
+				}
+			}
+			f.step(p.inUse(), active)
+		}
+		return f.done(tr.StepSeconds)
+	}
+	var out []Result
+	out = append(out, fixed("whole", func(int) int64 { return opts.GPUMemory }))
+	out = append(out, fixed("human", func(i int) int64 { return max(8<<30, roundUp(peak[i], 8<<30)) }))
+	out = append(out, adaptive(tr, opts, "initial", false, progress))
+	out = append(out, adaptive(tr, opts, "auto", true, progress))
+	out = append(out, oracle(tr, opts, peak))
+	return out
+}
+
+// Auto replays the trace under fgpu Auto alone.
+func Auto(tr *Trace, opts Options, progress func(done, total int)) Result {
+	return adaptive(tr, opts, "auto", true, progress)
+}
+
+type running struct {
+	cap      int64
+	g        int
+	lowSteps int
+}
+
+// adaptive is fgpu Initial (auto false) or Auto.
+func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(done, total int)) Result {
+	p := &pool{capacity: opts.GPUMemory}
+	f := &figures{Result: Result{Strategy: name}}
+	rec := sizing.NewRecommender(opts.Sizing)
+	state := map[int]*running{}
+	t0 := time.Unix(0, 0)
+	step := time.Duration(tr.StepSeconds * float64(time.Second))
+	resize := func(i int, r *running, size int64) {
+		p.remove(r.g, r.cap)
+		r.cap = min(opts.GPUMemory, roundUp(size, sizing.MemoryStep))
+		r.g = p.place(r.cap)
+		r.lowSteps = 0
+	}
+	for t := 0; t < tr.Steps; t++ {
+		active := 0
+		now := t0.Add(time.Duration(t) * step)
+		for i, c := range tr.Containers {
+			w := sizing.Workload{Name: c.ID, Request: "gpu"}
+			switch {
+			case t == c.Start:
+				r := &running{cap: opts.GPUMemory}
+				r.g = p.place(r.cap)
+				state[i] = r
+			case t == c.Start+len(c.Memory):
+				p.remove(state[i].g, state[i].cap)
+				delete(state, i)
+			}
+			r := state[i]
+			if r == nil {
+				continue
+			}
+			active++
+			use := c.Memory[t-c.Start]
+			rec.Add(w, c.ID, sizing.Usage{To: now, Samples: 1, MemoryMaxBytes: use, SMSamples: b2i(c.SM[t-c.Start] >= 0), SMP95Percent: max(c.SM[t-c.Start], 0)})
+			want, ready := rec.Recommend(w)
+			grown := int64(float64(use) * (1 + opts.Sizing.Headroom))
+			switch {
+			case use > r.cap:
+				f.Violations++
+				resize(i, r, max(want.MemoryBytes, grown))
+			case auto && float64(use) > opts.NearCap*float64(r.cap) && r.cap < opts.GPUMemory:
+				f.Restarts++
+				resize(i, r, max(want.MemoryBytes, grown))
+			case auto && ready && float64(use) < opts.FarBelow*float64(r.cap):
+				r.lowSteps++
+				if r.lowSteps >= opts.Sizing.MinSamples && want.MemoryBytes < r.cap {
+					f.Restarts++
+					resize(i, r, want.MemoryBytes)
+				}
+			default:
+				r.lowSteps = 0
+			}
+		}
+		f.step(p.inUse(), active)
+		if progress != nil && t%100 == 0 {
+			progress(t, tr.Steps)
+		}
+	}
+	return f.done(tr.StepSeconds)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// oracle packs the running containers' true peaks first-fit decreasing at every step.
+func oracle(tr *Trace, opts Options, peak []int64) Result {
+	f := &figures{Result: Result{Strategy: "oracle"}}
+	for t := 0; t < tr.Steps; t++ {
+		var sizes []int64
+		for i, c := range tr.Containers {
+			if t >= c.Start && t < c.Start+len(c.Memory) {
+				sizes = append(sizes, peak[i])
+			}
+		}
+		sort.Slice(sizes, func(a, b int) bool { return sizes[a] > sizes[b] })
+		var bins []int64
+		for _, s := range sizes {
+			placed := false
+			for b := range bins {
+				if bins[b] >= s {
+					bins[b] -= s
+					placed = true
+					break
+				}
+			}
+			if !placed {
+				bins = append(bins, opts.GPUMemory-s)
+			}
+		}
+		f.step(len(bins), len(sizes))
+	}
+	return f.done(tr.StepSeconds)
+}

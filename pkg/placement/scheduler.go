@@ -14,6 +14,7 @@ type Scheduler struct {
 	elig   []int
 	cand   []int
 	best   []int
+	scored int64
 }
 
 // NewScheduler binds policy p to cluster c. seed drives random tie-breaking
@@ -56,6 +57,10 @@ func (s *Scheduler) Cluster() *Cluster { return s.c }
 // Policy returns the scheduler's policy.
 func (s *Scheduler) Policy() Policy { return s.p }
 
+// Scored is how many (node, request) scores the policy has computed so far: the
+// nodes a decision touched, for benchmarks that count work besides timing it.
+func (s *Scheduler) Scored() int64 { return s.scored }
+
 // Place decides where r goes without changing the cluster.
 func (s *Scheduler) Place(r *Request) (Placement, error) {
 	if r.CPUMilli < 0 || r.MemoryMiB < 0 || r.GPUs < 0 || r.Share < 0 {
@@ -91,6 +96,7 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 		}
 		score, gpus := s.p.Score(s.c, ni, r, s.elig, s.cand[:0])
 		s.cand = gpus
+		s.scored++
 		grp, tie := 0, 0.0
 		if tb != nil {
 			grp, tie, tieOn = tb.Tie(ni)

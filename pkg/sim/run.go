@@ -87,7 +87,7 @@ type Result struct {
 	// nodes the policy scored for it (online only).
 	Fill   []float64
 	Scored []int32
-	Waste       Waste
+	Waste  Waste
 }
 
 // Waste splits the GPU share left unallocated at the end of a replay and

@@ -71,7 +71,7 @@ type Report struct {
 	Decisions [][]time.Duration
 	// API is, for each of those Sync calls, the time spent inside the fake API server
 	// (its reads, writes and watch notifications): Sync minus API is the allocator's.
-	API [][]time.Duration
+	API       [][]time.Duration
 	Invariant error
 }
 

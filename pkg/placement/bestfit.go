@@ -24,6 +24,9 @@ func (*BestFit) Name() string       { return "bestfit" }
 func (*BestFit) Attach(*Cluster)    {}
 func (b *BestFit) RandomTies() bool { return !b.ByName }
 
+// scoresByState implements stateScorer.
+func (b *BestFit) scoresByState() bool { return b.ByName }
+
 func (*BestFit) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, []int) {
 	nd := &c.nodes[n]
 	var gpuFree int64

@@ -29,6 +29,10 @@ type Cluster struct {
 	attaching  *Scheduler // the scheduler whose policy is attaching (owns new observers)
 	gpuCap     int64      // total GPU capacity, share units
 	gpuFree    int64
+	states     stateIndex
+	// tooLarge remembers whyNot's answer per request shape: it depends on
+	// capacities only, which SetCapacity alone changes.
+	tooLarge map[shapeOf]bool
 }
 
 // NewCluster builds the state of an empty cluster.
@@ -66,6 +70,7 @@ func NewCluster(specs []NodeSpec) (*Cluster, error) {
 		c.nodes[i] = n
 	}
 	c.gpuFree = c.gpuCap
+	c.indexStates()
 	return c, nil
 }
 
@@ -105,6 +110,7 @@ func (c *Cluster) OnChange(f func(n int)) {
 }
 
 func (c *Cluster) changed(n int) {
+	c.restate(n)
 	for _, o := range c.observers {
 		o.f(n)
 	}
@@ -122,6 +128,7 @@ func (c *Cluster) SetCapacity(n int, cpuMilli, memoryMiB int64) {
 	nd.cpuFree += cpuMilli - nd.cpuCap
 	nd.memFree += memoryMiB - nd.memCap
 	nd.cpuCap, nd.memCap = cpuMilli, memoryMiB
+	clear(c.tooLarge)
 	c.changed(n)
 }
 

@@ -30,6 +30,9 @@ func NewFGD(w Workload) *FGD { return &FGD{w: w, ByName: true} }
 func (*FGD) Name() string       { return "fgd" }
 func (f *FGD) RandomTies() bool { return !f.ByName }
 
+// scoresByState implements stateScorer.
+func (f *FGD) scoresByState() bool { return f.ByName }
+
 func (f *FGD) Attach(c *Cluster) {
 	f.fm = newFragModel(c, f.w)
 	f.track(c, f.fm)

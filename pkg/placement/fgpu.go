@@ -77,6 +77,10 @@ func (f *FGPU) RandomTies() bool { return f.ab.Random }
 
 func (*FGPU) Name() string { return "fgpu" }
 
+// scoresByState implements stateScorer: the shipped policy's per-node caches are
+// functions of the node's state; some ablations rank nodes by identity.
+func (f *FGPU) scoresByState() bool { return !f.ablated }
+
 func (f *FGPU) Attach(c *Cluster) {
 	w := f.ab.workload(f.w)
 	f.fm = newFragModel(c, w)

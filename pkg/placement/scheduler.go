@@ -14,6 +14,11 @@ type Scheduler struct {
 	elig   []int
 	cand   []int
 	best   []int
+	scored int64
+	pick   choice
+	// byState: the policy scores nodes by their state alone, so the state
+	// index may stand in for the node list (states.go).
+	byState bool
 }
 
 // NewScheduler binds policy p to cluster c. seed drives random tie-breaking
@@ -48,6 +53,8 @@ func (s *Scheduler) attach(p Policy) {
 	if rt, ok := p.(RandomTies); ok {
 		s.random = rt.RandomTies()
 	}
+	ss, ok := p.(stateScorer)
+	s.byState = ok && ss.scoresByState() && !s.random
 }
 
 // Cluster returns the scheduler's cluster.
@@ -55,6 +62,10 @@ func (s *Scheduler) Cluster() *Cluster { return s.c }
 
 // Policy returns the scheduler's policy.
 func (s *Scheduler) Policy() Policy { return s.p }
+
+// Scored is how many (node, request) scores the policy has computed so far: the
+// nodes a decision touched, for benchmarks that count work besides timing it.
+func (s *Scheduler) Scored() int64 { return s.scored }
 
 // Place decides where r goes without changing the cluster.
 func (s *Scheduler) Place(r *Request) (Placement, error) {
@@ -65,57 +76,26 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 	if !ok && r.GPUs > 0 {
 		return Placement{}, &UnplaceableError{Request: r.Name, Reason: ReasonNoModel, Detail: "models " + strings.Join(r.Models, "|")}
 	}
-	bestNode, bestScore, ties := -1, 0.0, 0
-	tb, _ := s.p.(TieBreaker)
-	bestGrp, bestTie, tieOn := 0, 0.0, false
-	for ni := range s.c.nodes {
-		n := &s.c.nodes[ni]
-		if !n.fitsCPU(r) {
-			continue
+	s.pick = choice{node: -1}
+	s.pick.tb, _ = s.p.(TieBreaker)
+	if s.byState && r.Filter == nil {
+		// One node per state, the one with the smallest name (states.go); a GPU
+		// request skips the states with no free GPU share.
+		x := &s.c.states
+		for _, g := range x.live {
+			s.consider(int(x.groups[g].first), r, mask)
 		}
-		s.elig = s.elig[:0]
-		if r.GPUs > 0 {
-			if len(n.gpuFree) < r.GPUs || (mask != 0 && n.models&mask == 0) {
-				continue
+		if r.GPUs == 0 {
+			for _, g := range x.spent {
+				s.consider(int(x.groups[g].first), r, mask)
 			}
-			for g := range n.gpuFree {
-				if s.c.usable(ni, g, r, mask) {
-					s.elig = append(s.elig, g)
-				}
-			}
-			if len(s.elig) < r.GPUs {
-				continue
-			}
-		} else if r.Filter != nil && !r.Filter(ni, -1) {
-			continue
 		}
-		score, gpus := s.p.Score(s.c, ni, r, s.elig, s.cand[:0])
-		s.cand = gpus
-		grp, tie := 0, 0.0
-		if tb != nil {
-			grp, tie, tieOn = tb.Tie(ni)
-		}
-		switch {
-		case bestNode < 0 || score > bestScore:
-			bestNode, bestScore, ties = ni, score, 1
-			bestGrp, bestTie = grp, tie
-			s.best = append(s.best[:0], gpus...)
-		case score == bestScore && tieOn && grp == bestGrp && tie > bestTie+1e-9:
-			bestNode, bestTie = ni, tie
-			s.best = append(s.best[:0], gpus...)
-		case score == bestScore && s.random:
-			ties++
-			if s.rng.Intn(ties) == 0 {
-				bestNode = ni
-				s.best = append(s.best[:0], gpus...)
-			}
-		case score == bestScore && n.name < s.c.nodes[bestNode].name:
-			// deterministic ties: the smallest node name, as the FGD
-			// artifact's patched kube-scheduler does
-			bestNode, bestGrp, bestTie = ni, grp, tie
-			s.best = append(s.best[:0], gpus...)
+	} else {
+		for ni := range s.c.nodes {
+			s.consider(ni, r, mask)
 		}
 	}
+	bestNode := s.pick.node
 	if bestNode < 0 {
 		return Placement{}, s.whyNot(r, mask)
 	}
@@ -130,6 +110,69 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 	return p, nil
 }
 
+// choice is the best node a decision has found so far.
+type choice struct {
+	node, ties int
+	score      float64
+	tb         TieBreaker
+	grp        int
+	tie        float64
+	tieOn      bool
+}
+
+// consider scores node ni for r and keeps it if it beats the best so far.
+func (s *Scheduler) consider(ni int, r *Request, mask uint64) {
+	n := &s.c.nodes[ni]
+	if !n.fitsCPU(r) {
+		return
+	}
+	s.elig = s.elig[:0]
+	if r.GPUs > 0 {
+		if len(n.gpuFree) < r.GPUs || (mask != 0 && n.models&mask == 0) {
+			return
+		}
+		for g := range n.gpuFree {
+			if s.c.usable(ni, g, r, mask) {
+				s.elig = append(s.elig, g)
+			}
+		}
+		if len(s.elig) < r.GPUs {
+			return
+		}
+	} else if r.Filter != nil && !r.Filter(ni, -1) {
+		return
+	}
+	score, gpus := s.p.Score(s.c, ni, r, s.elig, s.cand[:0])
+	s.cand = gpus
+	s.scored++
+	b := &s.pick
+	grp, tie := 0, 0.0
+	if b.tb != nil {
+		grp, tie, b.tieOn = b.tb.Tie(ni)
+	}
+	switch {
+	case b.node < 0 || score > b.score:
+		b.node, b.score, b.ties = ni, score, 1
+		b.grp, b.tie = grp, tie
+		s.best = append(s.best[:0], gpus...)
+	case score == b.score && b.tieOn && grp == b.grp && tie > b.tie+1e-9:
+		b.node, b.tie = ni, tie
+		s.best = append(s.best[:0], gpus...)
+	case score == b.score && s.random:
+		b.ties++
+		if s.rng.Intn(b.ties) == 0 {
+			b.node = ni
+			s.best = append(s.best[:0], gpus...)
+		}
+	case score == b.score && s.c.states.rank[ni] < s.c.states.rank[b.node]:
+		// deterministic ties: the smallest node name, as the FGD
+		// artifact's patched kube-scheduler does (nodes of one name: the
+		// first)
+		b.node, b.grp, b.tie = ni, grp, tie
+		s.best = append(s.best[:0], gpus...)
+	}
+}
+
 // Allocate places r and records the placement in the cluster.
 func (s *Scheduler) Allocate(r *Request) (Placement, error) {
 	p, err := s.Place(r)
@@ -139,10 +182,34 @@ func (s *Scheduler) Allocate(r *Request) (Placement, error) {
 	return p, s.c.Assign(p, r)
 }
 
+// shapeOf is what whyNot's answer depends on in a request.
+type shapeOf struct {
+	cpu, mem, share int64
+	gpus            int
+	mask            uint64
+}
+
 // whyNot tells a request that fits nowhere now from one that never could.
 func (s *Scheduler) whyNot(r *Request, mask uint64) error {
-	for ni := range s.c.nodes {
-		n := &s.c.nodes[ni]
+	k := shapeOf{cpu: r.CPUMilli, mem: r.MemoryMiB, share: r.Share, gpus: r.GPUs, mask: mask}
+	large, ok := s.c.tooLarge[k]
+	if !ok {
+		large = s.c.tooLargeFor(r, mask)
+		if s.c.tooLarge == nil || len(s.c.tooLarge) >= 1<<12 {
+			s.c.tooLarge = map[shapeOf]bool{} // bounded: shapes are many in a long-lived allocator
+		}
+		s.c.tooLarge[k] = large
+	}
+	if large {
+		return &UnplaceableError{Request: r.Name, Reason: ReasonTooLarge}
+	}
+	return &UnplaceableError{Request: r.Name, Reason: ReasonNoCapacity}
+}
+
+// tooLargeFor reports whether no node could hold r even empty.
+func (c *Cluster) tooLargeFor(r *Request, mask uint64) bool {
+	for ni := range c.nodes {
+		n := &c.nodes[ni]
 		if n.cpuCap < r.CPUMilli || n.memCap < r.MemoryMiB {
 			continue
 		}
@@ -156,8 +223,8 @@ func (s *Scheduler) whyNot(r *Request, mask uint64) error {
 			}
 		}
 		if k >= r.GPUs {
-			return &UnplaceableError{Request: r.Name, Reason: ReasonNoCapacity}
+			return false
 		}
 	}
-	return &UnplaceableError{Request: r.Name, Reason: ReasonTooLarge}
+	return true
 }

@@ -9,6 +9,9 @@ type Spread struct{}
 
 func (Spread) Name() string    { return "spread" }
 func (Spread) Attach(*Cluster) {}
+
+// scoresByState implements stateScorer.
+func (Spread) scoresByState() bool { return true }
 func (Spread) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, []int) {
 	return pick(c, n, r, elig, out, true)
 }
@@ -21,6 +24,9 @@ type Pack struct{}
 
 func (Pack) Name() string    { return "pack" }
 func (Pack) Attach(*Cluster) {}
+
+// scoresByState implements stateScorer.
+func (Pack) scoresByState() bool { return true }
 func (Pack) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, []int) {
 	return pick(c, n, r, elig, out, false)
 }

@@ -83,7 +83,11 @@ type Result struct {
 	FailedMilli [numClasses]int64
 	Reasons     map[string]int
 	Decisions   []time.Duration // one per pod
-	Waste       Waste
+	// Fill is the allocation ratio when each pod was decided, and Scored the
+	// nodes the policy scored for it (online only).
+	Fill   []float64
+	Scored []int32
+	Waste  Waste
 }
 
 // Waste splits the GPU share left unallocated at the end of a replay and
@@ -195,9 +199,12 @@ func Run(cfg Config) (*Result, error) {
 				}
 				s.SetPolicy(pol)
 			}
+			res.Fill = append(res.Fill, (capa-float64(c.GPUFree()))/capa)
+			scored := s.Scored()
 			t0 := time.Now()
 			p, err := s.Allocate(batch[0])
 			res.Decisions = append(res.Decisions, time.Since(t0))
+			res.Scored = append(res.Scored, int32(s.Scored()-scored))
 			errs = append(errs, err)
 			if err == nil {
 				frac.add(c, p)

@@ -16,14 +16,17 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
@@ -49,6 +52,9 @@ type Config struct {
 	// Fills are the allocation ratios at which decision times are reported separately
 	// (e.g. 0.5 and 0.9: claims decided while the ratio was below each).
 	Fills []float64
+	// Until, when positive, stops the replay once the allocation ratio reaches it (a
+	// large fleet's decisions at a given fill, without replaying the rest).
+	Until float64
 }
 
 // Report is a replay's outcome.
@@ -63,6 +69,9 @@ type Report struct {
 	// and its writes to the fake API server), by fill band: Decisions[i] holds those
 	// made while the ratio was below Fills[i] and at or above Fills[i-1].
 	Decisions [][]time.Duration
+	// API is, for each of those Sync calls, the time spent inside the fake API server
+	// (its reads, writes and watch notifications): Sync minus API is the allocator's.
+	API       [][]time.Duration
 	Invariant error
 }
 
@@ -96,6 +105,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := setup(ctx, client, cfg.Nodes); err != nil {
 		return nil, err
 	}
+	// Every request goes through the tracker as the default reactor would send it, timed.
+	var inAPI atomic.Int64
+	react := k8stesting.ObjectReaction(client.Tracker())
+	client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		t0 := time.Now()
+		handled, obj, err := react(a)
+		inAPI.Add(int64(time.Since(t0)))
+		return handled, obj, err
+	})
 	ccfg := controller.DefaultConfig()
 	frozen := time.Now()
 	ccfg.Now = func() time.Time { return frozen }
@@ -104,11 +122,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if !c.WaitForCacheSync(ctx) {
 		return nil, errors.New("informer caches did not sync")
 	}
-	rep := &Report{Arrived: len(seq), Decisions: make([][]time.Duration, len(cfg.Fills)+1)}
+	rep := &Report{Arrived: len(seq), Decisions: make([][]time.Duration, len(cfg.Fills)+1), API: make([][]time.Duration, len(cfg.Fills)+1)}
 	rep.Sync = time.Since(start)
 	capa := float64(core.GPUCapacity())
 	var allocated int64
 	for i, k := range seq {
+		if cfg.Until > 0 && float64(allocated)/capa >= cfg.Until {
+			rep.Arrived = i
+			break
+		}
 		pod := &cfg.Pods[k]
 		claim, p := objects(i, pod)
 		if _, err := client.ResourceV1().ResourceClaims(Namespace).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
@@ -121,11 +143,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		// The informers show the claim and its pod a moment later: sync until the
 		// allocator has decided on it (allocated it, or said why it waits).
 		for deadline := time.Now().Add(time.Minute); ; {
+			api0 := inAPI.Load()
 			t0 := time.Now()
 			if _, err := c.Sync(ctx, key); err != nil {
 				return nil, fmt.Errorf("sync %s: %w", key, err)
 			}
 			el := time.Since(t0)
+			api := time.Duration(inAPI.Load() - api0)
 			got, err := client.ResourceV1().ResourceClaims(Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
 			if err != nil {
 				return nil, err
@@ -136,6 +160,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				}
 				band := sort.SearchFloat64s(cfg.Fills, float64(allocated)/capa+1e-12)
 				rep.Decisions[band] = append(rep.Decisions[band], el)
+				rep.API[band] = append(rep.API[band], api)
 				if got.Status.Allocation != nil {
 					rep.Placed++
 					allocated += pod.GPUDemand()

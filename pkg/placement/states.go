@@ -1,0 +1,156 @@
+package placement
+
+import (
+	"encoding/binary"
+	"sort"
+)
+
+// The state index groups nodes whose state is identical: the same capacities, free CPU
+// and memory, and per GPU the same model, capacity and free share, in the same order.
+// Policies whose score depends on a node's state only (stateScorer) give every node of a
+// group the same score and GPUs, so a decision scores one node per group, the one with
+// the smallest name, which is the node equal scores go to anyway: the decision is the
+// one scoring every node would make. In a large fleet most nodes sit in few states
+// (whole machines of a few types, full ones), so a decision touches far fewer nodes.
+// Groups with no free GPU share are kept apart: no GPU request can use them.
+
+// stateScorer is implemented by policies whose score of a node (and the GPUs it picks)
+// depends only on the node's state and the request, and whose equal scores go to the
+// smallest node name; scoresByState says whether this instance qualifies.
+type stateScorer interface{ scoresByState() bool }
+
+type stateGroup struct {
+	key     string
+	members []int32 // node indices, unordered
+	first   int32   // the member with the smallest name (-1: none)
+	live    bool    // some GPU has free share
+	at      int32   // position in the cluster's live or spent list
+}
+
+type stateIndex struct {
+	groups  []stateGroup
+	free    []int32 // unused group ids
+	byKey   map[string]int32
+	live    []int32 // groups with free GPU share
+	spent   []int32 // groups without
+	group   []int32 // each node's group
+	pos     []int32 // each node's position in its group's members
+	rank    []int32 // each node's position in (name, index) order
+	scratch []byte
+}
+
+func (c *Cluster) indexStates() {
+	x := &c.states
+	n := len(c.nodes)
+	x.byKey = map[string]int32{}
+	x.group, x.pos, x.rank = make([]int32, n), make([]int32, n), make([]int32, n)
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	// Stable: equal names keep index order, as the scheduler's strict name comparison does.
+	sort.SliceStable(order, func(a, b int) bool { return c.nodes[order[a]].name < c.nodes[order[b]].name })
+	for r, i := range order {
+		x.rank[i] = int32(r)
+	}
+	for i := range c.nodes {
+		x.group[i] = -1
+		c.restate(i)
+	}
+}
+
+// stateKey encodes node n's state.
+func (c *Cluster) stateKey(n int) []byte {
+	nd := &c.nodes[n]
+	b := c.states.scratch[:0]
+	b = binary.AppendVarint(b, nd.cpuCap)
+	b = binary.AppendVarint(b, nd.memCap)
+	b = binary.AppendVarint(b, nd.cpuFree)
+	b = binary.AppendVarint(b, nd.memFree)
+	for g := range nd.gpuCap {
+		b = append(b, nd.gpuModel[g])
+		b = binary.AppendVarint(b, nd.gpuCap[g])
+		b = binary.AppendVarint(b, nd.gpuFree[g])
+	}
+	c.states.scratch = b
+	return b
+}
+
+// restate moves node n to the group of its current state.
+func (c *Cluster) restate(n int) {
+	x := &c.states
+	key := c.stateKey(n)
+	old := x.group[n]
+	if old >= 0 && x.groups[old].key == string(key) {
+		return
+	}
+	id, ok := x.byKey[string(key)]
+	if !ok {
+		live := false
+		for _, f := range c.nodes[n].gpuFree {
+			live = live || f > 0
+		}
+		g := stateGroup{key: string(key), first: -1, live: live}
+		if k := len(x.free); k > 0 {
+			id, x.free = x.free[k-1], x.free[:k-1]
+			g.members = x.groups[id].members[:0]
+			x.groups[id] = g
+		} else {
+			id = int32(len(x.groups))
+			x.groups = append(x.groups, g)
+		}
+		x.byKey[g.key] = id
+		list := &x.spent
+		if live {
+			list = &x.live
+		}
+		x.groups[id].at = int32(len(*list))
+		*list = append(*list, id)
+	}
+	if old >= 0 {
+		x.leave(n, old)
+	}
+	g := &x.groups[id]
+	x.group[n], x.pos[n] = id, int32(len(g.members))
+	g.members = append(g.members, int32(n))
+	if g.first < 0 || x.rank[n] < x.rank[g.first] {
+		g.first = int32(n)
+	}
+}
+
+// leave takes node n out of group id, dropping the group once empty.
+func (x *stateIndex) leave(n int, id int32) {
+	g := &x.groups[id]
+	last := g.members[len(g.members)-1]
+	g.members[x.pos[n]] = last
+	x.pos[last] = x.pos[n]
+	g.members = g.members[:len(g.members)-1]
+	if len(g.members) == 0 {
+		delete(x.byKey, g.key)
+		list := &x.spent
+		if g.live {
+			list = &x.live
+		}
+		moved := (*list)[len(*list)-1]
+		(*list)[g.at] = moved
+		x.groups[moved].at = g.at
+		*list = (*list)[:len(*list)-1]
+		g.key, g.first = "", -1
+		x.free = append(x.free, id)
+		return
+	}
+	if g.first == int32(n) {
+		g.first = g.members[0]
+		for _, m := range g.members[1:] {
+			if x.rank[m] < x.rank[g.first] {
+				g.first = m
+			}
+		}
+	}
+}
+
+// States is how many distinct node states the cluster holds, and how many of them have
+// free GPU share: what a decision scores at most.
+func (c *Cluster) States() (all, withGPU int) {
+	return len(c.states.live) + len(c.states.spent), len(c.states.live)
+}

@@ -1,6 +1,8 @@
 // Command gpucheck runs fgpu's node side as production runs it, without Kubernetes: the
 // plugin's own code prepares claims of two tenants of different namespaces on GPU 0, starting
-// one MPS control daemon per tenant the way the DaemonSet does; each tenant then runs as a
+// one MPS control daemon per tenant in the shape of the pod the DaemonSet's plugin gives it
+// (daemon.go: the same command, host PID and IPC namespaces, its shm tmpfs as /dev/shm, a
+// lifetime of its own); each tenant then runs as a
 // container would (`gpucheck tenant`: own PID, mount and IPC namespaces, exactly the CDI
 // spec's device nodes, mounts and environment). The plugin is killed and started again while
 // the tenants run, and must find every daemon still running. run.sh drives it.
@@ -56,6 +58,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "gpucheck tenant:", err)
 		os.Exit(1)
 	}
+	if len(os.Args) > 1 && os.Args[1] == "mps-daemon-init" {
+		err := daemonInit()
+		fmt.Fprintln(os.Stderr, "gpucheck MPS daemon:", err)
+		os.Exit(1)
+	}
 	fs := flag.NewFlagSet("gpucheck", flag.ExitOnError)
 	o := options{}
 	fs.StringVar(&o.gpus, "gpus", "nvml", `"nvml" (real GPUs; a cgo build) or "fake:<spec>" (e.g. fake:1xH100-80GB)`)
@@ -81,11 +88,16 @@ type options struct {
 	gpus, root, driverRoot, mpsControl string
 }
 
+// shmSize is each MPS server's shm tmpfs, shared with its clients.
+const shmSize = 64 << 20
+
 func (o options) config() plugin.Config {
+	mpsRoot := filepath.Join(o.root, "mps")
 	return plugin.Config{
 		DriverName: api.DriverName, NodeName: "gpu-host",
-		CDIDir: filepath.Join(o.root, "cdi"), PluginDataDir: filepath.Join(o.root, "plugin"), MPSRoot: filepath.Join(o.root, "mps"),
+		CDIDir: filepath.Join(o.root, "cdi"), PluginDataDir: filepath.Join(o.root, "plugin"), MPSRoot: mpsRoot,
 		DevRoot: "/dev", DriverRoot: o.driverRoot, ReservedMemory: 1 << 30,
+		MPSLauncher: hostLauncher{root: mpsRoot}, MPSPods: plugin.MPSPodConfig{ShmSize: shmSize},
 	}
 }
 

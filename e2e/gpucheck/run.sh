@@ -63,6 +63,14 @@ done
 exec 7>"$run/go-a" 8>"$run/go-b"
 for t in a b; do wait_for "$out/tenant-$t.log" "phase 1 ok" 120 || fail "tenant $t did not finish phase 1"; cat "$out/tenant-$t.log"; done
 
+echo "== each daemon's /dev/shm is its tenants' (a size-limited tmpfs)"
+while read -r key pid; do
+  shm=$root/mps/$key/shm
+  echo "$key: daemon $pid sees in /dev/shm: $(ls "/proc/$pid/root/dev/shm" | tr '\n' ' ')($(df -h --output=fstype,size "$shm" | tail -1 | tr -s ' '))"
+  [ "$(stat -c %d "/proc/$pid/root/dev/shm")" = "$(stat -c %d "$shm")" ] || fail "daemon $key's /dev/shm is not its clients' shm directory"
+done < "$run/daemons"
+ls "/proc/$(awk '/^team-a/{print $2}' "$run/daemons")/root/dev/shm" | grep -q tenant-a || fail "team-a's daemon does not see its tenant's shm file"
+
 echo "== the plugin is killed (SIGKILL) and started again while they run"
 kill -9 "$plugin"; wait "$plugin" 2>/dev/null
 "${g[@]}" restart "$run" > "$out/plugin-2.log" 2>&1 || fail "the restarted plugin: $(tail -1 "$out/plugin-2.log")"
@@ -98,5 +106,6 @@ echo "== unprepare"
 "${g[@]}" unprepare || fail "unprepare"
 sleep 1
 live_daemons && fail "an MPS daemon is left running"
+grep -q " $root/" /proc/self/mountinfo && fail "a mount under $root is left: $(grep " $root/" /proc/self/mountinfo)"
 echo "gpucheck rc=$rc"
 exit $rc

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/fgpu-dev/fgpu/pkg/mps"
 )
 
 // Config is everything the kubelet plugin needs, parsed from flags by its main.
@@ -43,6 +45,10 @@ type Config struct {
 	// MPSPods, with an Image, runs each MPS control daemon in a pod of its own; without one
 	// the daemons are the plugin's children (outside Kubernetes, as in the GPU check).
 	MPSPods MPSPodConfig
+	// MPSLauncher, where set, runs the MPS control daemons instead (MPSPods gives only their
+	// shm size): the GPU check, outside Kubernetes, runs them as host processes in the shape
+	// of their pods.
+	MPSLauncher mps.Launcher
 	// ForeignPoll is how often the GPUs are looked at for processes fgpu did not start
 	// (0: DefaultForeignPoll).
 	ForeignPoll time.Duration

@@ -107,7 +107,11 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 	if b, ok := backend.(interface{ MPSDaemonEnv(string) []string }); ok {
 		s.mps.DaemonEnv = b.MPSDaemonEnv
 	}
-	if pc := cfg.MPSPods; pc.Image != "" {
+	switch pc := cfg.MPSPods; {
+	case cfg.MPSLauncher != nil:
+		s.mps.Launcher = cfg.MPSLauncher
+		s.mps.ShmSize = pc.ShmSize
+	case pc.Image != "":
 		if client == nil {
 			return nil, errors.New("MPS daemons in pods need an API client")
 		}

@@ -35,7 +35,9 @@ func TestMPSServerFaultMovesOnlyItsDomain(t *testing.T) {
 	if _, err := fgpu.FgpuV1alpha1().SharingPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = fgpu.FgpuV1alpha1().SharingPolicies().Delete(context.Background(), policy.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = fgpu.FgpuV1alpha1().SharingPolicies().Delete(context.Background(), policy.Name, metav1.DeleteOptions{})
+	})
 	time.Sleep(time.Second) // the allocator's policy informer
 
 	// gpu-1 is taken whole, so both namespaces share gpu-0.

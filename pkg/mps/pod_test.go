@@ -74,7 +74,7 @@ func TestPodDaemonIsAdoptedByARestartedPluginAndStopped(t *testing.T) {
 	p := pods[0]
 	spec := p.Spec
 	c := spec.Containers[0]
-	if p.Name != m.Launcher.(*PodLauncher).PodName(key) || p.Labels[KeyLabel] != key || p.Labels[GPULabel] != "GPU-ABC" || p.Labels[NodeLabel] != testNode ||
+	if p.Name != podLauncher(t, m).PodName(key) || p.Labels[KeyLabel] != key || p.Labels[GPULabel] != "GPU-ABC" || p.Labels[NodeLabel] != testNode ||
 		len(p.OwnerReferences) != 1 || p.OwnerReferences[0].Kind != "Node" || p.OwnerReferences[0].UID != "uid-node-"+testNode ||
 		spec.NodeName != testNode || !spec.HostPID || !spec.HostIPC || spec.RestartPolicy != corev1.RestartPolicyNever ||
 		spec.PriorityClassName != "system-node-critical" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists ||
@@ -143,7 +143,7 @@ func TestPodDaemonThatDiedIsStartedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, _ := fakecontrol.ReadState(m.LogDir(key))
-	kubelet.Kill(testNS, m.Launcher.(*PodLauncher).PodName(key))
+	kubelet.Kill(testNS, podLauncher(t, m).PodName(key))
 	if m.Running(ctx, key) {
 		t.Fatal("the killed daemon still answers")
 	}
@@ -191,4 +191,14 @@ func syscallAlive(pid int) error {
 		return err
 	}
 	return p.Signal(syscall.Signal(0))
+}
+
+// podLauncher is m's pod launcher.
+func podLauncher(t *testing.T, m *Manager) *PodLauncher {
+	t.Helper()
+	l, ok := m.Launcher.(*PodLauncher)
+	if !ok {
+		t.Fatalf("the manager's launcher is a %T", m.Launcher)
+	}
+	return l
 }

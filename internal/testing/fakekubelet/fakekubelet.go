@@ -70,7 +70,14 @@ func (k *Kubelet) Kill(ns, name string) {
 }
 
 func (k *Kubelet) create(action k8stesting.Action) (bool, runtime.Object, error) {
-	pod := action.(k8stesting.CreateAction).GetObject().(*corev1.Pod)
+	create, ok := action.(k8stesting.CreateAction)
+	if !ok {
+		return false, nil, nil
+	}
+	pod, ok := create.GetObject().(*corev1.Pod)
+	if !ok {
+		return false, nil, nil
+	}
 	if _, err := k.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("pods"), pod.Namespace, pod.Name); err == nil {
 		return false, nil, nil // the tracker answers AlreadyExists
 	}
@@ -99,7 +106,11 @@ func (k *Kubelet) create(action k8stesting.Action) (bool, runtime.Object, error)
 }
 
 func (k *Kubelet) delete(action k8stesting.Action) (bool, runtime.Object, error) {
-	name := action.(k8stesting.DeleteAction).GetName()
+	del, ok := action.(k8stesting.DeleteAction)
+	if !ok {
+		return false, nil, nil
+	}
+	name := del.GetName()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.stopLocked(name)
@@ -130,7 +141,11 @@ func (k *Kubelet) setStatus(ns, name string, st corev1.PodStatus) {
 	if err != nil {
 		k.t.Fatalf("fake kubelet: pod %s/%s: %v", ns, name, err)
 	}
-	pod := obj.(*corev1.Pod).DeepCopy()
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		k.t.Fatalf("fake kubelet: %s/%s is a %T, not a pod", ns, name, obj)
+	}
+	pod = pod.DeepCopy()
 	pod.Status = st
 	if err := k.client.Tracker().Update(gvr, pod, ns); err != nil {
 		k.t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
@@ -593,5 +594,33 @@ func TestFaultTaintedGPUTakesNoClaimAndTheReasonSaysWhy(t *testing.T) {
 	}
 	if msg := got.Annotations[AnnotationStatus]; !strings.Contains(msg, "fgpu.dev/gpu-fault=xid-79:NoExecute") {
 		t.Errorf("the wait reason does not name the taint: %q", msg)
+	}
+}
+
+// A claim that tolerates a fault's NoExecute taint for a while only (so that its pod's status
+// can show the unhealthy device before the eviction) is not placed on the faulty GPU: it
+// would be evicted again once the toleration ran out. Tolerating it for good places it.
+func TestTimedNoExecuteTolerationPlacesNothingOnTheFaultyGPU(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		seconds *int64
+		placed  bool
+	}{
+		{"for a while", ptr.To[int64](5), false},
+		{"for good", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sl := builders.MakeSlice("n1", 1, "80Gi")
+			sl.Spec.Devices[0].Taints = append(sl.Spec.Devices[0].Taints, resourceapi.DeviceTaint{Key: "fgpu.dev/gpu-fault", Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoExecute})
+			c := builders.MakeClaim("a", "c").Memory("10Gi").Obj()
+			c.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{
+				Key: "fgpu.dev/gpu-fault", Operator: resourceapi.DeviceTolerationOpExists,
+				Effect: resourceapi.DeviceTaintEffectNoExecute, TolerationSeconds: tc.seconds}}
+			e := newEnv(t, nil, builders.MakeNode("n1").Obj(), sl, c, builders.MakePod("a", "p").Claim("c").Obj())
+			e.run()
+			if placed := e.claim("a", "c").Status.Allocation != nil; placed != tc.placed {
+				t.Errorf("placed on the faulty GPU: %v, want %v", placed, tc.placed)
+			}
+		})
 	}
 }

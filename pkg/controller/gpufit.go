@@ -105,12 +105,19 @@ func (rq *request) size(pol policy.Effective, g *gpu) (mem, comp int64) {
 	return mem, min(comp, g.compCap)
 }
 
+// tolerated says whether a new claim may be placed on a device with taint t. A toleration
+// of a NoExecute taint for a while only (tolerationSeconds) lets a running pod stay that
+// long; a claim placed there would be evicted once it ran out, so it does not count: the
+// replacements of pods evicted from a faulty GPU go elsewhere, not back to it.
 func tolerated(tols []resourceapi.DeviceToleration, t resourceapi.DeviceTaint) bool {
 	for _, tol := range tols {
 		if tol.Key != "" && tol.Key != t.Key {
 			continue
 		}
 		if tol.Effect != "" && tol.Effect != t.Effect {
+			continue
+		}
+		if t.Effect == resourceapi.DeviceTaintEffectNoExecute && tol.TolerationSeconds != nil {
 			continue
 		}
 		switch tol.Operator {

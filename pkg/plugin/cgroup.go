@@ -284,12 +284,11 @@ func (s *State) notCapped(ctx context.Context, ns string, pod checkpoint.PodRef,
 
 // podsOf are the pods of this node the claim is reserved for, each checked against the API
 // (same UID, bound to this node): the UID then comes from the API server, not from anything a
-// tenant wrote. Only asked where a GPU is cgroup-capped. A pod that cannot be looked up fails
-// the prepare (the kubelet retries): preparing without it would leave it uncapped.
+// tenant wrote. They receive the cgroup caps and own the measured use of their processes.
+// Where a GPU is cgroup-capped, a pod that cannot be looked up fails the prepare (the kubelet
+// retries): preparing without it would leave it uncapped; elsewhere only its measured use
+// would be missed, which fails nothing.
 func (d *Driver) podsOf(ctx context.Context, claim *resourceapi.ResourceClaim) ([]checkpoint.PodRef, error) {
-	if len(d.state.dmemRegions) == 0 {
-		return nil, nil
-	}
 	var out []checkpoint.PodRef
 	for _, ref := range claim.Status.ReservedFor {
 		if ref.APIGroup != "" || ref.Resource != "pods" {
@@ -297,6 +296,10 @@ func (d *Driver) podsOf(ctx context.Context, claim *resourceapi.ResourceClaim) (
 		}
 		pod, err := d.client.CoreV1().Pods(claim.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil && len(d.state.dmemRegions) == 0 {
+			klog.FromContext(ctx).Error(err, "Looking up a pod of the claim; its GPU use is not measured", "pod", klog.KRef(claim.Namespace, ref.Name))
 			continue
 		}
 		if err != nil {
@@ -314,9 +317,10 @@ func (d *Driver) podsOf(ctx context.Context, claim *resourceapi.ResourceClaim) (
 // be read is tried again then.
 const podResync = time.Minute
 
-// watchPods caps the pods that join a claim already prepared here. The kubelet prepares a claim
-// once, for the first of its pods on the node, and never again for a later pod sharing it, so
-// such pods are found by watching this node's pods. Only run where a GPU is cgroup-capped.
+// watchPods records (and caps) the pods that join a claim already prepared here. The kubelet
+// prepares a claim once, for the first of its pods on the node, and never again for a later
+// pod sharing it, so such pods are found by watching this node's pods. Run where a GPU is
+// cgroup-capped or GPU use is measured.
 func (d *Driver) watchPods(ctx context.Context) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(d.client, podResync, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", d.cfg.NodeName).String()

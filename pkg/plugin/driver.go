@@ -84,11 +84,11 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		cancel(err)
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
-	if len(state.dmemRegions) > 0 {
+	if len(state.dmemRegions) > 0 || d.usage != nil {
 		if err := d.watchPods(ctx); err != nil {
 			helper.Stop()
 			cancel(err)
-			return nil, fmt.Errorf("watch this node's pods for their GPU memory cgroup caps: %w", err)
+			return nil, fmt.Errorf("watch this node's pods for their GPU memory cgroup caps and measured use: %w", err)
 		}
 	}
 	go d.watchForeign(ctx)

@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand"
 	"testing"
@@ -92,5 +93,14 @@ func TestReplayRequeueWrites(t *testing.T) {
 	t.Logf("placed %d of %d; writes:\n%s", got.Placed, got.Arrived, got.WritesTable())
 	if got.Placed != want.Placed {
 		t.Errorf("replay placed %d pods, fgpu sim %d", got.Placed, want.Placed)
+	}
+	// A placed claim costs three writes: its finalizers and status annotation, its
+	// allocation, and an event on its pod. A claim that waits costs two, once (its message
+	// does not change as it is looked at again): its annotation, and an event on its pod.
+	waiting := got.Arrived - got.Placed
+	wantWrites := map[string]int{"update resourceclaims": got.Placed, "update resourceclaims/status": got.Placed,
+		"create events": got.Placed + waiting, "patch resourceclaims": waiting}
+	if !maps.Equal(got.Writes, wantWrites) {
+		t.Errorf("writes %v, want %v", got.Writes, wantWrites)
 	}
 }

@@ -64,7 +64,7 @@ func (a Allocator) scrape(ctx context.Context) (string, error) {
 	if a.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+a.Token)
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr := &http.Transport{Proxy: http.ProxyFromEnvironment}
 	if a.Insecure {
 		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // asked for: the allocator's certificate is self-signed by default
 	}

@@ -77,7 +77,7 @@ func main() {
 	fs.DurationVar(&f.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "Lease duration: how long other replicas wait after the leader's last renew before they take over; must exceed the renew deadline")
 	fs.DurationVar(&f.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "renew deadline: the leader stops writing this long after its last successful renew (the rest of the lease duration is the margin for a write in flight)")
 	fs.DurationVar(&f.retryPeriod, "leader-elect-retry-period", 2*time.Second, "retry period")
-	fs.Float32Var(&f.qps, "kube-api-qps", 1000, "API requests per second (a placement costs about 4: finalizer, allocation, two events)")
+	fs.Float32Var(&f.qps, "kube-api-qps", 1000, "API requests per second (a placement costs 3 writes: finalizer and status annotation, allocation, an event on its pod)")
 	fs.IntVar(&f.burst, "kube-api-burst", 2000, "API request burst")
 	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(klogFlags)
@@ -108,8 +108,12 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	reg := serve.Registry()
+	metrics := controller.NewMetrics(reg)
 	var fence *leader.Fence
-	ctrlConfig := rc
+	ctrlConfig := rest.CopyConfig(rc)
+	// Every write the controller sends is counted (fgpu_allocator_api_writes_total).
+	ctrlConfig.Wrap(metrics.CountWrites)
 	if f.leaderElect {
 		if err := leader.ValidateTimings(f.leaseDuration, f.renewDeadline, f.retryPeriod); err != nil {
 			return err
@@ -119,7 +123,6 @@ func run(ctx context.Context, f flags) error {
 		// before another replica can take the Lease.
 		fence = leader.NewFence(clock.RealClock{}, f.renewDeadline, f.leaseDuration)
 		f.cfg.Fence = fence
-		ctrlConfig = rest.CopyConfig(rc)
 		ctrlConfig.Wrap(fence.WrapTransport)
 	}
 	ctrlClient, err := kubernetes.NewForConfig(ctrlConfig)
@@ -133,8 +136,6 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	reg := serve.Registry()
-	metrics := controller.NewMetrics(reg)
 	stopMetrics, err := serve.Metrics(ctx, f.metrics, reg, client)
 	if err != nil {
 		return err

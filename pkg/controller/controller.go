@@ -162,9 +162,7 @@ func (c *Controller) fenced() error {
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	defer c.queue.ShutDown()
-	c.bcast.StartStructuredLogging(3)
-	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
-	defer c.bcast.Shutdown()
+	c.RecordEvents(ctx)
 	logger.Info("Waiting for caches")
 	if !c.WaitForCacheSync(ctx) {
 		return fmt.Errorf("informer caches did not sync")
@@ -182,6 +180,14 @@ func (c *Controller) Run(ctx context.Context) error {
 	go wait.UntilWithContext(ctx, c.expire, 10*time.Second)
 	<-ctx.Done()
 	return nil
+}
+
+// RecordEvents sends the controller's events to the API server (and its log) until ctx
+// ends. Run does; callers that drive Sync by hand call it to see them.
+func (c *Controller) RecordEvents(ctx context.Context) {
+	c.bcast.StartStructuredLogging(3)
+	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+	context.AfterFunc(ctx, c.bcast.Shutdown)
 }
 
 // Synced reports whether the informers have synced (Run then places claims).

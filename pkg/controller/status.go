@@ -41,11 +41,11 @@ func (m *statusMemo) Forget(key string) {
 	delete(m.last, key)
 }
 
-// setStatus tells people where a claim stands: events on its pods (and, for a claim that
-// waits, on the claim) and the status annotation, each only when the message changed. A
-// placement is not repeated as an event on the claim: the annotation says it, and under a
-// burst every write counts (the API server is what limits placements per second). Nothing
-// is said while the fence is closed.
+// setStatus tells people where a claim stands: events on its pods and the status
+// annotation on the claim, each only when the message changed. Nothing is repeated as an
+// event on the claim: the annotation there says it, and under a burst every write counts
+// (the API server is what limits placements per second). Nothing is said while the fence
+// is closed.
 func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceClaim, pods []*corev1.Pod, msg, reason string) {
 	if err := c.fenced(); err != nil {
 		// Said by the leader, which looks at the claim again.
@@ -58,7 +58,6 @@ func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceC
 	typ := corev1.EventTypeNormal
 	if reason != ReasonPlaced {
 		typ = corev1.EventTypeWarning
-		c.recorder.Event(claim, typ, reason, msg)
 	}
 	for _, p := range pods {
 		c.recorder.Event(p, typ, reason, fmt.Sprintf("claim %s: %s", claim.Name, msg))

@@ -5,6 +5,10 @@
 // ResourceClaim and a pod that uses it, created and synced one at a time, as fgpu sim
 // places one pod at a time.
 //
+// It counts the API writes the allocator makes (verb and resource, events included) and
+// the process CPU the placements cost, so that writes and CPU per placed claim can be
+// compared before and after a change.
+//
 // What differs from a cluster: nothing binds the pods (the allocator counts them as
 // assumed on their node, as it does until kube-scheduler binds them), no clock runs (no
 // allocation times out), and CPU-only pods are left out (kube-scheduler, not the
@@ -16,7 +20,10 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -55,6 +62,10 @@ type Config struct {
 	// Until, when positive, stops the replay once the allocation ratio reaches it (a
 	// large fleet's decisions at a given fill, without replaying the rest).
 	Until float64
+	// Requeue looks again at every claim still waiting after each placement, as the
+	// controller's kick does when capacity changes: what a waiting claim costs in writes
+	// under a burst.
+	Requeue bool
 }
 
 // Report is a replay's outcome.
@@ -71,8 +82,26 @@ type Report struct {
 	Decisions [][]time.Duration
 	// API is, for each of those Sync calls, the time spent inside the fake API server
 	// (its reads, writes and watch notifications): Sync minus API is the allocator's.
-	API       [][]time.Duration
-	Invariant error
+	API [][]time.Duration
+	// Writes counts the allocator's API writes by verb and resource ("update
+	// resourceclaims/status", "create events"): every create, update, patch and delete
+	// but the replay's own creates of claims and pods. Events are counted once the
+	// recorder has sent them.
+	Writes map[string]int
+	// CPU is the process's CPU time (user and system) from the first claim to the last
+	// event sent, and InAPI the part of it spent inside the fake API server (its wall
+	// time: it runs synchronously in the caller), both over every claim arrived.
+	CPU, InAPI time.Duration
+	Invariant  error
+}
+
+// WritesTotal is the number of writes the allocator made.
+func (r *Report) WritesTotal() int {
+	n := 0
+	for _, v := range r.Writes {
+		n += v
+	}
+	return n
 }
 
 // GPUPods are the pods of a trace that ask for GPUs: the ones the allocator places.
@@ -105,27 +134,34 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := setup(ctx, client, cfg.Nodes); err != nil {
 		return nil, err
 	}
-	// Every request goes through the tracker as the default reactor would send it, timed.
+	// Every request goes through the tracker as the default reactor would send it, timed,
+	// and the allocator's writes are counted.
 	var inAPI atomic.Int64
+	w := &writes{n: map[string]int{}}
 	react := k8stesting.ObjectReaction(client.Tracker())
 	client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		t0 := time.Now()
 		handled, obj, err := react(a)
 		inAPI.Add(int64(time.Since(t0)))
+		w.add(a)
 		return handled, obj, err
 	})
 	ccfg := controller.DefaultConfig()
 	frozen := time.Now()
 	ccfg.Now = func() time.Time { return frozen }
 	c := controller.New(ccfg, client, nil, nil)
+	c.RecordEvents(ctx)
 	start := time.Now()
 	if !c.WaitForCacheSync(ctx) {
 		return nil, errors.New("informer caches did not sync")
 	}
 	rep := &Report{Arrived: len(seq), Decisions: make([][]time.Duration, len(cfg.Fills)+1), API: make([][]time.Duration, len(cfg.Fills)+1)}
 	rep.Sync = time.Since(start)
+	w.reset()
+	cpu0, api0 := processCPU(), inAPI.Load()
 	capa := float64(core.GPUCapacity())
 	var allocated int64
+	var waiting []string
 	for i, k := range seq {
 		if cfg.Until > 0 && float64(allocated)/capa >= cfg.Until {
 			rep.Arrived = i
@@ -161,9 +197,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				band := sort.SearchFloat64s(cfg.Fills, float64(allocated)/capa+1e-12)
 				rep.Decisions[band] = append(rep.Decisions[band], el)
 				rep.API[band] = append(rep.API[band], api)
-				if got.Status.Allocation != nil {
-					rep.Placed++
-					allocated += pod.GPUDemand()
+				if got.Status.Allocation == nil {
+					waiting = append(waiting, key)
+					break
+				}
+				rep.Placed++
+				allocated += pod.GPUDemand()
+				if cfg.Requeue {
+					waiting, err = requeue(ctx, c, client, waiting)
+					if err != nil {
+						return nil, err
+					}
 				}
 				break
 			}
@@ -173,9 +217,31 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
+	w.settle(5 * time.Second)
+	rep.CPU, rep.InAPI = processCPU()-cpu0, time.Duration(inAPI.Load()-api0)
+	rep.Writes = w.snapshot()
 	rep.Alloc = float64(allocated) / capa
 	rep.Invariant = check(ctx, client)
 	return rep, nil
+}
+
+// requeue syncs each waiting claim once and returns those still waiting.
+func requeue(ctx context.Context, c *controller.Controller, client *fake.Clientset, waiting []string) ([]string, error) {
+	still := waiting[:0]
+	for _, key := range waiting {
+		if _, err := c.Sync(ctx, key); err != nil {
+			return nil, fmt.Errorf("sync %s: %w", key, err)
+		}
+		ns, name, _ := strings.Cut(key, "/")
+		got, err := client.ResourceV1().ResourceClaims(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if got.Status.Allocation == nil {
+			still = append(still, key)
+		}
+	}
+	return still, nil
 }
 
 // objects are arrival i's claim and pod: a share of one GPU of the shared class, or whole
@@ -266,4 +332,84 @@ func check(ctx context.Context, c *fake.Clientset) error {
 		slices[i] = &sl.Items[i]
 	}
 	return invariant.CheckDriver(api.DriverName, claims, slices)
+}
+
+// writes counts the allocator's writes by verb and resource.
+type writes struct {
+	mu   sync.Mutex
+	n    map[string]int
+	last time.Time // of the last write counted
+}
+
+func (w *writes) add(a k8stesting.Action) {
+	verb, res := a.GetVerb(), a.GetResource().Resource
+	switch verb {
+	case "create", "update", "patch", "delete", "delete-collection":
+	default:
+		return
+	}
+	if verb == "create" && a.GetSubresource() == "" && (res == "resourceclaims" || res == "pods") {
+		return // the replay's own: the allocator creates neither
+	}
+	if sub := a.GetSubresource(); sub != "" {
+		res += "/" + sub
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.n[verb+" "+res]++
+	w.last = time.Now()
+}
+
+func (w *writes) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	clear(w.n)
+}
+
+// settle waits until nothing was written for 200ms (the event recorder sends events from
+// its own goroutine, after the Sync that recorded them), or at most d.
+func (w *writes) settle(d time.Duration) {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		w.mu.Lock()
+		quiet := time.Since(w.last) > 200*time.Millisecond
+		w.mu.Unlock()
+		if quiet {
+			return
+		}
+	}
+}
+
+func (w *writes) snapshot() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]int, len(w.n))
+	for k, v := range w.n {
+		out[k] = v
+	}
+	return out
+}
+
+// WritesTable lists the writes by kind, with each kind's count per placed claim.
+func (r *Report) WritesTable() string {
+	keys := make([]string, 0, len(r.Writes))
+	for k := range r.Writes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	per := func(n int) float64 { return float64(n) / float64(max(r.Placed, 1)) }
+	for _, k := range keys {
+		fmt.Fprintf(&b, "  %-34s %7d  %.2f per placed claim\n", k, r.Writes[k], per(r.Writes[k]))
+	}
+	fmt.Fprintf(&b, "  %-34s %7d  %.2f per placed claim\n", "all writes", r.WritesTotal(), per(r.WritesTotal()))
+	return b.String()
+}
+
+// processCPU is the CPU time (user and system) the process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -3,9 +3,11 @@ package replay
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand"
 	"testing"
+	"time"
 
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 )
@@ -62,9 +64,43 @@ func TestReplayMatchesSim(t *testing.T) {
 		if got.Invariant != nil {
 			t.Fatal(got.Invariant)
 		}
-		t.Logf("seed %d: sim %.2f%% (%d placed), replay %.2f%% (%d of %d placed)", seed, 100*want.Final.Alloc, want.Placed, 100*got.Alloc, got.Placed, got.Arrived)
+		t.Logf("seed %d: sim %.2f%% (%d placed), replay %.2f%% (%d of %d placed); CPU per placed claim %s (%s in the fake API server); writes:\n%s",
+			seed, 100*want.Final.Alloc, want.Placed, 100*got.Alloc, got.Placed, got.Arrived,
+			got.CPU/time.Duration(got.Placed), got.InAPI/time.Duration(got.Placed), got.WritesTable())
 		if math.Abs(got.Alloc-want.Final.Alloc) > 1e-9 || got.Placed != want.Placed {
 			t.Errorf("seed %d: replay allocated %.4f (%d pods), fgpu sim %.4f (%d pods)", seed, got.Alloc, got.Placed, want.Final.Alloc, want.Placed)
 		}
+	}
+}
+
+// A claim that waits is looked at again after every placement, as a burst does through
+// the controller's kicks: the allocator still places as fgpu sim does, and writes per
+// placed claim are reported.
+func TestReplayRequeueWrites(t *testing.T) {
+	nodes, pods := smallTrace()
+	cfg := Config{Nodes: nodes, Pods: GPUPods(pods), Seed: 1, Tune: 1.3, Requeue: true}
+	want, err := Sim(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Invariant != nil {
+		t.Fatal(got.Invariant)
+	}
+	t.Logf("placed %d of %d; writes:\n%s", got.Placed, got.Arrived, got.WritesTable())
+	if got.Placed != want.Placed {
+		t.Errorf("replay placed %d pods, fgpu sim %d", got.Placed, want.Placed)
+	}
+	// A placed claim costs three writes: its finalizers and status annotation, its
+	// allocation, and an event on its pod. A claim that waits costs two, once (its message
+	// does not change as it is looked at again): its annotation, and an event on its pod.
+	waiting := got.Arrived - got.Placed
+	wantWrites := map[string]int{"update resourceclaims": got.Placed, "update resourceclaims/status": got.Placed,
+		"create events": got.Placed + waiting, "patch resourceclaims": waiting}
+	if !maps.Equal(got.Writes, wantWrites) {
+		t.Errorf("writes %v, want %v", got.Writes, wantWrites)
 	}
 }

@@ -4,7 +4,12 @@
 //	go run ./test/performance/cmd/allocator-bench --kubeconfig _output/cluster/kubeconfig --cleanup
 //
 // It publishes fake GPU nodes (Node objects and fenced ResourceSlices, no kubelet) first;
-// see test/performance/loadgen.
+// see test/performance/loadgen. With --allocator-pid (the allocator runs on this machine,
+// as on the local cluster) or --allocator-metrics it also reports the allocator's CPU and
+// API writes over the burst, per claim placed:
+//
+//	go run ./test/performance/cmd/allocator-bench --kubeconfig _output/cluster/kubeconfig --cleanup \
+//	  --allocator-pid $(pgrep -f -o fgpu-allocator)
 package main
 
 import (
@@ -13,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -36,6 +42,8 @@ func command() *cobra.Command {
 	o := loadgen.Defaults()
 	var kubeconfig string
 	var setup, burst, cleanup bool
+	var alloc loadgen.Allocator
+	var tokenFile string
 	cmd := &cobra.Command{
 		Use:           "allocator-bench",
 		Short:         "Publish fake GPU nodes, create a burst of claims with pods, report allocation throughput and latency",
@@ -57,11 +65,32 @@ func command() *cobra.Command {
 				}
 			}
 			if burst {
+				if tokenFile != "" {
+					b, err := os.ReadFile(tokenFile)
+					if err != nil {
+						return err
+					}
+					alloc.Token = strings.TrimSpace(string(b))
+				}
+				measure := alloc.PID > 0 || alloc.MetricsURL != ""
+				var before loadgen.Usage
+				if measure {
+					if before, err = alloc.Read(ctx); err != nil {
+						return fmt.Errorf("allocator usage: %w", err)
+					}
+				}
 				rep, err := loadgen.Burst(ctx, c, o)
 				if err != nil {
 					return fmt.Errorf("burst: %w", err)
 				}
 				fmt.Println(rep)
+				if measure {
+					after, err := alloc.Read(ctx)
+					if err != nil {
+						return fmt.Errorf("allocator usage: %w", err)
+					}
+					fmt.Println(loadgen.PerClaim(before, after, rep.Allocated))
+				}
 				if rep.InvariantErr != nil || rep.Allocated < rep.Claims {
 					if cleanup {
 						_ = loadgen.Cleanup(ctx, c, o)
@@ -92,5 +121,9 @@ func command() *cobra.Command {
 	fs.BoolVar(&setup, "setup", true, "create the fake nodes and slices first")
 	fs.BoolVar(&burst, "burst", true, "create the claims and measure")
 	fs.BoolVar(&cleanup, "cleanup", false, "delete the namespace, slices and nodes afterwards")
+	fs.IntVar(&alloc.PID, "allocator-pid", 0, "the allocator's process ID on this machine: report its CPU per claim placed (from /proc/<pid>/stat)")
+	fs.StringVar(&alloc.MetricsURL, "allocator-metrics", "", "the allocator's /metrics URL: report its CPU (unless --allocator-pid) and API writes per claim placed")
+	fs.StringVar(&tokenFile, "allocator-metrics-token-file", "", "bearer token for --allocator-metrics (a metrics reader's)")
+	fs.BoolVar(&alloc.Insecure, "allocator-metrics-insecure-skip-tls-verify", false, "do not verify the certificate of --allocator-metrics (self-signed by default)")
 	return cmd
 }

@@ -72,6 +72,10 @@ func run(nodesPath, podsPath string, seed int64, tune float64, copies int) error
 		fmt.Printf("allocator Sync that decided (decide and write), %s: %s\n", bands[i], pct(d))
 	}
 	fmt.Printf("sim decisions: %s\n", pct(oracle.Decisions))
+	perClaim := func(d time.Duration) time.Duration { return d / time.Duration(max(rep.Placed, 1)) }
+	fmt.Printf("process CPU per placed claim %s, of which in the fake API server %s: allocator about %s\n",
+		perClaim(rep.CPU).Round(time.Microsecond), perClaim(rep.InAPI).Round(time.Microsecond), perClaim(rep.CPU-rep.InAPI).Round(time.Microsecond))
+	fmt.Printf("allocator API writes (%d claims placed of %d arrived):\n%s", rep.Placed, rep.Arrived, rep.WritesTable())
 	var ms runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms)

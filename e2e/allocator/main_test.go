@@ -34,6 +34,8 @@ func TestMain(m *testing.M) {
 		// after 20 samples.
 		"kubeletPlugin.usage.pollInterval=1s",
 		"kubeletPlugin.usage.reportInterval=5s",
+		// Steady use is reported only at the heartbeat: within the test, not after 30 minutes.
+		"kubeletPlugin.usage.heartbeat=5s",
 		"allocator.sizing.minSamples=20",
 	)
 	if err != nil {

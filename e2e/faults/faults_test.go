@@ -235,7 +235,7 @@ func TestFaultsEndToEnd(t *testing.T) {
 	if got := deviceTaints(ctx, "gpu-0"); !slices.Equal(got, []string{plugin.FlappingTaintKey + "=backoff:NoSchedule"}) {
 		t.Fatalf("the back-off did not hold: %v", got)
 	}
-	if out, err := framework.Run(ctx, framework.Bin("fgpu"), "faults", "clear", "gpu-0"); err != nil {
+	if out, err := framework.Run(ctx, fgpuBin, "faults", "clear", "gpu-0"); err != nil {
 		t.Fatalf("fgpu faults clear: %v: %s", err, out)
 	}
 	waitTaints(t, "gpu-0", 5*time.Second)

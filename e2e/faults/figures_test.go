@@ -35,6 +35,7 @@ func TestFaultFigures(t *testing.T) {
 		runs = n
 	}
 	ctx := context.Background()
+	freshGPUs(t)
 	t.Cleanup(func() { recoverGPU(t, 0); recoverGPU(t, 1); clearFaults(t, "all") })
 	ns := cluster.Namespace(t, "figures")
 	// The replicas start together on gpu-0: gpu-1 is fenced while they are placed.
@@ -106,9 +107,20 @@ func onOneGPU(t *testing.T, ns string, placed map[string]string) string {
 	return on
 }
 
+// freshGPUs starts a test from GPUs with no fault: whatever an earlier test left (a latched
+// fault, a flapping back-off) is recovered and cleared.
+func freshGPUs(t *testing.T) {
+	t.Helper()
+	recoverGPU(t, 0)
+	recoverGPU(t, 1)
+	clearFaults(t, "all")
+	waitTaints(t, "gpu-0", 30*time.Second)
+	waitTaints(t, "gpu-1", 30*time.Second)
+}
+
 func clearFaults(t *testing.T, device string) {
 	t.Helper()
-	if out, err := framework.Run(context.Background(), framework.Bin("fgpu"), "faults", "clear", device); err != nil {
+	if out, err := framework.Run(context.Background(), fgpuBin, "faults", "clear", device); err != nil {
 		t.Fatalf("fgpu faults clear %s: %v: %s", device, err, out)
 	}
 }

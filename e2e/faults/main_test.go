@@ -7,6 +7,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -14,6 +16,20 @@ import (
 )
 
 var cluster *framework.Cluster
+
+// fgpuBin is the fgpu CLI, built for the suite: an operator clears faults with it.
+var fgpuBin string
+
+// buildCLI builds the fgpu CLI into dir.
+func buildCLI(dir string) (string, error) {
+	bin := filepath.Join(dir, "fgpu")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/fgpu")
+	cmd.Dir = framework.RepoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build the fgpu CLI: %w: %s", err, out)
+	}
+	return bin, nil
+}
 
 func TestMain(m *testing.M) {
 	c, err := framework.Setup(
@@ -29,6 +45,15 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	cluster = c
+	dir, err := os.MkdirTemp("", "fgpu-e2e-faults-")
+	if err == nil {
+		fgpuBin, err = buildCLI(dir)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e setup:", err)
+		_ = c.Uninstall(context.Background())
+		os.Exit(1)
+	}
 	if err := cluster.WaitAllocatorReady(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e setup:", err)
 		_ = c.Uninstall(context.Background())
@@ -42,5 +67,6 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
 		code = 1
 	}
+	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -27,12 +27,7 @@ func TestMPSServerFaultMovesOnlyItsDomain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Whatever an earlier test left (a latched fault, a flapping back-off) is cleared first.
-	recoverGPU(t, 0)
-	recoverGPU(t, 1)
-	clearFaults(t, "all")
-	waitTaints(t, "gpu-0", 30*time.Second)
-	waitTaints(t, "gpu-1", 30*time.Second)
+	freshGPUs(t)
 	broken, other := cluster.Namespace(t, "mps-broken"), cluster.Namespace(t, "mps-other")
 	const key = "fgpu.dev/e2e-faults-mps"
 	cluster.LabelNamespace(t, broken, key, "shared")

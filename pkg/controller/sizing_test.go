@@ -48,12 +48,17 @@ type sizingEnv struct {
 }
 
 func newSizingEnv(t *testing.T, mode api.SizingMode) *sizingEnv {
+	return newSizingEnvWith(t, builders.MakePolicy("sizing").Sizing(mode).Obj())
+}
+
+// newSizingEnvWith is newSizingEnv under policy pol.
+func newSizingEnvWith(t *testing.T, pol *api.SharingPolicy) *sizingEnv {
 	claim := builders.MakeClaim("team-a", "c").Memory("40Gi").AllocatedOn("n1", "gpu-0").Obj()
 	pod := ownedPod("team-a", "web-7c9d5-abcde", "ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"})
 	e := newEnvWith(t, func(c *Config) {
 		c.Sizing = sizing.DefaultOptions()
 		c.Sizing.MinSamples = 90
-	}, []*api.SharingPolicy{builders.MakePolicy("sizing").Sizing(mode).Obj()},
+	}, []*api.SharingPolicy{pol},
 		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"), claim, pod)
 	return &sizingEnv{env: e, share: string(*claim.Status.Allocation.Devices.Results[0].ShareID),
 		w: sizing.Workload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}}
@@ -179,6 +184,40 @@ func TestSizingInitialSizesNewClaims(t *testing.T) {
 	if len(ev) != 2 || !strings.Contains(strings.Join(ev, "\n"), "memory "+fmtBytes(rec.MemoryBytes)+" (asked 40Gi)") ||
 		!strings.Contains(strings.Join(ev, "\n"), "(asked a whole GPU)") {
 		t.Errorf("FgpuSized events %q; want c2's and whole's", ev)
+	}
+	e.checkInvariant()
+}
+
+// allocatedClaim is claim name of team-a, failing the test where it was not placed.
+func (e *sizingEnv) allocatedClaim(name string) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	c := e.claim("team-a", name)
+	if c.Status.Allocation == nil {
+		e.t.Fatalf("claim %s not allocated: annotations %v, events %q", name, c.Annotations, e.events(""))
+	}
+	return c
+}
+
+// A workload that uses most of a GPU is recommended more than the GPU has (peak, bucket
+// rounding and headroom): a claim of it that asks for a whole GPU stays whole, rather than
+// become a share no GPU can take.
+func TestSizingKeepsAWholeGPUWholeWhenTheRecommendationFillsIt(t *testing.T) {
+	e := newSizingEnv(t, api.SizingInitial)
+	for i := 1; i <= 3; i++ {
+		e.report(i, 75, e.share)
+	}
+	rec, ok := e.c.Recommendation(e.w)
+	if !ok || rec.MemoryBytes < 80<<30 {
+		t.Fatalf("recommendation %+v, %v; want one above the 80Gi GPUs", rec, ok)
+	}
+	e.create(builders.MakeClaim("team-a", "whole").Obj(), sizedPod("web-7c9d5-whole", "whole"))
+	e.run()
+	got := e.allocatedClaim("whole").Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]
+	if got.String() != "80Gi" {
+		t.Errorf("whole-GPU claim got %s; want the whole 80Gi GPU", got.String())
+	}
+	if ev := e.events(ReasonSized); len(ev) != 0 {
+		t.Errorf("FgpuSized events %q for a claim left as it asked", ev)
 	}
 	e.checkInvariant()
 }

@@ -136,17 +136,24 @@ func resolveRequest(cfg *Config, in *input, a alt, smallestGPU func(*request) in
 
 // applySizing lowers the request to its workload's recommendation (sizing mode Initial):
 // never above what it asks, nor below the limits its config sets. A request for a whole GPU
-// (no memory asked) becomes a share of the recommended memory, unless the recommendation
-// fills the smallest GPU the request may get (smallestGPU): a share that large fits no GPU,
-// where the whole GPU it asked does. Compute is lowered only where the request asks for some.
+// (no memory asked) becomes a share of the recommended memory and compute, unless the
+// recommendation fills the smallest GPU the request may get (smallestGPU): a share that large
+// fits no GPU, where the whole GPU it asked does. Otherwise compute is lowered only where the
+// request asks for some.
 func (rq *request) applySizing(r sizing.Recommendation, w sizing.Workload, smallestGPU func(*request) int64) {
 	var notes []string
 	switch l := rq.userCfg.MemoryLimit; {
 	case l != nil && l.Value() > r.MemoryBytes:
 		// Below the memoryLimit the claim's config sets: the plugin would refuse it.
 	case rq.whole && r.MemoryBytes < smallestGPU(rq):
-		rq.mem, rq.whole = r.MemoryBytes, false
-		notes = append(notes, fmt.Sprintf("memory %s (asked a whole GPU)", fmtBytes(rq.mem)))
+		// Its compute is the workload's, not one derived from the share's memory, and no
+		// less than the computePercent its config sets, which the plugin would refuse.
+		comp := int64(r.ComputePercent)
+		if p := rq.userCfg.ComputePercent; p != nil {
+			comp = max(comp, int64(*p))
+		}
+		rq.mem, rq.comp, rq.whole = r.MemoryBytes, &comp, false
+		notes = append(notes, fmt.Sprintf("memory %s, compute %d%% (asked a whole GPU)", fmtBytes(rq.mem), comp))
 	case !rq.whole && r.MemoryBytes < rq.mem:
 		notes = append(notes, fmt.Sprintf("memory %s (asked %s)", fmtBytes(r.MemoryBytes), fmtBytes(rq.mem)))
 		rq.mem = r.MemoryBytes

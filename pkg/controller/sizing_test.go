@@ -2,6 +2,7 @@ package controller
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -218,6 +219,51 @@ func TestSizingKeepsAWholeGPUWholeWhenTheRecommendationFillsIt(t *testing.T) {
 	}
 	if ev := e.events(ReasonSized); len(ev) != 0 {
 		t.Errorf("FgpuSized events %q for a claim left as it asked", ev)
+	}
+	e.checkInvariant()
+}
+
+// A whole-GPU claim sized to a share gets the workload's recommended compute, not the
+// compute the policy derives from the share's (small) memory.
+func TestSizingWholeGPUGetsTheRecommendedCompute(t *testing.T) {
+	e := newSizingEnvWith(t, builders.MakePolicy("sizing").Sizing(api.SizingInitial).ComputeFromMemory().Obj())
+	for i := 1; i <= 3; i++ {
+		e.report(i, 7, e.share)
+	}
+	rec, ok := e.c.Recommendation(e.w)
+	if !ok {
+		t.Fatal("no recommendation")
+	}
+	e.create(builders.MakeClaim("team-a", "whole").Obj(), sizedPod("web-7c9d5-whole", "whole"))
+	e.run()
+	res := e.allocatedClaim("whole").Status.Allocation.Devices.Results[0]
+	mem, comp := res.ConsumedCapacity[api.CapacityMemory], res.ConsumedCapacity[api.CapacityCompute]
+	if mem.Value() != rec.MemoryBytes || comp.Value() != int64(rec.ComputePercent) {
+		t.Errorf("whole-GPU claim sized to %s, %s%% compute; want the recommendation %s, %d%%", mem.String(), comp.String(), fmtBytes(rec.MemoryBytes), rec.ComputePercent)
+	}
+	if ev := e.events(ReasonSized); len(ev) != 1 || !strings.Contains(ev[0], fmt.Sprintf("compute %d%%", rec.ComputePercent)) {
+		t.Errorf("FgpuSized events %q; want one that names the compute", ev)
+	}
+}
+
+// A whole-GPU claim whose config sets a computePercent above the recommended compute is
+// sized to a share with that much compute: the plugin would refuse a share with less, and
+// the claim, which fit whole, would wait for ever.
+func TestSizingWholeGPUKeepsItsComputePercent(t *testing.T) {
+	e := newSizingEnvWith(t, builders.MakePolicy("sizing").Sizing(api.SizingInitial).ComputeFromMemory().Obj())
+	for i := 1; i <= 3; i++ {
+		e.report(i, 7, e.share)
+	}
+	rec, ok := e.c.Recommendation(e.w)
+	if !ok || rec.ComputePercent >= 50 {
+		t.Fatalf("recommendation %+v, %v; want one below 50%% compute", rec, ok)
+	}
+	e.create(builders.MakeClaim("team-a", "whole").Config(map[string]any{"computePercent": 50}).Obj(), sizedPod("web-7c9d5-whole", "whole"))
+	e.run()
+	res := e.allocatedClaim("whole").Status.Allocation.Devices.Results[0]
+	mem, comp := res.ConsumedCapacity[api.CapacityMemory], res.ConsumedCapacity[api.CapacityCompute]
+	if mem.Value() != rec.MemoryBytes || comp.Value() != 50 {
+		t.Errorf("whole-GPU claim with computePercent 50 sized to %s, %s%% compute; want %s, 50%%", mem.String(), comp.String(), fmtBytes(rec.MemoryBytes))
 	}
 	e.checkInvariant()
 }

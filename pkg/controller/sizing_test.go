@@ -268,6 +268,36 @@ func TestSizingWholeGPUKeepsItsComputePercent(t *testing.T) {
 	e.checkInvariant()
 }
 
+// The allocator forgets a workload no claim reported for ForgetAfterHalfLives half-lives,
+// and what it told of it: reports that come back later start a new history, told anew.
+func TestSizingForgetsASilentWorkload(t *testing.T) {
+	e := newSizingEnv(t, api.SizingRecommend)
+	for i := 1; i <= 3; i++ {
+		e.report(i, 10, e.share)
+	}
+	if _, ok := e.c.Recommendation(e.w); !ok {
+		t.Fatal("no recommendation")
+	}
+	last := time.Date(2026, 1, 1, 0, 15, 0, 0, time.UTC)
+	e.clock.SetTime(last.Add(sizing.ForgetAfterHalfLives*e.c.cfg.Sizing.HalfLife - time.Minute))
+	e.c.sweepUsage(e.ctx)
+	if _, ok := e.c.Recommendation(e.w); !ok {
+		t.Fatal("forgotten before its time")
+	}
+	e.clock.SetTime(last.Add(sizing.ForgetAfterHalfLives*e.c.cfg.Sizing.HalfLife + time.Minute))
+	e.c.sweepUsage(e.ctx)
+	if _, ok := e.c.Recommendation(e.w); ok {
+		t.Fatal("a workload silent for 8 half-lives is still recommended")
+	}
+	// 8 days later, 90 new samples: told again.
+	for i := 1; i <= 3; i++ {
+		e.report(8*24*12+i, 10, e.share)
+	}
+	if ev := e.events(ReasonSizingRecommendation); len(ev) != 2 {
+		t.Errorf("events %q; want the first recommendation and the new one", ev)
+	}
+}
+
 func TestTopOwner(t *testing.T) {
 	for _, tc := range []struct {
 		kind, owner string

@@ -178,6 +178,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		go c.policyWorker(ctx)
 	}
 	go wait.UntilWithContext(ctx, c.expire, 10*time.Second)
+	go wait.UntilWithContext(ctx, c.sweepUsage, usageSweepInterval)
 	<-ctx.Done()
 	return nil
 }

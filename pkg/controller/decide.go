@@ -80,7 +80,7 @@ func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitRea
 	if err := c.model.ensureCore(c.schedPolicy, c); err != nil {
 		return nil, &waitReason{reason: ReasonWaiting, message: "cannot model the cluster: " + err.Error()}
 	}
-	if w := c.claimQuotaCheck(in); w != nil {
+	if w := c.claimQuotaCheck(ctx, in); w != nil {
 		return nil, w
 	}
 	d := &decision{pol: in.pol, rec: &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace, assumed: c.now()}}
@@ -139,7 +139,7 @@ func (c *Controller) decideRequest(ctx context.Context, in *input, d *decision, 
 // placeAlt places one alternative of a request: resolve it, check the quota, let the
 // placement core choose a node and GPUs among those that fit, and size the shares.
 func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt) ([]result, *waitReason) {
-	rq, w := resolveRequest(&c.cfg, in, a)
+	rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(ctx))
 	if w != nil {
 		return nil, w
 	}
@@ -176,6 +176,24 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 		d.sized = append(d.sized, rq.sized)
 	}
 	return out, nil
+}
+
+// smallestGPU gives the memory of the smallest GPU the cluster publishes that a request's
+// class and selectors allow (0 where none does), for sizing a whole-GPU request: asked only
+// then, as it looks at every GPU. Caller holds the model's lock.
+func (c *Controller) smallestGPU(ctx context.Context) func(*request) int64 {
+	return func(rq *request) int64 {
+		sels := c.model.selectors.refs(rq.class.Spec.Selectors, rq.alt.selectors)
+		least := int64(0)
+		for _, gs := range c.model.coreGPU {
+			for _, g := range gs {
+				if ok, _ := c.selectorsMatch(ctx, g, sels); ok && g.memCap > 0 && (least == 0 || g.memCap < least) {
+					least = g.memCap
+				}
+			}
+		}
+		return least
+	}
 }
 
 // gpuFilter is the placement core's filter for a request: the GPUs whose node the pods fit

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -92,7 +93,7 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 // claimQuotaCheck refuses a claim that needs more than its namespace's whole quota
 // whichever alternatives it gets: a request of it that waited in the quota queue would
 // hold the namespace's younger claims for ever. Caller holds the model's lock.
-func (c *Controller) claimQuotaCheck(in *input) *waitReason {
+func (c *Controller) claimQuotaCheck(ctx context.Context, in *input) *waitReason {
 	q, ns := in.pol.Quota, in.claim.Namespace
 	if q.Invalid != nil {
 		return &waitReason{reason: ReasonInvalidPolicy, message: q.Invalid.Error()}
@@ -107,7 +108,7 @@ func (c *Controller) claimQuotaCheck(in *input) *waitReason {
 		alts := alternatives(req)
 		var low *usage
 		for _, a := range alts {
-			rq, w := resolveRequest(&c.cfg, in, a)
+			rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(ctx))
 			if w != nil {
 				continue // said when the request is decided
 			}

@@ -64,7 +64,7 @@ type request struct {
 // resolveRequest sizes an alternative, and chooses its mode and isolation domain, from the
 // claim, its class and its policy; or says why the alternative cannot be allocated. It
 // looks at nothing else: no GPU, no node, no other claim.
-func resolveRequest(cfg *Config, in *input, a alt) (*request, *waitReason) {
+func resolveRequest(cfg *Config, in *input, a alt, smallestGPU func(*request) int64) (*request, *waitReason) {
 	unsupported := func(format string, args ...any) (*request, *waitReason) {
 		return nil, &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf(format, args...)}
 	}
@@ -111,7 +111,7 @@ func resolveRequest(cfg *Config, in *input, a alt) (*request, *waitReason) {
 		}
 	}
 	if r, ok := in.sized[a.name]; ok && rq.count == 1 && !cfg.isExclusiveClass(a.class) && in.pol.Isolation != api.IsolationExclusive {
-		rq.applySizing(r, in.sizedFor)
+		rq.applySizing(r, in.sizedFor, smallestGPU)
 	}
 	rq.mode = sharingMode(in.pol, userCfg)
 	rq.domain = domain{in.claim.Namespace, subDomain(userCfg)}
@@ -135,18 +135,28 @@ func resolveRequest(cfg *Config, in *input, a alt) (*request, *waitReason) {
 }
 
 // applySizing lowers the request to its workload's recommendation (sizing mode Initial):
-// never above what it asks, nor below the limits its config sets; a request for a whole GPU
-// (no memory asked) becomes a share of the recommended memory. Compute is lowered only where
-// the request asks for some.
-func (rq *request) applySizing(r sizing.Recommendation, w sizing.Workload) {
+// never above what it asks, nor below the limits its config sets. A request for a whole GPU
+// (no memory asked) becomes a share of the recommended memory and compute, unless the
+// recommendation fills the smallest GPU the request may get (smallestGPU): a share that large
+// fits no GPU, where the whole GPU it asked does. Otherwise compute is lowered only where the
+// request asks for some.
+func (rq *request) applySizing(r sizing.Recommendation, w sizing.Workload, smallestGPU func(*request) int64) {
 	var notes []string
-	if l := rq.userCfg.MemoryLimit; (rq.whole || r.MemoryBytes < rq.mem) && (l == nil || l.Value() <= r.MemoryBytes) {
-		asked := "a whole GPU"
-		if !rq.whole {
-			asked = fmtBytes(rq.mem)
+	switch l := rq.userCfg.MemoryLimit; {
+	case l != nil && l.Value() > r.MemoryBytes:
+		// Below the memoryLimit the claim's config sets: the plugin would refuse it.
+	case rq.whole && r.MemoryBytes < smallestGPU(rq):
+		// Its compute is the workload's, not one derived from the share's memory, and no
+		// less than the computePercent its config sets, which the plugin would refuse.
+		comp := int64(r.ComputePercent)
+		if p := rq.userCfg.ComputePercent; p != nil {
+			comp = max(comp, int64(*p))
 		}
-		rq.mem, rq.whole = r.MemoryBytes, false
-		notes = append(notes, fmt.Sprintf("memory %s (asked %s)", fmtBytes(rq.mem), asked))
+		rq.mem, rq.comp, rq.whole = r.MemoryBytes, &comp, false
+		notes = append(notes, fmt.Sprintf("memory %s, compute %d%% (asked a whole GPU)", fmtBytes(rq.mem), comp))
+	case !rq.whole && r.MemoryBytes < rq.mem:
+		notes = append(notes, fmt.Sprintf("memory %s (asked %s)", fmtBytes(r.MemoryBytes), fmtBytes(rq.mem)))
+		rq.mem = r.MemoryBytes
 	}
 	if p := rq.userCfg.ComputePercent; rq.comp != nil && *rq.comp > int64(r.ComputePercent) && (p == nil || int64(*p) <= int64(r.ComputePercent)) {
 		notes = append(notes, fmt.Sprintf("compute %d%% (asked %d%%)", r.ComputePercent, *rq.comp))

@@ -1,10 +1,12 @@
 package controller
 
 import (
+	"context"
 	"encoding/json"
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -110,6 +112,27 @@ func (c *Controller) forgetUsage(claim *resourceapi.ResourceClaim) {
 	for _, st := range claim.Status.Devices {
 		if st.ShareID != nil {
 			c.sizer.rec.Forget(*st.ShareID)
+		}
+	}
+}
+
+// usageSweepInterval is how often the recommender forgets silent workloads (VPA collects
+// its histories' garbage hourly too).
+const usageSweepInterval = time.Hour
+
+// sweepUsage forgets the workloads no claim reported for sizing.ForgetAfterHalfLives
+// half-lives, and what was told of them, so that the allocator's memory follows the
+// workloads that run, not every one that ever did.
+func (c *Controller) sweepUsage(context.Context) {
+	if c.sizer == nil {
+		return
+	}
+	c.sizer.mu.Lock()
+	defer c.sizer.mu.Unlock()
+	c.sizer.rec.Prune(c.now())
+	for w := range c.sizer.announced {
+		if !c.sizer.rec.Has(w) {
+			delete(c.sizer.announced, w)
 		}
 	}
 }

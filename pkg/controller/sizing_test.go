@@ -2,6 +2,7 @@ package controller
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -48,12 +49,17 @@ type sizingEnv struct {
 }
 
 func newSizingEnv(t *testing.T, mode api.SizingMode) *sizingEnv {
+	return newSizingEnvWith(t, builders.MakePolicy("sizing").Sizing(mode).Obj())
+}
+
+// newSizingEnvWith is newSizingEnv under policy pol.
+func newSizingEnvWith(t *testing.T, pol *api.SharingPolicy) *sizingEnv {
 	claim := builders.MakeClaim("team-a", "c").Memory("40Gi").AllocatedOn("n1", "gpu-0").Obj()
 	pod := ownedPod("team-a", "web-7c9d5-abcde", "ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"})
 	e := newEnvWith(t, func(c *Config) {
 		c.Sizing = sizing.DefaultOptions()
 		c.Sizing.MinSamples = 90
-	}, []*api.SharingPolicy{builders.MakePolicy("sizing").Sizing(mode).Obj()},
+	}, []*api.SharingPolicy{pol},
 		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"), claim, pod)
 	return &sizingEnv{env: e, share: string(*claim.Status.Allocation.Devices.Results[0].ShareID),
 		w: sizing.Workload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}}
@@ -181,6 +187,115 @@ func TestSizingInitialSizesNewClaims(t *testing.T) {
 		t.Errorf("FgpuSized events %q; want c2's and whole's", ev)
 	}
 	e.checkInvariant()
+}
+
+// allocatedClaim is claim name of team-a, failing the test where it was not placed.
+func (e *sizingEnv) allocatedClaim(name string) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	c := e.claim("team-a", name)
+	if c.Status.Allocation == nil {
+		e.t.Fatalf("claim %s not allocated: annotations %v, events %q", name, c.Annotations, e.events(""))
+	}
+	return c
+}
+
+// A workload that uses most of a GPU is recommended more than the GPU has (peak, bucket
+// rounding and headroom): a claim of it that asks for a whole GPU stays whole, rather than
+// become a share no GPU can take.
+func TestSizingKeepsAWholeGPUWholeWhenTheRecommendationFillsIt(t *testing.T) {
+	e := newSizingEnv(t, api.SizingInitial)
+	for i := 1; i <= 3; i++ {
+		e.report(i, 75, e.share)
+	}
+	rec, ok := e.c.Recommendation(e.w)
+	if !ok || rec.MemoryBytes < 80<<30 {
+		t.Fatalf("recommendation %+v, %v; want one above the 80Gi GPUs", rec, ok)
+	}
+	e.create(builders.MakeClaim("team-a", "whole").Obj(), sizedPod("web-7c9d5-whole", "whole"))
+	e.run()
+	got := e.allocatedClaim("whole").Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]
+	if got.String() != "80Gi" {
+		t.Errorf("whole-GPU claim got %s; want the whole 80Gi GPU", got.String())
+	}
+	if ev := e.events(ReasonSized); len(ev) != 0 {
+		t.Errorf("FgpuSized events %q for a claim left as it asked", ev)
+	}
+	e.checkInvariant()
+}
+
+// A whole-GPU claim sized to a share gets the workload's recommended compute, not the
+// compute the policy derives from the share's (small) memory.
+func TestSizingWholeGPUGetsTheRecommendedCompute(t *testing.T) {
+	e := newSizingEnvWith(t, builders.MakePolicy("sizing").Sizing(api.SizingInitial).ComputeFromMemory().Obj())
+	for i := 1; i <= 3; i++ {
+		e.report(i, 7, e.share)
+	}
+	rec, ok := e.c.Recommendation(e.w)
+	if !ok {
+		t.Fatal("no recommendation")
+	}
+	e.create(builders.MakeClaim("team-a", "whole").Obj(), sizedPod("web-7c9d5-whole", "whole"))
+	e.run()
+	res := e.allocatedClaim("whole").Status.Allocation.Devices.Results[0]
+	mem, comp := res.ConsumedCapacity[api.CapacityMemory], res.ConsumedCapacity[api.CapacityCompute]
+	if mem.Value() != rec.MemoryBytes || comp.Value() != int64(rec.ComputePercent) {
+		t.Errorf("whole-GPU claim sized to %s, %s%% compute; want the recommendation %s, %d%%", mem.String(), comp.String(), fmtBytes(rec.MemoryBytes), rec.ComputePercent)
+	}
+	if ev := e.events(ReasonSized); len(ev) != 1 || !strings.Contains(ev[0], fmt.Sprintf("compute %d%%", rec.ComputePercent)) {
+		t.Errorf("FgpuSized events %q; want one that names the compute", ev)
+	}
+}
+
+// A whole-GPU claim whose config sets a computePercent above the recommended compute is
+// sized to a share with that much compute: the plugin would refuse a share with less, and
+// the claim, which fit whole, would wait for ever.
+func TestSizingWholeGPUKeepsItsComputePercent(t *testing.T) {
+	e := newSizingEnvWith(t, builders.MakePolicy("sizing").Sizing(api.SizingInitial).ComputeFromMemory().Obj())
+	for i := 1; i <= 3; i++ {
+		e.report(i, 7, e.share)
+	}
+	rec, ok := e.c.Recommendation(e.w)
+	if !ok || rec.ComputePercent >= 50 {
+		t.Fatalf("recommendation %+v, %v; want one below 50%% compute", rec, ok)
+	}
+	e.create(builders.MakeClaim("team-a", "whole").Config(map[string]any{"computePercent": 50}).Obj(), sizedPod("web-7c9d5-whole", "whole"))
+	e.run()
+	res := e.allocatedClaim("whole").Status.Allocation.Devices.Results[0]
+	mem, comp := res.ConsumedCapacity[api.CapacityMemory], res.ConsumedCapacity[api.CapacityCompute]
+	if mem.Value() != rec.MemoryBytes || comp.Value() != 50 {
+		t.Errorf("whole-GPU claim with computePercent 50 sized to %s, %s%% compute; want %s, 50%%", mem.String(), comp.String(), fmtBytes(rec.MemoryBytes))
+	}
+	e.checkInvariant()
+}
+
+// The allocator forgets a workload no claim reported for ForgetAfterHalfLives half-lives,
+// and what it told of it: reports that come back later start a new history, told anew.
+func TestSizingForgetsASilentWorkload(t *testing.T) {
+	e := newSizingEnv(t, api.SizingRecommend)
+	for i := 1; i <= 3; i++ {
+		e.report(i, 10, e.share)
+	}
+	if _, ok := e.c.Recommendation(e.w); !ok {
+		t.Fatal("no recommendation")
+	}
+	last := time.Date(2026, 1, 1, 0, 15, 0, 0, time.UTC)
+	e.clock.SetTime(last.Add(sizing.ForgetAfterHalfLives*e.c.cfg.Sizing.HalfLife - time.Minute))
+	e.c.sweepUsage(e.ctx)
+	if _, ok := e.c.Recommendation(e.w); !ok {
+		t.Fatal("forgotten before its time")
+	}
+	e.clock.SetTime(last.Add(sizing.ForgetAfterHalfLives*e.c.cfg.Sizing.HalfLife + time.Minute))
+	e.c.sweepUsage(e.ctx)
+	if _, ok := e.c.Recommendation(e.w); ok {
+		t.Fatal("a workload silent for 8 half-lives is still recommended")
+	}
+	// 8 days later, 90 new samples: told again.
+	for i := 1; i <= 3; i++ {
+		e.report(8*24*12+i, 10, e.share)
+	}
+	if ev := e.events(ReasonSizingRecommendation); len(ev) != 2 {
+		t.Errorf("events %q; want the first recommendation and the new one", ev)
+	}
 }
 
 func TestTopOwner(t *testing.T) {

@@ -63,13 +63,26 @@ type history struct {
 	memory, compute *Histogram
 	samples         int
 	peak            int64
+	last            time.Time // the end of the newest summary taken
 }
+
+// ForgetAfterHalfLives: a workload with no sample for this many half-lives is forgotten
+// (Prune), its history then weighing 1/256 of one sample now; VPA forgets a container's
+// history after 8 days at its 24 h half-life. Bare pods and Jobs of generated names are each
+// a workload of their own, which no later pod reports to.
+const ForgetAfterHalfLives = 8
+
+// MaxWorkloadsPerNamespace bounds the histories kept for one namespace (each about 2 KiB):
+// a new workload beyond it replaces the namespace's longest silent one. Per namespace, so
+// that a tenant creating pod after pod forgets only its own workloads.
+const MaxWorkloadsPerNamespace = 1000
 
 // Recommender keeps a decaying history per workload and recommends sizes from it. It is
 // not safe for concurrent use.
 type Recommender struct {
-	opts      Options
-	workloads map[Workload]*history
+	opts Options
+	// workloads by namespace.
+	workloads map[string]map[Workload]*history
 	// last is each share's newest summary taken (by its end), so a summary seen twice
 	// (a resync, another status write) counts once.
 	last map[string]time.Time
@@ -77,7 +90,7 @@ type Recommender struct {
 
 // NewRecommender makes a recommender with opts.
 func NewRecommender(opts Options) *Recommender {
-	return &Recommender{opts: opts, workloads: map[Workload]*history{}, last: map[string]time.Time{}}
+	return &Recommender{opts: opts, workloads: map[string]map[Workload]*history{}, last: map[string]time.Time{}}
 }
 
 // Memory buckets from 64 MiB up to 4 TiB, 5 % apart; compute from 1 % up to 100 %.
@@ -93,13 +106,24 @@ func (r *Recommender) Add(w Workload, share string, u Usage) bool {
 		return false
 	}
 	r.last[share] = u.To
-	h := r.workloads[w]
+	ns := r.workloads[w.Namespace]
+	if ns == nil {
+		ns = map[Workload]*history{}
+		r.workloads[w.Namespace] = ns
+	}
+	h := ns[w]
 	if h == nil {
+		if len(ns) >= MaxWorkloadsPerNamespace {
+			delete(ns, longestSilent(ns))
+		}
 		h = &history{
 			memory:  NewHistogram(memoryFirstBucket, bucketRatio, memoryMax, r.opts.HalfLife),
 			compute: NewHistogram(1, bucketRatio, 100, r.opts.HalfLife),
 		}
-		r.workloads[w] = h
+		ns[w] = h
+	}
+	if u.To.After(h.last) {
+		h.last = u.To
 	}
 	// A report's peak stands for its whole span, as VPA takes memory peaks per interval.
 	h.memory.Add(float64(u.MemoryMaxBytes), float64(u.Samples), u.To)
@@ -111,12 +135,49 @@ func (r *Recommender) Add(w Workload, share string, u Usage) bool {
 	return true
 }
 
+// longestSilent is the workload of ns whose newest sample is the oldest.
+func longestSilent(ns map[Workload]*history) Workload {
+	var oldest Workload
+	var at time.Time
+	first := true
+	for w, h := range ns {
+		if first || h.last.Before(at) {
+			oldest, at, first = w, h.last, false
+		}
+	}
+	return oldest
+}
+
 // Forget drops what is kept of a share that is gone (its workload's history stays).
 func (r *Recommender) Forget(share string) { delete(r.last, share) }
 
+// Prune forgets the workloads, and the shares, with no sample for ForgetAfterHalfLives
+// half-lives before now.
+func (r *Recommender) Prune(now time.Time) {
+	cutoff := now.Add(-ForgetAfterHalfLives * r.opts.HalfLife)
+	for name, ns := range r.workloads {
+		for w, h := range ns {
+			if h.last.Before(cutoff) {
+				delete(ns, w)
+			}
+		}
+		if len(ns) == 0 {
+			delete(r.workloads, name)
+		}
+	}
+	for share, at := range r.last {
+		if at.Before(cutoff) {
+			delete(r.last, share)
+		}
+	}
+}
+
+// Has says whether w has a history.
+func (r *Recommender) Has(w Workload) bool { return r.workloads[w.Namespace][w] != nil }
+
 // Recommend gives w's recommendation, or false while it rests on fewer than MinSamples.
 func (r *Recommender) Recommend(w Workload) (Recommendation, bool) {
-	h := r.workloads[w]
+	h := r.workloads[w.Namespace][w]
 	if h == nil || h.samples < r.opts.MinSamples {
 		return Recommendation{}, false
 	}
@@ -135,9 +196,11 @@ func (r *Recommender) Recommend(w Workload) (Recommendation, bool) {
 
 // Workloads lists the workloads with a history.
 func (r *Recommender) Workloads() []Workload {
-	out := make([]Workload, 0, len(r.workloads))
-	for w := range r.workloads {
-		out = append(out, w)
+	var out []Workload
+	for _, ns := range r.workloads {
+		for w := range ns {
+			out = append(out, w)
+		}
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package sizing
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -70,5 +71,70 @@ func TestRecommenderFollowsAShrinkingWorkload(t *testing.T) {
 	}
 	if after.ComputePercent != 100 {
 		t.Errorf("compute %d with no SM samples; want 100 (nothing measured, nothing taken away)", after.ComputePercent)
+	}
+}
+
+// A workload no claim reports for ForgetAfterHalfLives half-lives is forgotten, with its
+// shares; one that reports stays.
+func TestRecommenderForgetsSilentWorkloads(t *testing.T) {
+	opts := DefaultOptions()
+	opts.HalfLife = time.Hour
+	opts.MinSamples = 1
+	r := NewRecommender(opts)
+	gone := Workload{Namespace: "ns", Kind: "Pod", Name: "once", Request: "gpu"}
+	live := Workload{Namespace: "ns", Kind: "Deployment", Name: "web", Request: "gpu"}
+	t0 := time.Unix(0, 0)
+	r.Add(gone, "s1", Usage{To: t0, Samples: 30, MemoryMaxBytes: 4 << 30})
+	for i := range 10 {
+		r.Add(live, "s2", Usage{To: t0.Add(time.Duration(i) * time.Hour), Samples: 30, MemoryMaxBytes: 4 << 30})
+	}
+	r.Prune(t0.Add(ForgetAfterHalfLives*time.Hour - time.Minute))
+	if !r.Has(gone) {
+		t.Fatal("forgotten before ForgetAfterHalfLives half-lives")
+	}
+	r.Prune(t0.Add(ForgetAfterHalfLives*time.Hour + time.Minute))
+	if _, ok := r.Recommend(gone); ok || r.Has(gone) {
+		t.Error("a workload silent for 8 half-lives is still kept")
+	}
+	if _, ok := r.Recommend(live); !ok {
+		t.Error("a workload that reports was forgotten")
+	}
+	if _, ok := r.last["s1"]; ok {
+		t.Error("the silent workload's share is still kept")
+	}
+	if got := r.Workloads(); len(got) != 1 || got[0] != live {
+		t.Errorf("workloads %v; want only %v", got, live)
+	}
+}
+
+// Each namespace keeps at most MaxWorkloadsPerNamespace histories: a new workload replaces
+// the namespace's longest silent one, and other namespaces keep theirs.
+func TestRecommenderBoundsWorkloadsPerNamespace(t *testing.T) {
+	opts := DefaultOptions()
+	opts.MinSamples = 1
+	r := NewRecommender(opts)
+	t0 := time.Unix(0, 0)
+	pod := func(ns string, i int) Workload {
+		return Workload{Namespace: ns, Kind: "Pod", Name: fmt.Sprintf("p-%d", i), Request: "gpu"}
+	}
+	other := pod("team-b", 0)
+	r.Add(other, "b", Usage{To: t0, Samples: 1, MemoryMaxBytes: 1 << 30})
+	for i := range MaxWorkloadsPerNamespace {
+		r.Add(pod("team-a", i), fmt.Sprintf("a-%d", i), Usage{To: t0.Add(time.Duration(i+1) * time.Minute), Samples: 1, MemoryMaxBytes: 1 << 30})
+	}
+	// p-0 reports again: p-1 is now the longest silent.
+	r.Add(pod("team-a", 0), "a-0", Usage{To: t0.Add(time.Duration(MaxWorkloadsPerNamespace+1) * time.Minute), Samples: 1, MemoryMaxBytes: 1 << 30})
+	newest := pod("team-a", MaxWorkloadsPerNamespace)
+	r.Add(newest, "new", Usage{To: t0.Add(time.Duration(MaxWorkloadsPerNamespace+2) * time.Minute), Samples: 1, MemoryMaxBytes: 1 << 30})
+	if got := len(r.Workloads()); got != MaxWorkloadsPerNamespace+1 {
+		t.Errorf("%d workloads; want %d in team-a and 1 in team-b", got, MaxWorkloadsPerNamespace)
+	}
+	if r.Has(pod("team-a", 1)) {
+		t.Error("the longest silent workload of team-a is still kept")
+	}
+	for _, w := range []Workload{pod("team-a", 0), pod("team-a", 2), newest, other} {
+		if !r.Has(w) {
+			t.Errorf("%v was forgotten", w)
+		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -53,9 +52,6 @@ type PodLauncher struct {
 	HostPaths []string
 	// StopTimeout bounds the wait for a deleted pod to be gone (default 30s).
 	StopTimeout time.Duration
-
-	mu      sync.Mutex
-	nodeUID types.UID
 }
 
 // PodName is the daemon's pod: a hash of node and key, so one node's daemons never collide
@@ -239,16 +235,12 @@ func (l *PodLauncher) pod(ctx context.Context, spec DaemonSpec) (*corev1.Pod, er
 	}, nil
 }
 
+// node is the Node's UID, read at each pod creation: a Node deleted and registered again
+// under the same name has a new UID, and a pod owned by the old one is garbage collected.
 func (l *PodLauncher) node(ctx context.Context) (types.UID, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.nodeUID != "" {
-		return l.nodeUID, nil
-	}
 	n, err := l.Client.CoreV1().Nodes().Get(ctx, l.NodeName, metav1.GetOptions{})
 	if err != nil {
 		return "", fmt.Errorf("get node %s for the MPS daemon pod's owner: %w", l.NodeName, err)
 	}
-	l.nodeUID = n.UID
-	return l.nodeUID, nil
+	return n.UID, nil
 }

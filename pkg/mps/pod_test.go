@@ -202,3 +202,36 @@ func podLauncher(t *testing.T, m *Manager) *PodLauncher {
 	}
 	return l
 }
+
+// PodLauncher caches the Node's UID for the plugin's lifetime. A Node object deleted and
+// registered again under the same name (a new UID) leaves every daemon pod created afterwards
+// owned by a Node that no longer exists: the garbage collector deletes each such pod right
+// after its creation, and the domain's daemon dies again and again until the plugin restarts.
+func TestDaemonPodOwnedByTheCurrentNode(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(fakekubelet.Node(testNode))
+	l := &PodLauncher{Client: client, Namespace: testNS, NodeName: testNode, Image: "fgpu.dev/fgpu:dev"}
+	start := func(key string) {
+		t.Helper()
+		dir := shortDir(t)
+		if err := l.Start(ctx, DaemonSpec{Key: key, Command: []string{"true"}, Dir: dir, PipeDir: dir, ShmDir: dir}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start(Daemon{GPUUUID: "GPU-A", Namespace: "ns-a", Domain: "default"}.Key())
+	if err := client.CoreV1().Nodes().Delete(ctx, testNode, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, UID: "uid-registered-again"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	key := Daemon{GPUUUID: "GPU-A", Namespace: "ns-b", Domain: "default"}.Key()
+	start(key)
+	p, err := client.CoreV1().Pods(testNS).Get(ctx, l.PodName(key), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.OwnerReferences[0].UID; got != "uid-registered-again" {
+		t.Errorf("daemon pod owned by Node UID %s, which no longer exists (the Node's is uid-registered-again)", got)
+	}
+}

@@ -62,34 +62,35 @@ func (l *PodLauncher) PodName(key string) string {
 }
 
 // Start implements Launcher.
-func (l *PodLauncher) Start(ctx context.Context, spec DaemonSpec) error {
+func (l *PodLauncher) Start(ctx context.Context, spec DaemonSpec, replace bool) (bool, error) {
 	pods := l.Client.CoreV1().Pods(l.Namespace)
 	name := l.PodName(spec.Key)
 	existing, err := pods.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return fmt.Errorf("get pod %s/%s: %w", l.Namespace, name, err)
-	case existing.DeletionTimestamp == nil && !finished(existing):
-		return nil
+		return false, fmt.Errorf("get pod %s/%s: %w", l.Namespace, name, err)
+	case existing.DeletionTimestamp == nil && !finished(existing) && !(replace && ran(existing)):
+		return false, nil
 	default:
-		// Exited (a tenant's quit, a crash) or on its way out: its defaults are lost.
+		// Exited (a tenant's quit, a crash), on its way out, or running without answering
+		// (a tenant removed its control socket): its defaults are lost or out of reach.
 		if err := l.Stop(ctx, spec.Key); err != nil {
-			return err
+			return false, err
 		}
 	}
 	// A daemon killed with its pod leaves its pipe files; a new one needs them gone.
 	if err := clearDir(spec.PipeDir); err != nil {
-		return err
+		return false, err
 	}
 	pod, err := l.pod(ctx, spec)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create pod %s/%s: %w", l.Namespace, name, err)
+		return false, fmt.Errorf("create pod %s/%s: %w", l.Namespace, name, err)
 	}
-	return nil
+	return true, nil
 }
 
 // Stop implements Launcher.
@@ -158,6 +159,20 @@ func (l *PodLauncher) Describe(ctx context.Context, key string) string {
 
 func finished(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// ran says the pod's daemon was started (it runs or its container exited): a pod still
+// pulling its image or waiting to start is not.
+func ran(p *corev1.Pod) bool {
+	if p.Status.Phase == corev1.PodRunning {
+		return true
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		if c.State.Running != nil || c.State.Terminated != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // pod is the daemon's pod. The daemon runs in the node's PID namespace (an MPS daemon in a

@@ -214,7 +214,7 @@ func TestDaemonPodOwnedByTheCurrentNode(t *testing.T) {
 	start := func(key string) {
 		t.Helper()
 		dir := shortDir(t)
-		if err := l.Start(ctx, DaemonSpec{Key: key, Command: []string{"true"}, Dir: dir, PipeDir: dir, ShmDir: dir}); err != nil {
+		if _, err := l.Start(ctx, DaemonSpec{Key: key, Command: []string{"true"}, Dir: dir, PipeDir: dir, ShmDir: dir}, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -233,5 +233,42 @@ func TestDaemonPodOwnedByTheCurrentNode(t *testing.T) {
 	}
 	if got := p.OwnerReferences[0].UID; got != "uid-registered-again" {
 		t.Errorf("daemon pod owned by Node UID %s, which no longer exists (the Node's is uid-registered-again)", got)
+	}
+}
+
+// A tenant can wedge its own daemon (its pipe directory is mounted read-write): a pod that
+// runs without answering is replaced, but no more often than replaceEvery.
+func TestPodDaemonThatRunsWithoutAnsweringIsReplacedAtMostEvery30s(t *testing.T) {
+	ctx := context.Background()
+	root, bin := shortDir(t), buildStandIn(t)
+	client := fake.NewClientset(fakekubelet.Node(testNode))
+	kubelet := fakekubelet.New(t, client)
+	m := podManager(root, bin, client)
+	m.StartTimeout = 500 * time.Millisecond
+	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
+	wedge := func() {
+		t.Helper()
+		if err := os.Remove(m.PipeDir(key) + "/control"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	wedge()
+	started, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30})
+	if err != nil || !started || kubelet.Created() != 2 {
+		t.Fatalf("Ensure of a running daemon that does not answer = %v, %v, %d pods created; want it replaced", started, err, kubelet.Created())
+	}
+	if st, _ := fakecontrol.ReadState(m.LogDir(key)); st.DefaultPinnedMemLimit["0"] != "10240M" {
+		t.Errorf("the replacement's defaults: %v", st.DefaultPinnedMemLimit)
+	}
+	wedge()
+	started, err = m.Ensure(ctx, key, "GPU-ABC", Limits{})
+	if err == nil || started || !strings.Contains(err.Error(), "not replaced again") || kubelet.Created() != 2 {
+		t.Fatalf("a second replacement within 30s: %v, %v, %d pods created", started, err, kubelet.Created())
+	}
+	if err := m.Stop(ctx, key); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -612,8 +612,8 @@ func (s *State) recover(ctx context.Context) error {
 	if err := s.stopUnusedDaemons(ctx); err != nil {
 		return err
 	}
-	// The daemons prepared claims use are adopted as they run; only one that is gone is
-	// started again (and its claims' pods moved: daemonWasDown).
+	// The daemons prepared claims use are adopted as they run; only one that is gone (or
+	// runs without answering) is started again, and its claims' pods moved: daemonWasDown.
 	checked := map[string]bool{}
 	for uid, e := range s.cp.Claims {
 		// Idempotent: a pod whose cgroup appeared while the plugin was down gets its caps now.
@@ -624,14 +624,16 @@ func (s *State) recover(ctx context.Context) error {
 				continue
 			}
 			checked[p.MPSKey] = true
-			if s.mps.Running(ctx, p.MPSKey) {
-				continue
+			// One unanswered question is no dead daemon (a loaded node answers late): only a
+			// daemon that had to be started anew lost its clients.
+			started, err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey))
+			if started {
+				s.daemonWasDown(ctx, p, "")
+				logger.Info("Started the MPS daemon of a prepared claim again", "claim", klog.KRef(e.Namespace, e.Name), "uid", uid, "daemon", p.MPSKey)
 			}
-			s.daemonWasDown(ctx, p, "")
-			if _, err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey)); err != nil {
+			if err != nil {
 				return err
 			}
-			logger.Info("Started the MPS daemon of a prepared claim again", "claim", klog.KRef(e.Namespace, e.Name), "uid", uid, "daemon", p.MPSKey)
 		}
 	}
 	return nil

@@ -1,0 +1,93 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/mps"
+)
+
+// wedge makes a domain's daemon stop answering while its pod keeps running, as a tenant can:
+// the pipe directory is mounted read-write into its containers, so `rm $CUDA_MPS_PIPE_DIRECTORY/control`.
+func wedge(t *testing.T, s *State) string {
+	t.Helper()
+	keys, err := s.mps.DirKeys()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys %v, %v", keys, err)
+	}
+	if err := os.Remove(filepath.Join(s.mps.PipeDir(keys[0]), "control")); err != nil {
+		t.Fatal(err)
+	}
+	if s.mps.Running(context.Background(), keys[0]) {
+		t.Fatal("still answers")
+	}
+	return keys[0]
+}
+
+// A daemon pod that runs but whose daemon does not answer is adopted as it is by every later
+// Ensure, so the domain would never get a working daemon again: it is replaced once it did
+// not answer within StartTimeout.
+func TestAdoptedDaemonThatDoesNotAnswerIsReplaced(t *testing.T) {
+	e, _, _ := newPodEnv(t)
+	s := e.state()
+	s.mps.StartTimeout = 2 * time.Second
+	ctx := context.Background()
+	if _, err := s.Prepare(ctx, builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()); err != nil {
+		t.Fatal(err)
+	}
+	wedge(t, s)
+	for i := range 2 {
+		if _, err := s.Prepare(ctx, builders.MakeClaim("ns-a", "a2").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()); err != nil {
+			t.Errorf("prepare %d of the domain after its daemon stopped answering: %v", i, err)
+		}
+	}
+}
+
+// slowOnceLauncher is the chart's PodLauncher; the daemon's socket is out of reach until the
+// first Start, as a daemon that is slow to answer one get_server_list at the plugin's start.
+type slowOnceLauncher struct {
+	*mps.PodLauncher
+	sock string
+}
+
+func (l *slowOnceLauncher) Start(ctx context.Context, spec mps.DaemonSpec, replace bool) (bool, error) {
+	_ = os.Rename(l.sock+".away", l.sock)
+	return l.PodLauncher.Start(ctx, spec, replace)
+}
+
+// recover takes one unanswered get_server_list for a dead daemon (daemonWasDown: a Node
+// event, and every claim of the domain in diedUnder, so CheckMPS evicts their pods), even
+// when Ensure then adopts the very same running pod and daemon. CheckMPS waits for three
+// failed checks for that reason; recover and apply do not, though with pods the plugin can
+// tell a live pod it adopted from one it had to create.
+func TestRestartDoesNotEvictADomainWhoseDaemonNeverDied(t *testing.T) {
+	e, client, kubelet := newPodEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	if _, err := s.Prepare(ctx, builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()); err != nil {
+		t.Fatal(err)
+	}
+	before := daemonPIDs(t, s)
+	var key string
+	for k := range before {
+		key = k
+	}
+	sock := filepath.Join(s.mps.PipeDir(key), "control")
+	if err := os.Rename(sock, sock+".away"); err != nil {
+		t.Fatal(err)
+	}
+	e.cfg.MPSLauncher = &slowOnceLauncher{PodLauncher: &mps.PodLauncher{Client: client, Namespace: pluginNS, NodeName: node,
+		Image: "fgpu.dev/fgpu:dev", HostPaths: []string{e.cfg.DevRoot}}, sock: sock}
+	restarted := e.state()
+	if after := daemonPIDs(t, restarted); fmt.Sprint(after) != fmt.Sprint(before) || kubelet.Created() != 1 {
+		t.Fatalf("the daemon was replaced: %v -> %v, %d pods created", before, after, kubelet.Created())
+	}
+	if faults := restarted.CheckMPS(ctx); len(faults) != 0 {
+		t.Errorf("the same daemon, adopted, yet its claims' pods are to be evicted: %+v", faults)
+	}
+}

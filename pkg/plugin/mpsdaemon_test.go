@@ -48,6 +48,31 @@ func TestAdoptedDaemonThatDoesNotAnswerIsReplaced(t *testing.T) {
 	}
 }
 
+// The wait for a launched daemon (up to StartTimeout, 30s by default; plus up to 30s for a
+// pod to be deleted) runs without State.mu: one namespace's broken daemon must not hold up
+// another namespace's prepare or unprepare on the node (the kubelet gives each 45s).
+func TestOneDomainsDaemonDoesNotHoldUpOtherNamespaces(t *testing.T) {
+	e, _, _ := newPodEnv(t)
+	s := e.state()
+	s.mps.StartTimeout = 4 * time.Second
+	ctx := context.Background()
+	if _, err := s.Prepare(ctx, builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()); err != nil {
+		t.Fatal(err)
+	}
+	wedge(t, s)
+	go func() {
+		_, _ = s.Prepare(ctx, builders.MakeClaim("ns-a", "a2").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj())
+	}()
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	if _, err := s.Prepare(ctx, builders.MakeClaim("ns-b", "b1").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("ns-b's prepare on another GPU waited %v for ns-a's daemon", d)
+	}
+}
+
 // slowOnceLauncher is the chart's PodLauncher; the daemon's socket is out of reach until the
 // first Start, as a daemon that is slow to answer one get_server_list at the plugin's start.
 type slowOnceLauncher struct {
@@ -60,11 +85,9 @@ func (l *slowOnceLauncher) Start(ctx context.Context, spec mps.DaemonSpec, repla
 	return l.PodLauncher.Start(ctx, spec, replace)
 }
 
-// recover takes one unanswered get_server_list for a dead daemon (daemonWasDown: a Node
-// event, and every claim of the domain in diedUnder, so CheckMPS evicts their pods), even
-// when Ensure then adopts the very same running pod and daemon. CheckMPS waits for three
-// failed checks for that reason; recover and apply do not, though with pods the plugin can
-// tell a live pod it adopted from one it had to create.
+// One unanswered get_server_list at the plugin's start (a slow daemon on a loaded node) is no
+// dead daemon: when Ensure adopts the very same running pod and daemon, no Node event is
+// recorded and no pod of the domain is moved (daemonWasDown only for a daemon created anew).
 func TestRestartDoesNotEvictADomainWhoseDaemonNeverDied(t *testing.T) {
 	e, client, kubelet := newPodEnv(t)
 	s := e.state()

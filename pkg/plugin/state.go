@@ -194,7 +194,10 @@ func (s *State) PrepareFor(ctx context.Context, claim *resourceapi.ResourceClaim
 		delete(s.cp.Claims, uid)
 		return nil, err
 	}
-	if err := s.apply(ctx, uid, entry); err != nil {
+	if err := s.apply(ctx, uid, entry, true); err != nil {
+		if s.cp.Claims[uid] != entry {
+			return nil, err // unprepared or prepared again while s.mu was released
+		}
 		if rbErr := s.rollback(ctx, uid); rbErr != nil {
 			klog.FromContext(ctx).Error(rbErr, "Rolling back a failed prepare", "claim", klog.KObj(claim))
 		}
@@ -254,8 +257,10 @@ func (s *State) addPods(ctx context.Context, e *checkpoint.ClaimEntry, pods []ch
 	return nil
 }
 
-// apply performs the side effects of a PrepareStarted entry.
-func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry) error {
+// apply performs the side effects of a PrepareStarted entry. With release, s.mu is released
+// while an MPS daemon starts (see ensureDaemon); the entry is then checked to be still the
+// claim's.
+func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry, release bool) error {
 	var specs []cdi.Device
 	for i := range e.Devices {
 		p := &e.Devices[i]
@@ -265,12 +270,15 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 			}
 		}
 		if p.MPSKey != "" {
-			started, err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey))
+			started, err := s.ensureDaemon(ctx, p.MPSKey, p.GPUUUID, release)
 			if started {
 				s.daemonWasDown(ctx, p, uid)
 			}
 			if err != nil {
 				return err
+			}
+			if s.cp.Claims[uid] != e {
+				return fmt.Errorf("claim %s/%s was unprepared or prepared again while its MPS daemon started", e.Namespace, e.Name)
 			}
 		}
 	}
@@ -287,6 +295,33 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 		e.Devices[i].CDIDeviceIDs = []string{ids[i]}
 	}
 	return nil
+}
+
+// ensureDaemon starts or adopts an MPS daemon with its domain's defaults; started says it
+// was started anew (mps.Manager.Ensure). The caller holds s.mu; with release, s.mu is
+// released meanwhile: a start may take StartTimeout and more (a tenant can wedge its own
+// domain's daemon), and no other domain's prepare, unprepare or check may wait for it.
+// mps.Manager serialises the calls for one daemon, and the defaults are applied again when
+// the domain's claims changed meanwhile, so that the last caller leaves the current ones.
+func (s *State) ensureDaemon(ctx context.Context, key, gpuUUID string, release bool) (started bool, err error) {
+	limits := s.domainLimits(key)
+	if !release {
+		return s.mps.Ensure(ctx, key, gpuUUID, limits)
+	}
+	for {
+		s.mu.Unlock()
+		st, err := s.mps.Ensure(ctx, key, gpuUUID, limits)
+		s.mu.Lock()
+		started = started || st
+		if err != nil {
+			return started, err
+		}
+		now := s.domainLimits(key)
+		if now == limits {
+			return started, nil
+		}
+		limits = now
+	}
 }
 
 // domainLimits are the MPS server defaults for a daemon: the largest caps among its
@@ -626,7 +661,7 @@ func (s *State) recover(ctx context.Context) error {
 			checked[p.MPSKey] = true
 			// One unanswered question is no dead daemon (a loaded node answers late): only a
 			// daemon that had to be started anew lost its clients.
-			started, err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey))
+			started, err := s.ensureDaemon(ctx, p.MPSKey, p.GPUUUID, false)
 			if started {
 				s.daemonWasDown(ctx, p, "")
 				logger.Info("Started the MPS daemon of a prepared claim again", "claim", klog.KRef(e.Namespace, e.Name), "uid", uid, "daemon", p.MPSKey)

@@ -2,11 +2,16 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/mps"
@@ -73,6 +78,33 @@ func TestOneDomainsDaemonDoesNotHoldUpOtherNamespaces(t *testing.T) {
 	}
 }
 
+// rollback deletes and saves the checkpoint entry before it stops the daemons no claim uses;
+// when that fails (the pod List, a pod not gone within 30s) Unprepare returns the error, and
+// the kubelet's retry, which finds no entry, must still stop them: else the daemon pod, its
+// tmpfs and directories would stay until another claim of the node is unprepared.
+func TestFailedDaemonStopIsRetried(t *testing.T) {
+	e, client, _ := newPodEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	var failed atomic.Bool
+	client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if failed.CompareAndSwap(false, true) {
+			return true, nil, errors.New("API server unavailable")
+		}
+		return false, nil, nil
+	})
+	err1 := s.Unprepare(ctx, string(claim.UID))
+	err2 := s.Unprepare(ctx, string(claim.UID))
+	t.Logf("unprepare: %v, then %v", err1, err2)
+	if pods := daemonPodNames(t, client); len(pods) != 0 || mountsUnder(t, e.cfg.MPSRoot) != 0 {
+		t.Errorf("after the claim was unprepared (kubelet retried until nil): daemon pods %v, %d shm mounts left", pods, mountsUnder(t, e.cfg.MPSRoot))
+	}
+}
+
 // slowOnceLauncher is the chart's PodLauncher; the daemon's socket is out of reach until the
 // first Start, as a daemon that is slow to answer one get_server_list at the plugin's start.
 type slowOnceLauncher struct {
@@ -112,5 +144,31 @@ func TestRestartDoesNotEvictADomainWhoseDaemonNeverDied(t *testing.T) {
 	}
 	if faults := restarted.CheckMPS(ctx); len(faults) != 0 {
 		t.Errorf("the same daemon, adopted, yet its claims' pods are to be evicted: %+v", faults)
+	}
+}
+
+// Without a retry of the unprepare, the MPS check (every few seconds) stops the daemon no
+// claim uses any more.
+func TestFailedDaemonStopIsRetriedByTheMPSCheck(t *testing.T) {
+	e, client, _ := newPodEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	var failed atomic.Bool
+	client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if failed.CompareAndSwap(false, true) {
+			return true, nil, errors.New("API server unavailable")
+		}
+		return false, nil, nil
+	})
+	if err := s.Unprepare(ctx, string(claim.UID)); err == nil {
+		t.Fatal("the unprepare whose daemon stop failed returned nil")
+	}
+	s.CheckMPS(ctx)
+	if pods := daemonPodNames(t, client); len(pods) != 0 || mountsUnder(t, e.cfg.MPSRoot) != 0 {
+		t.Errorf("after the MPS check: daemon pods %v, %d shm mounts left", pods, mountsUnder(t, e.cfg.MPSRoot))
 	}
 }

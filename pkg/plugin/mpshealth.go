@@ -91,6 +91,7 @@ func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 	logger := klog.FromContext(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.retryStops(ctx)
 	daemons := s.mpsDaemons()
 	for key := range s.unanswered {
 		if _, ok := daemons[key]; !ok {

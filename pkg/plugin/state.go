@@ -58,6 +58,9 @@ type State struct {
 	diedUnder map[string]map[string]bool
 	// unanswered counts each daemon's failed checks in a row (CheckMPS).
 	unanswered map[string]int
+	// unstopped says the last stop of the daemons no claim uses failed: the claim whose
+	// unprepare did it is gone from the checkpoint, so its retry and CheckMPS try again.
+	unstopped bool
 
 	// cgroups is the node's cgroup v2 root; dmemRegions the dmem region of each GPU (by UUID)
 	// whose memory it partitions (see detectCgroupCaps).
@@ -490,6 +493,7 @@ func (s *State) Unprepare(ctx context.Context, uid string) error {
 // recover.
 func (s *State) rollback(ctx context.Context, uid string) error {
 	if _, ok := s.cp.Claims[uid]; !ok {
+		s.retryStops(ctx)
 		return nil
 	}
 	if err := s.cdi.Remove(uid); err != nil {
@@ -514,6 +518,7 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 	}
 	keys, err := s.mps.Keys(ctx)
 	if err != nil {
+		s.unstopped = true
 		return err
 	}
 	var errs []error
@@ -523,10 +528,22 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 			errs = append(errs, s.mps.Stop(ctx, k))
 		}
 	}
+	s.unstopped = errors.Join(errs...) != nil
 	for _, d := range s.devices {
 		errs = append(errs, s.syncComputeMode(ctx, d.UUID))
 	}
 	return errors.Join(errs...)
+}
+
+// retryStops stops the daemons no claim uses when their last stop failed (unstopped). A
+// failure is only logged: the caller's claim is not the one that holds them.
+func (s *State) retryStops(ctx context.Context) {
+	if !s.unstopped {
+		return
+	}
+	if err := s.stopUnusedDaemons(ctx); err != nil {
+		klog.FromContext(ctx).Error(err, "Stopping the MPS daemons no prepared claim uses; trying again at the next MPS check")
+	}
 }
 
 // syncComputeMode puts a GPU in EXCLUSIVE_PROCESS while exactly one MPS server (one

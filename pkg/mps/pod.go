@@ -52,6 +52,12 @@ type PodLauncher struct {
 	HostPaths []string
 	// StopTimeout bounds the wait for a deleted pod to be gone (default 30s).
 	StopTimeout time.Duration
+	// ServiceAccount runs the pods (empty: the namespace's default); its token is never
+	// mounted. The chart's admission policy admits only its own, which has no RBAC.
+	ServiceAccount string
+	// PriorityClass of the pods (the chart's sits below the critical classes: the kubelet
+	// evicts other pods to admit a critical one on a full node).
+	PriorityClass string
 }
 
 // PodName is the daemon's pod: a hash of node and key, so one node's daemons never collide
@@ -226,7 +232,8 @@ func (l *PodLauncher) pod(ctx context.Context, spec DaemonSpec) (*corev1.Pod, er
 			HostIPC:                       true,
 			HostNetwork:                   true,
 			RestartPolicy:                 corev1.RestartPolicyNever,
-			PriorityClassName:             "system-node-critical",
+			PriorityClassName:             l.PriorityClass,
+			ServiceAccountName:            l.ServiceAccount,
 			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 			TerminationGracePeriodSeconds: ptr.To[int64](10),
 			AutomountServiceAccountToken:  ptr.To(false),

@@ -27,7 +27,8 @@ func podManager(root, bin string, client *fake.Clientset) *Manager {
 		shm = 8 << 20
 	}
 	return &Manager{Root: root, Binary: bin, ShmSize: shm, StartTimeout: 5 * time.Second,
-		Launcher: &PodLauncher{Client: client, Namespace: testNS, NodeName: testNode, Image: "fgpu.dev/fgpu:dev", StopTimeout: 5 * time.Second}}
+		Launcher: &PodLauncher{Client: client, Namespace: testNS, NodeName: testNode, Image: "fgpu.dev/fgpu:dev", StopTimeout: 5 * time.Second,
+			ServiceAccount: "fgpu-mps-daemon", PriorityClass: "fgpu-mps-daemon"}}
 }
 
 func daemonPods(t *testing.T, client *fake.Clientset) []corev1.Pod {
@@ -77,7 +78,7 @@ func TestPodDaemonIsAdoptedByARestartedPluginAndStopped(t *testing.T) {
 	if p.Name != podLauncher(t, m).PodName(key) || p.Labels[KeyLabel] != key || p.Labels[GPULabel] != "GPU-ABC" || p.Labels[NodeLabel] != testNode ||
 		len(p.OwnerReferences) != 1 || p.OwnerReferences[0].Kind != "Node" || p.OwnerReferences[0].UID != "uid-node-"+testNode ||
 		spec.NodeName != testNode || !spec.HostPID || !spec.HostIPC || spec.RestartPolicy != corev1.RestartPolicyNever ||
-		spec.PriorityClassName != "system-node-critical" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists ||
+		spec.PriorityClassName != "fgpu-mps-daemon" || spec.ServiceAccountName != "fgpu-mps-daemon" || *spec.AutomountServiceAccountToken || len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists ||
 		c.Image != "fgpu.dev/fgpu:dev" || !slices.Equal(c.Command, []string{bin, "-f"}) || !*c.SecurityContext.Privileged {
 		t.Errorf("daemon pod: %+v", p)
 	}

@@ -119,7 +119,8 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 			return nil, errors.New("MPS daemons in pods need an API client")
 		}
 		s.mps.Launcher = &mps.PodLauncher{Client: client, Namespace: pc.Namespace, NodeName: cfg.NodeName,
-			Image: pc.Image, PullPolicy: pc.PullPolicy, DriverRoot: pc.DriverRoot, HostPaths: pc.HostPaths}
+			Image: pc.Image, PullPolicy: pc.PullPolicy, DriverRoot: pc.DriverRoot, HostPaths: pc.HostPaths,
+			ServiceAccount: pc.ServiceAccount, PriorityClass: pc.PriorityClass}
 		s.mps.ShmSize = pc.ShmSize
 	}
 	for _, d := range devs {

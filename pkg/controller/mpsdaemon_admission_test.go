@@ -69,9 +69,10 @@ func TestMPSDaemonPolicyPinsWhatADaemonPodCarries(t *testing.T) {
 	if !refused(pod) {
 		t.Error("the plugin may create, on its own node, a daemon-labelled pod running as fgpu-allocator with a Secret mounted")
 	}
+	hostPath := map[string]any{"name": "daemon", "hostPath": map[string]any{"path": "/var/run/fgpu/mps/k"}}
 	daemon := func(mutate func(spec map[string]any)) map[string]any {
 		spec := map[string]any{"nodeName": "n1", "serviceAccountName": "fgpu-mps-daemon", "automountServiceAccountToken": false,
-			"volumes":    []any{map[string]any{"name": "daemon", "hostPath": map[string]any{"path": "/var/run/fgpu/mps/k"}}},
+			"volumes":    []any{hostPath},
 			"containers": []any{map[string]any{"name": "mps-control", "image": "x"}}}
 		if mutate != nil {
 			mutate(spec)
@@ -86,10 +87,10 @@ func TestMPSDaemonPolicyPinsWhatADaemonPodCarries(t *testing.T) {
 		"a token mounted":             func(s map[string]any) { s["automountServiceAccountToken"] = true },
 		"the token mount left unset":  func(s map[string]any) { delete(s, "automountServiceAccountToken") },
 		"a ConfigMap volume": func(s map[string]any) {
-			s["volumes"] = append(s["volumes"].([]any), map[string]any{"name": "c", "configMap": map[string]any{"name": "x"}})
+			s["volumes"] = []any{hostPath, map[string]any{"name": "c", "configMap": map[string]any{"name": "x"}}}
 		},
 		"a projected volume": func(s map[string]any) {
-			s["volumes"] = append(s["volumes"].([]any), map[string]any{"name": "p", "projected": map[string]any{"sources": []any{}}})
+			s["volumes"] = []any{hostPath, map[string]any{"name": "p", "projected": map[string]any{"sources": []any{}}}}
 		},
 	} {
 		if !refused(daemon(mutate)) {

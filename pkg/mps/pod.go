@@ -76,7 +76,7 @@ func (l *PodLauncher) Start(ctx context.Context, spec DaemonSpec, replace bool) 
 	case apierrors.IsNotFound(err):
 	case err != nil:
 		return false, fmt.Errorf("get pod %s/%s: %w", l.Namespace, name, err)
-	case existing.DeletionTimestamp == nil && !finished(existing) && !(replace && ran(existing)):
+	case existing.DeletionTimestamp == nil && !finished(existing) && (!replace || !ran(existing)):
 		return false, nil
 	default:
 		// Exited (a tenant's quit, a crash), on its way out, or running without answering

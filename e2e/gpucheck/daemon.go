@@ -34,13 +34,18 @@ type hostLauncher struct{ root string }
 
 var _ mps.Launcher = hostLauncher{}
 
-func (l hostLauncher) Start(_ context.Context, spec mps.DaemonSpec) error {
+func (l hostLauncher) Start(ctx context.Context, spec mps.DaemonSpec, replace bool) (bool, error) {
 	if _, ok := l.pid(spec.Key); ok {
-		return nil // running: adopted as it is
+		if !replace {
+			return false, nil // running: adopted as it is
+		}
+		if err := l.Stop(ctx, spec.Key); err != nil {
+			return false, err
+		}
 	}
 	raw, err := json.Marshal(spec)
 	if err != nil {
-		return err
+		return false, err
 	}
 	// A daemon that died leaves its pipe files behind; the new one needs them gone.
 	if entries, err := os.ReadDir(spec.PipeDir); err == nil {
@@ -52,16 +57,16 @@ func (l hostLauncher) Start(_ context.Context, spec mps.DaemonSpec) error {
 	cmd.Env = append(os.Environ(), daemonSpecEnv+"="+string(raw))
 	logFile, err := os.OpenFile(filepath.Join(spec.Dir, "daemon.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer logFile.Close()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: syscall.CLONE_NEWNS}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start MPS daemon %s: %w", spec.Key, err)
+		return false, fmt.Errorf("start MPS daemon %s: %w", spec.Key, err)
 	}
 	// Not waited for: it must outlive this process, as a pod outlives the plugin.
-	return cmd.Process.Release()
+	return true, cmd.Process.Release()
 }
 
 func (l hostLauncher) Stop(_ context.Context, key string) error {

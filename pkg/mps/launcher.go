@@ -20,8 +20,11 @@ type DaemonSpec struct {
 // Launcher runs control daemons outside the plugin's process, so that they outlive it.
 type Launcher interface {
 	// Start runs the daemon unless it is already there (then it is adopted as it is: a
-	// second daemon for one key must never run). A daemon that exited is replaced.
-	Start(ctx context.Context, spec DaemonSpec) error
+	// second daemon for one key must never run). A daemon that exited is replaced; with
+	// replace, so is one that runs (its daemon did not answer), though not one still
+	// starting. created says a new daemon was started: the clients of any earlier one lost
+	// their server.
+	Start(ctx context.Context, spec DaemonSpec, replace bool) (created bool, err error)
 	// Stop removes the daemon and returns once it is gone (bounded). Idempotent.
 	Stop(ctx context.Context, key string) error
 	// Keys lists the daemons launched on this node, running or not.

@@ -86,6 +86,32 @@ type Manager struct {
 	// applied remembers the defaults each daemon was last given, to skip a control
 	// round-trip per prepare when they did not change.
 	applied map[string]Limits
+	// keys serialise the starts and stops of each daemon, so that the callers need not hold
+	// a lock of their own while a daemon starts; replaced is when each daemon that ran
+	// without answering was last replaced.
+	keys     map[string]*sync.Mutex
+	replaced map[string]time.Time
+}
+
+// replaceEvery bounds how often a daemon that runs without answering is replaced: a
+// tenant can wedge its own domain's daemon (its pipe directory is mounted read-write), and
+// must not make the plugin churn pods for it.
+const replaceEvery = 30 * time.Second
+
+// lock holds daemon key's lock; the returned function releases it.
+func (m *Manager) lock(key string) func() {
+	m.mu.Lock()
+	if m.keys == nil {
+		m.keys = map[string]*sync.Mutex{}
+	}
+	l := m.keys[key]
+	if l == nil {
+		l = &sync.Mutex{}
+		m.keys[key] = l
+	}
+	m.mu.Unlock()
+	l.Lock()
+	return l.Unlock
 }
 
 // PipeDir is where clients find the daemon (CUDA_MPS_PIPE_DIRECTORY).
@@ -161,14 +187,17 @@ func (m *Manager) FaultedServers(ctx context.Context, key string) ([]int, error)
 }
 
 // Ensure starts the daemon with directory key on GPU gpuUUID if it is not running and sets
-// its defaults; started says it was not running. Idempotent, and never starts a second
+// its defaults; started says a new daemon was started (none ran, or one that ran without
+// answering was replaced), so the clients of any earlier one lost their server; a launched
+// daemon that is adopted and answers was not started. Idempotent, and never runs a second
 // daemon for a key: a launched one that does not answer yet is waited for. The key is the
 // one recorded when the claim was planned (Daemon.Key then), so that a daemon started by an
-// earlier version keeps serving its claims.
+// earlier version keeps serving its claims. Calls for one key are serialised.
 func (m *Manager) Ensure(ctx context.Context, key, gpuUUID string, limits Limits) (started bool, err error) {
 	if !keyRE.MatchString(key) {
 		return false, fmt.Errorf("refusing to start MPS daemon with malformed key %q", key)
 	}
+	defer m.lock(key)()
 	for _, dir := range []string{m.PipeDir(key), m.LogDir(key), m.ShmDir(key)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return false, fmt.Errorf("create MPS directory: %w", err)
@@ -180,34 +209,66 @@ func (m *Manager) Ensure(ctx context.Context, key, gpuUUID string, limits Limits
 		}
 	}
 	if !m.Running(ctx, key) {
-		started = true
 		m.forget(key)
-		if err := m.start(ctx, key, gpuUUID); err != nil {
-			return true, err
+		started, err = m.start(ctx, key, gpuUUID)
+		if err != nil {
+			return started, err
 		}
 	}
 	return started, m.setDefaults(ctx, key, gpuUUID, limits)
 }
 
-func (m *Manager) start(ctx context.Context, key, gpuUUID string) error {
+func (m *Manager) start(ctx context.Context, key, gpuUUID string) (created bool, err error) {
 	if m.Launcher != nil {
-		if err := m.Launcher.Start(ctx, m.Spec(key, gpuUUID)); err != nil {
-			return fmt.Errorf("start MPS control daemon %s for GPU %s: %w", key, gpuUUID, err)
-		}
-		return m.waitAnswering(ctx, key, gpuUUID)
+		return m.launch(ctx, key, gpuUUID)
 	}
 	// A daemon killed with its container leaves its pipe files; a new one needs them gone.
 	if err := clearDir(m.PipeDir(key)); err != nil {
-		return err
+		return false, err
 	}
 	env := []string{"CUDA_VISIBLE_DEVICES=" + gpuUUID}
 	if m.DaemonEnv != nil {
 		env = append(env, m.DaemonEnv(gpuUUID)...)
 	}
 	if out, err := m.run(ctx, key, env, nil, "-d"); err != nil {
-		return fmt.Errorf("start MPS control daemon %s for GPU %s: %w: %s", key, gpuUUID, err, out)
+		return true, fmt.Errorf("start MPS control daemon %s for GPU %s: %w: %s", key, gpuUUID, err, out)
 	}
-	return nil
+	return true, nil
+}
+
+// launch starts or adopts the daemon through the Launcher and waits for it to answer. An
+// adopted daemon that runs but does not answer (a tenant removed or replaced its control
+// socket) is replaced, at most once per replaceEvery.
+func (m *Manager) launch(ctx context.Context, key, gpuUUID string) (bool, error) {
+	spec := m.Spec(key, gpuUUID)
+	created, err := m.Launcher.Start(ctx, spec, false)
+	if err != nil {
+		return created, fmt.Errorf("start MPS control daemon %s for GPU %s: %w", key, gpuUUID, err)
+	}
+	err = m.waitAnswering(ctx, key, gpuUUID)
+	if err == nil || created || ctx.Err() != nil {
+		return created, err
+	}
+	m.mu.Lock()
+	last, ok := m.replaced[key]
+	m.mu.Unlock()
+	if ok && time.Since(last) < replaceEvery {
+		return false, fmt.Errorf("%w; it was replaced %s ago and is not replaced again before %s have passed", err, time.Since(last).Round(time.Second), replaceEvery)
+	}
+	created, rerr := m.Launcher.Start(ctx, spec, true)
+	if rerr != nil {
+		return created, fmt.Errorf("%w; replacing it: %w", err, rerr)
+	}
+	if !created {
+		return false, err // still starting: waited for again by the next call
+	}
+	m.mu.Lock()
+	if m.replaced == nil {
+		m.replaced = map[string]time.Time{}
+	}
+	m.replaced[key] = time.Now()
+	m.mu.Unlock()
+	return true, m.waitAnswering(ctx, key, gpuUUID)
 }
 
 // waitAnswering waits, bounded, for a launched daemon to answer on its pipe directory.
@@ -269,6 +330,7 @@ func (m *Manager) Stop(ctx context.Context, key string) error {
 	if !keyRE.MatchString(key) {
 		return fmt.Errorf("refusing to stop MPS daemon with malformed key %q", key)
 	}
+	defer m.lock(key)()
 	if m.Running(ctx, key) {
 		if out, err := m.control(ctx, key, nil, "quit"); err != nil {
 			return fmt.Errorf("stop MPS control daemon %s: %w: %s", key, err, out)
@@ -283,6 +345,9 @@ func (m *Manager) Stop(ctx context.Context, key string) error {
 		}
 	}
 	m.forget(key)
+	m.mu.Lock()
+	delete(m.replaced, key)
+	m.mu.Unlock()
 	if err := unmountShm(m.ShmDir(key)); err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -53,9 +52,12 @@ type PodLauncher struct {
 	HostPaths []string
 	// StopTimeout bounds the wait for a deleted pod to be gone (default 30s).
 	StopTimeout time.Duration
-
-	mu      sync.Mutex
-	nodeUID types.UID
+	// ServiceAccount runs the pods (empty: the namespace's default); its token is never
+	// mounted. The chart's admission policy admits only its own, which has no RBAC.
+	ServiceAccount string
+	// PriorityClass of the pods (the chart's sits below the critical classes: the kubelet
+	// evicts other pods to admit a critical one on a full node).
+	PriorityClass string
 }
 
 // PodName is the daemon's pod: a hash of node and key, so one node's daemons never collide
@@ -66,34 +68,35 @@ func (l *PodLauncher) PodName(key string) string {
 }
 
 // Start implements Launcher.
-func (l *PodLauncher) Start(ctx context.Context, spec DaemonSpec) error {
+func (l *PodLauncher) Start(ctx context.Context, spec DaemonSpec, replace bool) (bool, error) {
 	pods := l.Client.CoreV1().Pods(l.Namespace)
 	name := l.PodName(spec.Key)
 	existing, err := pods.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return fmt.Errorf("get pod %s/%s: %w", l.Namespace, name, err)
-	case existing.DeletionTimestamp == nil && !finished(existing):
-		return nil
+		return false, fmt.Errorf("get pod %s/%s: %w", l.Namespace, name, err)
+	case existing.DeletionTimestamp == nil && !finished(existing) && (!replace || !ran(existing)):
+		return false, nil
 	default:
-		// Exited (a tenant's quit, a crash) or on its way out: its defaults are lost.
+		// Exited (a tenant's quit, a crash), on its way out, or running without answering
+		// (a tenant removed its control socket): its defaults are lost or out of reach.
 		if err := l.Stop(ctx, spec.Key); err != nil {
-			return err
+			return false, err
 		}
 	}
 	// A daemon killed with its pod leaves its pipe files; a new one needs them gone.
 	if err := clearDir(spec.PipeDir); err != nil {
-		return err
+		return false, err
 	}
 	pod, err := l.pod(ctx, spec)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create pod %s/%s: %w", l.Namespace, name, err)
+		return false, fmt.Errorf("create pod %s/%s: %w", l.Namespace, name, err)
 	}
-	return nil
+	return true, nil
 }
 
 // Stop implements Launcher.
@@ -164,6 +167,20 @@ func finished(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
+// ran says the pod's daemon was started (it runs or its container exited): a pod still
+// pulling its image or waiting to start is not.
+func ran(p *corev1.Pod) bool {
+	if p.Status.Phase == corev1.PodRunning {
+		return true
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		if c.State.Running != nil || c.State.Terminated != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // pod is the daemon's pod. The daemon runs in the node's PID namespace (an MPS daemon in a
 // PID namespace of its own is known to leave limits unenforced) and IPC namespace, with the
 // daemon's shm directory, which its clients mount, as its /dev/shm. It tolerates every taint
@@ -215,7 +232,8 @@ func (l *PodLauncher) pod(ctx context.Context, spec DaemonSpec) (*corev1.Pod, er
 			HostIPC:                       true,
 			HostNetwork:                   true,
 			RestartPolicy:                 corev1.RestartPolicyNever,
-			PriorityClassName:             "system-node-critical",
+			PriorityClassName:             l.PriorityClass,
+			ServiceAccountName:            l.ServiceAccount,
 			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 			TerminationGracePeriodSeconds: ptr.To[int64](10),
 			AutomountServiceAccountToken:  ptr.To(false),
@@ -239,16 +257,12 @@ func (l *PodLauncher) pod(ctx context.Context, spec DaemonSpec) (*corev1.Pod, er
 	}, nil
 }
 
+// node is the Node's UID, read at each pod creation: a Node deleted and registered again
+// under the same name has a new UID, and a pod owned by the old one is garbage collected.
 func (l *PodLauncher) node(ctx context.Context) (types.UID, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.nodeUID != "" {
-		return l.nodeUID, nil
-	}
 	n, err := l.Client.CoreV1().Nodes().Get(ctx, l.NodeName, metav1.GetOptions{})
 	if err != nil {
 		return "", fmt.Errorf("get node %s for the MPS daemon pod's owner: %w", l.NodeName, err)
 	}
-	l.nodeUID = n.UID
-	return l.nodeUID, nil
+	return n.UID, nil
 }

@@ -27,7 +27,8 @@ func podManager(root, bin string, client *fake.Clientset) *Manager {
 		shm = 8 << 20
 	}
 	return &Manager{Root: root, Binary: bin, ShmSize: shm, StartTimeout: 5 * time.Second,
-		Launcher: &PodLauncher{Client: client, Namespace: testNS, NodeName: testNode, Image: "fgpu.dev/fgpu:dev", StopTimeout: 5 * time.Second}}
+		Launcher: &PodLauncher{Client: client, Namespace: testNS, NodeName: testNode, Image: "fgpu.dev/fgpu:dev", StopTimeout: 5 * time.Second,
+			ServiceAccount: "fgpu-mps-daemon", PriorityClass: "fgpu-mps-daemon"}}
 }
 
 func daemonPods(t *testing.T, client *fake.Clientset) []corev1.Pod {
@@ -77,7 +78,7 @@ func TestPodDaemonIsAdoptedByARestartedPluginAndStopped(t *testing.T) {
 	if p.Name != podLauncher(t, m).PodName(key) || p.Labels[KeyLabel] != key || p.Labels[GPULabel] != "GPU-ABC" || p.Labels[NodeLabel] != testNode ||
 		len(p.OwnerReferences) != 1 || p.OwnerReferences[0].Kind != "Node" || p.OwnerReferences[0].UID != "uid-node-"+testNode ||
 		spec.NodeName != testNode || !spec.HostPID || !spec.HostIPC || spec.RestartPolicy != corev1.RestartPolicyNever ||
-		spec.PriorityClassName != "system-node-critical" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists ||
+		spec.PriorityClassName != "fgpu-mps-daemon" || spec.ServiceAccountName != "fgpu-mps-daemon" || *spec.AutomountServiceAccountToken || len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists ||
 		c.Image != "fgpu.dev/fgpu:dev" || !slices.Equal(c.Command, []string{bin, "-f"}) || !*c.SecurityContext.Privileged {
 		t.Errorf("daemon pod: %+v", p)
 	}
@@ -201,4 +202,74 @@ func podLauncher(t *testing.T, m *Manager) *PodLauncher {
 		t.Fatalf("the manager's launcher is a %T", m.Launcher)
 	}
 	return l
+}
+
+// PodLauncher caches the Node's UID for the plugin's lifetime. A Node object deleted and
+// registered again under the same name (a new UID) leaves every daemon pod created afterwards
+// owned by a Node that no longer exists: the garbage collector deletes each such pod right
+// after its creation, and the domain's daemon dies again and again until the plugin restarts.
+func TestDaemonPodOwnedByTheCurrentNode(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(fakekubelet.Node(testNode))
+	l := &PodLauncher{Client: client, Namespace: testNS, NodeName: testNode, Image: "fgpu.dev/fgpu:dev"}
+	start := func(key string) {
+		t.Helper()
+		dir := shortDir(t)
+		if _, err := l.Start(ctx, DaemonSpec{Key: key, Command: []string{"true"}, Dir: dir, PipeDir: dir, ShmDir: dir}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start(Daemon{GPUUUID: "GPU-A", Namespace: "ns-a", Domain: "default"}.Key())
+	if err := client.CoreV1().Nodes().Delete(ctx, testNode, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, UID: "uid-registered-again"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	key := Daemon{GPUUUID: "GPU-A", Namespace: "ns-b", Domain: "default"}.Key()
+	start(key)
+	p, err := client.CoreV1().Pods(testNS).Get(ctx, l.PodName(key), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.OwnerReferences[0].UID; got != "uid-registered-again" {
+		t.Errorf("daemon pod owned by Node UID %s, which no longer exists (the Node's is uid-registered-again)", got)
+	}
+}
+
+// A tenant can wedge its own daemon (its pipe directory is mounted read-write): a pod that
+// runs without answering is replaced, but no more often than replaceEvery.
+func TestPodDaemonThatRunsWithoutAnsweringIsReplacedAtMostEvery30s(t *testing.T) {
+	ctx := context.Background()
+	root, bin := shortDir(t), buildStandIn(t)
+	client := fake.NewClientset(fakekubelet.Node(testNode))
+	kubelet := fakekubelet.New(t, client)
+	m := podManager(root, bin, client)
+	m.StartTimeout = 500 * time.Millisecond
+	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
+	wedge := func() {
+		t.Helper()
+		if err := os.Remove(m.PipeDir(key) + "/control"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	wedge()
+	started, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30})
+	if err != nil || !started || kubelet.Created() != 2 {
+		t.Fatalf("Ensure of a running daemon that does not answer = %v, %v, %d pods created; want it replaced", started, err, kubelet.Created())
+	}
+	if st, _ := fakecontrol.ReadState(m.LogDir(key)); st.DefaultPinnedMemLimit["0"] != "10240M" {
+		t.Errorf("the replacement's defaults: %v", st.DefaultPinnedMemLimit)
+	}
+	wedge()
+	started, err = m.Ensure(ctx, key, "GPU-ABC", Limits{})
+	if err == nil || started || !strings.Contains(err.Error(), "not replaced again") || kubelet.Created() != 2 {
+		t.Fatalf("a second replacement within 30s: %v, %v, %d pods created", started, err, kubelet.Created())
+	}
+	if err := m.Stop(ctx, key); err != nil {
+		t.Fatal(err)
+	}
 }

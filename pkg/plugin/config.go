@@ -123,6 +123,8 @@ type MPSPodConfig struct {
 	HostPaths []string
 	// ShmSize is the size of each daemon's shm tmpfs, shared by its server and clients.
 	ShmSize int64
+	// ServiceAccount and PriorityClass of the daemons' pods (see mps.PodLauncher).
+	ServiceAccount, PriorityClass string
 }
 
 func (c Config) usagePoll() time.Duration {

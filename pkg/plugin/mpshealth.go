@@ -72,7 +72,8 @@ func (s *State) mpsDaemons() map[string]mpsDaemon {
 // lost their server: a server in FAULT (after a client's fatal fault it refuses new clients
 // until all of its clients exited), or a daemon that died under prepared claims (found at
 // the plugin's start, or here); the latter until those claims are unprepared. The daemons
-// are asked without s.mu, so prepares do not wait for them; a cancelled check says nothing.
+// are asked, and restarted, without s.mu, so prepares and unprepares do not wait for them
+// (those of the same domain wait for its restart); a cancelled check says nothing.
 func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 	s.mu.Lock()
 	keys := slices.Sorted(maps.Keys(s.mpsDaemons()))
@@ -90,6 +91,7 @@ func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 	logger := klog.FromContext(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.retryStops(ctx)
 	daemons := s.mpsDaemons()
 	for key := range s.unanswered {
 		if _, ok := daemons[key]; !ok {
@@ -103,22 +105,27 @@ func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 			continue
 		}
 		s.unanswered[key]++
-		// A prepare may have restarted it since it was asked.
-		if s.unanswered[key] < mpsDeadChecks || s.mps.Running(ctx, key) || ctx.Err() != nil {
+		if s.unanswered[key] < mpsDeadChecks || ctx.Err() != nil {
 			continue
 		}
 		delete(s.unanswered, key)
-		logger.Info("Restarting an MPS daemon that stopped answering; its clients lost their server and are moved", "daemon", key, "gpu", d.gpu, "claims", len(d.claims))
-		if s.diedUnder[key] == nil {
-			s.diedUnder[key] = map[string]bool{}
+		// s.mu is released meanwhile; a prepare may have restarted it since it was asked, and
+		// a daemon that answers once adopted never died.
+		started, err := s.ensureDaemon(ctx, key, d.gpu, true)
+		if started {
+			logger.Info("Restarted an MPS daemon that stopped answering; its clients lost their server and are moved", "daemon", key, "gpu", d.gpu, "claims", len(d.claims))
+			if s.diedUnder[key] == nil {
+				s.diedUnder[key] = map[string]bool{}
+			}
+			for uid := range d.claims {
+				s.diedUnder[key][uid] = true
+			}
 		}
-		for uid := range d.claims {
-			s.diedUnder[key][uid] = true
-		}
-		if _, err := s.mps.Ensure(ctx, key, d.gpu, s.domainLimits(key)); err != nil {
+		if err != nil {
 			logger.Error(err, "Restarting an MPS daemon; the next check tries again", "daemon", key)
 		}
 	}
+	daemons = s.mpsDaemons()
 	var out []MPSFault
 	for _, key := range slices.Sorted(maps.Keys(daemons)) {
 		d := daemons[key]

@@ -151,7 +151,7 @@ func TestRestartRemovesDaemonPodsNoClaimNeeds(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := launcher.Start(ctx, mps.DaemonSpec{Key: orphan, Command: []string{standIn, "-f"}, Env: []string{"CUDA_MPS_PIPE_DIRECTORY=" + dir, "CUDA_MPS_LOG_DIRECTORY=" + dir}, Dir: dir, PipeDir: dir}); err != nil {
+	if _, err := launcher.Start(ctx, mps.DaemonSpec{Key: orphan, Command: []string{standIn, "-f"}, Env: []string{"CUDA_MPS_PIPE_DIRECTORY=" + dir, "CUDA_MPS_LOG_DIRECTORY=" + dir}, Dir: dir, PipeDir: dir}, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.RemoveAll(dir); err != nil {

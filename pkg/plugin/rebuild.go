@@ -117,7 +117,7 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 	// server's default caps are the largest among its domain's tenants.
 	for _, uid := range slices.Sorted(maps.Keys(s.cp.Claims)) {
 		e := s.cp.Claims[uid]
-		if err := s.apply(ctx, uid, e); err != nil {
+		if err := s.apply(ctx, uid, e, false); err != nil {
 			ref := e.Namespace + "/" + e.Name
 			logger.Error(err, "Not taking back a claim into the rebuilt checkpoint", "claim", klog.KRef(e.Namespace, e.Name))
 			if rbErr := s.rollback(ctx, uid); rbErr != nil {

@@ -58,6 +58,9 @@ type State struct {
 	diedUnder map[string]map[string]bool
 	// unanswered counts each daemon's failed checks in a row (CheckMPS).
 	unanswered map[string]int
+	// unstopped says the last stop of the daemons no claim uses failed: the claim whose
+	// unprepare did it is gone from the checkpoint, so its retry and CheckMPS try again.
+	unstopped bool
 
 	// cgroups is the node's cgroup v2 root; dmemRegions the dmem region of each GPU (by UUID)
 	// whose memory it partitions (see detectCgroupCaps).
@@ -116,7 +119,8 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 			return nil, errors.New("MPS daemons in pods need an API client")
 		}
 		s.mps.Launcher = &mps.PodLauncher{Client: client, Namespace: pc.Namespace, NodeName: cfg.NodeName,
-			Image: pc.Image, PullPolicy: pc.PullPolicy, DriverRoot: pc.DriverRoot, HostPaths: pc.HostPaths}
+			Image: pc.Image, PullPolicy: pc.PullPolicy, DriverRoot: pc.DriverRoot, HostPaths: pc.HostPaths,
+			ServiceAccount: pc.ServiceAccount, PriorityClass: pc.PriorityClass}
 		s.mps.ShmSize = pc.ShmSize
 	}
 	for _, d := range devs {
@@ -194,7 +198,10 @@ func (s *State) PrepareFor(ctx context.Context, claim *resourceapi.ResourceClaim
 		delete(s.cp.Claims, uid)
 		return nil, err
 	}
-	if err := s.apply(ctx, uid, entry); err != nil {
+	if err := s.apply(ctx, uid, entry, true); err != nil {
+		if s.cp.Claims[uid] != entry {
+			return nil, err // unprepared or prepared again while s.mu was released
+		}
 		if rbErr := s.rollback(ctx, uid); rbErr != nil {
 			klog.FromContext(ctx).Error(rbErr, "Rolling back a failed prepare", "claim", klog.KObj(claim))
 		}
@@ -254,8 +261,10 @@ func (s *State) addPods(ctx context.Context, e *checkpoint.ClaimEntry, pods []ch
 	return nil
 }
 
-// apply performs the side effects of a PrepareStarted entry.
-func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry) error {
+// apply performs the side effects of a PrepareStarted entry. With release, s.mu is released
+// while an MPS daemon starts (see ensureDaemon); the entry is then checked to be still the
+// claim's.
+func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry, release bool) error {
 	var specs []cdi.Device
 	for i := range e.Devices {
 		p := &e.Devices[i]
@@ -265,12 +274,15 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 			}
 		}
 		if p.MPSKey != "" {
-			started, err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey))
+			started, err := s.ensureDaemon(ctx, p.MPSKey, p.GPUUUID, release)
 			if started {
 				s.daemonWasDown(ctx, p, uid)
 			}
 			if err != nil {
 				return err
+			}
+			if s.cp.Claims[uid] != e {
+				return fmt.Errorf("claim %s/%s was unprepared or prepared again while its MPS daemon started", e.Namespace, e.Name)
 			}
 		}
 	}
@@ -287,6 +299,33 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry)
 		e.Devices[i].CDIDeviceIDs = []string{ids[i]}
 	}
 	return nil
+}
+
+// ensureDaemon starts or adopts an MPS daemon with its domain's defaults; started says it
+// was started anew (mps.Manager.Ensure). The caller holds s.mu; with release, s.mu is
+// released meanwhile: a start may take StartTimeout and more (a tenant can wedge its own
+// domain's daemon), and no other domain's prepare, unprepare or check may wait for it.
+// mps.Manager serialises the calls for one daemon, and the defaults are applied again when
+// the domain's claims changed meanwhile, so that the last caller leaves the current ones.
+func (s *State) ensureDaemon(ctx context.Context, key, gpuUUID string, release bool) (started bool, err error) {
+	limits := s.domainLimits(key)
+	if !release {
+		return s.mps.Ensure(ctx, key, gpuUUID, limits)
+	}
+	for {
+		s.mu.Unlock()
+		st, err := s.mps.Ensure(ctx, key, gpuUUID, limits)
+		s.mu.Lock()
+		started = started || st
+		if err != nil {
+			return started, err
+		}
+		now := s.domainLimits(key)
+		if now == limits {
+			return started, nil
+		}
+		limits = now
+	}
 }
 
 // domainLimits are the MPS server defaults for a daemon: the largest caps among its
@@ -455,6 +494,7 @@ func (s *State) Unprepare(ctx context.Context, uid string) error {
 // recover.
 func (s *State) rollback(ctx context.Context, uid string) error {
 	if _, ok := s.cp.Claims[uid]; !ok {
+		s.retryStops(ctx)
 		return nil
 	}
 	if err := s.cdi.Remove(uid); err != nil {
@@ -479,6 +519,7 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 	}
 	keys, err := s.mps.Keys(ctx)
 	if err != nil {
+		s.unstopped = true
 		return err
 	}
 	var errs []error
@@ -488,10 +529,22 @@ func (s *State) stopUnusedDaemons(ctx context.Context) error {
 			errs = append(errs, s.mps.Stop(ctx, k))
 		}
 	}
+	s.unstopped = errors.Join(errs...) != nil
 	for _, d := range s.devices {
 		errs = append(errs, s.syncComputeMode(ctx, d.UUID))
 	}
 	return errors.Join(errs...)
+}
+
+// retryStops stops the daemons no claim uses when their last stop failed (unstopped). A
+// failure is only logged: the caller's claim is not the one that holds them.
+func (s *State) retryStops(ctx context.Context) {
+	if !s.unstopped {
+		return
+	}
+	if err := s.stopUnusedDaemons(ctx); err != nil {
+		klog.FromContext(ctx).Error(err, "Stopping the MPS daemons no prepared claim uses; trying again at the next MPS check")
+	}
 }
 
 // syncComputeMode puts a GPU in EXCLUSIVE_PROCESS while exactly one MPS server (one
@@ -612,8 +665,8 @@ func (s *State) recover(ctx context.Context) error {
 	if err := s.stopUnusedDaemons(ctx); err != nil {
 		return err
 	}
-	// The daemons prepared claims use are adopted as they run; only one that is gone is
-	// started again (and its claims' pods moved: daemonWasDown).
+	// The daemons prepared claims use are adopted as they run; only one that is gone (or
+	// runs without answering) is started again, and its claims' pods moved: daemonWasDown.
 	checked := map[string]bool{}
 	for uid, e := range s.cp.Claims {
 		// Idempotent: a pod whose cgroup appeared while the plugin was down gets its caps now.
@@ -624,14 +677,16 @@ func (s *State) recover(ctx context.Context) error {
 				continue
 			}
 			checked[p.MPSKey] = true
-			if s.mps.Running(ctx, p.MPSKey) {
-				continue
+			// One unanswered question is no dead daemon (a loaded node answers late): only a
+			// daemon that had to be started anew lost its clients.
+			started, err := s.ensureDaemon(ctx, p.MPSKey, p.GPUUUID, false)
+			if started {
+				s.daemonWasDown(ctx, p, "")
+				logger.Info("Started the MPS daemon of a prepared claim again", "claim", klog.KRef(e.Namespace, e.Name), "uid", uid, "daemon", p.MPSKey)
 			}
-			s.daemonWasDown(ctx, p, "")
-			if _, err := s.mps.Ensure(ctx, p.MPSKey, p.GPUUUID, s.domainLimits(p.MPSKey)); err != nil {
+			if err != nil {
 				return err
 			}
-			logger.Info("Started the MPS daemon of a prepared claim again", "claim", klog.KRef(e.Namespace, e.Name), "uid", uid, "daemon", p.MPSKey)
 		}
 	}
 	return nil

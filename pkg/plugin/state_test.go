@@ -413,7 +413,7 @@ func TestRestartRecoversFromACrashMidPrepare(t *testing.T) {
 	if err := s.store.Save(s.cp); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.apply(ctx, string(half.UID), entry); err != nil {
+	if err := s.apply(ctx, string(half.UID), entry, false); err != nil {
 		t.Fatal(err)
 	}
 	// The crash also takes the daemons with it (they live in the plugin's container).

@@ -13,12 +13,28 @@ import (
 	"time"
 
 	"github.com/fgpu-dev/fgpu/e2e/framework"
+	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 )
 
 var cluster *framework.Cluster
 
 // fgpuBin is the fgpu CLI, built for the suite: an operator clears faults with it.
 var fgpuBin string
+
+// clearAll removes every injected fault and has the plugin clear every GPU's fault record.
+func clearAll(ctx context.Context) error {
+	for i := range 2 {
+		if err := fake.RemoveFaults(devDir, i); err != nil {
+			return err
+		}
+	}
+	if out, err := framework.Run(ctx, fgpuBin, "faults", "clear", "all"); err != nil {
+		return fmt.Errorf("fgpu faults clear all: %w: %s", err, out)
+	}
+	// The plugin reads the request at its next health poll.
+	time.Sleep(5 * time.Second)
+	return nil
+}
 
 // buildCLI builds the fgpu CLI into dir.
 func buildCLI(dir string) (string, error) {
@@ -61,6 +77,12 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// A fault's fence outlives the plugin (its health record on the node), so that a restart
+	// keeps it: the next suite must not inherit one a failed test left.
+	if err := clearAll(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
+		code = 1
+	}
 	err = c.Uninstall(ctx)
 	cancel()
 	if err != nil {

@@ -41,22 +41,34 @@ func TestMPSServerFaultMovesOnlyItsDomain(t *testing.T) {
 	})
 	time.Sleep(time.Second) // the allocator's policy informer
 
-	// gpu-1 is taken whole, so both namespaces share gpu-0.
+	// One GPU is taken whole, so both namespaces share the other.
 	filler := cluster.Namespace(t, "mps-filler")
 	if _, err := cluster.Create(ctx, framework.MakeGPUPod(filler, "whole").Class(api.DeviceClassExclusive)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cluster.WaitRunning(ctx, filler, "whole", time.Minute); err != nil {
+	whole, err := cluster.WaitRunning(ctx, filler, "whole", time.Minute)
+	if err != nil {
 		t.Fatal(err)
 	}
+	wholeClaim, err := cluster.ClaimOf(ctx, whole)
+	if err != nil || wholeClaim.Status.Allocation == nil {
+		t.Fatalf("the whole-GPU claim: %v", err)
+	}
+	shared := "gpu-0"
+	if wholeClaim.Status.Allocation.Devices.Results[0].Device == "gpu-0" {
+		shared = "gpu-1"
+	}
 	deployment(t, broken, "app", 1, 0)
-	before := waitPlaced(t, broken, "app", 1, time.Minute, "gpu-0")
+	before := waitPlaced(t, broken, "app", 1, time.Minute, shared)
 	if _, err := cluster.Create(ctx, framework.MakeGPUPod(other, "bystander").Memory("10Gi")); err != nil {
 		t.Fatal(err)
 	}
 	bystander, err := cluster.WaitRunning(ctx, other, "bystander", time.Minute)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c, err := cluster.ClaimOf(ctx, bystander); err != nil || c.Status.Allocation == nil || c.Status.Allocation.Devices.Results[0].Device != shared {
+		t.Fatalf("the other namespace's pod is not on %s with the broken one: %v", shared, err)
 	}
 
 	// The broken namespace's server goes into FAULT, as NVIDIA's does after a fatal fault.
@@ -90,7 +102,7 @@ func TestMPSServerFaultMovesOnlyItsDomain(t *testing.T) {
 	if _, err := cluster.WaitEvent(ctx, broken, victim, "Evicted", 10*time.Second); err != nil {
 		t.Errorf("no event tells %s/%s why it was moved: %v", broken, victim, err)
 	}
-	if got := deviceTaints(ctx, "gpu-0"); len(got) != 0 {
+	if got := deviceTaints(ctx, shared); len(got) != 0 {
 		t.Errorf("one domain's MPS fault tainted the GPU: %v", got)
 	}
 	p, err := cluster.Client.CoreV1().Pods(other).Get(ctx, "bystander", metav1.GetOptions{})

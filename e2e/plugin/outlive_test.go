@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 )
@@ -217,7 +218,8 @@ func TestPluginRunsDaemonPodsOnItsOwnNodeOnly(t *testing.T) {
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "fgpu-e2e-intruder", Namespace: framework.Namespace,
 				Labels: map[string]string{"app.kubernetes.io/component": component}},
-			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: framework.Image}}},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: framework.Image}},
+				ServiceAccountName: "fgpu-mps-daemon", AutomountServiceAccountToken: ptr.To(false)},
 		}
 	}
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
@@ -235,6 +237,12 @@ func TestPluginRunsDaemonPodsOnItsOwnNodeOnly(t *testing.T) {
 	}
 	if _, err := own.CoreV1().Pods(framework.Namespace).Create(ctx, pod(cluster.Node, "mps-daemon"), dryRun); err != nil {
 		t.Errorf("a plugin may not create a daemon pod on its own node: %v", err)
+	}
+	// Nor a daemon pod that would run with another identity (a token of the allocator's, say).
+	other := pod(cluster.Node, "mps-daemon")
+	other.Spec.ServiceAccountName = "fgpu-allocator"
+	if _, err := own.CoreV1().Pods(framework.Namespace).Create(ctx, other, dryRun); err == nil || !strings.Contains(err.Error(), "fgpu-mps-daemon service account") {
+		t.Errorf("a plugin created a daemon pod running as another service account: %v", err)
 	}
 	if _, err := own.CoreV1().Pods("default").Create(ctx, pod(cluster.Node, "mps-daemon"), dryRun); err == nil {
 		t.Error("a plugin created a pod outside its namespace")

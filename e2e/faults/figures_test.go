@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -17,7 +18,8 @@ import (
 	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
-// The figures: over FGPU_FAULT_RUNS (default 10) fault/recover cycles, the time from
+// First, a non-fatal condition on the replicas' GPU leaves them running (NoSchedule only).
+// Then the figures: over FGPU_FAULT_RUNS (default 10) fault/recover cycles, the time from
 // an injected fatal fault to the NoExecute taint, to the eviction of the three replicas on
 // that GPU, and to their replacements Running on the other GPU (p50 and max); and the
 // capacity leaked after the cycles: the invariant over the live claims and slices, the
@@ -45,6 +47,18 @@ func TestFaultFigures(t *testing.T) {
 	cur := waitPlaced(t, ns, "app", 3, time.Minute, "gpu-0")
 	recoverGPU(t, 1)
 	waitTaints(t, "gpu-1", 5*time.Second)
+
+	// A non-fatal condition on the GPU they run on: NoSchedule only, and they stay.
+	inject(t, 0, "row-remap-failure")
+	waitTaints(t, "gpu-0", 5*time.Second, plugin.DegradedTaintKey+"=row-remap-failure:NoSchedule")
+	time.Sleep(10 * time.Second) // time for a wrong eviction to show
+	if stayed := waitPlaced(t, ns, "app", 3, 5*time.Second, "gpu-0"); !maps.Equal(stayed, cur) {
+		t.Fatalf("running pods did not stay on a GPU with a non-fatal fault: %v, before %v", stayed, cur)
+	}
+	recoverGPU(t, 0)
+	clearFaults(t, "gpu-0")
+	waitTaints(t, "gpu-0", 10*time.Second)
+
 	var toTaint, toEvicted, toRunning []time.Duration
 	for run := range runs {
 		on := onOneGPU(t, ns, cur)

@@ -238,9 +238,9 @@ func TestPluginRunsDaemonPodsOnItsOwnNodeOnly(t *testing.T) {
 	if _, err := own.CoreV1().Pods(framework.Namespace).Create(ctx, pod(cluster.Node, "mps-daemon"), dryRun); err != nil {
 		t.Errorf("a plugin may not create a daemon pod on its own node: %v", err)
 	}
-	// Nor a daemon pod that would run with another identity (a token of the allocator's, say).
+	// Nor a daemon pod that would run with another identity (any other service account).
 	other := pod(cluster.Node, "mps-daemon")
-	other.Spec.ServiceAccountName = "fgpu-allocator"
+	other.Spec.ServiceAccountName = "default"
 	if _, err := own.CoreV1().Pods(framework.Namespace).Create(ctx, other, dryRun); err == nil || !strings.Contains(err.Error(), "fgpu-mps-daemon service account") {
 		t.Errorf("a plugin created a daemon pod running as another service account: %v", err)
 	}

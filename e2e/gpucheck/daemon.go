@@ -26,8 +26,9 @@ import (
 
 const daemonSpecEnv = "GPUCHECK_MPS_DAEMON_SPEC"
 
-// pidFile is where every MPS control daemon writes its PID, in its pipe directory.
-const pidFile = "nvidia-cuda-mps-control.pid"
+// launcherPIDFile holds the PID of the daemon this launcher started, in the daemon's directory:
+// not the daemon's own PID file in the pipe directory, which its tenants can write.
+const launcherPIDFile = "launcher.pid"
 
 // hostLauncher is an mps.Launcher for a node without Kubernetes.
 type hostLauncher struct{ root string }
@@ -94,9 +95,9 @@ func (l hostLauncher) Describe(_ context.Context, key string) string {
 	return "not running; its output: " + strings.TrimSpace(string(out))
 }
 
-// pid is the daemon's PID from its PID file, if that process lives.
+// pid is the PID of the daemon this launcher started for key, if that process lives.
 func (l hostLauncher) pid(key string) (int, bool) {
-	raw, err := os.ReadFile(filepath.Join(l.root, key, "pipe", pidFile))
+	raw, err := os.ReadFile(filepath.Join(l.root, key, launcherPIDFile))
 	if err != nil {
 		return 0, false
 	}

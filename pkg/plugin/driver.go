@@ -114,7 +114,17 @@ func (d *Driver) publish(ctx context.Context) error {
 // watchHealth reads the GPUs' faults every HealthPoll and republishes the slices when a
 // GPU's taints must come or go.
 func (d *Driver) watchHealth(ctx context.Context) {
-	ticker := time.NewTicker(d.cfg.healthPoll())
+	d.republishOnChange(ctx, d.cfg.healthPoll(), "a GPU's health changed", func(ctx context.Context) bool {
+		changes := d.health.refresh(ctx)
+		d.reportHealth(ctx, changes)
+		return len(changes) > 0
+	})
+}
+
+// republishOnChange runs look every interval and republishes the slices after a look that
+// changed what they carry.
+func (d *Driver) republishOnChange(ctx context.Context, interval time.Duration, what string, look func(context.Context) bool) {
+	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	for {
 		select {
@@ -122,14 +132,12 @@ func (d *Driver) watchHealth(ctx context.Context) {
 			return
 		case <-ticker.C:
 		}
-		changes := d.health.refresh(ctx)
-		if len(changes) == 0 {
+		if !look(ctx) {
 			continue
 		}
-		d.reportHealth(ctx, changes)
 		if err := d.publish(ctx); err != nil {
 			// The next change publishes again; the helper also retries on its own.
-			klog.FromContext(ctx).Error(err, "Publishing the ResourceSlices after a GPU's health changed")
+			klog.FromContext(ctx).Error(err, "Publishing the ResourceSlices after "+what)
 		}
 	}
 }
@@ -164,24 +172,11 @@ func (d *Driver) reportHealth(ctx context.Context, changes []HealthChange) {
 // watchForeign polls the GPUs for processes fgpu did not start and republishes the slices
 // when a GPU's taint must come or go.
 func (d *Driver) watchForeign(ctx context.Context) {
-	ticker := time.NewTicker(d.cfg.foreignPoll())
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
+	d.republishOnChange(ctx, d.cfg.foreignPoll(), "foreign processes changed", func(ctx context.Context) bool {
 		changes := d.state.RefreshForeign(ctx)
-		if len(changes) == 0 {
-			continue
-		}
 		d.reportForeign(ctx, changes)
-		if err := d.publish(ctx); err != nil {
-			// The next change publishes again; the helper also retries on its own.
-			klog.FromContext(ctx).Error(err, "Publishing the ResourceSlices after foreign processes changed")
-		}
-	}
+		return len(changes) > 0
+	})
 }
 
 // reportForeign tells a person what changed: a log line and a Node event each.

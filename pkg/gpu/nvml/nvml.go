@@ -254,6 +254,29 @@ func (b *Backend) SetComputeMode(uuid string, mode gpu.ComputeMode) error {
 	return nil
 }
 
+// processes is the GPU's handle and its compute processes: those with a CUDA context of their
+// own and the MPS clients, which NVML lists apart (a driver without the MPS listing reports
+// only the former). Caller holds b.mu.
+func (b *Backend) processes(uuid string) (gonvml.Device, []gonvml.ProcessInfo, error) {
+	h, ret := b.lib.DeviceGetHandleByUUID(uuid)
+	if ret != gonvml.SUCCESS {
+		return nil, nil, fmt.Errorf("nvml DeviceGetHandleByUUID for GPU %s: %w", uuid, ret)
+	}
+	procs, ret := h.GetComputeRunningProcesses()
+	if ret != gonvml.SUCCESS {
+		return nil, nil, fmt.Errorf("nvml GetComputeRunningProcesses on GPU %s: %w", uuid, ret)
+	}
+	mpsProcs, ret := h.GetMPSComputeRunningProcesses()
+	switch ret {
+	case gonvml.SUCCESS:
+		procs = append(procs, mpsProcs...)
+	case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND:
+	default:
+		return nil, nil, fmt.Errorf("nvml GetMPSComputeRunningProcesses on GPU %s: %w", uuid, ret)
+	}
+	return h, procs, nil
+}
+
 // ComputeProcesses lists the PIDs of the compute processes on the GPU with the given UUID:
 // those with a CUDA context of their own (an MPS server among them) and the MPS clients,
 // which NVML lists apart. A driver without the MPS listing reports only the former. The
@@ -265,21 +288,9 @@ func (b *Backend) ComputeProcesses(uuid string) ([]int, error) {
 	if b.closed {
 		return nil, errClosed
 	}
-	h, ret := b.lib.DeviceGetHandleByUUID(uuid)
-	if ret != gonvml.SUCCESS {
-		return nil, fmt.Errorf("nvml DeviceGetHandleByUUID for GPU %s: %w", uuid, ret)
-	}
-	procs, ret := h.GetComputeRunningProcesses()
-	if ret != gonvml.SUCCESS {
-		return nil, fmt.Errorf("nvml GetComputeRunningProcesses on GPU %s: %w", uuid, ret)
-	}
-	mpsProcs, ret := h.GetMPSComputeRunningProcesses()
-	switch ret {
-	case gonvml.SUCCESS:
-		procs = append(procs, mpsProcs...)
-	case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND:
-	default:
-		return nil, fmt.Errorf("nvml GetMPSComputeRunningProcesses on GPU %s: %w", uuid, ret)
+	_, procs, err := b.processes(uuid)
+	if err != nil {
+		return nil, err
 	}
 	var pids []int
 	for _, p := range procs {
@@ -300,21 +311,9 @@ func (b *Backend) ProcessUsage(uuid string) ([]gpu.ProcessUsage, error) {
 	if b.closed {
 		return nil, errClosed
 	}
-	h, ret := b.lib.DeviceGetHandleByUUID(uuid)
-	if ret != gonvml.SUCCESS {
-		return nil, fmt.Errorf("nvml DeviceGetHandleByUUID for GPU %s: %w", uuid, ret)
-	}
-	procs, ret := h.GetComputeRunningProcesses()
-	if ret != gonvml.SUCCESS {
-		return nil, fmt.Errorf("nvml GetComputeRunningProcesses on GPU %s: %w", uuid, ret)
-	}
-	mpsProcs, ret := h.GetMPSComputeRunningProcesses()
-	switch ret {
-	case gonvml.SUCCESS:
-		procs = append(procs, mpsProcs...)
-	case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND:
-	default:
-		return nil, fmt.Errorf("nvml GetMPSComputeRunningProcesses on GPU %s: %w", uuid, ret)
+	h, procs, err := b.processes(uuid)
+	if err != nil {
+		return nil, err
 	}
 	sm, err := b.smSamples(h, uuid)
 	if err != nil {

@@ -79,7 +79,7 @@ func run(nodesPath, podsPath string, seed int64, tune float64, copies int) error
 	var ms runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
-	fmt.Printf("heap in use %.0f MiB, peak RSS %s (process: allocator, fake API server and simulators together)\n", float64(ms.HeapInuse)/(1<<20), peakRSS())
+	fmt.Printf("heap in use %.0f MiB, peak RSS %s (process: allocator, fake API server and simulators together)\n", float64(ms.HeapInuse)/(1<<20), replay.PeakRSS())
 	return nil
 }
 
@@ -98,18 +98,4 @@ func errText(err error) string {
 		return "ok"
 	}
 	return err.Error()
-}
-
-// peakRSS is the process's peak resident set (VmHWM), where /proc has it.
-func peakRSS() string {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return "unknown"
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown"
 }

@@ -123,7 +123,7 @@ func replayAt(nodes []placement.NodeSpec, pods []placement.Request, seed int64, 
 	var ms runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
-	fmt.Printf("  heap in use %.0f MiB, peak RSS %s (allocator, fake API server and simulator in one process)\n", float64(ms.HeapInuse)/(1<<20), peakRSS())
+	fmt.Printf("  heap in use %.0f MiB, peak RSS %s (allocator, fake API server and simulator in one process)\n", float64(ms.HeapInuse)/(1<<20), replay.PeakRSS())
 	return nil
 }
 
@@ -155,18 +155,4 @@ func errText(err error) string {
 		return "ok"
 	}
 	return err.Error()
-}
-
-// peakRSS is the process's peak resident set (VmHWM), where /proc has it.
-func peakRSS() string {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return "unknown"
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown"
 }

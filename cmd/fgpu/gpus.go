@@ -4,7 +4,6 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
@@ -18,11 +17,7 @@ func newGPUsCmd() *cobra.Command {
 		Use:   "gpus",
 		Short: "Show the cluster's fgpu GPUs, who shares each one, and how much each tenant holds",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(flags, &clientcmd.ConfigOverrides{}).ClientConfig()
-			if err != nil {
-				return err
-			}
-			client, err := kubernetes.NewForConfig(cfg)
+			client, err := clusterClient(flags)
 			if err != nil {
 				return err
 			}

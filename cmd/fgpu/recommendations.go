@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/fgpu-dev/fgpu/pkg/clusterview"
@@ -19,11 +18,7 @@ func newRecommendationsCmd() *cobra.Command {
 		Aliases: []string{"recs"},
 		Short:   "Show the size the allocator recommends for each workload, from its claims' measured GPU use",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(flags, &clientcmd.ConfigOverrides{}).ClientConfig()
-			if err != nil {
-				return err
-			}
-			client, err := kubernetes.NewForConfig(cfg)
+			client, err := clusterClient(flags)
 			if err != nil {
 				return err
 			}

@@ -27,6 +27,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -39,7 +41,6 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/controller"
-	"github.com/fgpu-dev/fgpu/pkg/controller/invariant"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/sim"
 )
@@ -222,7 +223,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.CPU, rep.InAPI = processCPU()-cpu0, time.Duration(inAPI.Load()-api0)
 	rep.Writes = w.snapshot()
 	rep.Alloc = float64(allocated) / capa
-	rep.Invariant = check(ctx, client)
+	rep.Invariant = loadgen.Check(ctx, client, api.DriverName)
 	return rep, nil
 }
 
@@ -312,27 +313,6 @@ func setup(ctx context.Context, c *fake.Clientset, nodes []placement.NodeSpec) e
 		}
 	}
 	return nil
-}
-
-// check runs the cluster-wide invariants over what the replay left in the fake API server.
-func check(ctx context.Context, c *fake.Clientset) error {
-	cl, err := c.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return err
-	}
-	sl, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return err
-	}
-	claims := make([]*resourceapi.ResourceClaim, len(cl.Items))
-	for i := range cl.Items {
-		claims[i] = &cl.Items[i]
-	}
-	slices := make([]*resourceapi.ResourceSlice, len(sl.Items))
-	for i := range sl.Items {
-		slices[i] = &sl.Items[i]
-	}
-	return invariant.CheckDriver(api.DriverName, claims, slices)
 }
 
 // writes counts the allocator's writes by verb and resource.

@@ -17,7 +17,10 @@ if [ "${1:-}" = --fake ]; then fake=1; shift; fi
 bin=$(realpath "$1") out=$2
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$out"; mkdir -p "$out/run"
-out=$(realpath "$out") run=$out/run root=$out/state
+# The state lives in a short directory whatever the checkout's depth: MPS control sockets
+# are created under it, and a unix socket path holds at most 107 bytes.
+out=$(realpath "$out") run=$out/run root=$(mktemp -d /tmp/gpucheck.XXXXXX)
+ln -s "$root" "$out/state"
 export PATH=$(dirname "$bin"):$PATH
 if [ $fake = 1 ]; then
   g=("$bin" --gpus fake:1xH100-80GB --root "$root")
@@ -107,5 +110,7 @@ echo "== unprepare"
 sleep 1
 live_daemons && fail "an MPS daemon is left running"
 grep -q " $root/" /proc/self/mountinfo && fail "a mount under $root is left: $(grep " $root/" /proc/self/mountinfo)"
+# A failed check keeps its state ($out/state links to it) for a person to read.
+[ $rc = 0 ] && rm -rf "$root" "$out/state"
 echo "gpucheck rc=$rc"
 exit $rc

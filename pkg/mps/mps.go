@@ -47,11 +47,32 @@ func (d Daemon) Name() string { return d.Namespace + "/" + d.Domain }
 // short because the pipe directory holds a unix socket, whose path may not exceed 107 bytes.
 func (d Daemon) Key() string {
 	prefix := d.Namespace + "-" + d.Domain
-	if len(prefix) > 20 {
-		prefix = strings.TrimRight(prefix[:20], "-")
+	if len(prefix) > keyPrefixMax {
+		prefix = strings.TrimRight(prefix[:keyPrefixMax], "-")
 	}
 	sum := sha256.Sum256([]byte(d.GPUUUID + "/" + d.Namespace + "/" + d.Domain))
 	return fmt.Sprintf("%s_%x", prefix, sum[:16])
+}
+
+const (
+	keyPrefixMax = 20
+	keyMax       = keyPrefixMax + 1 + 32
+	// socketPathMax is what sockaddr_un holds, less its terminating NUL.
+	socketPathMax = 107
+	// controlSocket is the longest name the control daemon creates in its pipe directory.
+	controlSocket = "control"
+)
+
+// CheckRoot says whether a daemon root is short enough for every daemon's control socket:
+// a longer one would fail only at a tenant's first prepare, with the kernel's "invalid
+// argument", so the plugin refuses it at start.
+func CheckRoot(root string) error {
+	root = filepath.Clean(root)
+	if n := len(filepath.Join(root, strings.Repeat("k", keyMax), "pipe", controlSocket)); n > socketPathMax {
+		return fmt.Errorf("MPS directory %q is %d bytes too long: the control socket of a daemon under it would take %d bytes, more than the %d a unix socket path can hold; use a shorter state directory",
+			root, n-socketPathMax, n, socketPathMax)
+	}
+	return nil
 }
 
 // keyRE also accepts the 48-bit keys of earlier versions, so that a restarted plugin still

@@ -2,6 +2,7 @@ package mps
 
 import (
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -112,7 +113,7 @@ func shortDir(t *testing.T) string {
 
 func TestKeyIsShortStableAndDistinct(t *testing.T) {
 	long := Daemon{GPUUUID: "GPU-7f2dfaf7-66d1-fddc-4f3f-b64f6048037b", Namespace: strings.Repeat("n", 63), Domain: strings.Repeat("a", 63)}
-	if k := long.Key(); len(k) > 53 || !keyRE.MatchString(k) || k != long.Key() {
+	if k := long.Key(); len(k) > keyMax || !keyRE.MatchString(k) || k != long.Key() {
 		t.Fatalf("key %q", k)
 	}
 	a := Daemon{GPUUUID: "GPU-1", Namespace: "ns", Domain: "x"}
@@ -200,5 +201,40 @@ func TestFaultedServers(t *testing.T) {
 	}
 	if !m.Running(ctx, key) {
 		t.Error("the faulted server's daemon does not answer")
+	}
+}
+
+// The longest root CheckRoot accepts still lets the longest key's control socket bind; one
+// byte more is refused at start rather than at a tenant's first prepare.
+func TestCheckRootMatchesTheSocketLimit(t *testing.T) {
+	if err := CheckRoot("/var/run/fgpu/mps"); err != nil {
+		t.Fatalf("the default root is refused: %v", err)
+	}
+	base := shortDir(t)
+	pad := socketPathMax - len(filepath.Join(base, "r", strings.Repeat("k", keyMax), "pipe", controlSocket)) + 1
+	longest := filepath.Join(base, strings.Repeat("r", pad))
+	if err := CheckRoot(longest); err != nil {
+		t.Fatalf("a root that fits is refused: %v", err)
+	}
+	pipe := filepath.Join(longest, strings.Repeat("k", keyMax), "pipe")
+	if err := os.MkdirAll(pipe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", filepath.Join(pipe, controlSocket))
+	if err != nil {
+		t.Fatalf("CheckRoot accepted %s but its control socket cannot bind: %v", longest, err)
+	}
+	l.Close()
+	tooLong := longest + "r"
+	if err := CheckRoot(tooLong); err == nil || !strings.Contains(err.Error(), "shorter state directory") {
+		t.Fatalf("CheckRoot(%d-byte root) = %v, want an error naming the fix", len(tooLong), err)
+	}
+	pipe = filepath.Join(tooLong, strings.Repeat("k", keyMax), "pipe")
+	if err := os.MkdirAll(pipe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := net.Listen("unix", filepath.Join(pipe, controlSocket)); err == nil {
+		l.Close()
+		t.Fatalf("the kernel binds a socket under %s, which CheckRoot refuses: the limit is wrong", tooLong)
 	}
 }

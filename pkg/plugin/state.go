@@ -94,6 +94,9 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		driverFiles = driver.Mounts
 		klog.FromContext(ctx).Info("Containers get the NVIDIA driver", "driverRoot", cfg.DriverRoot, "version", driver.Version, "files", len(driver.Mounts))
 	}
+	if err := mps.CheckRoot(cfg.MPSRoot); err != nil {
+		return nil, err
+	}
 	w, err := cdi.NewWriter(cfg.CDIDir, driverFiles...)
 	if err != nil {
 		return nil, err

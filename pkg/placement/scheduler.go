@@ -80,12 +80,27 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 	s.pick.tb, _ = s.p.(TieBreaker)
 	if s.byState && r.Filter == nil {
 		// One node per state, the one with the smallest name (states.go); a GPU
-		// request skips the states with no free GPU share.
+		// request visits only the states where one of its GPUs could fit.
 		x := &s.c.states
-		for _, g := range x.live {
-			s.consider(int(x.groups[g].first), r, mask)
-		}
-		if r.GPUs == 0 {
+		if r.GPUs > 0 {
+			lo := int32(freeBuckets) // whole GPUs: only the states with a whole free GPU
+			if !r.Whole() {
+				lo = freeBucket(r.Share)
+			}
+			for b := lo; b < freeBuckets; b++ {
+				for _, g := range x.byFree[b] {
+					s.consider(int(x.groups[g].first), r, mask)
+				}
+			}
+			for _, g := range x.whole {
+				if x.groups[g].bucket < lo { // not visited above
+					s.consider(int(x.groups[g].first), r, mask)
+				}
+			}
+		} else {
+			for _, g := range x.live {
+				s.consider(int(x.groups[g].first), r, mask)
+			}
 			for _, g := range x.spent {
 				s.consider(int(x.groups[g].first), r, mask)
 			}

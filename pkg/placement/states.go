@@ -12,7 +12,13 @@ import (
 // the smallest name, which is the node equal scores go to anyway: the decision is the
 // one scoring every node would make. In a large fleet most nodes sit in few states
 // (whole machines of a few types, full ones), so a decision touches far fewer nodes.
-// Groups with no free GPU share are kept apart: no GPU request can use them.
+// Groups with no free GPU share are kept apart: no GPU request can use them. The groups
+// with free share are also filed by their largest free share (a bucket of freeStep units)
+// and, apart, those with a whole free GPU, so a GPU request visits only the groups where
+// one of its GPUs could fit: a share s needs a GPU with s free (a bucket from s's up) or,
+// where s is a whole GPU or more, a whole free GPU. Every group it skips is one the
+// scheduler would turn down anyway, and as equal scores go to the smallest name whatever
+// the order, the decision is the same.
 
 // stateScorer is implemented by policies whose score of a node (and the GPUs it picks)
 // depends only on the node's state and the request, and whose equal scores go to the
@@ -25,17 +31,32 @@ type stateGroup struct {
 	first   int32   // the member with the smallest name (-1: none)
 	live    bool    // some GPU has free share
 	at      int32   // position in the cluster's live or spent list
+	bucket  int32   // freeBucket of the largest free share (live groups)
+	atFree  int32   // position in byFree[bucket]
+	atWhole int32   // position in whole (-1: no whole free GPU)
 }
+
+// freeStep is the width of a byFree bucket and freeBuckets their number: shares of a
+// 1000-unit GPU in steps of 8; larger free shares share the last bucket.
+const (
+	freeStep    = 8
+	freeBuckets = 128
+)
+
+// freeBucket is the byFree bucket of a free share.
+func freeBucket(v int64) int32 { return int32(min(v/freeStep, freeBuckets-1)) }
 
 type stateIndex struct {
 	groups  []stateGroup
 	free    []int32 // unused group ids
 	byKey   map[string]int32
-	live    []int32 // groups with free GPU share
-	spent   []int32 // groups without
-	group   []int32 // each node's group
-	pos     []int32 // each node's position in its group's members
-	rank    []int32 // each node's position in (name, index) order
+	live    []int32              // groups with free GPU share
+	spent   []int32              // groups without
+	byFree  [freeBuckets][]int32 // live groups by their largest free share
+	whole   []int32              // live groups with a whole free GPU
+	group   []int32              // each node's group
+	pos     []int32              // each node's position in its group's members
+	rank    []int32              // each node's position in (name, index) order
 	scratch []byte
 }
 
@@ -86,11 +107,15 @@ func (c *Cluster) restate(n int) {
 	}
 	id, ok := x.byKey[string(key)]
 	if !ok {
-		live := false
-		for _, f := range c.nodes[n].gpuFree {
-			live = live || f > 0
+		nd := &c.nodes[n]
+		var most int64
+		whole := false
+		for g, f := range nd.gpuFree {
+			most = max(most, f)
+			whole = whole || (f > 0 && f == nd.gpuCap[g])
 		}
-		g := stateGroup{key: string(key), first: -1, live: live}
+		live := most > 0
+		g := stateGroup{key: string(key), first: -1, live: live, atWhole: -1}
 		if k := len(x.free); k > 0 {
 			id, x.free = x.free[k-1], x.free[:k-1]
 			g.members = x.groups[id].members[:0]
@@ -106,6 +131,15 @@ func (c *Cluster) restate(n int) {
 		}
 		x.groups[id].at = int32(len(*list))
 		*list = append(*list, id)
+		if live {
+			b := freeBucket(most)
+			x.groups[id].bucket, x.groups[id].atFree = b, int32(len(x.byFree[b]))
+			x.byFree[b] = append(x.byFree[b], id)
+			if whole {
+				x.groups[id].atWhole = int32(len(x.whole))
+				x.whole = append(x.whole, id)
+			}
+		}
 	}
 	if old >= 0 {
 		x.leave(n, old)
@@ -135,6 +169,19 @@ func (x *stateIndex) leave(n int, id int32) {
 		(*list)[g.at] = moved
 		x.groups[moved].at = g.at
 		*list = (*list)[:len(*list)-1]
+		if g.live {
+			b := &x.byFree[g.bucket]
+			moved := (*b)[len(*b)-1]
+			(*b)[g.atFree] = moved
+			x.groups[moved].atFree = g.atFree
+			*b = (*b)[:len(*b)-1]
+			if g.atWhole >= 0 {
+				moved := x.whole[len(x.whole)-1]
+				x.whole[g.atWhole] = moved
+				x.groups[moved].atWhole = g.atWhole
+				x.whole = x.whole[:len(x.whole)-1]
+			}
+		}
 		g.key, g.first = "", -1
 		x.free = append(x.free, id)
 		return

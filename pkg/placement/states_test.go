@@ -10,15 +10,29 @@ import (
 // statesFleet is k copies of four node types, names shuffled against the index order so
 // that the smallest name is not the first node.
 func statesFleet(k int, rng *rand.Rand) []NodeSpec {
-	types := []NodeSpec{
+	return fleetOf(k, rng, []NodeSpec{
 		{CPUMilli: 96000, MemoryMiB: 393216, GPUs: gpus("G2", 8)},
 		{CPUMilli: 64000, MemoryMiB: 262144, GPUs: gpus("V100", 4)},
 		{CPUMilli: 32000, MemoryMiB: 65536, GPUs: gpus("T4", 2)},
 		{CPUMilli: 16000, MemoryMiB: 32768},
-	}
+	})
+}
+
+// mixedCapacityFleet adds GPUs of other capacities than 1000 units (smaller than some
+// shares asked, which then take them whole, and larger than the free-share buckets).
+func mixedCapacityFleet(k int, rng *rand.Rand) []NodeSpec {
+	return fleetOf(k, rng, []NodeSpec{
+		{CPUMilli: 96000, MemoryMiB: 393216, GPUs: gpus("G2", 8)},
+		{CPUMilli: 64000, MemoryMiB: 262144, GPUs: []GPUSpec{{Model: "V100", Capacity: 400}, {Model: "V100", Capacity: 400}, {Model: "V100", Capacity: 2500}}},
+		{CPUMilli: 32000, MemoryMiB: 65536, GPUs: []GPUSpec{{Model: "T4", Capacity: 120}, {Model: "T4", Capacity: 120}}},
+		{CPUMilli: 16000, MemoryMiB: 32768},
+	})
+}
+
+func fleetOf(k int, rng *rand.Rand, types []NodeSpec) []NodeSpec {
 	var out []NodeSpec
-	for _, i := range rng.Perm(4 * k) {
-		n := types[i%4]
+	for _, i := range rng.Perm(len(types) * k) {
+		n := types[i%len(types)]
 		n.Name = fmt.Sprintf("n%04d", rng.Intn(10000)) // some names repeat: the first wins ties
 		n.GPUs = append([]GPUSpec(nil), n.GPUs...)
 		out = append(out, n)
@@ -31,63 +45,68 @@ func statesFleet(k int, rng *rand.Rand) []NodeSpec {
 func TestStateIndexDecidesAsEveryNode(t *testing.T) {
 	w := Workload{{CPUMilli: 4000, GPUs: 1, Share: 300, Weight: .3, MemoryMiB: 8192}, {CPUMilli: 8000, GPUs: 1, Share: 1000, Weight: .3},
 		{CPUMilli: 2000, GPUs: 1, Share: 150, Weight: .2, MemoryMiB: 2048}, {CPUMilli: 16000, GPUs: 2, Share: 1000, Weight: .1}, {CPUMilli: 1000, Weight: .1}}
+	fleets := map[string]func(int, *rand.Rand) []NodeSpec{"": statesFleet, "/mixed-capacity": mixedCapacityFleet}
 	for _, name := range []string{"fgpu", "fgd", "bestfit", "spread", "pack"} {
-		t.Run(name, func(t *testing.T) {
-			rng := rand.New(rand.NewSource(7))
-			c, err := NewCluster(statesFleet(40, rng))
-			if err != nil {
+		for fleet, specs := range fleets {
+			t.Run(name+fleet, func(t *testing.T) { indexDecidesAsEveryNode(t, name, w, specs) })
+		}
+	}
+}
+
+func indexDecidesAsEveryNode(t *testing.T, name string, w Workload, fleet func(int, *rand.Rand) []NodeSpec) {
+	rng := rand.New(rand.NewSource(7))
+	c, err := NewCluster(fleet(40, rng))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(name, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewScheduler(c, p, 1)
+	if !s.byState {
+		t.Fatalf("%s does not use the state index", name)
+	}
+	type placed struct {
+		p Placement
+		r *Request
+	}
+	var live []placed
+	shares := []int64{0, 100, 150, 300, 470, 810}
+	for i := range 3000 {
+		if len(live) > 0 && rng.Intn(4) == 0 {
+			k := rng.Intn(len(live))
+			if err := c.Release(live[k].p, live[k].r); err != nil {
 				t.Fatal(err)
 			}
-			p, err := New(name, w)
-			if err != nil {
+			live = append(live[:k], live[k+1:]...)
+			continue
+		}
+		r := &Request{Name: fmt.Sprint(i), CPUMilli: int64(rng.Intn(12)) * 1000, MemoryMiB: int64(rng.Intn(40)) * 1024,
+			GPUs: []int{0, 1, 1, 1, 2, 8}[rng.Intn(6)], Share: shares[rng.Intn(len(shares))]}
+		if r.GPUs > 1 {
+			r.Share = 0
+		}
+		if rng.Intn(10) == 0 {
+			r.Models = []string{"V100"}
+		}
+		s.byState = false
+		want, wantErr := s.Place(r)
+		s.byState = true
+		got, gotErr := s.Place(r)
+		if !reflect.DeepEqual(got, want) || fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || reason(gotErr) != reason(wantErr) {
+			t.Fatalf("request %d %+v: index gives %+v, %v; every node gives %+v, %v", i, *r, got, gotErr, want, wantErr)
+		}
+		if wantErr == nil {
+			if err := c.Assign(want, r); err != nil {
 				t.Fatal(err)
 			}
-			s := NewScheduler(c, p, 1)
-			if !s.byState {
-				t.Fatalf("%s does not use the state index", name)
-			}
-			type placed struct {
-				p Placement
-				r *Request
-			}
-			var live []placed
-			shares := []int64{0, 100, 150, 300, 470, 810}
-			for i := range 3000 {
-				if len(live) > 0 && rng.Intn(4) == 0 {
-					k := rng.Intn(len(live))
-					if err := c.Release(live[k].p, live[k].r); err != nil {
-						t.Fatal(err)
-					}
-					live = append(live[:k], live[k+1:]...)
-					continue
-				}
-				r := &Request{Name: fmt.Sprint(i), CPUMilli: int64(rng.Intn(12)) * 1000, MemoryMiB: int64(rng.Intn(40)) * 1024,
-					GPUs: []int{0, 1, 1, 1, 2, 8}[rng.Intn(6)], Share: shares[rng.Intn(len(shares))]}
-				if r.GPUs > 1 {
-					r.Share = 0
-				}
-				if rng.Intn(10) == 0 {
-					r.Models = []string{"V100"}
-				}
-				s.byState = false
-				want, wantErr := s.Place(r)
-				s.byState = true
-				got, gotErr := s.Place(r)
-				if !reflect.DeepEqual(got, want) || fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || reason(gotErr) != reason(wantErr) {
-					t.Fatalf("request %d %+v: index gives %+v, %v; every node gives %+v, %v", i, *r, got, gotErr, want, wantErr)
-				}
-				if wantErr == nil {
-					if err := c.Assign(want, r); err != nil {
-						t.Fatal(err)
-					}
-					live = append(live, placed{want, r})
-				}
-			}
-			all, withGPU := c.States()
-			if all >= c.Len() || withGPU > all {
-				t.Errorf("%d states for %d nodes (%d with free GPU share)", all, c.Len(), withGPU)
-			}
-		})
+			live = append(live, placed{want, r})
+		}
+	}
+	all, withGPU := c.States()
+	if all >= c.Len() || withGPU > all {
+		t.Errorf("%d states for %d nodes (%d with free GPU share)", all, c.Len(), withGPU)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,10 +40,22 @@ func main() {
 	tune := flag.Float64("tune", 1.3, "arrived GPU demand at the end, a multiple of GPU capacity")
 	reps := flag.String("replicate", "1,2,4,9", "copies of the node list per size (9 makes 10,917 nodes)")
 	withReplay := flag.Bool("replay", false, "also drive the real allocator (slow: it writes every claim to a fake API server)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	flag.Parse()
 	if *nodesPath == "" || *podsPath == "" {
 		fmt.Fprintln(os.Stderr, "--nodes and --pods are required")
 		os.Exit(2)
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if err := run(*nodesPath, *podsPath, *seed, *tune, *reps, *withReplay); err != nil {
 		fmt.Fprintln(os.Stderr, err)

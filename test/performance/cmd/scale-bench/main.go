@@ -46,21 +46,27 @@ func main() {
 		fmt.Fprintln(os.Stderr, "--nodes and --pods are required")
 		os.Exit(2)
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err == nil {
-			err = pprof.StartCPUProfile(f)
-		}
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		defer pprof.StopCPUProfile()
-	}
-	if err := run(*nodesPath, *podsPath, *seed, *tune, *reps, *withReplay); err != nil {
+	if err := withProfile(*cpuProfile, func() error { return run(*nodesPath, *podsPath, *seed, *tune, *reps, *withReplay) }); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// withProfile runs f with a CPU profile written to path (none where path is empty).
+func withProfile(path string, f func() error) error {
+	if path == "" {
+		return f()
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := pprof.StartCPUProfile(out); err != nil {
+		return err
+	}
+	defer pprof.StopCPUProfile()
+	return f()
 }
 
 func run(nodesPath, podsPath string, seed int64, tune float64, reps string, withReplay bool) error {

@@ -69,7 +69,13 @@ func TestLoadChartDashboard(t *testing.T) {
 		t.Fatalf("%d queries; the dashboard has more", len(qs))
 	}
 	panels := map[string]bool{}
+	last := ""
 	for _, q := range qs {
+		// Failures and the rendered image name panels by title: two panels must not share one.
+		if q.Panel != last && panels[q.Panel] {
+			t.Errorf("two panels titled %q", q.Panel)
+		}
+		last = q.Panel
 		panels[q.Panel] = true
 		if strings.Contains(q.Expr, "$") {
 			t.Errorf("panel %q: unsubstituted variable in %q", q.Panel, q.Expr)

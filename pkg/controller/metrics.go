@@ -2,25 +2,45 @@ package controller
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/labels"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
-// Metrics are the allocator's Prometheus metrics. Per-GPU figures are read from the state
-// at scrape time, so decisions pay nothing for them.
+// Metrics are the allocator's Prometheus metrics. Per-GPU and per-namespace figures are read
+// from the allocator's own state at scrape time (no API calls), so decisions pay nothing for
+// them. Label cardinality: node and gpu are bounded by the published GPUs; namespace by the
+// namespaces that hold or wait for fgpu claims, or that a SharingPolicy's quota selects (the
+// counters: that placed or refused claims since the allocator started); policy by the
+// SharingPolicies; reason by the fixed set refusalReasons.
 type Metrics struct {
 	decision prometheus.Histogram
 	latency  prometheus.Histogram
 	placed   prometheus.Counter
 	writes   *prometheus.CounterVec
+	nsPlaced *prometheus.CounterVec
+	refused  *prometheus.CounterVec
 	ctrl     *Controller
 
-	pendingDesc, memDesc, compDesc, tenantsDesc, fragDesc *prometheus.Desc
+	pendingDesc, memDesc, compDesc, tenantsDesc, fragDesc                    *prometheus.Desc
+	memCapDesc, compCapDesc, gpuNsDesc, gpuFragDesc, gpuTaintedDesc          *prometheus.Desc
+	nsClaimsDesc, nsMemDesc, nsCompDesc, nsPendingDesc, nsOldestDesc         *prometheus.Desc
+	nsQuotaMemDesc, nsQuotaMemUsedDesc, nsQuotaCompDesc, nsQuotaCompUsedDesc *prometheus.Desc
 }
+
+// refusalReasons are the reasons fgpu_allocator_namespace_claims_refused_total counts by:
+// the event reasons of a claim that waits. Any other counts as "other", so the set stays fixed.
+var refusalReasons = map[string]bool{ReasonWaiting: true, ReasonOverQuota: true, ReasonQuotaQueued: true,
+	ReasonUnsupported: true, ReasonInvalidPolicy: true, ReasonPodBoundElsewhere: true}
 
 // NewMetrics registers the metrics with reg (nil: not registered).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
+	gpuLabels, nsLabels, quotaLabels := []string{"node", "gpu"}, []string{"namespace"}, []string{"namespace", "policy"}
 	m := &Metrics{
 		decision: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fgpu_allocator_decision_seconds",
 			Help: "Time to decide where one claim goes.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16)}),
@@ -30,26 +50,66 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fgpu_allocator_api_writes_total",
 			Help: "Requests that write to the API server (events included), by verb and resource[/subresource]: over fgpu_allocator_claims_placed_total, the writes per placed claim."},
 			[]string{"verb", "resource"}),
+		nsPlaced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fgpu_allocator_namespace_claims_placed_total",
+			Help: "Claims the allocator placed, by namespace."}, nsLabels),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fgpu_allocator_namespace_claims_refused_total",
+			Help: "Decisions that left a claim waiting, by namespace and reason (the claim's event reason; a claim that waits long is decided on again and counted again)."},
+			[]string{"namespace", "reason"}),
 		pendingDesc: prometheus.NewDesc("fgpu_allocator_pending_claims", "fgpu claims waiting for an allocation.", nil, nil),
-		memDesc:     prometheus.NewDesc("fgpu_allocator_gpu_allocated_memory_bytes", "GPU memory allocated to claims.", []string{"node", "gpu"}, nil),
-		compDesc:    prometheus.NewDesc("fgpu_allocator_gpu_allocated_compute_percent", "GPU compute allocated to claims.", []string{"node", "gpu"}, nil),
-		tenantsDesc: prometheus.NewDesc("fgpu_allocator_gpu_tenants", "Claims sharing the GPU.", []string{"node", "gpu"}, nil),
+		memDesc:     prometheus.NewDesc("fgpu_allocator_gpu_allocated_memory_bytes", "GPU memory allocated to claims.", gpuLabels, nil),
+		compDesc:    prometheus.NewDesc("fgpu_allocator_gpu_allocated_compute_percent", "GPU compute allocated to claims.", gpuLabels, nil),
+		tenantsDesc: prometheus.NewDesc("fgpu_allocator_gpu_tenants", "Claims sharing the GPU.", gpuLabels, nil),
 		fragDesc: prometheus.NewDesc("fgpu_allocator_fragmentation_ratio",
 			"Share of the free GPU memory that sits on partly used GPUs (free memory no whole-GPU claim can use).", nil, nil),
+		memCapDesc:  prometheus.NewDesc("fgpu_allocator_gpu_memory_capacity_bytes", "GPU memory the GPU offers to claims.", gpuLabels, nil),
+		compCapDesc: prometheus.NewDesc("fgpu_allocator_gpu_compute_capacity_percent", "GPU compute the GPU offers to claims.", gpuLabels, nil),
+		gpuNsDesc:   prometheus.NewDesc("fgpu_allocator_gpu_namespaces", "Namespaces with a share of the GPU.", gpuLabels, nil),
+		gpuFragDesc: prometheus.NewDesc("fgpu_allocator_gpu_fragmented_memory_bytes",
+			"Free memory of a partly used GPU (no whole-GPU claim can use it); 0 on an idle GPU.", gpuLabels, nil),
+		gpuTaintedDesc: prometheus.NewDesc("fgpu_allocator_gpu_tainted",
+			"1 while the GPU carries a taint that claims must tolerate (a fault, a degraded or flapping GPU, an admin's taint): it takes no new claims.", gpuLabels, nil),
+		nsClaimsDesc:  prometheus.NewDesc("fgpu_allocator_namespace_allocated_claims", "Allocated fgpu claims of the namespace.", nsLabels, nil),
+		nsMemDesc:     prometheus.NewDesc("fgpu_allocator_namespace_allocated_memory_bytes", "GPU memory allocated to the namespace's claims.", nsLabels, nil),
+		nsCompDesc:    prometheus.NewDesc("fgpu_allocator_namespace_allocated_compute_percent", "GPU compute allocated to the namespace's claims (percent of one GPU, summed).", nsLabels, nil),
+		nsPendingDesc: prometheus.NewDesc("fgpu_allocator_namespace_pending_claims", "fgpu claims of the namespace waiting for an allocation.", nsLabels, nil),
+		nsOldestDesc:  prometheus.NewDesc("fgpu_allocator_namespace_oldest_pending_claim_age_seconds", "Age of the namespace's oldest claim waiting for an allocation.", nsLabels, nil),
+		nsQuotaMemDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_memory_bytes",
+			"The namespace's GPU memory quota, and the SharingPolicy that sets it.", quotaLabels, nil),
+		nsQuotaMemUsedDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_used_memory_bytes",
+			"GPU memory the namespace's claims hold against its quota.", quotaLabels, nil),
+		nsQuotaCompDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_compute_percent",
+			"The namespace's GPU compute quota, and the SharingPolicy that sets it.", quotaLabels, nil),
+		nsQuotaCompUsedDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_used_compute_percent",
+			"GPU compute the namespace's claims hold against its quota.", quotaLabels, nil),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decision, m.latency, m.placed, m.writes, m)
+		reg.MustRegister(m.decision, m.latency, m.placed, m.writes, m.nsPlaced, m.refused, m)
 	}
 	return m
 }
 
+// placedIn counts a placed claim of namespace ns.
+func (m *Metrics) placedIn(ns string) {
+	m.placed.Inc()
+	m.nsPlaced.WithLabelValues(ns).Inc()
+}
+
+// refusedIn counts a decision that left a claim of namespace ns waiting for reason.
+func (m *Metrics) refusedIn(ns, reason string) {
+	if !refusalReasons[reason] {
+		reason = "other"
+	}
+	m.refused.WithLabelValues(ns, reason).Inc()
+}
+
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	ch <- m.pendingDesc
-	ch <- m.memDesc
-	ch <- m.compDesc
-	ch <- m.tenantsDesc
-	ch <- m.fragDesc
+	for _, d := range []*prometheus.Desc{m.pendingDesc, m.memDesc, m.compDesc, m.tenantsDesc, m.fragDesc,
+		m.memCapDesc, m.compCapDesc, m.gpuNsDesc, m.gpuFragDesc, m.gpuTaintedDesc,
+		m.nsClaimsDesc, m.nsMemDesc, m.nsCompDesc, m.nsPendingDesc, m.nsOldestDesc,
+		m.nsQuotaMemDesc, m.nsQuotaMemUsedDesc, m.nsQuotaCompDesc, m.nsQuotaCompUsedDesc} {
+		ch <- d
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -58,23 +118,90 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	if c == nil {
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(m.pendingDesc, prometheus.GaugeValue, float64(c.pending.Len()))
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(m.pendingDesc, float64(c.pending.Len()))
 	var free, partFree float64
 	c.model.EachGPU(func(g *gpu) {
-		ch <- prometheus.MustNewConstMetric(m.memDesc, prometheus.GaugeValue, float64(g.usedMem), g.node, g.key.device)
-		ch <- prometheus.MustNewConstMetric(m.compDesc, prometheus.GaugeValue, float64(g.usedComp), g.node, g.key.device)
-		ch <- prometheus.MustNewConstMetric(m.tenantsDesc, prometheus.GaugeValue, float64(len(g.tenants)), g.node, g.key.device)
+		gauge(m.memDesc, float64(g.usedMem), g.node, g.key.device)
+		gauge(m.compDesc, float64(g.usedComp), g.node, g.key.device)
+		gauge(m.tenantsDesc, float64(len(g.tenants)), g.node, g.key.device)
+		gauge(m.memCapDesc, float64(g.memCap), g.node, g.key.device)
+		gauge(m.compCapDesc, float64(g.compCap), g.node, g.key.device)
+		namespaces := map[string]struct{}{}
+		for _, t := range g.tenants {
+			namespaces[t.namespace] = struct{}{}
+		}
+		gauge(m.gpuNsDesc, float64(len(namespaces)), g.node, g.key.device)
 		f := float64(g.memCap - g.usedMem)
 		free += f
+		frag := 0.0
 		if len(g.tenants) > 0 {
 			partFree += f
+			frag = f
 		}
+		gauge(m.gpuFragDesc, frag, g.node, g.key.device)
+		gauge(m.gpuTaintedDesc, boolValue(len(g.taints) > 0), g.node, g.key.device)
 	})
 	frag := 0.0
 	if free > 0 {
 		frag = partFree / free
 	}
-	ch <- prometheus.MustNewConstMetric(m.fragDesc, prometheus.GaugeValue, frag)
+	gauge(m.fragDesc, frag)
+	m.collectNamespaces(c, gauge)
+}
+
+// collectNamespaces reports the namespaces that hold or wait for claims, and their quotas
+// with those of the namespaces a quota selects.
+func (m *Metrics) collectNamespaces(c *Controller, gauge func(*prometheus.Desc, float64, ...string)) {
+	use := c.model.ByNamespace()
+	pending := c.pending.ByNamespace()
+	now := c.now()
+	known := map[string]struct{}{}
+	for ns, u := range use {
+		known[ns] = struct{}{}
+		gauge(m.nsClaimsDesc, float64(u.claims), ns)
+		gauge(m.nsMemDesc, float64(u.mem), ns)
+		gauge(m.nsCompDesc, float64(u.comp), ns)
+	}
+	for ns, p := range pending {
+		known[ns] = struct{}{}
+		gauge(m.nsPendingDesc, float64(p.claims), ns)
+		gauge(m.nsOldestDesc, max(now.Sub(p.oldest).Seconds(), 0), ns)
+	}
+	policies := c.policyList()
+	if !slices.ContainsFunc(policies, func(p *api.SharingPolicy) bool { return p.Spec.Quota != nil }) {
+		return
+	}
+	nsLabels := map[string]map[string]string{}
+	if c.namespaces != nil {
+		if list, err := c.namespaces.List(labels.Everything()); err == nil {
+			for _, n := range list {
+				nsLabels[n.Name] = n.Labels
+				known[n.Name] = struct{}{}
+			}
+		}
+	}
+	for ns := range known {
+		q := policy.NamespaceQuota(policies, nsLabels[ns])
+		u := use[ns]
+		if q.Memory != nil {
+			gauge(m.nsQuotaMemDesc, float64(q.Memory.Value()), ns, q.MemoryFrom)
+			gauge(m.nsQuotaMemUsedDesc, float64(u.mem), ns, q.MemoryFrom)
+		}
+		if q.Compute != nil {
+			gauge(m.nsQuotaCompDesc, float64(*q.Compute), ns, q.ComputeFrom)
+			gauge(m.nsQuotaCompUsedDesc, float64(u.comp), ns, q.ComputeFrom)
+		}
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // CountWrites wraps the transport of the allocator's API client: each request that writes

@@ -539,3 +539,26 @@ func sameShares(a, b *claimRec) bool {
 	}
 	return true
 }
+
+// nsUse is one namespace's allocated claims and what they hold.
+type nsUse struct {
+	claims    int
+	mem, comp int64
+}
+
+// ByNamespace sums the allocated claims per namespace; namespaces without any are left out.
+func (m *model) ByNamespace() map[string]nsUse {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]nsUse{}
+	for _, rec := range m.claims {
+		u := out[rec.namespace]
+		u.claims++
+		for _, sh := range rec.shares {
+			u.mem += sh.t.mem
+			u.comp += sh.t.comp
+		}
+		out[rec.namespace] = u
+	}
+	return out
+}

@@ -77,6 +77,7 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	c.metrics.decision.Observe(c.now().Sub(start).Seconds())
 	if w != nil {
 		klog.FromContext(ctx).V(4).Info("Claim waits", "reason", w.reason, "message", w.message)
+		c.metrics.refusedIn(claim.Namespace, w.reason)
 		c.setStatus(ctx, claim, in.consumers, "Pending: "+w.message, w.reason)
 		// Requeued when quota frees up, or on any capacity, node or policy change; and when
 		// a GPU whose plugin refused the claim may be tried again.
@@ -265,7 +266,7 @@ func (c *Controller) commit(ctx context.Context, in *input, d *decision) (time.D
 	}
 	c.refused.Placed(claim.UID)
 	c.pending.Forget(key)
-	c.metrics.placed.Inc()
+	c.metrics.placedIn(claim.Namespace)
 	c.metrics.latency.Observe(c.now().Sub(claim.CreationTimestamp.Time).Seconds())
 	klog.FromContext(ctx).V(2).Info("Placed claim", "node", d.node, "summary", msg)
 	written := claim.DeepCopy() // its status annotation went out with the finalizer

@@ -239,3 +239,26 @@ func (q *claimQueue) WaitForQuota(key string, created time.Time, waiting bool) (
 	q.quota[ns][key] = created
 	return false
 }
+
+// nsPending is one namespace's pending claims: how many, and when the oldest was created.
+type nsPending struct {
+	claims int
+	oldest time.Time
+}
+
+// ByNamespace counts the pending claims per namespace, with the oldest's creation time.
+func (q *claimQueue) ByNamespace() map[string]nsPending {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := map[string]nsPending{}
+	for k, p := range q.pending {
+		ns, _, _ := strings.Cut(k, "/")
+		e := out[ns]
+		if e.claims == 0 || p.created.Before(e.oldest) {
+			e.oldest = p.created
+		}
+		e.claims++
+		out[ns] = e
+	}
+	return out
+}

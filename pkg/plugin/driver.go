@@ -160,6 +160,7 @@ func (d *Driver) watchMPS(ctx context.Context) {
 
 // reportHealth tells a person what changed: a log line and a Node event each.
 func (d *Driver) reportHealth(ctx context.Context, changes []HealthChange) {
+	d.metrics.observeHealth(d.state.Devices(), d.health.taints)
 	logger := klog.FromContext(ctx)
 	for _, c := range changes {
 		logger.Info(c.Message, "device", c.Device, "uuid", c.UUID, "reason", c.Reason)

@@ -202,8 +202,8 @@ const (
 
 // The reasons sharingMode gives for a mode chosen from measurement.
 const (
-	busyNote     = "keeps a GPU busy (compute recommended at 90% or more), so sharing gains it nothing"
-	idleNote     = "best-effort and mostly idle (compute recommended at 10% or less): time-slicing costs it little and keeps its faults from its co-tenants, but caps no memory"
+	busyNote = "keeps a GPU busy (compute recommended at 90% or more), so sharing gains it nothing"
+	idleNote = "best-effort and mostly idle (compute recommended at 10% or less): time-slicing costs it little and keeps its faults from its co-tenants, but caps no memory"
 )
 
 // sharingMode is the mode a claim gets: the policy's, else the claim's own, else, where its

@@ -337,7 +337,9 @@ func TestSharingModeFromMeasurement(t *testing.T) {
 	busy := sizing.Recommendation{MemoryBytes: 8 << 30, ComputePercent: 95}
 	idle := sizing.Recommendation{MemoryBytes: 8 << 30, ComputePercent: 5}
 	some := sizing.Recommendation{MemoryBytes: 8 << 30, ComputePercent: 40}
-	auto := func(l api.LatencyClass) policy.Effective { return policy.Effective{Mode: api.PolicyModeAuto, Latency: l} }
+	auto := func(l api.LatencyClass) policy.Effective {
+		return policy.Effective{Mode: api.PolicyModeAuto, Latency: l}
+	}
 	for _, c := range []struct {
 		name     string
 		pol      policy.Effective

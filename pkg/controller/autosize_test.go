@@ -192,3 +192,20 @@ func TestSizingAutoShrinksAndTellsWhatItCannotDo(t *testing.T) {
 		t.Errorf("evicted %v; a pod at its claim's request would come back the same", e.evicted)
 	}
 }
+
+// Auto is Initial for new claims: a new pod of the workload is placed at the recommendation.
+func TestSizingAutoSizesNewClaims(t *testing.T) {
+	e := newSizingEnv(t, api.SizingAuto)
+	for i := 1; i <= 3; i++ {
+		e.report(i, 7, e.share)
+	}
+	rec, ok := e.c.Recommendation(e.w)
+	if !ok {
+		t.Fatal("no recommendation")
+	}
+	e.create(builders.MakeClaim("team-a", "c2").Memory("40Gi").Obj(), sizedPod("web-7c9d5-fghij", "c2"))
+	e.run()
+	if got := e.allocatedClaim("c2").Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]; got.Value() != rec.MemoryBytes {
+		t.Errorf("new claim got %s; want the recommended %s", got.String(), fmtBytes(rec.MemoryBytes))
+	}
+}

@@ -68,6 +68,7 @@ func main() {
 	fs.DurationVar(&f.cfg.Sizing.HalfLife, "sizing-half-life", f.cfg.Sizing.HalfLife, "sizing: a measured sample this much older weighs half as much in a workload's recommendation")
 	fs.Float64Var(&f.cfg.Sizing.Headroom, "sizing-headroom", f.cfg.Sizing.Headroom, "sizing: a recommendation is the measured percentile times 1 plus this (0.15: 15% more)")
 	fs.IntVar(&f.cfg.Sizing.MinSamples, "sizing-min-samples", f.cfg.Sizing.MinSamples, "sizing: measured samples (one per claim per kubelet plugin poll) before a workload gets a recommendation")
+	fs.DurationVar(&f.cfg.SizingShrinkAfter, "sizing-shrink-after", f.cfg.SizingShrinkAfter, "sizing Auto: a pod whose GPU memory use stayed under 80% of its cap this long is evicted to come back smaller")
 	f.metrics.AddFlags(fs, ":9465")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
 	fs.BoolVar(&f.metrics.Profiling, "profiling", false, "serve Go's pprof handlers under /debug/pprof/ on the metrics address, behind its authorization")

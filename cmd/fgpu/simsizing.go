@@ -17,6 +17,7 @@ type simSizingFlags struct {
 	trace, output     string
 	headroom          float64
 	history, halfLife time.Duration
+	window            time.Duration
 	grid              bool
 }
 
@@ -31,8 +32,12 @@ container), human (its true peak rounded up to 8 GiB, known in advance), initial
 Initial: it asks a whole GPU; only a restart after running out of memory is sized),
 auto (fgpu Auto: also restarted larger as its use nears its cap, smaller once its use
 stayed far below it for the history), oracle (true peaks repacked perfectly at every
-step). Prints GPUs in use (peak, time-average), containers per GPU and cap violations
-(steps a container used more than its cap) per 100 container-hours.`,
+step), auto-burst (Auto with the burst model: each container capped at twice its
+observed peak, admitted to a GPU only if its co-tenants' recorded use, summed
+time-aligned at the report interval, plus headroom, fits). Prints GPUs in use (peak and
+time-average, over the run and after the first history window), containers per GPU,
+violations per 100 container-hours (steps a container used more than its cap, or a
+GPU's tenants together more than it has) and restarts.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSimSizing(cmd.OutOrStdout(), f) },
 	}
 	fl := cmd.Flags()
@@ -41,14 +46,15 @@ step). Prints GPUs in use (peak, time-average), containers per GPU and cap viola
 	fl.Float64Var(&f.headroom, "headroom", 0.15, "recommendation headroom (the allocator's --sizing-headroom)")
 	fl.DurationVar(&f.history, "history", time.Hour, "history before a recommendation (the allocator's --sizing-min-samples, in time)")
 	fl.DurationVar(&f.halfLife, "half-life", 24*time.Hour, "the recommender's half-life (--sizing-half-life)")
-	fl.BoolVar(&f.grid, "grid", false, "also replay Auto over a grid of headroom, history and half-life")
+	fl.DurationVar(&f.window, "window", 24*time.Hour, "auto-burst: the history its admission sums over")
+	fl.BoolVar(&f.grid, "grid", false, "also replay auto and auto-burst over a grid of headroom and history")
 	return cmd
 }
 
 type gridRow struct {
 	Headroom float64 `json:"headroom"`
 	History  string  `json:"history"`
-	HalfLife string  `json:"half_life"`
+	Window   string  `json:"window"`
 	sizingsim.Result
 }
 
@@ -60,21 +66,21 @@ func runSimSizing(w io.Writer, f simSizingFlags) error {
 	if err != nil {
 		return err
 	}
-	opts := func(headroom float64, history, halfLife time.Duration) sizingsim.Options {
+	opts := func(headroom float64, history time.Duration) sizingsim.Options {
 		o := sizingsim.DefaultOptions(tr.StepSeconds)
-		o.Sizing.Headroom, o.Sizing.HalfLife = headroom, halfLife
+		o.Sizing.Headroom, o.Sizing.HalfLife, o.Window = headroom, f.halfLife, f.window
 		o.Sizing.MinSamples = max(1, int(history.Seconds()/tr.StepSeconds))
 		return o
 	}
 	progress := func(done, total int) { fmt.Fprintf(os.Stderr, "\rreplaying %3d%%", done*100/total) }
-	results := sizingsim.Run(tr, opts(f.headroom, f.history, f.halfLife), progress)
+	results := sizingsim.Run(tr, opts(f.headroom, f.history), progress)
 	var grid []gridRow
 	if f.grid {
-		for _, h := range []float64{0.05, 0.15, 0.3} {
-			for _, hist := range []time.Duration{time.Hour, 6 * time.Hour} {
-				for _, hl := range []time.Duration{2 * time.Hour, 24 * time.Hour} {
-					r := sizingsim.Auto(tr, opts(h, hist, hl), progress)
-					grid = append(grid, gridRow{Headroom: h, History: hist.String(), HalfLife: hl.String(), Result: r})
+		for _, h := range []float64{0.05, 0.1, 0.15, 0.3} {
+			for _, hist := range []time.Duration{time.Hour, 3 * time.Hour, 6 * time.Hour} {
+				o := opts(h, hist)
+				for _, r := range []sizingsim.Result{sizingsim.Auto(tr, o, progress), sizingsim.Burst(tr, o)} {
+					grid = append(grid, gridRow{Headroom: h, History: hist.String(), Window: f.window.String(), Result: r})
 				}
 			}
 		}
@@ -85,16 +91,16 @@ func runSimSizing(w io.Writer, f simSizingFlags) error {
 			"step_seconds": tr.StepSeconds, "steps": tr.Steps, "strategies": results, "grid": grid})
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "%d containers, %d steps of %.0f s; headroom %.2f, history %s, half-life %s\n", len(tr.Containers), tr.Steps, tr.StepSeconds, f.headroom, f.history, f.halfLife)
-	fmt.Fprintln(tw, "strategy\tGPUs peak\tGPUs mean\tcontainers/GPU\tviolations/100h\trestarts\t")
+	fmt.Fprintf(w, "%d containers, %d steps of %.0f s; headroom %.2f, history %s, half-life %s, window %s\n", len(tr.Containers), tr.Steps, tr.StepSeconds, f.headroom, f.history, f.halfLife, f.window)
+	fmt.Fprintln(tw, "strategy\tGPUs peak\tmean\tafter history: peak\tmean\tcontainers/GPU\tviolations/100h\tof them GPU over-full\trestarts\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%.2f\t%d\t\n", r.Strategy, r.GPUsPeak, r.GPUsMean, r.ContainersPerGPU, r.ViolationsPer100h, r.Restarts)
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%d\t%.1f\t%.2f\t%.2f\t%d\t%d\t\n", r.Strategy, r.GPUsPeak, r.GPUsMean, r.GPUsPeakWarm, r.GPUsMeanWarm, r.ContainersPerGPU, r.ViolationsPer100h, r.OverfullViolations, r.Restarts)
 	}
 	if len(grid) > 0 {
-		fmt.Fprintln(tw, "\t\t\t\t\t\t")
-		fmt.Fprintln(tw, "auto: headroom\thistory\thalf-life\tGPUs mean\tviolations/100h\trestarts\t")
+		fmt.Fprintln(tw, "\t\t\t\t\t\t\t\t\t")
+		fmt.Fprintln(tw, "strategy\theadroom\thistory\tGPUs mean\tafter history\tviolations/100h\trestarts\t\t\t")
 		for _, g := range grid {
-			fmt.Fprintf(tw, "%.2f\t%s\t%s\t%.1f\t%.2f\t%d\t\n", g.Headroom, g.History, g.HalfLife, g.GPUsMean, g.ViolationsPer100h, g.Restarts)
+			fmt.Fprintf(tw, "%s\t%.2f\t%s\t%.1f\t%.1f\t%.2f\t%d\t\t\t\n", g.Strategy, g.Headroom, g.History, g.GPUsMean, g.GPUsMeanWarm, g.ViolationsPer100h, g.Restarts)
 		}
 	}
 	return tw.Flush()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,7 +12,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
@@ -188,5 +191,122 @@ func TestReplayPastTheCapRunsOutOfMemory(t *testing.T) {
 	raw, _ := cluster.Client.CoreV1().Pods(ns).GetLogs("grow", &corev1.PodLogOptions{}).DoRaw(ctx)
 	if !strings.Contains(string(raw), "out of memory") {
 		t.Errorf("log %q; want out of memory", raw)
+	}
+}
+
+// A Deployment under sizing Auto: its first pod keeps what it asked (no samples yet); a pod
+// added after the recommendation gets the smaller size; when that pod's use grows toward its
+// cap it is not evicted while a PodDisruptionBudget forbids it (told on the pod), and once
+// the budget allows it, it is evicted and its replacement comes back larger, with no
+// simulated out-of-memory on the way.
+func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "sizing-auto")
+	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
+	createPolicy(t, builders.MakePolicy("sizing-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(api.SizingAuto).Obj())
+	gp := framework.MakeGPUPod(ns, "web").Memory("20Gi")
+	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gp.Template(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// 2Gi for 90 s (a recommendation of 2.5Gi), then 2450Mi: under a 2.5Gi cap, past 95 % of it.
+	pod := replayPod(ns, "web", "20Gi", "0:2Gi:30,90:2450Mi:30")
+	labels := map[string]string{"app": "web"}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: pod.Spec}},
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// running waits for a running pod of the Deployment other than those in not, and fails
+	// the test on any container restart (a simulated out-of-memory).
+	running := func(not ...string) *corev1.Pod {
+		t.Helper()
+		var found *corev1.Pod
+		if err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+			pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+			if err != nil {
+				return false, nil
+			}
+			for i := range pods.Items {
+				p := &pods.Items[i]
+				for _, cs := range p.Status.ContainerStatuses {
+					if cs.RestartCount > 0 {
+						return false, fmt.Errorf("pod %s restarted: %+v", p.Name, cs.LastTerminationState)
+					}
+				}
+				if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && !slices.Contains(not, p.Name) {
+					found = p
+					return true, nil
+				}
+			}
+			return false, nil
+		}); err != nil {
+			t.Fatalf("no new running pod of the Deployment: %v", err)
+		}
+		return found
+	}
+	memOf := func(p *corev1.Pod) int64 {
+		t.Helper()
+		c, err := cluster.ClaimOf(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := c.Status.Allocation.Devices.Results[0].ConsumedCapacity["memory"]
+		return q.Value()
+	}
+	first := running()
+	if got := memOf(first); got != 20<<30 {
+		t.Fatalf("first pod's claim got %d bytes; want the 20Gi it asked (no samples yet)", got)
+	}
+	claim, err := cluster.ClaimOf(ctx, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.WaitEvent(ctx, ns, claim.Name, "Deployment "+ns+"/web request gpu: recommended memory", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// Both pods must stay available: the budget forbids evicting either.
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(2)), Selector: &metav1.LabelSelector{MatchLabels: labels}}}
+	if _, err := cluster.Client.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).UpdateScale(ctx, "web", &autoscalingv1.Scale{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 2}}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	second := running(first.Name)
+	small := memOf(second)
+	if small >= 20<<30 || small < 2<<30 {
+		t.Fatalf("second pod's claim got %d bytes; want the recommendation, above 2Gi and below 20Gi", small)
+	}
+	report, err := cluster.Probe(ctx, ns, second.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("0=%dM", small>>20); report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != want {
+		t.Errorf("second pod's MPS cap %q; want %q", report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], want)
+	}
+	ev, err := cluster.WaitEvent(ctx, ns, second.Name, "the eviction was refused", 3*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(ev)
+	if p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, second.Name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
+		t.Fatalf("the second pod was evicted against its PodDisruptionBudget (%v)", err)
+	}
+	if err := cluster.Client.PolicyV1().PodDisruptionBudgets(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ev, err = cluster.WaitEvent(ctx, ns, second.Name, "evicted by sizing Auto", 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(ev)
+	third := running(first.Name, second.Name)
+	if got := memOf(third); got <= small {
+		t.Errorf("the replacement's claim got %d bytes; want more than the evicted pod's %d", got, small)
 	}
 }

@@ -55,13 +55,16 @@ type Config struct {
 	// Sizing sets the recommender that sizes workloads from their claims' measured use
 	// (zero: sizing.DefaultOptions).
 	Sizing sizing.Options
+	// SizingShrinkAfter: under sizing Auto, a pod whose use stayed far below its cap this
+	// long is recreated smaller.
+	SizingShrinkAfter time.Duration
 }
 
 // DefaultConfig is the allocator's default configuration.
 func DefaultConfig() Config {
 	return Config{DriverName: api.DriverName, DeviceClasses: []string{api.DeviceClassShared, api.DeviceClassExclusive},
 		ExclusiveClasses: []string{api.DeviceClassExclusive}, BindTimeout: 2 * time.Minute, OrphanGrace: 30 * time.Second,
-		Workers: 32, Placement: "fgpu", Sizing: sizing.DefaultOptions()}
+		Workers: 32, Placement: "fgpu", Sizing: sizing.DefaultOptions(), SizingShrinkAfter: time.Hour}
 }
 
 func (cfg *Config) isFgpuClass(name string) bool { return slices.Contains(cfg.DeviceClasses, name) }
@@ -179,6 +182,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	go wait.UntilWithContext(ctx, c.expire, 10*time.Second)
 	go wait.UntilWithContext(ctx, c.sweepUsage, usageSweepInterval)
+	go wait.UntilWithContext(ctx, c.evictForResize, autoEvictInterval)
 	<-ctx.Done()
 	return nil
 }

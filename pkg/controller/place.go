@@ -132,7 +132,7 @@ func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
 		podLabels = map[string]string{}
 	}
 	in.pol = policy.Resolve(c.policyList(), nsLabels, podLabels)
-	if in.pol.Sizing == api.SizingInitial {
+	if in.pol.Sizing == api.SizingInitial || in.pol.Sizing == api.SizingAuto {
 		top := topOwner(in.consumers[0])
 		for _, r := range claim.Spec.Devices.Requests {
 			for _, a := range alternatives(r) {

@@ -41,6 +41,12 @@ const (
 	ReasonSizingRecommendation = "FgpuSizingRecommendation"
 	// ReasonSized: a claim was placed at its workload's recommended size (sizing Initial).
 	ReasonSized = "FgpuSized"
+	// ReasonResizeEvicted: sizing Auto evicted a pod so that it comes back at a new size;
+	// ReasonResizeBlocked: the eviction was refused (a PodDisruptionBudget), retried later;
+	// ReasonResizeAtRequest: its use nears a cap that is all its claim asks.
+	ReasonResizeEvicted   = "FgpuResizeEvicted"
+	ReasonResizeBlocked   = "FgpuResizeBlocked"
+	ReasonResizeAtRequest = "FgpuResizeAtRequest"
 )
 
 // waitReason is why a claim is not placed now.

@@ -110,10 +110,20 @@ func resolveRequest(cfg *Config, in *input, a alt, smallestGPU func(*request) in
 			return unsupported("request %q: unknown capacity %q (fgpu devices have memory and compute)", a.name, k)
 		}
 	}
-	if r, ok := in.sized[a.name]; ok && rq.count == 1 && !cfg.isExclusiveClass(a.class) && in.pol.Isolation != api.IsolationExclusive {
-		rq.applySizing(r, in.sizedFor, smallestGPU)
+	measured, isMeasured := in.sized[a.name]
+	var modeNote string
+	rq.mode, modeNote = sharingMode(in.pol, userCfg, measured, isMeasured)
+	switch {
+	case !isMeasured || rq.count != 1 || cfg.isExclusiveClass(a.class) || in.pol.Isolation == api.IsolationExclusive:
+	case modeNote == busyNote && rq.whole:
+		// Sizing it to a share would only queue its kernels behind its co-tenants'.
+		rq.sized = fmt.Sprintf("request %q keeps the whole GPU it asked for: %s %s/%s %s", a.name, in.sizedFor.Kind, in.sizedFor.Namespace, in.sizedFor.Name, busyNote)
+	default:
+		rq.applySizing(measured, in.sizedFor, smallestGPU)
+		if modeNote != "" && !rq.whole {
+			rq.sized = strings.TrimPrefix(strings.Join([]string{rq.sized, fmt.Sprintf("request %q: mode %s from measurement: %s", a.name, rq.mode, modeNote)}, "; "), "; ")
+		}
 	}
-	rq.mode = sharingMode(in.pol, userCfg)
 	rq.domain = domain{in.claim.Namespace, subDomain(userCfg)}
 	if rq.count > 1 && !rq.whole && rq.mode != api.SharingModeTimeSlicing {
 		return unsupported("request %q asks for %d shares of GPUs through MPS, but a container reaches one MPS server: ask for whole GPUs, one share, or mode timeSlicing", a.name, rq.count)
@@ -182,20 +192,45 @@ func (rq *request) limitsFit(mem, comp int64, g *gpu) (string, string) {
 	return "", ""
 }
 
-// sharingMode is the mode a claim gets: the policy's, else the claim's own, else MPS. Mode
-// auto never follows a GPU's other tenants: a claim that names no mode keeps MPS's memory
-// caps, and waits for or goes to another GPU rather than be time-sliced because another
+// Mode auto's thresholds on a workload's recommended compute (its measured SM activity's
+// p90 plus headroom): at or above busyComputePercent it keeps a GPU busy, at or below
+// idleComputePercent it is mostly idle.
+const (
+	busyComputePercent = 90
+	idleComputePercent = 10
+)
+
+// The reasons sharingMode gives for a mode chosen from measurement.
+const (
+	busyNote = "keeps a GPU busy (compute recommended at 90% or more), so sharing gains it nothing"
+	idleNote = "best-effort and mostly idle (compute recommended at 10% or less): time-slicing costs it little and keeps its faults from its co-tenants, but caps no memory"
+)
+
+// sharingMode is the mode a claim gets: the policy's, else the claim's own, else, where its
+// workload's use was measured (under sizing Initial or Auto), the mode that use calls for,
+// with the reason where it is not plain MPS; else MPS. A busy workload gets busyNote (its
+// request is kept whole where it asked a whole GPU); a best-effort, mostly idle one
+// time-slicing; every other one, latency-critical always, MPS with caps (its kernels
+// concurrent with its co-tenants', its compute share reserved by MPS's thread limit, where
+// time-slicing would make them wait for other tenants' slices). Mode auto never follows a
+// GPU's other tenants: a claim that names no mode is never time-sliced because another
 // tenant chose time-slicing.
-func sharingMode(pol policy.Effective, userCfg *api.GpuConfig) api.SharingMode {
+func sharingMode(pol policy.Effective, userCfg *api.GpuConfig, measured sizing.Recommendation, isMeasured bool) (api.SharingMode, string) {
 	switch {
 	case pol.Mode == api.PolicyModeMPS:
-		return api.SharingModeMPS
+		return api.SharingModeMPS, ""
 	case pol.Mode == api.PolicyModeTimeSlicing:
-		return api.SharingModeTimeSlicing
+		return api.SharingModeTimeSlicing, ""
 	case userCfg.Mode != "":
-		return userCfg.Mode
+		return userCfg.Mode, ""
+	case !isMeasured:
+		return api.SharingModeMPS, ""
+	case measured.ComputePercent >= busyComputePercent:
+		return api.SharingModeMPS, busyNote
+	case pol.Latency == api.LatencyBestEffort && measured.ComputePercent <= idleComputePercent:
+		return api.SharingModeTimeSlicing, idleNote
 	}
-	return api.SharingModeMPS
+	return api.SharingModeMPS, ""
 }
 
 // subDomain is the sub-domain a claim names within its namespace, under every policy: it

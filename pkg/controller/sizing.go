@@ -24,10 +24,11 @@ type sizer struct {
 	mu        sync.Mutex
 	rec       *sizing.Recommender
 	announced map[sizing.Workload]sizing.Recommendation
+	auto      *autoState
 }
 
 func newSizer(opts sizing.Options) *sizer {
-	return &sizer{rec: sizing.NewRecommender(opts), announced: map[sizing.Workload]sizing.Recommendation{}}
+	return &sizer{rec: sizing.NewRecommender(opts), announced: map[sizing.Workload]sizing.Recommendation{}, auto: newAutoState()}
 }
 
 // observeUsage takes the usage summaries the kubelet plugin wrote into the claim's
@@ -45,6 +46,7 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 	top := topOwner(pods[0])
 	mode := c.policyOf(claim, pods[0]).Sizing
 	var changed []sizing.Record
+	var auto []autoReport
 	c.sizer.mu.Lock()
 	for _, st := range claim.Status.Devices {
 		if st.Driver != c.cfg.DriverName || st.Data == nil || st.ShareID == nil {
@@ -64,6 +66,9 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 		if !c.sizer.rec.Add(w, *st.ShareID, *data.Usage) {
 			continue
 		}
+		if mode == api.SizingAuto && len(pods) == 1 {
+			auto = append(auto, autoReport{w: w, share: *st.ShareID, result: allocatedResult(claim.Status.Allocation, st), u: *data.Usage})
+		}
 		rec, ok := c.sizer.rec.Recommend(w)
 		if !ok || mode == api.SizingOff {
 			continue // an Off workload's history is kept, so that Recommend has it at once
@@ -74,6 +79,9 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 		}
 	}
 	c.sizer.mu.Unlock()
+	for _, r := range auto {
+		c.considerResize(claim, pods[0], r)
+	}
 	for _, r := range changed {
 		raw, _ := json.Marshal(r)
 		c.recorder.AnnotatedEventf(claim, map[string]string{sizing.RecordAnnotation: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
@@ -87,6 +95,7 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 var modeEffect = map[api.SizingMode]string{
 	api.SizingRecommend: "nothing is changed",
 	api.SizingInitial:   "new pods of the workload get it, running ones keep their size",
+	api.SizingAuto:      "new pods of the workload get it; running ones near their cap or far below it are evicted, one at a time, to come back at it",
 }
 
 // policyOf is the policy that applies to a claim used by pod, as placing it resolves it.
@@ -112,6 +121,8 @@ func (c *Controller) forgetUsage(claim *resourceapi.ResourceClaim) {
 	for _, st := range claim.Status.Devices {
 		if st.ShareID != nil {
 			c.sizer.rec.Forget(*st.ShareID)
+			delete(c.sizer.auto.lowSince, *st.ShareID)
+			delete(c.sizer.auto.toldAtRequest, *st.ShareID)
 		}
 	}
 }
@@ -135,6 +146,12 @@ func (c *Controller) sweepUsage(context.Context) {
 			delete(c.sizer.announced, w)
 		}
 	}
+	for w := range c.sizer.auto.floor {
+		if !c.sizer.rec.Has(w) {
+			delete(c.sizer.auto.floor, w)
+			delete(c.sizer.auto.last, w)
+		}
+	}
 }
 
 // Recommendation is the recommender's current size for a workload.
@@ -144,7 +161,11 @@ func (c *Controller) Recommendation(w sizing.Workload) (sizing.Recommendation, b
 	}
 	c.sizer.mu.Lock()
 	defer c.sizer.mu.Unlock()
-	return c.sizer.rec.Recommend(w)
+	rec, ok := c.sizer.rec.Recommend(w)
+	if ok {
+		rec.MemoryBytes = max(rec.MemoryBytes, c.sizer.auto.floor[w])
+	}
+	return rec, ok
 }
 
 // moved: worth telling again (the same thresholds as the plugin's reports).
@@ -156,12 +177,17 @@ func moved(prev, cur sizing.Recommendation) bool {
 // allocatedRequest is the request of the allocation result a device status entry is for, or
 // "" when the allocation has no such share.
 func allocatedRequest(a *resourceapi.AllocationResult, st resourceapi.AllocatedDeviceStatus) string {
+	return allocatedResult(a, st).Request
+}
+
+// allocatedResult is the allocation result a device status entry is for (zero when none).
+func allocatedResult(a *resourceapi.AllocationResult, st resourceapi.AllocatedDeviceStatus) resourceapi.DeviceRequestAllocationResult {
 	for _, r := range a.Devices.Results {
 		if r.Driver == st.Driver && r.Pool == st.Pool && r.Device == st.Device && r.ShareID != nil && st.ShareID != nil && string(*r.ShareID) == *st.ShareID {
-			return r.Request
+			return r
 		}
 	}
-	return ""
+	return resourceapi.DeviceRequestAllocationResult{}
 }
 
 // cronJobRun matches the name the CronJob controller gives a Job: the CronJob's name and its

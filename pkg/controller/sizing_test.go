@@ -16,6 +16,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/policy"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
@@ -67,11 +68,17 @@ func newSizingEnvWith(t *testing.T, pol *api.SharingPolicy) *sizingEnv {
 
 func (e *sizingEnv) report(i int, peakGiB int64, sid string) {
 	e.t.Helper()
+	e.reportSM(i, peakGiB, 35, sid)
+}
+
+// reportSM is report with the summary's SM p95 at sm percent.
+func (e *sizingEnv) reportSM(i int, peakGiB int64, sm int, sid string) {
+	e.t.Helper()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	cur := e.claim("team-a", "c")
 	cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, sid, sizing.Usage{
 		From: t0.Add(time.Duration(i-1) * 5 * time.Minute), To: t0.Add(time.Duration(i) * 5 * time.Minute), Samples: 30,
-		MemoryMaxBytes: peakGiB << 30, SMSamples: 30, SMP95Percent: 35})}
+		MemoryMaxBytes: peakGiB << 30, SMSamples: 30, SMP95Percent: sm})}
 	if _, err := e.client.ResourceV1().ResourceClaims("team-a").UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
@@ -321,4 +328,82 @@ func TestTopOwner(t *testing.T) {
 			t.Errorf("%s %s: %s/%s, want %s", tc.kind, tc.owner, got.Kind, got.Name, tc.want)
 		}
 	}
+}
+
+// Mode auto's rule: what a policy or the claim names stands; without a measurement, MPS;
+// a workload that keeps a GPU busy gains nothing from sharing; a best-effort, mostly idle one
+// is time-sliced; every other one, latency-critical always, gets MPS with caps.
+func TestSharingModeFromMeasurement(t *testing.T) {
+	busy := sizing.Recommendation{MemoryBytes: 8 << 30, ComputePercent: 95}
+	idle := sizing.Recommendation{MemoryBytes: 8 << 30, ComputePercent: 5}
+	some := sizing.Recommendation{MemoryBytes: 8 << 30, ComputePercent: 40}
+	auto := func(l api.LatencyClass) policy.Effective {
+		return policy.Effective{Mode: api.PolicyModeAuto, Latency: l}
+	}
+	for _, c := range []struct {
+		name     string
+		pol      policy.Effective
+		cfg      api.GpuConfig
+		rec      sizing.Recommendation
+		measured bool
+		want     api.SharingMode
+		note     string
+	}{
+		{"policy mps", policy.Effective{Mode: api.PolicyModeMPS, Latency: api.LatencyBestEffort}, api.GpuConfig{}, idle, true, api.SharingModeMPS, ""},
+		{"policy time-slicing", policy.Effective{Mode: api.PolicyModeTimeSlicing}, api.GpuConfig{}, busy, true, api.SharingModeTimeSlicing, ""},
+		{"claim's mode", auto(api.LatencyBestEffort), api.GpuConfig{Mode: api.SharingModeMPS}, idle, true, api.SharingModeMPS, ""},
+		{"not measured", auto(api.LatencyBestEffort), api.GpuConfig{}, sizing.Recommendation{}, false, api.SharingModeMPS, ""},
+		{"busy", auto(api.LatencyBestEffort), api.GpuConfig{}, busy, true, api.SharingModeMPS, busyNote},
+		{"idle best-effort", auto(api.LatencyBestEffort), api.GpuConfig{}, idle, true, api.SharingModeTimeSlicing, idleNote},
+		{"idle critical", auto(api.LatencyCritical), api.GpuConfig{}, idle, true, api.SharingModeMPS, ""},
+		{"idle standard", auto(api.LatencyStandard), api.GpuConfig{}, idle, true, api.SharingModeMPS, ""},
+		{"some best-effort", auto(api.LatencyBestEffort), api.GpuConfig{}, some, true, api.SharingModeMPS, ""},
+	} {
+		mode, note := sharingMode(c.pol, &c.cfg, c.rec, c.measured)
+		if mode != c.want || note != c.note {
+			t.Errorf("%s: %s %q; want %s %q", c.name, mode, note, c.want, c.note)
+		}
+	}
+}
+
+// Under mode auto and sizing Initial, a whole-GPU claim of a workload that keeps its GPU busy
+// stays whole, and says why; a best-effort, mostly idle one is sized and time-sliced.
+func TestModeAutoFromMeasurement(t *testing.T) {
+	e := newSizingEnv(t, api.SizingInitial)
+	for i := 1; i <= 3; i++ {
+		e.reportSM(i, 7, 99, e.share)
+	}
+	e.create(builders.MakeClaim("team-a", "whole").Obj(), sizedPod("web-7c9d5-whole", "whole"))
+	e.run()
+	got := e.allocatedClaim("whole").Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]
+	if got.String() != "80Gi" {
+		t.Errorf("busy workload's whole-GPU claim got %s; want the whole 80Gi GPU", got.String())
+	}
+	if ev := e.events(ReasonSized); len(ev) != 1 || !strings.Contains(ev[0], "keeps the whole GPU it asked for") {
+		t.Errorf("FgpuSized events %q; want one saying it stays whole", ev)
+	}
+
+	e = newSizingEnvWith(t, builders.MakePolicy("sizing").Sizing(api.SizingInitial).Latency(api.LatencyBestEffort).Obj())
+	for i := 1; i <= 3; i++ {
+		e.reportSM(i, 7, 2, e.share)
+	}
+	e.create(builders.MakeClaim("team-a", "idle").Obj(), sizedPod("web-7c9d5-idle", "idle"))
+	e.run()
+	c := e.allocatedClaim("idle")
+	if mem := c.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]; mem.Value() >= 80<<30 {
+		t.Errorf("idle workload's claim got %s; want it sized", mem.String())
+	}
+	if ev := e.events(ReasonSized); len(ev) != 1 || !strings.Contains(ev[0], "mode timeSlicing from measurement") {
+		t.Errorf("FgpuSized events %q; want one naming time-slicing", ev)
+	}
+	var cfg api.GpuConfig
+	for _, dc := range c.Status.Allocation.Devices.Config {
+		if dc.Opaque != nil {
+			_ = json.Unmarshal(dc.Opaque.Parameters.Raw, &cfg)
+		}
+	}
+	if cfg.Mode != api.SharingModeTimeSlicing {
+		t.Errorf("allocation config mode %q; want timeSlicing", cfg.Mode)
+	}
+	e.checkInvariant()
 }

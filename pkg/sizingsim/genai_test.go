@@ -124,3 +124,41 @@ func TestGenAIOrders(t *testing.T) {
 		t.Errorf("%d containers; figures %+v", len(tr.Containers), got)
 	}
 }
+
+// Two containers whose peaks alternate share one GPU under the burst model, though their
+// caps (twice their peaks) add up to twice the GPU; when their peaks later coincide past
+// the GPU's memory, someone's allocation fails and that counts.
+func TestBurstSharesNonCoincidingPeaks(t *testing.T) {
+	const gib = int64(1) << 30
+	phase := func(n, from int, hi, lo, both int64) []int64 {
+		m := make([]int64, n)
+		for i := range m {
+			m[i] = lo
+			if (i/20)%2 == from {
+				m[i] = hi
+			}
+			if both > 0 && i >= 150 {
+				m[i] = both
+			}
+		}
+		return m
+	}
+	sm := make([]int, 200)
+	run := func(both int64) Result {
+		tr := &Trace{StepSeconds: 60, Steps: 200, Containers: []Container{
+			{ID: "a", Memory: phase(200, 0, 40*gib, 5*gib, both), SM: sm},
+			{ID: "b", Memory: phase(200, 1, 40*gib, 5*gib, both), SM: sm},
+		}}
+		opts := DefaultOptions(60)
+		opts.Sizing.MinSamples = 60
+		return Burst(tr, opts)
+	}
+	r := run(0)
+	if r.GPUsPeak != 2 || r.GPUsPeakWarm != 1 || r.Violations != 0 || r.Restarts != 2 {
+		t.Errorf("alternating peaks: %+v; want a whole GPU each for the history, then one shared GPU, no violation, one restart each", r)
+	}
+	r = run(45 * gib)
+	if r.OverfullViolations == 0 || r.Violations != r.OverfullViolations {
+		t.Errorf("coinciding peaks of 90 GiB on an 80 GiB GPU: %+v; want over-full violations only", r)
+	}
+}

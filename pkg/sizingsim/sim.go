@@ -19,6 +19,15 @@ type Options struct {
 	// FarBelow: Auto restarts a container smaller once its use stayed under this share of its
 	// cap for MinSamples steps and its recommendation is smaller.
 	FarBelow float64
+	// Report is the plugin's usage report interval: the allocator sees a container's use
+	// only as each interval's summary, and acts only when one arrives.
+	Report time.Duration
+	// Window is how much of the tenants' time-aligned history the burst model's admission
+	// sums.
+	Window time.Duration
+	// BurstCap is the burst model's memory cap of a tenant, as a multiple of its observed
+	// peak: what it may burst to, beyond what admission counts it at.
+	BurstCap float64
 }
 
 // DefaultOptions are the allocator's defaults on 80 GiB GPUs, an hour of history at the
@@ -26,19 +35,28 @@ type Options struct {
 func DefaultOptions(stepSeconds float64) Options {
 	s := sizing.DefaultOptions()
 	s.MinSamples = int(math.Ceil(3600 / stepSeconds))
-	return Options{GPUMemory: 80 << 30, Sizing: s, NearCap: 0.95, FarBelow: 0.8}
+	return Options{GPUMemory: 80 << 30, Sizing: s, NearCap: 0.95, FarBelow: 0.8, Report: 5 * time.Minute, Window: 24 * time.Hour, BurstCap: 2}
 }
 
 // Result is one strategy's figures.
 type Result struct {
-	Strategy          string  `json:"strategy"`
-	GPUsPeak          int     `json:"gpus_peak"`
-	GPUsMean          float64 `json:"gpus_mean"`
-	ContainersPerGPU  float64 `json:"containers_per_gpu"`
-	Violations        int     `json:"violations"`
-	ViolationsPer100h float64 `json:"violations_per_100h"`
-	// Restarts are the pods Auto restarted to resize them before they ran out of memory.
-	Restarts int `json:"restarts"`
+	Strategy string  `json:"strategy"`
+	GPUsPeak int     `json:"gpus_peak"`
+	GPUsMean float64 `json:"gpus_mean"`
+	// GPUsPeakWarm and GPUsMeanWarm leave out the first history window and report interval
+	// (warmFrom), while every container of the trace's cold start holds what it asked for.
+	GPUsPeakWarm     int     `json:"gpus_peak_after_history"`
+	GPUsMeanWarm     float64 `json:"gpus_mean_after_history"`
+	ContainersPerGPU float64 `json:"containers_per_gpu"`
+	Violations       int     `json:"violations"`
+	// OverfullViolations are the violations from a GPU whose tenants together needed more
+	// than it has (the burst model's; the rest passed a tenant's own cap).
+	OverfullViolations int     `json:"overfull_violations"`
+	ViolationsPer100h  float64 `json:"violations_per_100h"`
+	// Restarts are the pods Auto restarted to resize or move them before they ran out of
+	// memory; HurtPer100h counts them with the violations.
+	Restarts    int     `json:"restarts"`
+	HurtPer100h float64 `json:"hurt_per_100h"`
 }
 
 // pool is GPUs placed on online, best fit by memory: a container goes to the GPU it leaves
@@ -92,11 +110,17 @@ func (p *pool) inUse() int {
 // figures accumulates GPUs in use and container-steps over the run.
 type figures struct {
 	Result
-	gpuSteps, containerSteps, steps int
+	gpuSteps, containerSteps, steps, warmGPUSteps int
+	// warmFrom is the first step after the history window.
+	warmFrom int
 }
 
 func (f *figures) step(gpus, containers int) {
 	f.GPUsPeak = max(f.GPUsPeak, gpus)
+	if f.steps >= f.warmFrom {
+		f.GPUsPeakWarm = max(f.GPUsPeakWarm, gpus)
+		f.warmGPUSteps += gpus
+	}
 	f.gpuSteps += gpus
 	f.containerSteps += containers
 	f.steps++
@@ -107,13 +131,27 @@ func (f *figures) done(stepSeconds float64) Result {
 	if f.steps > 0 {
 		r.GPUsMean = float64(f.gpuSteps) / float64(f.steps)
 	}
+	if f.steps > f.warmFrom {
+		r.GPUsMeanWarm = float64(f.warmGPUSteps) / float64(f.steps-f.warmFrom)
+	}
 	if f.gpuSteps > 0 {
 		r.ContainersPerGPU = float64(f.containerSteps) / float64(f.gpuSteps)
 	}
 	if hours := float64(f.containerSteps) * stepSeconds / 3600; hours > 0 {
 		r.ViolationsPer100h = float64(r.Violations) / hours * 100
+		r.HurtPer100h = float64(r.Violations+r.Restarts) / hours * 100
 	}
 	return r
+}
+
+// warmFrom is the first step at which every container that started with the run has had its
+// history and a report since.
+func warmFrom(tr *Trace, opts Options) int {
+	return opts.Sizing.MinSamples + reportSteps(tr, opts)
+}
+
+func reportSteps(tr *Trace, opts Options) int {
+	return max(1, int(opts.Report.Seconds()/tr.StepSeconds+0.5))
 }
 
 func roundUp(v, step int64) int64 { return (v + step - 1) / step * step }
@@ -134,7 +172,7 @@ func Run(tr *Trace, opts Options, progress func(done, total int)) []Result {
 	}
 	fixed := func(name string, size func(i int) int64) Result {
 		p := &pool{capacity: opts.GPUMemory}
-		f := &figures{Result: Result{Strategy: name}}
+		f := &figures{Result: Result{Strategy: name}, warmFrom: warmFrom(tr, opts)}
 		where := map[int]int{}
 		for t := 0; t < tr.Steps; t++ {
 			active := 0
@@ -161,6 +199,7 @@ func Run(tr *Trace, opts Options, progress func(done, total int)) []Result {
 	out = append(out, fixed("human", func(i int) int64 { return max(8<<30, roundUp(peak[i], 8<<30)) }))
 	out = append(out, adaptive(tr, opts, "initial", false, progress))
 	out = append(out, adaptive(tr, opts, "auto", true, progress))
+	out = append(out, Burst(tr, opts))
 	out = append(out, oracle(tr, opts, peak))
 	return out
 }
@@ -174,22 +213,28 @@ type running struct {
 	cap      int64
 	g        int
 	lowSteps int
+	// interval gathers its use since the last report.
+	interval sizing.Window
 }
 
-// adaptive is fgpu Initial (auto false) or Auto.
+// adaptive is fgpu Initial (auto false) or Auto with a cap per container, never
+// over-committed. Running out of memory restarts a container at once (its next step); the
+// recommender and Auto see its use only in each report interval's summary.
 func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(done, total int)) Result {
 	p := &pool{capacity: opts.GPUMemory}
-	f := &figures{Result: Result{Strategy: name}}
+	f := &figures{Result: Result{Strategy: name}, warmFrom: warmFrom(tr, opts)}
 	rec := sizing.NewRecommender(opts.Sizing)
 	state := map[int]*running{}
 	t0 := time.Unix(0, 0)
 	step := time.Duration(tr.StepSeconds * float64(time.Second))
-	resize := func(i int, r *running, size int64) {
+	report := reportSteps(tr, opts)
+	resize := func(r *running, size int64) {
 		p.remove(r.g, r.cap)
 		r.cap = min(opts.GPUMemory, roundUp(size, sizing.MemoryStep))
 		r.g = p.place(r.cap)
 		r.lowSteps = 0
 	}
+	grown := func(use int64) int64 { return int64(float64(use) * (1 + opts.Sizing.Headroom)) }
 	for t := 0; t < tr.Steps; t++ {
 		active := 0
 		now := t0.Add(time.Duration(t) * step)
@@ -210,21 +255,28 @@ func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(don
 			}
 			active++
 			use := c.Memory[t-c.Start]
-			rec.Add(w, c.ID, sizing.Usage{To: now, Samples: 1, MemoryMaxBytes: use, SMSamples: b2i(c.SM[t-c.Start] >= 0), SMP95Percent: max(c.SM[t-c.Start], 0)})
-			want, ready := rec.Recommend(w)
-			grown := int64(float64(use) * (1 + opts.Sizing.Headroom))
-			switch {
-			case use > r.cap:
+			r.interval.Add(sizing.Sample{At: now, MemoryBytes: use, SMPercent: c.SM[t-c.Start]})
+			if use > r.cap {
 				f.Violations++
-				resize(i, r, max(want.MemoryBytes, grown))
-			case auto && float64(use) > opts.NearCap*float64(r.cap) && r.cap < opts.GPUMemory:
+				want, _ := rec.Recommend(w)
+				resize(r, max(want.MemoryBytes, grown(use)))
+			}
+			if (t+1)%report != 0 {
+				continue
+			}
+			u, _ := r.interval.Summary()
+			r.interval.Reset()
+			rec.Add(w, c.ID, u)
+			want, ready := rec.Recommend(w)
+			switch {
+			case auto && float64(u.MemoryMaxBytes) > opts.NearCap*float64(r.cap) && r.cap < opts.GPUMemory:
 				f.Restarts++
-				resize(i, r, max(want.MemoryBytes, grown))
-			case auto && ready && float64(use) < opts.FarBelow*float64(r.cap):
-				r.lowSteps++
+				resize(r, max(want.MemoryBytes, grown(u.MemoryMaxBytes)))
+			case auto && ready && float64(u.MemoryMaxBytes) < opts.FarBelow*float64(r.cap):
+				r.lowSteps += u.Samples
 				if r.lowSteps >= opts.Sizing.MinSamples && want.MemoryBytes < r.cap {
 					f.Restarts++
-					resize(i, r, want.MemoryBytes)
+					resize(r, want.MemoryBytes)
 				}
 			default:
 				r.lowSteps = 0
@@ -238,16 +290,9 @@ func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(don
 	return f.done(tr.StepSeconds)
 }
 
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // oracle packs the running containers' true peaks first-fit decreasing at every step.
 func oracle(tr *Trace, opts Options, peak []int64) Result {
-	f := &figures{Result: Result{Strategy: "oracle"}}
+	f := &figures{Result: Result{Strategy: "oracle"}, warmFrom: warmFrom(tr, opts)}
 	for t := 0; t < tr.Steps; t++ {
 		var sizes []int64
 		for i, c := range tr.Containers {

@@ -62,7 +62,7 @@ const (
 
 // SizingMode says what the allocator does with the sizes it recommends for a workload from
 // its claims' measured use, named as Kubernetes' VPA names its update modes.
-// +kubebuilder:validation:Enum=Off;Recommend;Initial
+// +kubebuilder:validation:Enum=Off;Recommend;Initial;Auto
 type SizingMode string
 
 const (
@@ -76,6 +76,11 @@ const (
 	// at the recommended memory. Running pods keep their size: MPS fixes a process's caps
 	// when it starts.
 	SizingInitial SizingMode = "Initial"
+	// SizingAuto: Initial, and a running pod whose measured use nears its memory cap, or
+	// stays far below it for the history window, is evicted (Eviction API: PodDisruptionBudgets
+	// hold) so that its controller recreates it at the new size; one pod of a workload at a
+	// time, rate-limited. Nothing resizes a running process.
+	SizingAuto SizingMode = "Auto"
 )
 
 // +genclient
@@ -227,8 +232,8 @@ type SharingPolicySpec struct {
 
 	// Sizing is what the allocator does with the sizes it recommends for the workloads (a
 	// Deployment, StatefulSet, CronJob, Job or bare pod, and the claim's request) of the pods
-	// this policy applies to, from their claims' measured use: Off (the default), Recommend
-	// or Initial. Pod labels choose the policy, so a tenant can choose its own workloads' mode;
+	// this policy applies to, from their claims' measured use: Off (the default), Recommend,
+	// Initial or Auto. Pod labels choose the policy, so a tenant can choose its own workloads' mode;
 	// a workload is only ever sized from its own pods' use.
 	// +kubebuilder:default=Off
 	// +optional

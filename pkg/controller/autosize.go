@@ -1,0 +1,247 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
+)
+
+// Sizing Auto: a running pod whose measured use nears its memory cap, or stayed far below
+// it for the shrink window, is evicted so that its controller recreates it, and Initial
+// places the new pod's claim at the new size. MPS fixes a process's caps when it starts: a
+// new pod is the only resize there is.
+const (
+	// autoNearCap: a report's peak above this share of the cap asks for a larger pod;
+	// autoFarBelow: every report under this share for the shrink window, a smaller one.
+	autoNearCap  = 0.95
+	autoFarBelow = 0.8
+	// autoEvictInterval: at most one eviction this often across the cluster.
+	autoEvictInterval = 10 * time.Second
+	// autoWorkloadGap: a workload's next pod is evicted no sooner than this after its last
+	// one, and only once that one is gone: one pod of a workload at a time, and the new
+	// pod has a report interval to show its use.
+	autoWorkloadGap = 5 * time.Minute
+	// autoRetryAfter: an eviction the API server refused (a PodDisruptionBudget) is tried
+	// again after this.
+	autoRetryAfter = time.Minute
+)
+
+// resizeWant is a pod Auto wants recreated.
+type resizeWant struct {
+	pod       types.NamespacedName
+	uid       types.UID
+	w         sizing.Workload
+	why       string
+	notBefore time.Time
+	// refusedTold: the pod was told once that a PodDisruptionBudget holds its eviction.
+	refusedTold bool
+}
+
+type autoEvicted struct {
+	pod types.NamespacedName
+	uid types.UID
+	at  time.Time
+}
+
+// autoState is Auto's memory, under the sizer's lock.
+type autoState struct {
+	wants map[types.UID]*resizeWant
+	// lowSince: since when each share's reports stayed far below its cap.
+	lowSince map[string]time.Time
+	last     map[sizing.Workload]autoEvicted
+	// floor: a workload evicted to grow gets at least this much memory in its next pods,
+	// whatever its percentile says.
+	floor map[sizing.Workload]int64
+	// toldAtRequest: shares told that their use nears a cap that is all their claim asks.
+	toldAtRequest map[string]bool
+	lastEviction  time.Time
+}
+
+func newAutoState() *autoState {
+	return &autoState{wants: map[types.UID]*resizeWant{}, lowSince: map[string]time.Time{}, last: map[sizing.Workload]autoEvicted{},
+		floor: map[sizing.Workload]int64{}, toldAtRequest: map[string]bool{}}
+}
+
+// autoReport is one usage summary of a share under sizing Auto, for considerResize.
+type autoReport struct {
+	w      sizing.Workload
+	share  string
+	result resourceapi.DeviceRequestAllocationResult
+	u      sizing.Usage
+}
+
+// considerResize decides, from a share's new usage summary, whether its pod should be
+// recreated larger or smaller. Only a pod whose claim is its own (from a template: it goes
+// with the pod) and whose controller recreates it (a ReplicaSet or StatefulSet) is: a
+// standalone claim would come back with the same allocation, a bare pod not at all, and a
+// Job's pod would lose its work.
+func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev1.Pod, r autoReport) {
+	own := metav1.GetControllerOf(claim)
+	ctl := metav1.GetControllerOf(pod)
+	if own == nil || own.Kind != "Pod" || own.UID != pod.UID || ctl == nil || (ctl.Kind != "ReplicaSet" && ctl.Kind != "StatefulSet") {
+		return
+	}
+	q, ok := r.result.ConsumedCapacity[api.CapacityMemory]
+	if !ok || q.Value() <= 0 {
+		return
+	}
+	capBytes := q.Value()
+	gpuMem := c.model.gpuMemory(gpuKey{r.result.Pool, r.result.Device})
+	asked := askedMemory(claim, r.result.Request)
+	c.sizer.mu.Lock()
+	defer c.sizer.mu.Unlock()
+	a := c.sizer.auto
+	rec, ready := c.sizer.rec.Recommend(r.w)
+	rec.MemoryBytes = max(rec.MemoryBytes, a.floor[r.w])
+	peak := r.u.MemoryMaxBytes
+	switch {
+	case float64(peak) > autoNearCap*float64(capBytes):
+		delete(a.lowSince, r.share)
+		want := roundUp(max(rec.MemoryBytes, int64(float64(peak)*(1+c.cfg.Sizing.Headroom))), sizing.MemoryStep)
+		switch {
+		case gpuMem > 0 && capBytes >= gpuMem:
+			return // a whole GPU: there is no more to give
+		case asked > 0 && asked <= capBytes:
+			if !a.toldAtRequest[r.share] {
+				a.toldAtRequest[r.share] = true
+				c.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonResizeAtRequest,
+					"its GPU memory use (%s) nears its cap %s, which is all claim %s asks for request %q: sizing Auto never gives a claim more than it asks; ask for more memory",
+					fmtBytes(peak), fmtBytes(capBytes), claim.Name, r.result.Request)
+			}
+			return
+		}
+		a.floor[r.w] = max(a.floor[r.w], want)
+		c.wantResize(a, pod, r.w, fmt.Sprintf("its GPU memory use reached %s of its %s cap (request %q); its controller recreates it with %s, at most what its claim asks",
+			fmtBytes(peak), fmtBytes(capBytes), r.result.Request, fmtBytes(want)))
+	case ready && float64(peak) < autoFarBelow*float64(capBytes) && rec.MemoryBytes+sizing.MemoryStep <= capBytes:
+		since, ok := a.lowSince[r.share]
+		if !ok {
+			since = r.u.From
+			a.lowSince[r.share] = since
+		}
+		if r.u.To.Sub(since) >= c.cfg.SizingShrinkAfter {
+			c.wantResize(a, pod, r.w, fmt.Sprintf("its GPU memory use stayed under %s of its %s cap (request %q) since %s; its controller recreates it with %s",
+				fmtBytes(int64(autoFarBelow*float64(capBytes))), fmtBytes(capBytes), r.result.Request, since.UTC().Format(time.RFC3339), fmtBytes(rec.MemoryBytes)))
+		}
+	default:
+		delete(a.lowSince, r.share)
+	}
+}
+
+func (c *Controller) wantResize(a *autoState, pod *corev1.Pod, w sizing.Workload, why string) {
+	if _, ok := a.wants[pod.UID]; ok {
+		return
+	}
+	a.wants[pod.UID] = &resizeWant{pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, uid: pod.UID, w: w, why: why}
+}
+
+// askedMemory is the memory a claim's request asks (0: none, a whole GPU).
+func askedMemory(claim *resourceapi.ResourceClaim, request string) int64 {
+	for _, r := range claim.Spec.Devices.Requests {
+		for _, a := range alternatives(r) {
+			if a.name == request {
+				if q, ok := a.capacity[api.CapacityMemory]; ok {
+					return q.Value()
+				}
+				return 0
+			}
+		}
+	}
+	return 0
+}
+
+// gpuMemory is a published GPU's memory (0 when unknown).
+func (m *model) gpuMemory(k gpuKey) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if g, ok := m.gpus[k]; ok && g.known {
+		return g.memCap
+	}
+	return 0
+}
+
+// evictForResize evicts at most one pod Auto wants recreated: the first whose workload has
+// no eviction in the last autoWorkloadGap and no evicted pod still there. A refusal (429:
+// a PodDisruptionBudget allows no disruption now) is tried again after autoRetryAfter.
+func (c *Controller) evictForResize(ctx context.Context) {
+	if c.fenced() != nil {
+		return
+	}
+	now := c.now()
+	c.sizer.mu.Lock()
+	a := c.sizer.auto
+	if now.Sub(a.lastEviction) < autoEvictInterval {
+		c.sizer.mu.Unlock()
+		return
+	}
+	var pick *resizeWant
+	for uid, want := range a.wants {
+		pod, err := c.pods.Pods(want.pod.Namespace).Get(want.pod.Name)
+		if err != nil || pod.UID != uid || pod.DeletionTimestamp != nil {
+			delete(a.wants, uid)
+			continue
+		}
+		if now.Before(want.notBefore) {
+			continue
+		}
+		if last, ok := a.last[want.w]; ok {
+			if now.Sub(last.at) < autoWorkloadGap {
+				continue
+			}
+			if p, err := c.pods.Pods(last.pod.Namespace).Get(last.pod.Name); err == nil && p.UID == last.uid {
+				continue
+			}
+		}
+		if pick == nil || uid < pick.uid {
+			pick = want
+		}
+	}
+	if pick == nil {
+		c.sizer.mu.Unlock()
+		return
+	}
+	a.lastEviction = now
+	c.sizer.mu.Unlock()
+
+	pod, err := c.pods.Pods(pick.pod.Namespace).Get(pick.pod.Name)
+	if err != nil {
+		return
+	}
+	uid := pick.uid
+	err = c.client.CoreV1().Pods(pick.pod.Namespace).EvictV1(ctx, &policyv1.Eviction{
+		ObjectMeta:    metav1.ObjectMeta{Name: pick.pod.Name, Namespace: pick.pod.Namespace},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
+	})
+	c.sizer.mu.Lock()
+	defer c.sizer.mu.Unlock()
+	switch {
+	case err == nil:
+		delete(a.wants, uid)
+		a.last[pick.w] = autoEvicted{pod: pick.pod, uid: uid, at: now}
+		c.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonResizeEvicted,
+			"evicted by sizing Auto: %s. MPS fixes a process's memory cap when it starts, so a new pod is the only way to resize it", pick.why)
+	case apierrors.IsTooManyRequests(err):
+		pick.notBefore = now.Add(autoRetryAfter)
+		if !pick.refusedTold {
+			pick.refusedTold = true
+			c.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonResizeBlocked,
+				"sizing Auto would recreate it (%s), but the eviction was refused: %v; tried again every %s", pick.why, err, autoRetryAfter)
+		}
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		delete(a.wants, uid)
+	default:
+		pick.notBefore = now.Add(autoRetryAfter)
+		klog.FromContext(ctx).Error(err, "Evicting a pod to resize it", "pod", pick.pod)
+	}
+}

@@ -1,0 +1,211 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
+)
+
+// autoEnv is a Deployment web's pods under sizing Auto, each with its own claim (from a
+// template: the pod controls it) that asks asked and was placed at capGiB on one of n1's
+// 80Gi GPUs; evictions go through a reactor that answers refuse (nil: allowed).
+type autoEnv struct {
+	*env
+	evicted []string
+	refuse  error
+}
+
+func (e *autoEnv) claimOf(pod, asked string, capGiB int64) (*resourceapi.ResourceClaim, *corev1.Pod) {
+	p := ownedPod("team-a", pod, "ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"})
+	b := builders.MakeClaim("team-a", pod+"-gpu")
+	if asked != "" {
+		b = b.Memory(asked)
+	}
+	claim := b.AllocatedOn("n1", "gpu-0").Obj()
+	claim.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory] = *resource.NewQuantity(capGiB<<30, resource.BinarySI)
+	claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: p.Name, UID: p.UID, Controller: ptr.To(true)}}
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(claim.Name)}}
+	return claim, p
+}
+
+func newAutoEnv(t *testing.T, objs ...runtime.Object) *autoEnv {
+	objs = append(objs, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"))
+	e := &autoEnv{env: newEnvWith(t, func(c *Config) {
+		c.Sizing = sizing.DefaultOptions()
+		c.Sizing.MinSamples = 90
+	}, []*api.SharingPolicy{builders.MakePolicy("auto").Sizing(api.SizingAuto).Obj()}, objs...)}
+	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		if e.refuse != nil {
+			return true, nil, e.refuse
+		}
+		create, ok := a.(k8stesting.CreateAction)
+		if !ok {
+			return false, nil, nil
+		}
+		ev, ok := create.GetObject().(*policyv1.Eviction)
+		if !ok {
+			return false, nil, nil
+		}
+		e.evicted = append(e.evicted, ev.Name)
+		return true, nil, nil
+	})
+	return e
+}
+
+// report writes summary i (5 min) of the claim's share, its peak at peakMiB.
+func (e *autoEnv) report(claimName string, i int, peakMiB int64) {
+	e.t.Helper()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cur := e.claim("team-a", claimName)
+	cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, string(*cur.Status.Allocation.Devices.Results[0].ShareID), sizing.Usage{
+		From: t0.Add(time.Duration(i-1) * 5 * time.Minute), To: t0.Add(time.Duration(i) * 5 * time.Minute), Samples: 30,
+		MemoryMaxBytes: peakMiB << 20, SMSamples: 30, SMP95Percent: 35})}
+	if _, err := e.client.ResourceV1().ResourceClaims("team-a").UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.settle()
+}
+
+// A pod that Initial sized to 10Gi (its claim asks 40Gi) and whose use nears that cap is
+// evicted, once, with an event that says why; its workload's next pods get at least its
+// peak plus headroom.
+func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
+	claim, pod := (&autoEnv{}).claimOf("web-7c9d5-a", "40Gi", 10)
+	e := newAutoEnv(t, claim, pod)
+	for i := 1; i <= 3; i++ {
+		e.report(claim.Name, i, 7<<10)
+	}
+	e.c.evictForResize(e.ctx)
+	if len(e.evicted) != 0 {
+		t.Fatalf("evicted %v while use stayed at 70%% of the cap", e.evicted)
+	}
+	e.report(claim.Name, 4, 9900)
+	e.c.evictForResize(e.ctx)
+	if len(e.evicted) != 1 || e.evicted[0] != pod.Name {
+		t.Fatalf("evicted %v; want %s", e.evicted, pod.Name)
+	}
+	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "reached 9900Mi of its 10Gi cap") || !strings.Contains(ev[0], "MPS fixes") {
+		t.Errorf("events %q", ev)
+	}
+	rec, ok := e.c.Recommendation(sizing.Workload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"})
+	if !ok || float64(rec.MemoryBytes) < 9900*(1<<20)*1.15 {
+		t.Errorf("recommendation %+v after the eviction; want at least the peak plus headroom", rec)
+	}
+	// The evicted pod is still there (terminating takes a while): no second eviction.
+	e.clock.Step(time.Hour)
+	e.c.evictForResize(e.ctx)
+	if len(e.evicted) != 1 {
+		t.Errorf("evicted %v; want one eviction", e.evicted)
+	}
+}
+
+// A PodDisruptionBudget that allows no disruption: the API server answers 429; the pod is
+// told once, and the eviction is tried again after autoRetryAfter, not before.
+func TestSizingAutoRetriesAnEvictionAPDBRefuses(t *testing.T) {
+	claim, pod := (&autoEnv{}).claimOf("web-7c9d5-a", "40Gi", 10)
+	e := newAutoEnv(t, claim, pod)
+	e.refuse = apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	attempts := 0
+	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "eviction" {
+			attempts++
+		}
+		return false, nil, nil
+	})
+	for i := 1; i <= 3; i++ {
+		e.report(claim.Name, i, 7<<10)
+	}
+	e.report(claim.Name, 4, 9900)
+	e.c.evictForResize(e.ctx)
+	e.clock.Step(autoEvictInterval)
+	e.c.evictForResize(e.ctx)
+	if attempts != 1 {
+		t.Errorf("%d eviction attempts within %s of a refusal; want 1", attempts, autoRetryAfter)
+	}
+	if ev := e.events(ReasonResizeBlocked); len(ev) != 1 || !strings.Contains(ev[0], "disruption budget") {
+		t.Errorf("events %q; want one saying the eviction was refused", ev)
+	}
+	e.refuse = nil
+	e.clock.Step(autoRetryAfter)
+	e.c.evictForResize(e.ctx)
+	if attempts != 2 || len(e.evicted) != 1 {
+		t.Errorf("%d attempts, evicted %v after the retry delay; want the second attempt to evict", attempts, e.evicted)
+	}
+	if ev := e.events(ReasonResizeBlocked); len(ev) != 1 {
+		t.Errorf("told %d times of the refusal; want once", len(ev))
+	}
+}
+
+// A pod whose use stayed far below its cap for the shrink window is evicted to come back
+// at the recommendation; one of a standalone claim (not its pod's) is never, since it would
+// come back with the same allocation; a pod whose use nears a cap that is all its claim
+// asks is told to ask for more.
+func TestSizingAutoShrinksAndTellsWhatItCannotDo(t *testing.T) {
+	claim, pod := (&autoEnv{}).claimOf("web-7c9d5-a", "", 40)
+	standalone, other := (&autoEnv{}).claimOf("web-7c9d5-b", "", 40)
+	standalone.OwnerReferences = nil
+	atReq, third := (&autoEnv{}).claimOf("web-7c9d5-c", "10Gi", 10)
+	atReq.Status.Allocation.Devices.Results[0].Device = "gpu-1"
+	e := newAutoEnv(t, claim, pod, standalone, other, atReq, third)
+	for i := 1; i <= 11; i++ {
+		e.report(claim.Name, i, 5<<10)
+		e.report(standalone.Name, i, 5<<10)
+		e.c.evictForResize(e.ctx)
+		if len(e.evicted) != 0 {
+			t.Fatalf("evicted %v after %d minutes of low use; want none before an hour", e.evicted, i*5)
+		}
+	}
+	e.report(claim.Name, 13, 5<<10)
+	e.report(standalone.Name, 13, 5<<10)
+	e.c.evictForResize(e.ctx)
+	if len(e.evicted) != 1 || e.evicted[0] != pod.Name {
+		t.Fatalf("evicted %v; want only %s (the standalone claim's pod would keep its size)", e.evicted, pod.Name)
+	}
+	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "stayed under") {
+		t.Errorf("events %q", ev)
+	}
+	e.report(atReq.Name, 1, 9900)
+	e.report(atReq.Name, 2, 9950)
+	if ev := e.events(ReasonResizeAtRequest); len(ev) != 1 || !strings.Contains(ev[0], "ask for more memory") {
+		t.Errorf("events %q; want one telling the pod to ask for more", ev)
+	}
+	e.clock.Step(time.Hour)
+	e.c.evictForResize(e.ctx)
+	if len(e.evicted) != 1 {
+		t.Errorf("evicted %v; a pod at its claim's request would come back the same", e.evicted)
+	}
+}
+
+// Auto is Initial for new claims: a new pod of the workload is placed at the recommendation.
+func TestSizingAutoSizesNewClaims(t *testing.T) {
+	e := newSizingEnv(t, api.SizingAuto)
+	for i := 1; i <= 3; i++ {
+		e.report(i, 7, e.share)
+	}
+	rec, ok := e.c.Recommendation(e.w)
+	if !ok {
+		t.Fatal("no recommendation")
+	}
+	e.create(builders.MakeClaim("team-a", "c2").Memory("40Gi").Obj(), sizedPod("web-7c9d5-fghij", "c2"))
+	e.run()
+	if got := e.allocatedClaim("c2").Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]; got.Value() != rec.MemoryBytes {
+		t.Errorf("new claim got %s; want the recommended %s", got.String(), fmtBytes(rec.MemoryBytes))
+	}
+}

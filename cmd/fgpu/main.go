@@ -1,25 +1,7 @@
-// Command fgpu is fgpu's command-line tool: placement simulation and plots, and a view
-// of the cluster's GPUs. The logic lives in pkg/placement, pkg/sim and pkg/clusterview;
-// this is wiring.
+// Command fgpu is fgpu's command-line tool (internal/cli); cmd/kubectl-fgpu is the same
+// tool as a kubectl plugin.
 package main
 
-import (
-	"fmt"
-	"os"
+import "github.com/fgpu-dev/fgpu/internal/cli"
 
-	"github.com/spf13/cobra"
-)
-
-func main() {
-	root := &cobra.Command{
-		Use:           "fgpu",
-		Short:         "fgpu: fractional GPU placement tools",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	root.AddCommand(newSimCmd(), newPlotCmd(), newGPUsCmd(), newFaultsCmd(), newRecommendationsCmd())
-	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "fgpu:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("fgpu", "fgpu") }

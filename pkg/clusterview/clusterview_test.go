@@ -50,7 +50,7 @@ func TestGatherAndPrint(t *testing.T) {
 	if err := Print(&buf, gpus); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"n1/gpu-0", "10Gi / 79Gi", "team-a/web-1", "mps", "25%"} {
+	for _, want := range []string{"n1/gpu-0", "10Gi/79Gi", "team-a/web-1", "mps", "25%"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, buf.String())
 		}

@@ -1,7 +1,12 @@
-// Command fgpu is fgpu's command-line tool (internal/cli); cmd/kubectl-fgpu is the same
-// tool as a kubectl plugin.
+// Command fgpu is fgpu's command-line tool: the cluster views of internal/cli (also the
+// kubectl plugin cmd/kubectl-fgpu), the placement simulator and plots (pkg/placement,
+// pkg/sim), and fake-GPU fault injection on a node.
 package main
 
 import "github.com/fgpu-dev/fgpu/internal/cli"
 
-func main() { cli.Main("fgpu", "fgpu") }
+func main() {
+	root := cli.NewRoot("fgpu", "fgpu")
+	root.AddCommand(newSimCmd(), newPlotCmd(), newFaultsCmd())
+	cli.Main(root)
+}

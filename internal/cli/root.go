@@ -1,7 +1,7 @@
-// Package cli is fgpu's command-line tool, built both as `fgpu` and as the kubectl plugin
-// `kubectl-fgpu`: placement simulation and plots, and views of the cluster's GPUs, pods,
-// usage and quotas. The logic lives in pkg/placement, pkg/sim and pkg/clusterview; this is
-// wiring.
+// Package cli is the cluster side of fgpu's command-line tool: views of the cluster's GPUs,
+// pods, usage, quotas and sizing, in both `fgpu` and the kubectl plugin `kubectl-fgpu`. It
+// imports no node-side package (the plugin, MPS), so the plugin builds for any OS kubectl
+// runs on. The logic lives in pkg/clusterview; this is wiring.
 package cli
 
 import (
@@ -21,14 +21,14 @@ func NewRoot(use, displayName string) *cobra.Command {
 		SilenceErrors: true,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: displayName},
 	}
-	root.AddCommand(newGPUsCmd(), newWhyCmd(), newTopCmd(), newQuotaCmd(), newRecommendationsCmd(),
-		newSimCmd(), newPlotCmd(), newFaultsCmd())
+	root.AddCommand(newGPUsCmd(), newWhyCmd(), newTopCmd(), newQuotaCmd(), newRecommendationsCmd())
 	return root
 }
 
-// Main runs the command tree and exits.
-func Main(use, displayName string) {
-	if err := NewRoot(use, displayName).ExecuteContext(context.Background()); err != nil {
+// Main runs root and exits.
+func Main(root *cobra.Command) {
+	if err := root.ExecuteContext(context.Background()); err != nil {
+		displayName := root.Annotations[cobra.CommandDisplayNameAnnotation]
 		fmt.Fprintf(os.Stderr, "%s: %v\n", displayName, err)
 		os.Exit(1)
 	}

@@ -8,7 +8,8 @@ cd "$root"
 version=${1:?usage: hack/krew.sh VERSION}
 out=_output/krew
 rm -rf "$out" && mkdir -p "$out"
-manifest=$(sed "s/@VERSION@/$version/g" plugins/fgpu.yaml)
+# The template's own comment is not the release's.
+manifest=$(sed -e "/^#/d" -e "s/@VERSION@/$version/g" plugins/fgpu.yaml)
 for platform in linux/amd64 linux/arm64 darwin/amd64 darwin/arm64; do
   os=${platform%/*} arch=${platform#*/}
   dir=$(mktemp -d)

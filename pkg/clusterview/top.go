@@ -39,7 +39,7 @@ func Top(ctx context.Context, c kubernetes.Interface, driver, namespace string) 
 	if err != nil {
 		return nil, fmt.Errorf("list ResourceClaims: %w", err)
 	}
-	var out []ShareUse
+	out := []ShareUse{} // -o json: [] rather than null
 	for _, cl := range claims.Items {
 		if cl.Status.Allocation == nil {
 			continue

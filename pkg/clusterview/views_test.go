@@ -157,6 +157,10 @@ func TestTopShowsUseAgainstCaps(t *testing.T) {
 	if err != nil || len(only) != 1 || only[0].Claim != "new" {
 		t.Fatalf("team-b only: %+v %v", only, err)
 	}
+	none, err := Top(context.Background(), c, api.DriverName, "team-c")
+	if raw, _ := json.Marshal(none); err != nil || string(raw) != "[]" {
+		t.Errorf("no shares: %s %v; want [] for scripts", raw, err)
+	}
 	var back []ShareUse
 	roundTrip(t, shares, &back)
 	if back[0].Usage.MemoryMaxBytes != 8053063680 || back[0].Pods[0] != "web-1" {

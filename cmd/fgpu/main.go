@@ -7,6 +7,7 @@ import "github.com/fgpu-dev/fgpu/internal/cli"
 
 func main() {
 	root := cli.NewRoot("fgpu", "fgpu")
+	root.Short = "fgpu: fractional GPU placement tools and views of the cluster's GPU shares"
 	root.AddCommand(newSimCmd(), newPlotCmd(), newFaultsCmd())
 	cli.Main(root)
 }

@@ -16,7 +16,7 @@ import (
 func NewRoot(use, displayName string) *cobra.Command {
 	root := &cobra.Command{
 		Use:           use,
-		Short:         "fgpu: fractional GPU placement tools and views of the cluster's GPU shares",
+		Short:         "fgpu: views of the cluster's fractional GPU shares",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: displayName},

@@ -3,6 +3,7 @@
 package clusterview
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -143,7 +144,8 @@ func modeOf(cl resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationR
 // Print writes the GPUs and their tenants as a table that fits 80 columns: a row per GPU,
 // then one per tenant (namespace/pods, or the claim while no pod uses it).
 func Print(w io.Writer, gpus []GPU) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "GPU / TENANT\tMEMORY\tCOMPUTE\tMODE")
 	for _, g := range gpus {
 		mem, compute := g.Used()
@@ -151,7 +153,7 @@ func Print(w io.Writer, gpus []GPU) error {
 		if g.Product != "" {
 			name += " (" + g.Product + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s/%s\t%d%%\n", fit(name, nameWidth), q(mem), q(g.Memory), compute)
+		fmt.Fprintf(tw, "%s\t%s/%s\t%d%%\t\n", fit(name, nameWidth), q(mem), q(g.Memory), compute)
 		for _, t := range g.Tenants {
 			who := t.Namespace + "/" + strings.Join(t.Pods, ",")
 			if len(t.Pods) == 0 {
@@ -160,7 +162,17 @@ func Print(w io.Writer, gpus []GPU) error {
 			fmt.Fprintf(tw, "  %s\t%s\t%d%%\t%s\n", fit(who, nameWidth-2), q(t.Memory), t.Compute, t.Mode)
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// A GPU's row has no mode: its cell must still end with a tab to keep the column
+	// aligned, and the padding it gets is cut here.
+	for line := range strings.Lines(buf.String()) {
+		if _, err := io.WriteString(w, strings.TrimRight(line, " \n")+"\n"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // nameWidth is the widest name column that keeps a table within 80 columns.

@@ -52,7 +52,13 @@ func TestGatherAndPrint(t *testing.T) {
 	}
 	fits80(t, buf.String())
 	lines := strings.Split(buf.String(), "\n")
-	column := func(line, s string) int { return len([]rune(line[:strings.Index(line, s)])) }
+	column := func(line, s string) int {
+		before, _, ok := strings.Cut(line, s)
+		if !ok {
+			t.Fatalf("%q lacks %q", line, s)
+		}
+		return len([]rune(before))
+	}
 	if column(lines[0], "MODE") != column(lines[2], "mps") {
 		t.Errorf("the mode is not under MODE:\n%s", buf.String())
 	}

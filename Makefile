@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 
 .PHONY: all build test test-unit fuzz test-e2e verify generate lint golangci-lint logcheck demo demo-down images \
-	cluster-up cluster-down bench-e2e plot gpucheck gpucheck-fake
+	cluster-up cluster-down bench-e2e plot gpucheck gpucheck-fake kubectl-plugin
 
 # Developer tools run at the versions pinned in hack/tools (golangci-lint in its own module so its
 # dependencies stay as its authors tested them); `go tool` builds each once into the Go cache.
@@ -12,8 +12,16 @@ GOLANGCI_LINT := $(GO) tool -modfile=hack/tools/golangci-lint/go.mod golangci-li
 
 all: build
 
+## build: every package, and the CLI as fgpu and as the kubectl plugin kubectl-fgpu into
+## _output/cli (put kubectl-fgpu on the PATH: `kubectl fgpu gpus`).
 build:
 	$(GO) build ./...
+	$(GO) build -o _output/cli/ ./cmd/fgpu ./cmd/kubectl-fgpu
+
+## kubectl-plugin: kubectl-fgpu's release archives and krew manifest (plugins/fgpu.yaml,
+## filled in) for VERSION into _output/krew.
+kubectl-plugin:
+	GO="$(GO)" hack/krew.sh $(VERSION)
 
 ## test: the tree checks (verify, lint), unit tests, a short fuzz run, the GPU check's fake-GPU
 ## variant, then the e2e suites on a real local Kubernetes cluster; .ci/run calls this.

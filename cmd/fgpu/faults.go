@@ -19,7 +19,8 @@ import (
 func newFaultsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "faults",
-		Short: "Inject, recover and clear GPU faults on this node (docs/faults.md)",
+		Short: "Inject, recover and clear GPU faults on this node",
+		Long:  "Inject, recover and clear GPU faults on this node (docs/faults.md).",
 	}
 	var devDir string
 	var index int

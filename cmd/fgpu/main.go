@@ -1,25 +1,13 @@
-// Command fgpu is fgpu's command-line tool: placement simulation and plots, and a view
-// of the cluster's GPUs. The logic lives in pkg/placement, pkg/sim and pkg/clusterview;
-// this is wiring.
+// Command fgpu is fgpu's command-line tool: the cluster views of internal/cli (also the
+// kubectl plugin cmd/kubectl-fgpu), the placement simulator and plots (pkg/placement,
+// pkg/sim), and fake-GPU fault injection on a node.
 package main
 
-import (
-	"fmt"
-	"os"
-
-	"github.com/spf13/cobra"
-)
+import "github.com/fgpu-dev/fgpu/internal/cli"
 
 func main() {
-	root := &cobra.Command{
-		Use:           "fgpu",
-		Short:         "fgpu: fractional GPU placement tools",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	root.AddCommand(newSimCmd(), newPlotCmd(), newGPUsCmd(), newFaultsCmd(), newRecommendationsCmd())
-	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "fgpu:", err)
-		os.Exit(1)
-	}
+	root := cli.NewRoot("fgpu", "fgpu")
+	root.Short = "fgpu: fractional GPU placement tools and views of the cluster's GPU shares"
+	root.AddCommand(newSimCmd(), newPlotCmd(), newFaultsCmd())
+	cli.Main(root)
 }

@@ -15,7 +15,7 @@ func newPlotCmd() *cobra.Command {
 	var batches []int
 	cmd := &cobra.Command{
 		Use:   "plot",
-		Short: "Replay several policies and draw allocation vs arrived demand to a PNG",
+		Short: "Plot several policies' allocation vs arrived demand to a PNG",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			seeds, err := parseSeeds(f.seeds)
 			if err != nil {

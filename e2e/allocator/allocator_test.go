@@ -147,6 +147,7 @@ func TestQuota(t *testing.T) {
 		t.Errorf("quota event does not say which quota and by how much: %s", ev)
 	}
 	waitPending(t, ns, "p3", 2*time.Second)
+	checkKubectlFgpuOverQuota(t, ns)
 	zero := int64(0)
 	if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, "p1", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@
 package clusterview
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,20 +22,24 @@ import (
 
 // GPU is one published device and its tenants.
 type GPU struct {
-	Node, Device, Product string
-	Memory                int64 // allocatable bytes
-	Tenants               []Tenant
+	Node    string   `json:"node"`
+	Device  string   `json:"device"`
+	Product string   `json:"product,omitempty"`
+	Memory  int64    `json:"memoryBytes"` // allocatable
+	Compute int64    `json:"computePercent"`
+	Tenants []Tenant `json:"tenants"`
 }
 
 // Tenant is one allocated share.
 type Tenant struct {
-	Namespace, Claim string
-	Pods             []string
-	Memory           int64
-	Compute          int64
-	ShareID          string
-	// Mode and MemoryEnforced come from the plugin's device status, once prepared.
-	Mode string
+	Namespace string   `json:"namespace"`
+	Claim     string   `json:"claim"`
+	Pods      []string `json:"pods"`
+	Memory    int64    `json:"memoryBytes"`
+	Compute   int64    `json:"computePercent"`
+	ShareID   string   `json:"shareID,omitempty"`
+	// Mode comes from the plugin's device status, once prepared ("-" before).
+	Mode string `json:"mode"`
 }
 
 // Used sums the tenants' memory and compute.
@@ -67,6 +72,10 @@ func Gather(ctx context.Context, c kubernetes.Interface, driver string) ([]GPU, 
 			if m, ok := d.Capacity[api.CapacityMemory]; ok {
 				g.Memory = m.Value.Value()
 			}
+			g.Compute = 100
+			if c, ok := d.Capacity[api.CapacityCompute]; ok {
+				g.Compute = c.Value.Value()
+			}
 			byKey[key] = g
 			order = append(order, key)
 		}
@@ -84,7 +93,11 @@ func Gather(ctx context.Context, c kubernetes.Interface, driver string) ([]GPU, 
 			if r.Driver != driver || g == nil {
 				continue
 			}
-			t := Tenant{Namespace: cl.Namespace, Claim: cl.Name, Memory: g.Memory, Mode: modeOf(cl, r)}
+			// A whole GPU (no consumed capacity) holds all of it, as the allocator counts it.
+			t := Tenant{Namespace: cl.Namespace, Claim: cl.Name, Memory: g.Memory, Compute: g.Compute, Mode: modeOf(cl, r), Pods: []string{}}
+			if len(r.ConsumedCapacity) > 0 {
+				t.Compute = 0
+			}
 			if q, ok := r.ConsumedCapacity[api.CapacityMemory]; ok {
 				t.Memory = q.Value()
 			}
@@ -128,22 +141,52 @@ func modeOf(cl resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationR
 	return "-"
 }
 
-// Print writes the GPUs and their tenants as a table.
+// Print writes the GPUs and their tenants as a table that fits 80 columns: a row per GPU,
+// then one per tenant (namespace/pods, or the claim while no pod uses it).
 func Print(w io.Writer, gpus []GPU) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE/GPU\tMODEL\tMEMORY USED/ALLOCATABLE\tCOMPUTE\tTENANT (ns/pod)\tMEMORY\tCOMPUTE\tMODE")
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GPU / TENANT\tMEMORY\tCOMPUTE\tMODE")
 	for _, g := range gpus {
 		mem, compute := g.Used()
-		fmt.Fprintf(tw, "%s/%s\t%s\t%s / %s\t%d%%\t\t\t\t\n", g.Node, g.Device, g.Product, q(mem), q(g.Memory), compute)
+		name := g.Node + "/" + g.Device
+		if g.Product != "" {
+			name += " (" + g.Product + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s/%s\t%d%%\t\n", fit(name, nameWidth), q(mem), q(g.Memory), compute)
 		for _, t := range g.Tenants {
 			who := t.Namespace + "/" + strings.Join(t.Pods, ",")
 			if len(t.Pods) == 0 {
-				who = t.Namespace + "/(claim " + t.Claim + ", no pod)"
+				who = t.Namespace + "/claim " + t.Claim + " (no pod)"
 			}
-			fmt.Fprintf(tw, "\t\t\t\t%s\t%s\t%d%%\t%s\n", who, q(t.Memory), t.Compute, t.Mode)
+			fmt.Fprintf(tw, "  %s\t%s\t%d%%\t%s\n", fit(who, nameWidth-2), q(t.Memory), t.Compute, t.Mode)
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// A GPU's row has no mode: its cell must still end with a tab to keep the column
+	// aligned, and the padding it gets is cut here.
+	for line := range strings.Lines(buf.String()) {
+		if _, err := io.WriteString(w, strings.TrimRight(line, " \n")+"\n"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nameWidth is the widest name column that keeps a table within 80 columns.
+const nameWidth = 40
+
+// fit shortens s to n runes by cutting out its middle, which keeps both a name's start and
+// the generated suffix that tells its pods apart.
+func fit(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	head := (n - 1) / 2
+	return string(r[:head]) + "…" + string(r[len(r)-(n-1-head):])
 }
 
 func q(b int64) string { return resource.NewQuantity(b, resource.BinarySI).String() }

@@ -31,7 +31,7 @@ func TestGatherAndPrint(t *testing.T) {
 				Request: "gpu", Driver: "gpu.fgpu.dev", Pool: "n1", Device: "gpu-0", ShareID: ptr.To(types.UID("s1")),
 				ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi"), "compute": resource.MustParse("25")},
 			}}}},
-			ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "web-1"}},
+			ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "web-1"}, {Resource: "pods", Name: "a-replica-with-a-name-long-enough-to-need-cutting-x7k2p"}},
 			Devices:     []resourceapi.AllocatedDeviceStatus{{Driver: "gpu.fgpu.dev", Pool: "n1", Device: "gpu-0", Data: &runtime.RawExtension{Raw: []byte(`{"mode":"mps"}`)}}},
 		},
 	}
@@ -50,7 +50,24 @@ func TestGatherAndPrint(t *testing.T) {
 	if err := Print(&buf, gpus); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"n1/gpu-0", "10Gi / 79Gi", "team-a/web-1", "mps", "25%"} {
+	fits80(t, buf.String())
+	lines := strings.Split(buf.String(), "\n")
+	column := func(line, s string) int {
+		before, _, ok := strings.Cut(line, s)
+		if !ok {
+			t.Fatalf("%q lacks %q", line, s)
+		}
+		return len([]rune(before))
+	}
+	if column(lines[0], "MODE") != column(lines[2], "mps") {
+		t.Errorf("the mode is not under MODE:\n%s", buf.String())
+	}
+	var back []GPU
+	roundTrip(t, gpus, &back)
+	if back[0].Tenants[0].Memory != 10<<30 || back[0].Tenants[0].Pods[0] != "web-1" {
+		t.Errorf("json %+v", back)
+	}
+	for _, want := range []string{"n1/gpu-0", "10Gi/79Gi", "team-a/web-1", "mps", "25%"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, buf.String())
 		}

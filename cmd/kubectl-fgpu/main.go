@@ -1,0 +1,7 @@
+// Command kubectl-fgpu is the cluster views of the fgpu CLI (internal/cli) as a kubectl
+// plugin: on the PATH, `kubectl fgpu gpus|why|top|quota|recommendations` runs it.
+package main
+
+import "github.com/fgpu-dev/fgpu/internal/cli"
+
+func main() { cli.Main(cli.NewRoot("kubectl-fgpu", "kubectl fgpu")) }

@@ -90,7 +90,10 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
 	in := &input{claim: claim, classes: map[string]*resourceapi.DeviceClass{}}
 	in.consumers = c.consumers(claim)
-	if len(in.consumers) == 0 {
+	// A scheduling-gated pod may not run yet (Kueue gates the pods it has not admitted), and
+	// kube-scheduler allocates nothing for it either: a share placed for it would hold GPU
+	// memory that admitted work cannot have. The claim waits until one of its pods is ungated.
+	if !slices.ContainsFunc(in.consumers, func(p *corev1.Pod) bool { return len(p.Spec.SchedulingGates) == 0 }) {
 		return in, false
 	}
 	// A claim placed again after a refused prepare stays on the node its reserved pods are

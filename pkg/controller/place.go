@@ -77,7 +77,11 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	c.metrics.decision.Observe(c.now().Sub(start).Seconds())
 	if w != nil {
 		klog.FromContext(ctx).V(4).Info("Claim waits", "reason", w.reason, "message", w.message)
-		c.setStatus(ctx, claim, in.consumers, "Pending: "+w.message, w.reason)
+		msg := w.message
+		if w.quota || w.beyondQuota {
+			msg += kueueHint(in.consumers)
+		}
+		c.setStatus(ctx, claim, in.consumers, "Pending: "+msg, w.reason)
 		// Requeued when quota frees up, or on any capacity, node or policy change; and when
 		// a GPU whose plugin refused the claim may be tried again.
 		return c.refused.Next(claim.UID, c.now(), c.cfg.BindTimeout), nil

@@ -5,6 +5,7 @@
 #   etcd:       etcd (v3.7.3)
 #   containerd: containerd ctr containerd-shim-runc-v2 (v2.4.2)
 #   helm:       helm (v3.22.0)
+#   kueue:      kueue (Kueue's manager, v0.19.2; only the e2e/kueue suite runs it)
 # A group is skipped when all its binaries are newer than its go.mod and go.sum; --force rebuilds.
 # Cold: about 18 min on a loaded 2-core machine and ~6 GB of Go caches; warm: under a minute.
 set -euo pipefail
@@ -15,7 +16,7 @@ FORCE=0
 for a in "$@"; do
   case $a in
     --force|-f) FORCE=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) die "unknown argument $a (want --force)" ;;
   esac
 done
@@ -71,5 +72,8 @@ for pkg in pkg/lint/rules pkg/chartutil; do
   HELM_LDFLAGS+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=37"
 done
 build helm helm -- -ldflags "$HELM_LDFLAGS" helm.sh/helm/v3/cmd/helm
+
+build kueue kueue -- -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=v0.19.2" \
+  sigs.k8s.io/kueue/cmd/kueue
 
 log "build: binaries in $BIN_DIR"

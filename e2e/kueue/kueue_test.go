@@ -113,7 +113,7 @@ func gpuJob(t *testing.T, client kubernetes.Interface, p *framework.GPUPod, queu
 	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Namespace: tmpl.Namespace, Name: tmpl.Name, Labels: map[string]string{}},
-		Spec: batchv1.JobSpec{BackoffLimit: ptr.To[int32](0), Template: corev1.PodTemplateSpec{Spec: pod.Spec}},
+		Spec:       batchv1.JobSpec{BackoffLimit: ptr.To[int32](0), Template: corev1.PodTemplateSpec{Spec: pod.Spec}},
 	}
 	if queue != "" {
 		job.Labels[queueLabel] = queue

@@ -177,7 +177,8 @@ func admitted(t *testing.T, ns, job string) (string, resource.Quantity) {
 	psa, _, _ := unstructured.NestedSlice(wl.Object, "status", "admission", "podSetAssignments")
 	var charge resource.Quantity
 	if len(psa) == 1 {
-		usage, _, _ := unstructured.NestedStringMap(psa[0].(map[string]any), "resourceUsage")
+		m, _ := psa[0].(map[string]any)
+		usage, _, _ := unstructured.NestedStringMap(m, "resourceUsage")
 		charge = resource.MustParse(usage[quotaResource])
 	}
 	return cq, charge
@@ -286,10 +287,10 @@ func clusterQueueUsage(t *testing.T, cq string) (total, borrowed string) {
 	}
 	flavors, _, _ := unstructured.NestedSlice(obj.Object, "status", "flavorsUsage")
 	for _, f := range flavors {
-		res, _, _ := unstructured.NestedSlice(f.(map[string]any), "resources")
+		fm, _ := f.(map[string]any)
+		res, _, _ := unstructured.NestedSlice(fm, "resources")
 		for _, r := range res {
-			m := r.(map[string]any)
-			if m["name"] == quotaResource {
+			if m, _ := r.(map[string]any); m["name"] == quotaResource {
 				return fmt.Sprint(m["total"]), fmt.Sprint(m["borrowed"])
 			}
 		}

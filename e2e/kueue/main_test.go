@@ -52,6 +52,8 @@ const (
 	webhookName   = "fgpu-e2e-kueue"
 	webhookPort   = 19443
 	healthAddr    = "127.0.0.1:18081"
+	// metricsCertDir is where Kueue's manager looks for its metrics certificate.
+	metricsCertDir = "/etc/kueue/metrics/certs"
 )
 
 // kueueConfig is Kueue's Configuration: both fgpu classes charge the devices' memory capacity
@@ -101,7 +103,6 @@ func TestMain(m *testing.M) {
 		code = m.Run()
 	}
 	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
 	if err := removeKueue(ctx, stop); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
 		code = 1
@@ -110,6 +111,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
 		code = 1
 	}
+	cancel()
 	os.Exit(code)
 }
 
@@ -148,6 +150,11 @@ func startKueue(ctx context.Context) (func(), error) {
 	}
 	caPEM, err := writeServingCert(certDir)
 	if err != nil {
+		return nil, err
+	}
+	// Without internal cert management Kueue reads its metrics server's certificate from this
+	// fixed path, even with metrics off.
+	if err := copyCerts(certDir, metricsCertDir); err != nil {
 		return nil, err
 	}
 	cfgPath := filepath.Join(dir, "config.yaml")
@@ -243,6 +250,23 @@ func writeServingCert(dir string) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), nil
 }
 
+// copyCerts copies tls.crt and tls.key from one directory to another, which it creates.
+func copyCerts(from, to string) error {
+	if err := os.MkdirAll(to, 0o700); err != nil {
+		return err
+	}
+	for _, f := range []string{"tls.crt", "tls.key"} {
+		raw, err := os.ReadFile(filepath.Join(from, f))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(to, f), raw, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // installWebhooks registers Kueue's Job and Pod webhooks (the paths of its
 // config/components/webhook manifests) at 127.0.0.1, for the managed namespaces only: they
 // suspend new Jobs and gate new Pods until Kueue admits them.
@@ -299,6 +323,15 @@ func removeKueue(ctx context.Context, stop func()) error {
 	if stop != nil {
 		stop()
 	}
+	for _, f := range []string{"tls.crt", "tls.key"} {
+		if err := os.Remove(filepath.Join(metricsCertDir, f)); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, err.Error())
+		}
+	}
+	// Only if empty: the directories may hold someone else's files.
+	_ = os.Remove(metricsCertDir)
+	_ = os.Remove(filepath.Dir(metricsCertDir))
+	_ = os.Remove(filepath.Dir(filepath.Dir(metricsCertDir)))
 	if mod, err := kueueModule(ctx); err != nil {
 		errs = append(errs, err.Error())
 	} else if _, err := framework.Run(ctx, framework.Bin("kubectl"), "delete", "--ignore-not-found", "--timeout=60s",

@@ -63,9 +63,9 @@ func createKueue(t *testing.T, resource, ns, doc string) {
 // with a LocalQueue "gpus" pointing at it.
 func queues(t *testing.T, nominal string) (nsA, nsB string) {
 	t.Helper()
-	// Namespaces first: their cleanup (which waits for the pods to be gone) then runs after
-	// the queues' and before the flavor's.
-	nsA, nsB = managedNamespace(t, "kueue-a"), managedNamespace(t, "kueue-b")
+	// Cleanups run last first: the namespaces (whose cleanup waits for their pods and
+	// Workloads to be gone) before the ClusterQueues and the flavor, which Kueue keeps while
+	// workloads use them.
 	createKueue(t, "resourceflavors", "", `{apiVersion: kueue.x-k8s.io/v1beta2, kind: ResourceFlavor, metadata: {name: e2e-fgpu}}`)
 	for _, q := range []string{"e2e-team-a", "e2e-team-b"} {
 		createKueue(t, "clusterqueues", "", fmt.Sprintf(`apiVersion: kueue.x-k8s.io/v1beta2
@@ -82,6 +82,7 @@ spec:
       resources: [{name: %s, nominalQuota: %s}]
 `, q, quotaResource, quotaResource, nominal))
 	}
+	nsA, nsB = managedNamespace(t, "kueue-a"), managedNamespace(t, "kueue-b")
 	for ns, q := range map[string]string{nsA: "e2e-team-a", nsB: "e2e-team-b"} {
 		createKueue(t, "localqueues", ns, fmt.Sprintf(`{apiVersion: kueue.x-k8s.io/v1beta2, kind: LocalQueue, metadata: {name: gpus, namespace: %s}, spec: {clusterQueue: %s}}`, ns, q))
 	}
@@ -421,6 +422,7 @@ func TestTenantCannotBypassKueue(t *testing.T) {
 	if len(pod.Spec.SchedulingGates) == 0 {
 		t.Fatalf("Kueue did not gate a bare pod without a queue name in a managed namespace")
 	}
+	// kube-controller-manager makes the pod's claim while the pod is gated: fgpu must leave it.
 	claim, err := cluster.ClaimOf(ctx, pod)
 	if err != nil {
 		t.Fatalf("no claim for the gated pod: %v", err)
@@ -432,7 +434,7 @@ func TestTenantCannotBypassKueue(t *testing.T) {
 	if claim.Status.Allocation != nil {
 		t.Errorf("fgpu placed claim %s of a pod Kueue has not admitted (gates %v)", claim.Name, pod.Spec.SchedulingGates)
 	}
-	t.Logf("BYPASS bare pod without queue name: gates %v, claim %s allocated=%v", pod.Spec.SchedulingGates, claim.Name, claim.Status.Allocation != nil)
+	t.Logf("BYPASS bare pod without queue name: gates %v, claim %s allocated=%v after 10s", pod.Spec.SchedulingGates, claim.Name, claim.Status.Allocation != nil)
 
 	// What Kueue does not stop: edit may update pods, and Kueue's pod webhook lets the gate
 	// go. Then only a SharingPolicy quota (a ceiling at Kueue's maximum) bounds the pod.

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
@@ -438,8 +439,16 @@ func TestTenantCannotBypassKueue(t *testing.T) {
 
 	// What Kueue does not stop: edit may update pods, and Kueue's pod webhook lets the gate
 	// go. Then only a SharingPolicy quota (a ceiling at Kueue's maximum) bounds the pod.
-	pod.Spec.SchedulingGates = nil
-	if _, err := tn.Client.CoreV1().Pods(nsB).Update(ctx, pod, metav1.UpdateOptions{}); err != nil {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := tn.Client.CoreV1().Pods(nsB).Get(ctx, "bare", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Spec.SchedulingGates = nil
+		_, err = tn.Client.CoreV1().Pods(nsB).Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Logf("BYPASS tenant removing Kueue's scheduling gate: refused: %v", err)
 	} else {
 		time.Sleep(15 * time.Second)

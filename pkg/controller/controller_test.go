@@ -97,6 +97,47 @@ func TestWaitsForPod(t *testing.T) {
 	}
 }
 
+// Kueue gates the pods it has not admitted: their claims hold no GPU until the gate is gone.
+func TestWaitsWhilePodIsSchedulingGated(t *testing.T) {
+	gated := builders.MakePod("a", "p").Claim("c").Obj()
+	gated.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "kueue.x-k8s.io/admission"}}
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"), builders.MakeClaim("a", "c").Memory("10Gi").Obj(), gated)
+	e.run()
+	if got := e.placedOn("a", "c"); got != "" {
+		t.Fatalf("placed on %s while its only pod is scheduling-gated", got)
+	}
+	gated.Spec.SchedulingGates = nil
+	if _, err := e.client.CoreV1().Pods("a").Update(e.ctx, gated, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		if p, err := e.c.pods.Pods("a").Get("p"); err == nil && len(p.Spec.SchedulingGates) == 0 {
+			break
+		}
+	}
+	e.run()
+	if e.placedOn("a", "c") == "" {
+		t.Fatal("not placed once its pod is ungated")
+	}
+}
+
+// A pod that Kueue admitted and fgpu's own quota holds back says that both set quota: the
+// two must not disagree about a namespace.
+func TestOverQuotaKueuePodSaysBothQuotasBind(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("q").QuotaMemory("10Gi").Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeClaim("a", "c1").Memory("10Gi").Created(0).Obj(), builders.MakePod("a", "p1").Claim("c1").Obj(),
+		builders.MakeClaim("a", "c2").Memory("10Gi").Created(1).Obj(), builders.MakePod("a", "p2").Claim("c2").Label("kueue.x-k8s.io/podset", "main").Obj())
+	e.run()
+	if e.placedOn("a", "c2") != "" {
+		t.Fatal("c2 placed over the 10Gi quota")
+	}
+	ev := e.events("FgpuOverQuota")
+	if len(ev) != 1 || !strings.Contains(ev[0], "claim c2: ") || !strings.Contains(ev[0], "Kueue admitted this pod") {
+		t.Errorf("over-quota events %v", ev)
+	}
+}
+
 func TestAccountsSchedulerAllocations(t *testing.T) {
 	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("none").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj()},
 		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"),

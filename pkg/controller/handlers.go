@@ -112,8 +112,9 @@ func (c *Controller) onPod(old, pod *corev1.Pod) {
 	for _, n := range podClaimNames(pod) {
 		c.queue.Add(claimKeyIn(pod.Namespace, n))
 	}
-	// Template claims: the claim is owned by the pod.
-	if old == nil || len(old.Status.ResourceClaimStatuses) != len(pod.Status.ResourceClaimStatuses) {
+	// Template claims: the claim is owned by the pod; it is placed once its pod is ungated.
+	if old == nil || len(old.Status.ResourceClaimStatuses) != len(pod.Status.ResourceClaimStatuses) ||
+		len(old.Spec.SchedulingGates) != len(pod.Spec.SchedulingGates) {
 		for _, s := range pod.Status.ResourceClaimStatuses {
 			if s.ResourceClaimName != nil {
 				c.queue.Add(claimKeyIn(pod.Namespace, *s.ResourceClaimName))

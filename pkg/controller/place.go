@@ -78,7 +78,11 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	if w != nil {
 		klog.FromContext(ctx).V(4).Info("Claim waits", "reason", w.reason, "message", w.message)
 		c.metrics.refusedIn(claim.Namespace, w.reason)
-		c.setStatus(ctx, claim, in.consumers, "Pending: "+w.message, w.reason)
+		msg := w.message
+		if w.quota || w.beyondQuota {
+			msg += kueueHint(in.consumers)
+		}
+		c.setStatus(ctx, claim, in.consumers, "Pending: "+msg, w.reason)
 		// Requeued when quota frees up, or on any capacity, node or policy change; and when
 		// a GPU whose plugin refused the claim may be tried again.
 		return c.refused.Next(claim.UID, c.now(), c.cfg.BindTimeout), nil
@@ -91,7 +95,10 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
 	in := &input{claim: claim, classes: map[string]*resourceapi.DeviceClass{}}
 	in.consumers = c.consumers(claim)
-	if len(in.consumers) == 0 {
+	// A scheduling-gated pod may not run yet (Kueue gates the pods it has not admitted), and
+	// kube-scheduler allocates nothing for it either: a share placed for it would hold GPU
+	// memory that admitted work cannot have. The claim waits until one of its pods is ungated.
+	if !slices.ContainsFunc(in.consumers, func(p *corev1.Pod) bool { return len(p.Spec.SchedulingGates) == 0 }) {
 		return in, false
 	}
 	// A claim placed again after a refused prepare stays on the node its reserved pods are

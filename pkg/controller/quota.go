@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
@@ -16,6 +18,21 @@ const (
 	// the quota even with nothing else of the namespace in use.
 	reasonBeyondQuota = "more than the namespace's whole quota"
 )
+
+// kueuePodSetLabel is what Kueue sets on the pods of a workload it admitted.
+const kueuePodSetLabel = "kueue.x-k8s.io/podset"
+
+// kueueHint says why a pod that Kueue admitted can still wait for quota: a SharingPolicy quota
+// binds its namespace too, and Kueue has already spent its own quota on the pod. The label
+// (which a tenant can write) only chooses the wording, never a decision.
+func kueueHint(pods []*corev1.Pod) string {
+	for _, p := range pods {
+		if _, ok := p.Labels[kueuePodSetLabel]; ok {
+			return "; Kueue admitted this pod, but a SharingPolicy quota binds its namespace too: where Kueue manages a namespace's GPU quota, unset the SharingPolicy quota or raise it to at least what the namespace's ClusterQueue can admit"
+		}
+	}
+	return ""
+}
 
 // usage is GPU memory and compute held against a quota.
 type usage struct{ mem, comp int64 }

@@ -113,6 +113,7 @@ type Controller struct {
 
 	// sizer recommends workload sizes from measured use.
 	sizer *sizer
+	idle  *idleTracker
 }
 
 // New builds the controller and its informers (not started). fgpuClient reads the
@@ -134,6 +135,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		c.cfg.Sizing = cfg.Sizing
 	}
 	c.sizer = newSizer(cfg.Sizing)
+	c.idle = newIdleTracker()
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedMaxOfRateLimiter(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second)),
@@ -183,6 +185,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	go wait.UntilWithContext(ctx, c.expire, 10*time.Second)
 	go wait.UntilWithContext(ctx, c.sweepUsage, usageSweepInterval)
 	go wait.UntilWithContext(ctx, c.evictForResize, autoEvictInterval)
+	go wait.UntilWithContext(ctx, c.scaleIdle, idleInterval)
 	<-ctx.Done()
 	return nil
 }

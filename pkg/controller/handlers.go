@@ -23,7 +23,14 @@ func (c *Controller) handlers() eventHandlers {
 		node:   handlerFuncs(c.onNode, c.onNodeUpdate, c.onNode),
 		pod:    handlerFuncs(func(p *corev1.Pod) { c.onPod(nil, p) }, c.onPod, c.onPodDelete),
 		policy: handlerFuncs(c.onPolicy, func(_, p *api.SharingPolicy) { c.onPolicy(p) }, func(*api.SharingPolicy) { c.kick() }),
-		other:  cache.ResourceEventHandlerFuncs{AddFunc: kick, UpdateFunc: func(any, any) { c.kick() }, DeleteFunc: kick},
+		workload: cache.ResourceEventHandlerFuncs{AddFunc: c.onWorkload, UpdateFunc: func(_, o any) { c.onWorkload(o) },
+			DeleteFunc: func(o any) {
+				if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+					o = d.Obj
+				}
+				c.onWorkload(o)
+			}},
+		other: cache.ResourceEventHandlerFuncs{AddFunc: kick, UpdateFunc: func(any, any) { c.kick() }, DeleteFunc: kick},
 	}
 }
 
@@ -48,6 +55,7 @@ func (c *Controller) onClaim(claim *resourceapi.ResourceClaim) {
 	if ours {
 		c.queue.Add(claimKey(claim))
 		c.observeUsage(claim)
+		c.observeIdle(claim)
 	}
 }
 
@@ -62,6 +70,7 @@ func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	c.refused.Forget(claim.UID)
 	c.restores.forget(claim.UID)
 	c.forgetUsage(claim)
+	c.forgetIdle(claim)
 	c.forget(key)
 }
 

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"io"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
@@ -28,6 +30,10 @@ type listers struct {
 	nodes      corelisters.NodeLister
 	pods       corelisters.PodLister
 	namespaces corelisters.NamespaceLister
+	// deployments and statefulsets hold no pod template (stripped): idle scale-down reads
+	// their replicas and annotations only.
+	deployments  appslisters.DeploymentLister
+	statefulsets appslisters.StatefulSetLister
 	// policies is nil when the controller has no fgpu client: every claim then gets the
 	// default policy.
 	policies fgpulisters.SharingPolicyLister
@@ -49,6 +55,7 @@ type informerSet struct {
 // eventHandlers are the controller's reactions to each kind of object.
 type eventHandlers struct {
 	claim, slice, node, pod, policy cache.ResourceEventHandler
+	workload                        cache.ResourceEventHandler // Deployments and StatefulSets
 	other                           cache.ResourceEventHandler // classes and namespaces
 }
 
@@ -60,6 +67,12 @@ func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface,
 		if a, ok := obj.(metav1.ObjectMetaAccessor); ok {
 			a.GetObjectMeta().SetManagedFields(nil)
 		}
+		switch w := obj.(type) {
+		case *appsv1.Deployment:
+			w.Spec.Template = corev1.PodTemplateSpec{}
+		case *appsv1.StatefulSet:
+			w.Spec.Template, w.Spec.VolumeClaimTemplates = corev1.PodTemplateSpec{}, nil
+		}
 		return obj, nil
 	}
 	s := &informerSet{factory: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(strip))}
@@ -69,6 +82,9 @@ func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface,
 	nodeInf := s.factory.Core().V1().Nodes()
 	podInf := s.factory.Core().V1().Pods()
 	nsInf := s.factory.Core().V1().Namespaces()
+	depInf := s.factory.Apps().V1().Deployments()
+	stsInf := s.factory.Apps().V1().StatefulSets()
+	s.deployments, s.statefulsets = depInf.Lister(), stsInf.Lister()
 	s.claims, s.classes, s.nodes, s.pods, s.namespaces = claimInf.Lister(), classInf.Lister(), nodeInf.Lister(), podInf.Lister(), nsInf.Lister()
 	_ = podInf.Informer().AddIndexers(cache.Indexers{indexByKey: func(obj any) ([]string, error) {
 		p, ok := obj.(*corev1.Pod)
@@ -95,7 +111,8 @@ func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface,
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandler
 	}{{claimInf.Informer(), h.claim}, {sliceInf.Informer(), h.slice}, {classInf.Informer(), h.other},
-		{nodeInf.Informer(), h.node}, {podInf.Informer(), h.pod}, {nsInf.Informer(), h.other}} {
+		{nodeInf.Informer(), h.node}, {podInf.Informer(), h.pod}, {nsInf.Informer(), h.other},
+		{depInf.Informer(), h.workload}, {stsInf.Informer(), h.workload}} {
 		// Synced once the handler has seen every listed object, not only once the
 		// cache holds them: the first decisions must see the model of every node.
 		reg, _ := ih.inf.AddEventHandler(ih.h)

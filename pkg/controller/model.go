@@ -89,6 +89,8 @@ type model struct {
 	claims map[string]*claimRec
 	// nsMem and nsComp are the allocated memory and compute per namespace (quota).
 	nsMem, nsComp map[string]int64
+	// nsReserve is what the namespace's workloads scaled to zero keep of its quota.
+	nsReserve map[string]usage
 
 	dirty   bool // the GPU set changed: rebuild the placement core
 	core    *placement.Cluster
@@ -123,7 +125,7 @@ const (
 
 func newModel(driver string) *model {
 	return &model{driver: driver, gpus: map[gpuKey]*gpu{}, byPool: map[string]map[string]*gpu{}, claims: map[string]*claimRec{},
-		nsMem: map[string]int64{}, nsComp: map[string]int64{}, dirty: true,
+		nsMem: map[string]int64{}, nsComp: map[string]int64{}, nsReserve: map[string]usage{}, dirty: true,
 		learn: placement.NewLearner(placement.DefaultWorkload(), placement.DefaultLearnOptions()), learned: map[types.UID]struct{}{},
 		selectors: selectorTable{ids: map[string]int{}, errs: map[int]string{}}, verdicts: nodeVerdicts{}}
 }

@@ -85,10 +85,10 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 		}
 		// Whole GPUs: their size is known per GPU only (quotaFits), and a lower bound that
 		// queued the claim for quota could hold the namespace for a claim that never fits.
-		if used := c.model.nsMem[ns]; !rq.whole && used+need.mem > limit {
+		if used := c.model.nsMem[ns] + c.model.nsReserve[ns].mem; !rq.whole && used+need.mem > limit {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
-				"over the GPU memory quota of namespace %s (SharingPolicy %s: %s): %s in use, this claim needs %s, %s over; it will be placed when quota frees up",
-				ns, q.MemoryFrom, q.Memory.String(), fmtBytes(used), what, fmtBytes(used+need.mem-limit))}
+				"over the GPU memory quota of namespace %s (SharingPolicy %s: %s): %s in use%s, this claim needs %s, %s over; it will be placed when quota frees up",
+				ns, q.MemoryFrom, q.Memory.String(), fmtBytes(used), c.reserveText(ns, fmtBytes(c.model.nsReserve[ns].mem)), what, fmtBytes(used+need.mem-limit))}
 		}
 	}
 	if q.Compute != nil && compKnown {
@@ -98,10 +98,10 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 				"larger than the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): this claim needs %d%%%s; it will not be placed unless the quota is raised",
 				ns, q.ComputeFrom, limit, need.comp, ownComp)}
 		}
-		if used := c.model.nsComp[ns]; !rq.whole && used+need.comp > limit {
+		if used := c.model.nsComp[ns] + c.model.nsReserve[ns].comp; !rq.whole && used+need.comp > limit {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
-				"over the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): %d%% in use, this claim needs %d%%, %d%% over; it will be placed when quota frees up",
-				ns, q.ComputeFrom, limit, used, need.comp, used+need.comp-limit)}
+				"over the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): %d%% in use%s, this claim needs %d%%, %d%% over; it will be placed when quota frees up",
+				ns, q.ComputeFrom, limit, used, c.reserveText(ns, fmt.Sprintf("%d%%", c.model.nsReserve[ns].comp)), need.comp, used+need.comp-limit)}
 		}
 	}
 	return nil
@@ -202,7 +202,8 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, mem, comp int6
 	if (q.Memory != nil && own.mem+mem > q.Memory.Value()) || (q.Compute != nil && own.comp+comp > *q.Compute) {
 		return reasonBeyondQuota
 	}
-	if (q.Memory != nil && c.model.nsMem[ns]+mem > q.Memory.Value()) || (q.Compute != nil && c.model.nsComp[ns]+comp > *q.Compute) {
+	r := c.model.nsReserve[ns]
+	if (q.Memory != nil && c.model.nsMem[ns]+r.mem+mem > q.Memory.Value()) || (q.Compute != nil && c.model.nsComp[ns]+r.comp+comp > *q.Compute) {
 		return reasonOverQuota
 	}
 	return ""

@@ -29,6 +29,8 @@ type Effective struct {
 	ComputeFromMemory      bool
 	DefaultCompute         int64
 	Sizing                 api.SizingMode
+	// IdleScaleDown is the policy's, defaults applied; nil: no workload is scaled down.
+	IdleScaleDown *api.IdleScaleDown
 	// Quota is the namespace's, from every policy that selects the namespace: not only
 	// from this one, which pod labels may have chosen.
 	Quota Quota
@@ -109,6 +111,11 @@ func FromSpec(name string, s *api.SharingPolicySpec) Effective {
 	}
 	if s.DefaultCompute != nil {
 		e.DefaultCompute = int64(*s.DefaultCompute)
+	}
+	if s.IdleScaleDown != nil {
+		i := *s.IdleScaleDown
+		i.Normalize()
+		e.IdleScaleDown = &i
 	}
 	return e
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -250,6 +251,55 @@ type SharingPolicySpec struct {
 	// of every namespace it may select until it is fixed.
 	// +optional
 	Quota *Quota `json:"quota,omitempty"`
+
+	// IdleScaleDown lets the allocator scale to zero the Deployments and StatefulSets of
+	// the pods this policy applies to whose GPU use stays idle for IdleScaleDown.After,
+	// when their owner opted in with the annotation fgpu.dev/idle-scale-down: "true" on the
+	// workload. Their quota stays theirs while they are scaled down; `fgpu wake` (or KEDA,
+	// or kubectl scale) brings them back. Unset: no workload is scaled.
+	// +optional
+	IdleScaleDown *IdleScaleDown `json:"idleScaleDown,omitempty"`
+}
+
+// MinIdleScaleDownAfter is the least IdleScaleDown.After: two usage reports at the kubelet
+// plugin's default report interval (5m), so that one report alone never scales a workload.
+const MinIdleScaleDownAfter = 10 * time.Minute
+
+// DefaultSMBelowPercent is IdleScaleDown.SMBelowPercent when unset: no SM activity at all.
+const DefaultSMBelowPercent = 1
+
+// IdleScaleDown says when a workload counts as idle.
+// +kubebuilder:object:generate=true
+type IdleScaleDown struct {
+	// After is how long every claim of the workload must have been idle: at least 10m.
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10m')",message="after must be at least 10m"
+	After metav1.Duration `json:"after"`
+	// SMBelowPercent: a claim is idle while the highest SM activity of each of its usage
+	// reports is below this percent (reports without SM samples never count as idle).
+	// Memory is not looked at: an idle inference server keeps its model loaded.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	SMBelowPercent int32 `json:"smBelowPercent,omitempty"`
+}
+
+// Normalize fills in the defaults the CRD's schema applies, for policies stored before it did.
+func (i *IdleScaleDown) Normalize() {
+	if i.SMBelowPercent == 0 {
+		i.SMBelowPercent = DefaultSMBelowPercent
+	}
+}
+
+// Validate says what is wrong with the bounds.
+func (i *IdleScaleDown) Validate() error {
+	if i.After.Duration < MinIdleScaleDownAfter {
+		return fmt.Errorf("idleScaleDown.after %s must be at least %s", i.After.Duration, MinIdleScaleDownAfter)
+	}
+	if i.SMBelowPercent < 1 || i.SMBelowPercent > 100 {
+		return fmt.Errorf("idleScaleDown.smBelowPercent %d must be between 1 and 100", i.SMBelowPercent)
+	}
+	return nil
 }
 
 // Validate says what is wrong with a policy that the CRD's schema cannot refuse (label keys
@@ -270,6 +320,13 @@ func (s *SharingPolicySpec) Validate() error {
 		}
 		if q.Compute != nil && *q.Compute < 0 {
 			return fmt.Errorf("quota.compute %d must not be negative", *q.Compute)
+		}
+	}
+	if s.IdleScaleDown != nil {
+		i := *s.IdleScaleDown
+		i.Normalize()
+		if err := i.Validate(); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -312,4 +369,23 @@ type SharingPolicyList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []SharingPolicy `json:"items"`
+}
+
+// Idle scale-down's annotations on a Deployment or StatefulSet.
+const (
+	// AnnotationIdleScaleDown "true" is the owner's opt-in: a policy's IdleScaleDown scales
+	// only the workloads that carry it.
+	AnnotationIdleScaleDown = "fgpu.dev/idle-scale-down"
+	// AnnotationScaledDownReplicas is the replicas the allocator found before it scaled the
+	// workload to zero: what `fgpu wake` restores.
+	AnnotationScaledDownReplicas = "fgpu.dev/scaled-down-replicas"
+	// AnnotationScaledDownReserve is what the workload's claims held (IdleReserve, JSON):
+	// while the workload has no replicas it counts against its own namespace's quota.
+	AnnotationScaledDownReserve = "fgpu.dev/scaled-down-reserve"
+)
+
+// IdleReserve is the quota a workload scaled to zero keeps.
+type IdleReserve struct {
+	Memory  resource.Quantity `json:"memory"`
+	Compute int64             `json:"compute"`
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/cel-go/cel"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -27,6 +28,12 @@ func TestSharingPolicySpecValidate(t *testing.T) {
 		"negative compute quota":    {SharingPolicySpec{Quota: &Quota{Compute: ptr.To[int64](-5)}}, "quota.compute -5 must not be negative"},
 		"In without values":         {SharingPolicySpec{NamespaceSelector: bad}, "namespaceSelector: "},
 		"invalid pod selector":      {SharingPolicySpec{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"bad key!": "x"}}}, "podSelector: "},
+		"idle after 10m, SM unset":  {SharingPolicySpec{IdleScaleDown: &IdleScaleDown{After: metav1.Duration{Duration: 10 * time.Minute}}}, ""},
+		"idle after 30m below 5%":   {SharingPolicySpec{IdleScaleDown: &IdleScaleDown{After: metav1.Duration{Duration: 30 * time.Minute}, SMBelowPercent: 5}}, ""},
+		"idle after under 10m":      {SharingPolicySpec{IdleScaleDown: &IdleScaleDown{After: metav1.Duration{Duration: 9 * time.Minute}}}, "idleScaleDown.after 9m0s must be at least 10m0s"},
+		"idle after unset":          {SharingPolicySpec{IdleScaleDown: &IdleScaleDown{}}, "idleScaleDown.after 0s must be at least"},
+		"idle SM above 100":         {SharingPolicySpec{IdleScaleDown: &IdleScaleDown{After: metav1.Duration{Duration: time.Hour}, SMBelowPercent: 101}}, "smBelowPercent 101 must be between 1 and 100"},
+		"idle SM negative":          {SharingPolicySpec{IdleScaleDown: &IdleScaleDown{After: metav1.Duration{Duration: time.Hour}, SMBelowPercent: -1}}, "smBelowPercent -1 must be between"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := tc.spec.Validate()
@@ -117,5 +124,18 @@ func TestCRDRefusesNegativeMemoryQuota(t *testing.T) {
 		if out.Value() != tc.ok {
 			t.Errorf("memory %v: rule says %v, want %v", tc.value, out.Value(), tc.ok)
 		}
+	}
+}
+
+func TestIdleScaleDownNormalize(t *testing.T) {
+	i := IdleScaleDown{After: metav1.Duration{Duration: time.Hour}}
+	i.Normalize()
+	if i.SMBelowPercent != DefaultSMBelowPercent {
+		t.Errorf("smBelowPercent %d after Normalize; want %d", i.SMBelowPercent, DefaultSMBelowPercent)
+	}
+	i.SMBelowPercent = 7
+	i.Normalize()
+	if i.SMBelowPercent != 7 {
+		t.Errorf("Normalize changed a set smBelowPercent to %d", i.SMBelowPercent)
 	}
 }

@@ -260,6 +260,12 @@ func (b *PolicyBuilder) ComputeFromMemory() *PolicyBuilder {
 // Sizing sets the sizing mode.
 func (b *PolicyBuilder) Sizing(m api.SizingMode) *PolicyBuilder { b.p.Spec.Sizing = m; return b }
 
+// IdleScaleDown scales opted-in workloads idle (no SM activity) for after to zero.
+func (b *PolicyBuilder) IdleScaleDown(after time.Duration) *PolicyBuilder {
+	b.p.Spec.IdleScaleDown = &api.IdleScaleDown{After: metav1.Duration{Duration: after}}
+	return b
+}
+
 // Priority sets the priority.
 func (b *PolicyBuilder) Priority(p int32) *PolicyBuilder { b.p.Spec.Priority = p; return b }
 

@@ -17,8 +17,11 @@ package replay
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"os"
 	"sort"
 	"strings"
@@ -90,6 +93,10 @@ type Report struct {
 	// but the replay's own creates of claims and pods. Events are counted once the
 	// recorder has sent them.
 	Writes map[string]int
+	// Digest is a SHA-256 over every decision in arrival order (the claim, its devices and
+	// node, or its status annotation when it waits): two replays decided alike when their
+	// digests are equal.
+	Digest string
 	// CPU is the process's CPU time (user and system) from the first claim to the last
 	// event sent, and InAPI the part of it spent inside the fake API server (its wall
 	// time: it runs synchronously in the caller), both over every claim arrived.
@@ -164,6 +171,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	capa := float64(core.GPUCapacity())
 	var allocated int64
 	var waiting []string
+	digest := sha256.New()
 	for i, k := range seq {
 		if cfg.Until > 0 && float64(allocated)/capa >= cfg.Until {
 			rep.Arrived = i
@@ -199,6 +207,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				band := sort.SearchFloat64s(cfg.Fills, float64(allocated)/capa+1e-12)
 				rep.Decisions[band] = append(rep.Decisions[band], el)
 				rep.API[band] = append(rep.API[band], api)
+				record(digest, got)
 				if got.Status.Allocation == nil {
 					waiting = append(waiting, key)
 					break
@@ -223,8 +232,25 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.CPU, rep.InAPI = processCPU()-cpu0, time.Duration(inAPI.Load()-api0)
 	rep.Writes = w.snapshot()
 	rep.Alloc = float64(allocated) / capa
+	rep.Digest = hex.EncodeToString(digest.Sum(nil))
 	rep.Invariant = loadgen.Check(ctx, client, api.DriverName)
 	return rep, nil
+}
+
+// record adds a decided claim to the digest: where it went, or why it waits.
+func record(h hash.Hash, claim *resourceapi.ResourceClaim) {
+	fmt.Fprintf(h, "%s\n", claim.Name)
+	a := claim.Status.Allocation
+	if a == nil {
+		fmt.Fprintf(h, "waits: %s\n", claim.Annotations[controller.AnnotationStatus])
+		return
+	}
+	for _, d := range a.Devices.Results {
+		fmt.Fprintf(h, "%s %s %s %v\n", d.Request, d.Pool, d.Device, d.ConsumedCapacity)
+	}
+	if a.NodeSelector != nil {
+		fmt.Fprintf(h, "%s\n", a.NodeSelector.String())
+	}
 }
 
 // requeue syncs each waiting claim once and returns those still waiting.

@@ -23,6 +23,8 @@ import (
 	"fmt"
 	"hash"
 	"os"
+	goruntime "runtime"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -71,6 +73,9 @@ type Config struct {
 	// controller's kick does when capacity changes: what a waiting claim costs in writes
 	// under a burst.
 	Requeue bool
+	// HeapProfile, when set, is where the heap in use at the end (the allocator and the fake
+	// API server both still live) is written, for go tool pprof: which of the two holds it.
+	HeapProfile string
 }
 
 // Report is a replay's outcome.
@@ -102,6 +107,9 @@ type Report struct {
 	// time: it runs synchronously in the caller), both over every claim arrived.
 	CPU, InAPI time.Duration
 	Invariant  error
+	// LiveHeap is the heap in use after a GC at the end, the allocator and the fake API
+	// server (every claim, pod and event) both still live.
+	LiveHeap uint64
 }
 
 // WritesTotal is the number of writes the allocator made.
@@ -234,7 +242,30 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Alloc = float64(allocated) / capa
 	rep.Digest = hex.EncodeToString(digest.Sum(nil))
 	rep.Invariant = loadgen.Check(ctx, client, api.DriverName)
+	goruntime.GC()
+	var ms goruntime.MemStats
+	goruntime.ReadMemStats(&ms)
+	rep.LiveHeap = ms.HeapInuse
+	if cfg.HeapProfile != "" {
+		if err := writeHeapProfile(cfg.HeapProfile); err != nil {
+			return nil, err
+		}
+	}
+	goruntime.KeepAlive(c)
 	return rep, nil
+}
+
+// writeHeapProfile writes the heap profile to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // record adds a decided claim to the digest: where it went, or why it waits.

@@ -76,6 +76,9 @@ type Config struct {
 	// HeapProfile, when set, is where the heap in use at the end (the allocator and the fake
 	// API server both still live) is written, for go tool pprof: which of the two holds it.
 	HeapProfile string
+	// Memory measures, at the end, the allocator's share of the live heap (slow: it
+	// copies every object of the fake API server).
+	Memory bool
 }
 
 // Report is a replay's outcome.
@@ -107,9 +110,13 @@ type Report struct {
 	// time: it runs synchronously in the caller), both over every claim arrived.
 	CPU, InAPI time.Duration
 	Invariant  error
-	// LiveHeap is the heap in use after a GC at the end, the allocator and the fake API
+	// LiveHeap is the heap the live objects take after a GC at the end, the allocator and the fake API
 	// server (every claim, pod and event) both still live.
 	LiveHeap uint64
+	// AllocatorHeap (with Config.Memory) is the allocator's part of the live heap at the
+	// end: what the heap held before the replay started, the fake server's log of every
+	// request and a copy of the fake server's objects taken away from LiveHeap.
+	AllocatorHeap uint64
 }
 
 // WritesTotal is the number of writes the allocator made.
@@ -147,6 +154,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	seq := sim.Arrivals(cfg.Pods, core.GPUCapacity(), cfg.Tune, cfg.Seed)
+	var before uint64
+	if cfg.Memory {
+		before = liveHeap()
+	}
 	client := fake.NewSimpleClientset() // NewClientset's field management would dominate
 	if err := setup(ctx, client, cfg.Nodes); err != nil {
 		return nil, err
@@ -242,17 +253,89 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Alloc = float64(allocated) / capa
 	rep.Digest = hex.EncodeToString(digest.Sum(nil))
 	rep.Invariant = loadgen.Check(ctx, client, api.DriverName)
-	goruntime.GC()
-	var ms goruntime.MemStats
-	goruntime.ReadMemStats(&ms)
-	rep.LiveHeap = ms.HeapInuse
+	rep.LiveHeap = liveHeap()
 	if cfg.HeapProfile != "" {
 		if err := writeHeapProfile(cfg.HeapProfile); err != nil {
 			return nil, err
 		}
 	}
+	if cfg.Memory {
+		client.ClearActions() // the fake's log of every request: an API server keeps none
+		end := liveHeap()
+		store, err := copyStore(ctx, client)
+		if err != nil {
+			return nil, err
+		}
+		server := liveHeap() - end
+		goruntime.KeepAlive(store)
+		rep.AllocatorHeap = end - min(end, before+server)
+	}
 	goruntime.KeepAlive(c)
 	return rep, nil
+}
+
+// liveHeap is the heap the live objects take, after a collection.
+func liveHeap() uint64 {
+	goruntime.GC()
+	var ms goruntime.MemStats
+	goruntime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// copyStore is a fake clientset holding a copy of every object c holds: the size of c's
+// store.
+func copyStore(ctx context.Context, c *fake.Clientset) (*fake.Clientset, error) {
+	var objs []runtime.Object
+	nss, err := c.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	classes, err := c.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	slices, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	claims, err := c.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	pods, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	events, err := c.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	for i := range nss.Items {
+		objs = append(objs, &nss.Items[i])
+	}
+	for i := range classes.Items {
+		objs = append(objs, &classes.Items[i])
+	}
+	for i := range nodes.Items {
+		objs = append(objs, &nodes.Items[i])
+	}
+	for i := range slices.Items {
+		objs = append(objs, &slices.Items[i])
+	}
+	for i := range claims.Items {
+		objs = append(objs, &claims.Items[i])
+	}
+	for i := range pods.Items {
+		objs = append(objs, &pods.Items[i])
+	}
+	for i := range events.Items {
+		objs = append(objs, &events.Items[i])
+	}
+	return fake.NewSimpleClientset(objs...), nil
 }
 
 // writeHeapProfile writes the heap profile to path.

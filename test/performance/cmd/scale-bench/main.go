@@ -15,7 +15,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -127,7 +126,7 @@ func replayAt(nodes []placement.NodeSpec, pods []placement.Request, seed int64, 
 	}
 	t0 := time.Now()
 	rep, err := replay.Run(context.Background(), replay.Config{Nodes: nodes, Pods: pods, Seed: seed, Tune: tune, Fills: fills, Until: bands[len(bands)-1].hi,
-		HeapProfile: heapProfile})
+		HeapProfile: heapProfile, Memory: true})
 	if err != nil {
 		return err
 	}
@@ -141,11 +140,8 @@ func replayAt(nodes []placement.NodeSpec, pods []placement.Request, seed int64, 
 		}
 		fmt.Printf("  replay fill %s: Sync %s; of it in the fake API server %s; the allocator's own %s\n", b.name, pct(rep.Decisions[k]), pct(rep.API[k]), pct(own))
 	}
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	fmt.Printf("  heap in use at the end %.0f MiB (allocator and fake API server), after the replay %.0f MiB; peak RSS %s (allocator, fake API server and simulator in one process)\n",
-		float64(rep.LiveHeap)/(1<<20), float64(ms.HeapInuse)/(1<<20), replay.PeakRSS())
+	fmt.Printf("  live heap at the end %.0f MiB (allocator and fake API server), the allocator's part %.0f MiB; peak RSS %s (allocator, fake API server and simulator in one process)\n",
+		float64(rep.LiveHeap)/(1<<20), float64(rep.AllocatorHeap)/(1<<20), replay.PeakRSS())
 	return nil
 }
 

@@ -35,7 +35,7 @@ func (s *Scheduler) subsetBound(n int, r *Request, elig []int) bool {
 	if r.GPUs == 0 {
 		return true // a node-level filter: no GPU is chosen
 	}
-	return s.p.(stateScorer).subsetBound(s.c, n, r, elig)
+	return s.ss.subsetBound(s.c, n, r, elig)
 }
 
 // placeFiltered is Place's search for a request with a Filter over the state index.

@@ -19,10 +19,11 @@ type Scheduler struct {
 	// byState: the policy scores nodes by their state alone, so the state
 	// index may stand in for the node list (states.go).
 	byState bool
-	cands   []cand  // placeFiltered's states, scored
-	short   []int32 // placeFiltered's states with too few GPUs for the request
-	all     []int   // a state's usable GPUs, unfiltered
-	gpuBuf  []int   // the GPUs each of cands picked, end to end
+	ss      stateScorer // the policy, where byState
+	cands   []cand      // placeFiltered's states, scored
+	short   []int32     // placeFiltered's states with too few GPUs for the request
+	all     []int       // a state's usable GPUs, unfiltered
+	gpuBuf  []int       // the GPUs each of cands picked, end to end
 }
 
 // NewScheduler binds policy p to cluster c. seed drives random tie-breaking
@@ -59,6 +60,7 @@ func (s *Scheduler) attach(p Policy) {
 	}
 	ss, ok := p.(stateScorer)
 	s.byState = ok && ss.scoresByState() && !s.random
+	s.ss = ss
 }
 
 // Cluster returns the scheduler's cluster.
@@ -82,9 +84,10 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 	}
 	s.pick = choice{node: -1}
 	s.pick.tb, _ = s.p.(TieBreaker)
-	if s.byState && r.Filter != nil {
+	switch {
+	case s.byState && r.Filter != nil:
 		s.placeFiltered(r, mask)
-	} else if s.byState {
+	case s.byState:
 		// One node per state, the one with the smallest name (states.go); a GPU
 		// request visits only the states where one of its GPUs could fit.
 		x := &s.c.states
@@ -111,7 +114,7 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 				s.consider(int(x.groups[g].first), r, mask)
 			}
 		}
-	} else {
+	default:
 		for ni := range s.c.nodes {
 			s.consider(ni, r, mask)
 		}

@@ -101,12 +101,13 @@ func (s *Scheduler) placeFiltered(r *Request, mask uint64) {
 	if top := s.bestCand(); top >= 0 {
 		s.walk(r, mask, &s.cands[top])
 	}
-	var rest []int
+	rest := s.rest[:0]
 	for i := range s.cands {
 		if !s.cands[i].finished && !s.beaten(&s.cands[i], x.groups[s.cands[i].g].first) {
 			rest = append(rest, i)
 		}
 	}
+	s.rest = rest
 	slices.SortFunc(rest, func(a, b int) int { return s.candOrder(&s.cands[a], &s.cands[b]) })
 	for _, i := range rest {
 		s.walk(r, mask, &s.cands[i])

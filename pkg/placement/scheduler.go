@@ -21,6 +21,7 @@ type Scheduler struct {
 	byState bool
 	ss      stateScorer // the policy, where byState
 	cands   []cand      // placeFiltered's states, scored
+	rest    []int       // placeFiltered's states left to walk, by bound
 	short   []int32     // placeFiltered's states with too few GPUs for the request
 	all     []int       // a state's usable GPUs, unfiltered
 	gpuBuf  []int       // the GPUs each of cands picked, end to end

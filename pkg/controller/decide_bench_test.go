@@ -14,7 +14,8 @@ import (
 )
 
 // BenchmarkDecide times one placement decision (pod fit, device checks and the fgpu
-// policy over every GPU) for a 10Gi claim on N empty nodes × 8 GPUs: decisions are
+// policy, over the nodes the state index leaves) for a 10Gi claim on N empty nodes × 8
+// GPUs: decisions are
 // serialised, so this bounds the allocator's claims per second on a cluster that size.
 func BenchmarkDecide(b *testing.B) {
 	for _, nodes := range []int{500, 2000} {

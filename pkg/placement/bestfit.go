@@ -37,3 +37,6 @@ func (*BestFit) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, 
 		0.5*float64(gpuFree-r.GPUDemand())/bestFitMaxGPU
 	return math.Trunc((1 - left) * 100), tightestGPUs(c, n, elig, r.GPUs, out)
 }
+
+// subsetBound implements stateScorer: the score does not depend on the GPUs chosen.
+func (*BestFit) subsetBound(*Cluster, int, *Request, []int) bool { return true }

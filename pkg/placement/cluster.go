@@ -243,6 +243,11 @@ func (n *node) fitsCPU(r *Request) bool {
 
 // usable reports whether GPU g of node ni can serve one GPU of request r.
 func (c *Cluster) usable(ni, g int, r *Request, mask uint64) bool {
+	return c.fits(ni, g, r, mask) && (r.Filter == nil || r.Filter(ni, g))
+}
+
+// fits reports whether GPU g of node ni has the model and the room for one GPU of r.
+func (c *Cluster) fits(ni, g int, r *Request, mask uint64) bool {
 	n := &c.nodes[ni]
 	if mask != 0 && mask&(1<<n.gpuModel[g]) == 0 {
 		return false
@@ -254,7 +259,7 @@ func (c *Cluster) usable(ni, g int, r *Request, mask uint64) bool {
 	} else if n.gpuFree[g] < r.Share {
 		return false
 	}
-	return r.Filter == nil || r.Filter(ni, g)
+	return true
 }
 
 // take returns how much of GPU g a request uses.

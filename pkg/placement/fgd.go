@@ -77,3 +77,11 @@ func seenFree(free []int64, tried []int, v int64) bool {
 	}
 	return false
 }
+
+// subsetBound implements stateScorer: a share of one GPU scores the best of the GPUs it
+// may take (the fragmentation of a state depends on its multiset of free shares, not on
+// which GPU holds which); whole GPUs of one capacity leave the same state whichever are
+// taken. A share of several GPUs takes the first usable ones, so it has no bound.
+func (f *FGD) subsetBound(c *Cluster, n int, r *Request, elig []int) bool {
+	return oneCapacity(c, n, elig) && (r.GPUs == 1 || r.Whole() || r.Share >= c.nodes[n].gpuCap[elig[0]])
+}

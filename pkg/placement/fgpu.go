@@ -190,3 +190,17 @@ func clusterCPUPerShare(c *Cluster) float64 {
 	}
 	return float64(cpu) / float64(max(c.gpuCap, 1))
 }
+
+// subsetBound implements stateScorer, as FGD's does; a share of one GPU scores the best of
+// its GPUs' points only where the packing loss's steps are wider than FGD's whole 0..100
+// scale (PackPrice of 101 or more per 1/1000 GPU; 1,000 as shipped): then no two GPUs'
+// points are within the 1e-9 at which the finer ranking picks among them.
+func (f *FGPU) subsetBound(c *Cluster, n int, r *Request, elig []int) bool {
+	if !oneCapacity(c, n, elig) {
+		return false
+	}
+	if r.Whole() || r.Share >= c.nodes[n].gpuCap[elig[0]] {
+		return true
+	}
+	return r.GPUs == 1 && f.lp != nil && f.o.PackPrice >= 101*1000
+}

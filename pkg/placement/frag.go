@@ -1,6 +1,9 @@
 package placement
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // fragModel measures a node's GPU fragmentation against a workload, as FGD
 // defines it: for each shape, the free GPU share that shape could not use,
@@ -20,6 +23,9 @@ type fragModel struct {
 	// cluster of identical machines the same states recur across nodes and
 	// decisions.
 	memo map[fragKey]float64
+	// fits and belows are compute's scratch, per distinct share.
+	fits   []int
+	belows []int64
 	// cpuReach (fgpu) counts, for each GPU-sharing shape, only the GPU
 	// share that as many copies of the shape as the node's free CPU allows
 	// could take; FGD counts all the share one copy could reach, so a node
@@ -69,6 +75,11 @@ type fragShape struct {
 type modelView struct {
 	shapes []fragShape
 	fixed  float64
+	// shares are the distinct per-GPU shares of shapes (0: whole GPUs), and each shape's
+	// at its index in them: shapes of one share see the same GPUs as big enough, so
+	// compute counts them once per share, not once per shape.
+	shares []int64
+	at     []int
 }
 
 func newFragModel(c *Cluster, w Workload) *fragModel {
@@ -97,6 +108,12 @@ func (fm *fragModel) view(models uint64) *modelView {
 			v.fixed += s.p
 		} else {
 			v.shapes = append(v.shapes, s)
+			i := slices.Index(v.shares, s.share)
+			if i < 0 {
+				i = len(v.shares)
+				v.shares = append(v.shares, s.share)
+			}
+			v.at = append(v.at, i)
 		}
 	}
 	fm.byModels[models] = v
@@ -161,21 +178,28 @@ func (fm *fragModel) compute(models uint64, cpu int64, free, capa []int64) float
 	if fm.mixTheta > 0 {
 		mix = int64(max(fm.cpuSlack, 1) * float64(cpu) / fm.cpuPerShare)
 	}
+	// Per distinct share: the GPUs big enough for it (fits) and the free share of the others.
+	fits, belows := fm.fits[:0], fm.belows[:0]
+	for _, share := range v.shares {
+		var below int64
+		n := 0
+		for g, f := range free {
+			if (share == 0 && f >= capa[g]) || (share > 0 && f >= share) {
+				n++
+			} else {
+				below += f
+			}
+		}
+		fits, belows = append(fits, n), append(belows, below)
+	}
+	fm.fits, fm.belows = fits, belows
 	for i := range v.shapes {
 		s := &v.shapes[i]
 		if cpu < s.cpu {
 			out += s.p * float64(total)
 			continue
 		}
-		var below int64
-		n := 0
-		for g, f := range free {
-			if (s.share == 0 && f >= capa[g]) || (s.share > 0 && f >= s.share) {
-				n++
-			} else {
-				below += f
-			}
-		}
+		n, below := fits[v.at[i]], belows[v.at[i]]
 		if n >= s.gpus {
 			if reach && s.share > 0 && s.cpu > 0 {
 				// copies the CPU allows x their share, at most what

@@ -19,6 +19,12 @@ type Scheduler struct {
 	// byState: the policy scores nodes by their state alone, so the state
 	// index may stand in for the node list (states.go).
 	byState bool
+	ss      stateScorer // the policy, where byState
+	cands   []cand      // placeFiltered's states, scored
+	rest    []int       // placeFiltered's states left to walk, by bound
+	short   []int32     // placeFiltered's states with too few GPUs for the request
+	all     []int       // a state's usable GPUs, unfiltered
+	gpuBuf  []int       // the GPUs each of cands picked, end to end
 }
 
 // NewScheduler binds policy p to cluster c. seed drives random tie-breaking
@@ -55,6 +61,7 @@ func (s *Scheduler) attach(p Policy) {
 	}
 	ss, ok := p.(stateScorer)
 	s.byState = ok && ss.scoresByState() && !s.random
+	s.ss = ss
 }
 
 // Cluster returns the scheduler's cluster.
@@ -78,7 +85,10 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 	}
 	s.pick = choice{node: -1}
 	s.pick.tb, _ = s.p.(TieBreaker)
-	if s.byState && r.Filter == nil {
+	switch {
+	case s.byState && r.Filter != nil:
+		s.placeFiltered(r, mask)
+	case s.byState:
 		// One node per state, the one with the smallest name (states.go); a GPU
 		// request visits only the states where one of its GPUs could fit.
 		x := &s.c.states
@@ -105,7 +115,7 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 				s.consider(int(x.groups[g].first), r, mask)
 			}
 		}
-	} else {
+	default:
 		for ni := range s.c.nodes {
 			s.consider(ni, r, mask)
 		}
@@ -160,6 +170,11 @@ func (s *Scheduler) consider(ni int, r *Request, mask uint64) {
 	score, gpus := s.p.Score(s.c, ni, r, s.elig, s.cand[:0])
 	s.cand = gpus
 	s.scored++
+	s.offer(ni, score, gpus)
+}
+
+// offer keeps node ni, scored score with GPUs gpus, if it beats the best so far.
+func (s *Scheduler) offer(ni int, score float64, gpus []int) {
 	b := &s.pick
 	grp, tie := 0, 0.0
 	if b.tb != nil {

@@ -67,3 +67,15 @@ func pick(c *Cluster, n int, r *Request, elig, out []int, most bool) (float64, [
 	}
 	return score, append(out, chosen...)
 }
+
+// subsetBound implements stateScorer: among GPUs of one capacity, the most free (spread)
+// or least free (pack) of all usable ones leave at least as good a fraction as those of
+// any subset.
+func (Spread) subsetBound(c *Cluster, n int, _ *Request, elig []int) bool {
+	return oneCapacity(c, n, elig)
+}
+
+// subsetBound implements stateScorer, as Spread's does.
+func (Pack) subsetBound(c *Cluster, n int, _ *Request, elig []int) bool {
+	return oneCapacity(c, n, elig)
+}

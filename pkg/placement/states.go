@@ -2,6 +2,7 @@ package placement
 
 import (
 	"encoding/binary"
+	"slices"
 	"sort"
 )
 
@@ -23,12 +24,32 @@ import (
 // stateScorer is implemented by policies whose score of a node (and the GPUs it picks)
 // depends only on the node's state and the request, and whose equal scores go to the
 // smallest node name; scoresByState says whether this instance qualifies.
-type stateScorer interface{ scoresByState() bool }
+//
+// subsetBound reports whether node n's score for r with its usable GPUs elig is at least
+// its score with any subset of them (of r.GPUs or more), so that a filter that turns
+// some down cannot make the node score higher (filtered.go).
+type stateScorer interface {
+	scoresByState() bool
+	subsetBound(c *Cluster, n int, r *Request, elig []int) bool
+}
+
+// oneCapacity reports whether the GPUs elig of node n all have the same capacity: then
+// any r.GPUs of them leave the node in states alike to the policies, when whole GPUs are
+// taken.
+func oneCapacity(c *Cluster, n int, elig []int) bool {
+	capa := c.nodes[n].gpuCap
+	for _, g := range elig {
+		if capa[g] != capa[elig[0]] {
+			return false
+		}
+	}
+	return true
+}
 
 type stateGroup struct {
 	key     string
-	members []int32 // node indices, unordered
-	first   int32   // the member with the smallest name (-1: none)
+	members []int32 // node indices, by name (rank)
+	first   int32   // members[0], the member with the smallest name (-1: none)
 	live    bool    // some GPU has free share
 	at      int32   // position in the cluster's live or spent list
 	bucket  int32   // freeBucket of the largest free share (live groups)
@@ -55,7 +76,6 @@ type stateIndex struct {
 	byFree  [freeBuckets][]int32 // live groups by their largest free share
 	whole   []int32              // live groups with a whole free GPU
 	group   []int32              // each node's group
-	pos     []int32              // each node's position in its group's members
 	rank    []int32              // each node's position in (name, index) order
 	scratch []byte
 }
@@ -64,7 +84,7 @@ func (c *Cluster) indexStates() {
 	x := &c.states
 	n := len(c.nodes)
 	x.byKey = map[string]int32{}
-	x.group, x.pos, x.rank = make([]int32, n), make([]int32, n), make([]int32, n)
+	x.group, x.rank = make([]int32, n), make([]int32, n)
 	order := make([]int, n)
 	for i := range order {
 		order[i] = i
@@ -145,20 +165,22 @@ func (c *Cluster) restate(n int) {
 		x.leave(n, old)
 	}
 	g := &x.groups[id]
-	x.group[n], x.pos[n] = id, int32(len(g.members))
-	g.members = append(g.members, int32(n))
-	if g.first < 0 || x.rank[n] < x.rank[g.first] {
-		g.first = int32(n)
-	}
+	x.group[n] = id
+	g.members = slices.Insert(g.members, x.at(g.members, n), int32(n))
+	g.first = g.members[0]
+}
+
+// at is where node n is, or goes, in members (ordered by rank).
+func (x *stateIndex) at(members []int32, n int) int {
+	r := x.rank[n]
+	return sort.Search(len(members), func(i int) bool { return x.rank[members[i]] >= r })
 }
 
 // leave takes node n out of group id, dropping the group once empty.
 func (x *stateIndex) leave(n int, id int32) {
 	g := &x.groups[id]
-	last := g.members[len(g.members)-1]
-	g.members[x.pos[n]] = last
-	x.pos[last] = x.pos[n]
-	g.members = g.members[:len(g.members)-1]
+	i := x.at(g.members, n)
+	g.members = slices.Delete(g.members, i, i+1)
 	if len(g.members) == 0 {
 		delete(x.byKey, g.key)
 		list := &x.spent
@@ -186,14 +208,7 @@ func (x *stateIndex) leave(n int, id int32) {
 		x.free = append(x.free, id)
 		return
 	}
-	if g.first == int32(n) {
-		g.first = g.members[0]
-		for _, m := range g.members[1:] {
-			if x.rank[m] < x.rank[g.first] {
-				g.first = m
-			}
-		}
-	}
+	g.first = g.members[0]
 }
 
 // States is how many distinct node states the cluster holds, and how many of them have

@@ -110,6 +110,97 @@ func indexDecidesAsEveryNode(t *testing.T, name string, w Workload, fleet func(i
 	}
 }
 
+// With a filter (the allocator's), the index decides as scoring every node does too, and
+// where nothing fits it asks the filter about exactly the GPUs scoring every node asks
+// about (the allocator counts them to say why a claim waits).
+func TestStateIndexFilteredDecidesAsEveryNode(t *testing.T) {
+	w := Workload{{CPUMilli: 4000, GPUs: 1, Share: 300, Weight: .3, MemoryMiB: 8192}, {CPUMilli: 8000, GPUs: 1, Share: 1000, Weight: .3},
+		{CPUMilli: 2000, GPUs: 1, Share: 150, Weight: .2, MemoryMiB: 2048}, {CPUMilli: 16000, GPUs: 2, Share: 1000, Weight: .1}, {CPUMilli: 1000, Weight: .1}}
+	fleets := map[string]func(int, *rand.Rand) []NodeSpec{"": statesFleet, "/mixed-capacity": mixedCapacityFleet}
+	for _, name := range []string{"fgpu", "fgd", "bestfit", "spread", "pack"} {
+		for fleet, specs := range fleets {
+			t.Run(name+fleet, func(t *testing.T) { filteredDecidesAsEveryNode(t, name, w, specs) })
+		}
+	}
+}
+
+func filteredDecidesAsEveryNode(t *testing.T, name string, w Workload, fleet func(int, *rand.Rand) []NodeSpec) {
+	rng := rand.New(rand.NewSource(11))
+	c, err := NewCluster(fleet(40, rng))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(name, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewScheduler(c, p, 1)
+	type placed struct {
+		p Placement
+		r *Request
+	}
+	type pair struct{ n, g int }
+	var live []placed
+	shares := []int64{0, 100, 150, 300, 470, 810}
+	for i := range 3000 {
+		if len(live) > 0 && rng.Intn(4) == 0 {
+			k := rng.Intn(len(live))
+			if err := c.Release(live[k].p, live[k].r); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live[:k], live[k+1:]...)
+			continue
+		}
+		r := &Request{Name: fmt.Sprint(i), CPUMilli: int64(rng.Intn(12)) * 1000, MemoryMiB: int64(rng.Intn(40)) * 1024,
+			GPUs: []int{0, 1, 1, 1, 2, 3, 8}[rng.Intn(7)], Share: shares[rng.Intn(len(shares))]}
+		if r.GPUs == 8 {
+			r.Share = 0
+		}
+		// What the filter turns down: nothing, whole nodes (pod fit), single GPUs
+		// (tenancy, selectors), or all but one node (a claim whose pod is bound).
+		mode, salt, only := rng.Intn(4), rng.Uint64(), rng.Intn(c.Len())
+		var asked map[pair]int
+		r.Filter = func(n, g int) bool {
+			asked[pair{n, g}]++
+			h := (uint64(n)*0x9e3779b97f4a7c15 ^ salt) * 0xbf58476d1ce4e5b9
+			switch mode {
+			case 1:
+				return h>>60 > 4
+			case 2:
+				return (h^uint64(g+1)*0x94d049bb133111eb)>>60 > 3
+			case 3:
+				return n == only
+			}
+			return true
+		}
+		asked = map[pair]int{}
+		s.byState = false
+		want, wantErr := s.Place(r)
+		wantAsked := asked
+		asked = map[pair]int{}
+		s.byState = true
+		got, gotErr := s.Place(r)
+		if !reflect.DeepEqual(got, want) || fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || reason(gotErr) != reason(wantErr) {
+			t.Fatalf("request %d %+v (filter %d): index gives %+v, %v; every node gives %+v, %v", i, *r, mode, got, gotErr, want, wantErr)
+		}
+		for k, v := range asked {
+			if v != 1 {
+				t.Fatalf("request %d: the filter was asked %d times about node %d GPU %d", i, v, k.n, k.g)
+			}
+		}
+		if wantErr != nil && !reflect.DeepEqual(asked, wantAsked) {
+			t.Fatalf("request %d %+v fits nowhere: the filter was asked about %d GPUs; scoring every node asks about %d", i, *r, len(asked), len(wantAsked))
+		}
+		if wantErr == nil {
+			r.Filter = nil
+			if err := c.Assign(want, r); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, placed{want, r})
+		}
+	}
+}
+
 // A decision scores one node per distinct state, not every node: on a fleet of identical
 // empty machines, one.
 func TestStateIndexScoresOneNodePerState(t *testing.T) {
@@ -137,9 +228,25 @@ func TestStateIndexScoresOneNodePerState(t *testing.T) {
 	if s.Scored() != 3 {
 		t.Fatalf("%d nodes scored in two decisions; want 3", s.Scored())
 	}
+	// A filter (the allocator's) that turns down the three nodes with the smallest names
+	// (the used one among them): the index still scores one node per state, and the filter
+	// is asked about the GPUs of those three nodes and of n0003 only.
+	asked := 0
+	rf := *r
+	rf.Filter = func(n, _ int) bool {
+		asked++
+		return c.NodeName(n) > "n0002"
+	}
+	before := s.Scored()
+	if p, err := s.Place(&rf); err != nil || p.NodeName != "n0003" {
+		t.Fatalf("filtered request placed on %s (%v); want n0003", p.NodeName, err)
+	}
+	if n := s.Scored() - before; n != 2 || asked != 4*8 {
+		t.Fatalf("filtered request scored %d nodes and asked about %d GPUs; want 2 and 32", n, asked)
+	}
 	// An ablation that ranks nodes by identity scores every node.
 	s.SetPolicy(NewAblatedFGPU(DefaultWorkload(), DefaultOptions(), Ablations{TieOrder: TieGPUsAsc}))
-	before := s.Scored()
+	before = s.Scored()
 	if _, err := s.Place(r); err != nil {
 		t.Fatal(err)
 	}

@@ -17,9 +17,14 @@ package replay
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"os"
+	goruntime "runtime"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -68,6 +73,12 @@ type Config struct {
 	// controller's kick does when capacity changes: what a waiting claim costs in writes
 	// under a burst.
 	Requeue bool
+	// HeapProfile, when set, is where the heap in use at the end (the allocator and the fake
+	// API server both still live) is written, for go tool pprof: which of the two holds it.
+	HeapProfile string
+	// Memory measures, at the end, the allocator's share of the live heap (slow: it
+	// copies every object of the fake API server).
+	Memory bool
 }
 
 // Report is a replay's outcome.
@@ -90,11 +101,22 @@ type Report struct {
 	// but the replay's own creates of claims and pods. Events are counted once the
 	// recorder has sent them.
 	Writes map[string]int
+	// Digest is a SHA-256 over every decision in arrival order (the claim, its devices and
+	// node, or its status annotation when it waits): two replays decided alike when their
+	// digests are equal.
+	Digest string
 	// CPU is the process's CPU time (user and system) from the first claim to the last
 	// event sent, and InAPI the part of it spent inside the fake API server (its wall
 	// time: it runs synchronously in the caller), both over every claim arrived.
 	CPU, InAPI time.Duration
 	Invariant  error
+	// LiveHeap is the heap the live objects take after a GC at the end, the allocator and the fake API
+	// server (every claim, pod and event) both still live.
+	LiveHeap uint64
+	// AllocatorHeap (with Config.Memory) is the allocator's part of the live heap at the
+	// end: what the heap held before the replay started, the fake server's log of every
+	// request and a copy of the fake server's objects taken away from LiveHeap.
+	AllocatorHeap uint64
 }
 
 // WritesTotal is the number of writes the allocator made.
@@ -132,6 +154,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	seq := sim.Arrivals(cfg.Pods, core.GPUCapacity(), cfg.Tune, cfg.Seed)
+	var before uint64
+	if cfg.Memory {
+		before = liveHeap()
+	}
 	client := fake.NewSimpleClientset() // NewClientset's field management would dominate
 	if err := setup(ctx, client, cfg.Nodes); err != nil {
 		return nil, err
@@ -164,6 +190,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	capa := float64(core.GPUCapacity())
 	var allocated int64
 	var waiting []string
+	digest := sha256.New()
 	for i, k := range seq {
 		if cfg.Until > 0 && float64(allocated)/capa >= cfg.Until {
 			rep.Arrived = i
@@ -199,6 +226,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				band := sort.SearchFloat64s(cfg.Fills, float64(allocated)/capa+1e-12)
 				rep.Decisions[band] = append(rep.Decisions[band], el)
 				rep.API[band] = append(rep.API[band], api)
+				record(digest, got)
 				if got.Status.Allocation == nil {
 					waiting = append(waiting, key)
 					break
@@ -223,8 +251,120 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.CPU, rep.InAPI = processCPU()-cpu0, time.Duration(inAPI.Load()-api0)
 	rep.Writes = w.snapshot()
 	rep.Alloc = float64(allocated) / capa
+	rep.Digest = hex.EncodeToString(digest.Sum(nil))
 	rep.Invariant = loadgen.Check(ctx, client, api.DriverName)
+	rep.LiveHeap = liveHeap()
+	if cfg.HeapProfile != "" {
+		if err := writeHeapProfile(cfg.HeapProfile); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Memory {
+		client.ClearActions() // the fake's log of every request: an API server keeps none
+		end := liveHeap()
+		store, err := copyStore(ctx, client)
+		if err != nil {
+			return nil, err
+		}
+		server := liveHeap() - end
+		goruntime.KeepAlive(store)
+		rep.AllocatorHeap = end - min(end, before+server)
+	}
+	goruntime.KeepAlive(c)
 	return rep, nil
+}
+
+// liveHeap is the heap the live objects take, after a collection.
+func liveHeap() uint64 {
+	goruntime.GC()
+	var ms goruntime.MemStats
+	goruntime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// copyStore is a fake clientset holding a copy of every object c holds: the size of c's
+// store.
+func copyStore(ctx context.Context, c *fake.Clientset) (*fake.Clientset, error) {
+	var objs []runtime.Object
+	nss, err := c.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	classes, err := c.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	slices, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	claims, err := c.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	pods, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	events, err := c.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	for i := range nss.Items {
+		objs = append(objs, &nss.Items[i])
+	}
+	for i := range classes.Items {
+		objs = append(objs, &classes.Items[i])
+	}
+	for i := range nodes.Items {
+		objs = append(objs, &nodes.Items[i])
+	}
+	for i := range slices.Items {
+		objs = append(objs, &slices.Items[i])
+	}
+	for i := range claims.Items {
+		objs = append(objs, &claims.Items[i])
+	}
+	for i := range pods.Items {
+		objs = append(objs, &pods.Items[i])
+	}
+	for i := range events.Items {
+		objs = append(objs, &events.Items[i])
+	}
+	return fake.NewSimpleClientset(objs...), nil
+}
+
+// writeHeapProfile writes the heap profile to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// record adds a decided claim to the digest: where it went, or why it waits.
+func record(h hash.Hash, claim *resourceapi.ResourceClaim) {
+	fmt.Fprintf(h, "%s\n", claim.Name)
+	a := claim.Status.Allocation
+	if a == nil {
+		fmt.Fprintf(h, "waits: %s\n", claim.Annotations[controller.AnnotationStatus])
+		return
+	}
+	for _, d := range a.Devices.Results {
+		fmt.Fprintf(h, "%s %s %s %v\n", d.Request, d.Pool, d.Device, d.ConsumedCapacity)
+	}
+	if a.NodeSelector != nil {
+		fmt.Fprintf(h, "%s\n", a.NodeSelector.String())
+	}
 }
 
 // requeue syncs each waiting claim once and returns those still waiting.

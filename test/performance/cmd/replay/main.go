@@ -66,6 +66,7 @@ func run(nodesPath, podsPath string, seed int64, tune float64, copies int) error
 	fmt.Printf("allocation at %.0f%%: fgpu sim %.2f%%, fgpu sim --learn %.2f%%, replay %.2f%% (replay - sim --learn %+.2f points)\n",
 		100*tune, 100*oracle.Final.Alloc, 100*learned.Final.Alloc, 100*rep.Alloc, 100*(rep.Alloc-learned.Final.Alloc))
 	fmt.Printf("placed: sim --learn %d, replay %d; invariant: %v\n", learned.Placed, rep.Placed, errText(rep.Invariant))
+	fmt.Printf("decisions digest %s\n", rep.Digest)
 	fmt.Printf("informer sync %s, first decision %s after start\n", rep.Sync.Round(time.Millisecond), rep.First.Round(time.Millisecond))
 	bands := []string{"fill < 50%", "50% <= fill < 90%", "fill >= 90%"}
 	for i, d := range rep.Decisions {

@@ -15,7 +15,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -41,12 +40,13 @@ func main() {
 	reps := flag.String("replicate", "1,2,4,9", "copies of the node list per size (9 makes 10,917 nodes)")
 	withReplay := flag.Bool("replay", false, "also drive the real allocator (slow: it writes every claim to a fake API server)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+	heapProfile := flag.String("heapprofile", "", "write the heap in use at the end of the last replay to this file (go tool pprof)")
 	flag.Parse()
 	if *nodesPath == "" || *podsPath == "" {
 		fmt.Fprintln(os.Stderr, "--nodes and --pods are required")
 		os.Exit(2)
 	}
-	if err := withProfile(*cpuProfile, func() error { return run(*nodesPath, *podsPath, *seed, *tune, *reps, *withReplay) }); err != nil {
+	if err := withProfile(*cpuProfile, func() error { return run(*nodesPath, *podsPath, *seed, *tune, *reps, *withReplay, *heapProfile) }); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -69,7 +69,7 @@ func withProfile(path string, f func() error) error {
 	return f()
 }
 
-func run(nodesPath, podsPath string, seed int64, tune float64, reps string, withReplay bool) error {
+func run(nodesPath, podsPath string, seed int64, tune float64, reps string, withReplay bool, heapProfile string) error {
 	base, err := sim.LoadNodes(nodesPath)
 	if err != nil {
 		return err
@@ -109,7 +109,7 @@ func run(nodesPath, podsPath string, seed int64, tune float64, reps string, with
 			fmt.Printf("  sim    fill %s: decision %s; nodes scored %s\n", b.name, pct(d), pctN(sc))
 		}
 		if withReplay {
-			if err := replayAt(nodes, pods, seed, tune); err != nil {
+			if err := replayAt(nodes, pods, seed, tune, heapProfile); err != nil {
 				return err
 			}
 		}
@@ -119,13 +119,14 @@ func run(nodesPath, podsPath string, seed int64, tune float64, reps string, with
 
 // replayAt drives the allocator until 95% fill (the last band's end): the decisions the
 // bands need, without the slow saturated tail.
-func replayAt(nodes []placement.NodeSpec, pods []placement.Request, seed int64, tune float64) error {
+func replayAt(nodes []placement.NodeSpec, pods []placement.Request, seed int64, tune float64, heapProfile string) error {
 	var fills []float64
 	for _, b := range bands {
 		fills = append(fills, b.lo, b.hi)
 	}
 	t0 := time.Now()
-	rep, err := replay.Run(context.Background(), replay.Config{Nodes: nodes, Pods: pods, Seed: seed, Tune: tune, Fills: fills, Until: bands[len(bands)-1].hi})
+	rep, err := replay.Run(context.Background(), replay.Config{Nodes: nodes, Pods: pods, Seed: seed, Tune: tune, Fills: fills, Until: bands[len(bands)-1].hi,
+		HeapProfile: heapProfile, Memory: true})
 	if err != nil {
 		return err
 	}
@@ -139,10 +140,8 @@ func replayAt(nodes []placement.NodeSpec, pods []placement.Request, seed int64, 
 		}
 		fmt.Printf("  replay fill %s: Sync %s; of it in the fake API server %s; the allocator's own %s\n", b.name, pct(rep.Decisions[k]), pct(rep.API[k]), pct(own))
 	}
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	fmt.Printf("  heap in use %.0f MiB, peak RSS %s (allocator, fake API server and simulator in one process)\n", float64(ms.HeapInuse)/(1<<20), replay.PeakRSS())
+	fmt.Printf("  live heap at the end %.0f MiB (allocator and fake API server), the allocator's part %.0f MiB; peak RSS %s (allocator, fake API server and simulator in one process)\n",
+		float64(rep.LiveHeap)/(1<<20), float64(rep.AllocatorHeap)/(1<<20), replay.PeakRSS())
 	return nil
 }
 

@@ -229,9 +229,17 @@ func (m *Manager) Ensure(ctx context.Context, key, gpuUUID string, limits Limits
 			return false, err
 		}
 	}
-	if !m.Running(ctx, key) {
+	running := m.Running(ctx, key)
+	if !running {
 		m.forget(key)
+	}
+	// A launched daemon that answers may still be on its way out (its pod deleted, within its
+	// grace period): the Launcher is asked too, so that no new client joins a dying server.
+	if !running || m.Launcher != nil {
 		started, err = m.start(ctx, key, gpuUUID)
+		if started {
+			m.forget(key)
+		}
 		if err != nil {
 			return started, err
 		}

@@ -273,3 +273,45 @@ func TestPodDaemonThatRunsWithoutAnsweringIsReplacedAtMostEvery30s(t *testing.T)
 		t.Fatal(err)
 	}
 }
+
+// A daemon whose pod is being deleted still answers within its grace period; a new claim
+// must not become its client, or it loses its server moments later with the others.
+func TestPodDaemonOnItsWayOutIsNotJoined(t *testing.T) {
+	ctx := context.Background()
+	root, bin := shortDir(t), buildStandIn(t)
+	client := fake.NewClientset(fakekubelet.Node(testNode))
+	kubelet := fakekubelet.New(t, client)
+	m := podManager(root, bin, client)
+	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
+	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := fakecontrol.ReadState(m.LogDir(key))
+	name := podLauncher(t, m).PodName(key)
+	pod, err := client.CoreV1().Pods(testNS).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.Now()
+	pod.DeletionTimestamp = &now
+	if _, err := client.CoreV1().Pods(testNS).Update(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !m.Running(ctx, key) {
+		t.Fatal("the daemon stopped answering as soon as its pod was marked for deletion: nothing to test")
+	}
+	started, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30})
+	if err != nil || !started {
+		t.Fatalf("Ensure while the daemon's pod is deleted = %v, %v; want a new daemon", started, err)
+	}
+	st2, _ := fakecontrol.ReadState(m.LogDir(key))
+	if st2.PID == st.PID || st2.DefaultPinnedMemLimit["0"] != "10240M" || kubelet.Created() != 2 || len(daemonPods(t, client)) != 1 {
+		t.Errorf("after the replacement: PID %d -> %d, defaults %v, %d created, %d pods", st.PID, st2.PID, st2.DefaultPinnedMemLimit, kubelet.Created(), len(daemonPods(t, client)))
+	}
+	if started, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30}); err != nil || started {
+		t.Errorf("Ensure of the new, healthy daemon = %v, %v; want it adopted as it is", started, err)
+	}
+	if err := m.Stop(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+}

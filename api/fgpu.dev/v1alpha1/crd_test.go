@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -105,6 +106,29 @@ func TestCRDRefusesInvalidSelectors(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// The CRD's rule on idleScaleDown.after refuses what Validate refuses: under a minute.
+func TestCRDIdleScaleDownAfter(t *testing.T) {
+	s, v := crdValidator(t)
+	for after, refused := range map[string]bool{"30s": true, "59s": true, "1m": false, "90s": false, "10m": false, "2h": false} {
+		t.Run(after, func(t *testing.T) {
+			d, err := time.ParseDuration(after)
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec := SharingPolicySpec{IdleScaleDown: &IdleScaleDown{After: metav1.Duration{Duration: d}, SMBelowPercent: DefaultSMBelowPercent}}
+			obj := toUnstructured(t, &SharingPolicy{TypeMeta: metav1.TypeMeta{APIVersion: SchemeGroupVersion.String(), Kind: SharingPolicyKind},
+				ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: spec})
+			errs, _ := v.Validate(context.Background(), field.NewPath(""), s, obj, nil, celconfig.RuntimeCELCostBudget)
+			if got := len(errs) > 0; got != refused {
+				t.Errorf("schema refuses %s: %v (%v); want %v", after, got, errs.ToAggregate(), refused)
+			}
+			if got := spec.Validate() != nil; got != refused {
+				t.Errorf("Validate refuses %s: %v; want %v", after, got, refused)
+			}
+		})
 	}
 }
 

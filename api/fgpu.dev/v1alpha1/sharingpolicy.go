@@ -261,9 +261,10 @@ type SharingPolicySpec struct {
 	IdleScaleDown *IdleScaleDown `json:"idleScaleDown,omitempty"`
 }
 
-// MinIdleScaleDownAfter is the least IdleScaleDown.After: two usage reports at the kubelet
-// plugin's default report interval (5m), so that one report alone never scales a workload.
-const MinIdleScaleDownAfter = 10 * time.Minute
+// MinIdleScaleDownAfter is the least IdleScaleDown.After. Idleness is judged on the kubelet
+// plugin's usage reports, which must cover After without a break, so the real granularity
+// is the plugin's report interval and heartbeat (5m and 30m by default), not this bound.
+const MinIdleScaleDownAfter = time.Minute
 
 // DefaultSMBelowPercent is IdleScaleDown.SMBelowPercent when unset: no SM activity at all.
 const DefaultSMBelowPercent = 1
@@ -271,8 +272,12 @@ const DefaultSMBelowPercent = 1
 // IdleScaleDown says when a workload counts as idle.
 // +kubebuilder:object:generate=true
 type IdleScaleDown struct {
-	// After is how long every claim of the workload must have been idle: at least 10m.
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10m')",message="after must be at least 10m"
+	// After is how long every claim of the workload must have been idle: at least 1m.
+	// Idleness is judged on the kubelet plugin's usage reports (every reportInterval
+	// while use moves, else every heartbeat: 5m and 30m by default), which must cover
+	// After without a break: a workload is scaled up to one report late, and an After
+	// shorter than two report intervals is judged on one or two reports.
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m')",message="after must be at least 1m"
 	After metav1.Duration `json:"after"`
 	// SMBelowPercent: a claim is idle while the highest SM activity of each of its usage
 	// reports is below this percent (reports without SM samples never count as idle).

@@ -24,6 +24,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 // Daemon identifies one control daemon: a GPU and the isolation domain it serves. A domain is
@@ -240,7 +242,12 @@ func (m *Manager) Ensure(ctx context.Context, key, gpuUUID string, limits Limits
 		if started {
 			m.forget(key)
 		}
-		if err != nil {
+		switch {
+		case err != nil && running && !started:
+			// The Launcher could not tell (the API server did not answer): the daemon answers,
+			// so it serves, as it would have before that check.
+			klog.FromContext(ctx).Error(err, "Could not check whether an answering MPS daemon's pod is being deleted; using the daemon", "daemon", key)
+		case err != nil:
 			return started, err
 		}
 	}

@@ -2,6 +2,7 @@ package mps
 
 import (
 	"context"
+	"errors"
 	"os"
 	"slices"
 	"strings"
@@ -11,7 +12,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/fgpu-dev/fgpu/internal/testing/fakekubelet"
 	"github.com/fgpu-dev/fgpu/pkg/mps/fakecontrol"
@@ -313,5 +316,28 @@ func TestPodDaemonOnItsWayOutIsNotJoined(t *testing.T) {
 	}
 	if err := m.Stop(ctx, key); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// When the API server does not answer, a daemon that answers keeps serving new claims, as it
+// did before the plugin also asked about its pod.
+func TestAnsweringDaemonServesWhenTheAPIServerDoesNot(t *testing.T) {
+	ctx := context.Background()
+	root, bin := shortDir(t), buildStandIn(t)
+	client := fake.NewClientset(fakekubelet.Node(testNode))
+	kubelet := fakekubelet.New(t, client)
+	m := podManager(root, bin, client)
+	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
+	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	client.PrependReactor("get", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("the server is currently unable to handle the request")
+	})
+	if started, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30}); err != nil || started {
+		t.Errorf("Ensure of an answering daemon with the API server down = %v, %v; want it used as it is", started, err)
+	}
+	if kubelet.Created() != 1 {
+		t.Errorf("%d daemon pods created, want 1", kubelet.Created())
 	}
 }

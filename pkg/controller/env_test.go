@@ -232,4 +232,17 @@ func (e *env) events(substr string) []string {
 	return out
 }
 
+// awaitEvents is events for something an informer's event handler records: settle returns
+// once the caches hold what the API server holds, and a handler may run just after.
+func (e *env) awaitEvents(substr string, n int) []string {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ev := e.events(substr)
+		if len(ev) >= n || time.Now().After(deadline) {
+			return ev
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 func everything() labels.Selector { return labels.Everything() }

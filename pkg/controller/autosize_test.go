@@ -236,15 +236,19 @@ func (e *autoEnv) claimIn(ns, name, asked string, capGiB int64) (*resourceapi.Re
 // namespace: its pod is evicted in the same pass, though team-a's wants are older and more.
 func TestSizingAutoRefusedEvictionsDoNotStarveOtherNamespaces(t *testing.T) {
 	var objs []runtime.Object
-	var wants [][2]runtime.Object
+	type want struct {
+		claim *resourceapi.ResourceClaim
+		pod   *corev1.Pod
+	}
+	var wants []want
 	for i := 0; i < 8; i++ {
 		claim, pod := (&autoEnv{}).claimIn("team-a", fmt.Sprintf("web-7c9d5-%d", i), "40Gi", 10)
 		objs = append(objs, claim, pod)
-		wants = append(wants, [2]runtime.Object{claim, pod})
+		wants = append(wants, want{claim, pod})
 	}
 	claim, pod := (&autoEnv{}).claimIn("team-b", "web-7c9d5-z", "40Gi", 10)
 	objs = append(objs, claim, pod)
-	wants = append(wants, [2]runtime.Object{claim, pod})
+	wants = append(wants, want{claim, pod})
 	e := newAutoEnv(t, objs...)
 	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if a.GetSubresource() == "eviction" && a.GetNamespace() == "team-a" {
@@ -253,7 +257,7 @@ func TestSizingAutoRefusedEvictionsDoNotStarveOtherNamespaces(t *testing.T) {
 		return false, nil, nil
 	})
 	for _, w := range wants {
-		e.wantGrow(w[0].(*resourceapi.ResourceClaim), w[1].(*corev1.Pod))
+		e.wantGrow(w.claim, w.pod)
 		e.clock.Step(time.Second)
 	}
 	e.c.evictForResize(e.ctx)

@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,7 +28,8 @@ const (
 	// autoFarBelow: every report under this share for the shrink window, a smaller one.
 	autoNearCap  = 0.95
 	autoFarBelow = 0.8
-	// autoEvictInterval: at most one eviction this often across the cluster.
+	// autoEvictInterval: at most one eviction this often across the cluster; an eviction the
+	// API server refused or that failed does not count.
 	autoEvictInterval = 10 * time.Second
 	// autoWorkloadGap: a workload's next pod is evicted no sooner than this after its last
 	// one, and only once that one is gone: one pod of a workload at a time, and the new
@@ -39,10 +42,18 @@ const (
 
 // resizeWant is a pod Auto wants recreated.
 type resizeWant struct {
-	pod       types.NamespacedName
-	uid       types.UID
-	w         sizing.Workload
-	why       string
+	pod   types.NamespacedName
+	uid   types.UID
+	w     sizing.Workload
+	claim string // the pod's own claim
+	share string
+	// grow: recreated larger, to at least the workload's floor; else smaller, while the
+	// share's reports stay far below capBytes.
+	grow     bool
+	capBytes int64
+	why      string
+	// since orders the wants, oldest first within a namespace; a refusal puts the pod last.
+	since     time.Time
 	notBefore time.Time
 	// refusedTold: the pod was told once that a PodDisruptionBudget holds its eviction.
 	refusedTold bool
@@ -66,6 +77,9 @@ type autoState struct {
 	// toldAtRequest: shares told that their use nears a cap that is all their claim asks.
 	toldAtRequest map[string]bool
 	lastEviction  time.Time
+	// lastNamespace is where the last eviction was tried: namespaces take turns, so that one
+	// namespace's refused evictions never hold another's.
+	lastNamespace string
 }
 
 func newAutoState() *autoState {
@@ -122,7 +136,7 @@ func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 			return
 		}
 		a.floor[r.w] = max(a.floor[r.w], want)
-		c.wantResize(a, pod, r.w, fmt.Sprintf("its GPU memory use reached %s of its %s cap (request %q); its controller recreates it with %s, at most what its claim asks",
+		c.wantResize(a, claim, pod, r, capBytes, true, fmt.Sprintf("its GPU memory use reached %s of its %s cap (request %q); its controller recreates it with %s, at most what its claim asks",
 			fmtBytes(peak), fmtBytes(capBytes), r.result.Request, fmtBytes(want)))
 	case ready && float64(peak) < autoFarBelow*float64(capBytes) && rec.MemoryBytes+sizing.MemoryStep <= capBytes:
 		since, ok := a.lowSince[r.share]
@@ -131,7 +145,7 @@ func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 			a.lowSince[r.share] = since
 		}
 		if r.u.To.Sub(since) >= c.cfg.SizingShrinkAfter {
-			c.wantResize(a, pod, r.w, fmt.Sprintf("its GPU memory use stayed under %s of its %s cap (request %q) since %s; its controller recreates it with %s",
+			c.wantResize(a, claim, pod, r, capBytes, false, fmt.Sprintf("its GPU memory use stayed under %s of its %s cap (request %q) since %s; its controller recreates it with %s",
 				fmtBytes(int64(autoFarBelow*float64(capBytes))), fmtBytes(capBytes), r.result.Request, since.UTC().Format(time.RFC3339), fmtBytes(rec.MemoryBytes)))
 		}
 	default:
@@ -139,11 +153,27 @@ func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 	}
 }
 
-func (c *Controller) wantResize(a *autoState, pod *corev1.Pod, w sizing.Workload, why string) {
+func (c *Controller) wantResize(a *autoState, claim *resourceapi.ResourceClaim, pod *corev1.Pod, r autoReport, capBytes int64, grow bool, why string) {
 	if _, ok := a.wants[pod.UID]; ok {
 		return
 	}
-	a.wants[pod.UID] = &resizeWant{pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, uid: pod.UID, w: w, why: why}
+	a.wants[pod.UID] = &resizeWant{pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, uid: pod.UID, w: r.w,
+		claim: claim.Name, share: r.share, grow: grow, capBytes: capBytes, why: why, since: c.now()}
+}
+
+// stillWanted re-checks a queued want when its turn comes: the pod's claim is still under
+// sizing Auto, and the reason holds (a larger pod: the workload's floor is above the cap; a
+// smaller one: the share's reports are still far below it). Caller holds the sizer's lock.
+func (c *Controller) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod) bool {
+	claim, err := c.claims.ResourceClaims(want.pod.Namespace).Get(want.claim)
+	if err != nil || claim.Status.Allocation == nil || c.policyOf(claim, pod).Sizing != api.SizingAuto {
+		return false
+	}
+	if want.grow {
+		return a.floor[want.w] > want.capBytes
+	}
+	_, low := a.lowSince[want.share]
+	return low
 }
 
 // askedMemory is the memory a claim's request asks (0: none, a whole GPU).
@@ -171,24 +201,39 @@ func (m *model) gpuMemory(k gpuKey) int64 {
 	return 0
 }
 
-// evictForResize evicts at most one pod Auto wants recreated: the first whose workload has
-// no eviction in the last autoWorkloadGap and no evicted pod still there. A refusal (429:
-// a PodDisruptionBudget allows no disruption now) is tried again after autoRetryAfter.
+// evictForResize evicts at most one pod Auto wants recreated, its workload with no eviction
+// in the last autoWorkloadGap and no evicted pod still there. Namespaces take turns, and
+// within one the oldest want goes first. A refusal (429: a PodDisruptionBudget allows no
+// disruption now) or a failure does not use up the cluster's eviction: the next
+// namespace's pod is tried, and the refused one waits autoRetryAfter, behind its
+// namespace's other wants. At most one attempt per namespace per call bounds the writes.
 func (c *Controller) evictForResize(ctx context.Context) {
 	if c.fenced() != nil {
 		return
 	}
 	now := c.now()
 	c.sizer.mu.Lock()
-	a := c.sizer.auto
-	if now.Sub(a.lastEviction) < autoEvictInterval {
+	if now.Sub(c.sizer.auto.lastEviction) < autoEvictInterval {
 		c.sizer.mu.Unlock()
 		return
 	}
-	var pick *resizeWant
+	picks := c.resizePicks(now)
+	c.sizer.mu.Unlock()
+	for _, pick := range picks {
+		if c.evictOne(ctx, pick, now) {
+			return
+		}
+	}
+}
+
+// resizePicks is the oldest eligible want of each namespace, the namespaces in turn after
+// the last one tried. Caller holds the sizer's lock.
+func (c *Controller) resizePicks(now time.Time) []*resizeWant {
+	a := c.sizer.auto
+	byNS := map[string]*resizeWant{}
 	for uid, want := range a.wants {
 		pod, err := c.pods.Pods(want.pod.Namespace).Get(want.pod.Name)
-		if err != nil || pod.UID != uid || pod.DeletionTimestamp != nil {
+		if err != nil || pod.UID != uid || pod.DeletionTimestamp != nil || !c.stillWanted(a, want, pod) {
 			delete(a.wants, uid)
 			continue
 		}
@@ -203,20 +248,30 @@ func (c *Controller) evictForResize(ctx context.Context) {
 				continue
 			}
 		}
-		if pick == nil || uid < pick.uid {
-			pick = want
+		cur := byNS[want.pod.Namespace]
+		if cur == nil || want.since.Before(cur.since) || (want.since.Equal(cur.since) && uid < cur.uid) {
+			byNS[want.pod.Namespace] = want
 		}
 	}
-	if pick == nil {
-		c.sizer.mu.Unlock()
-		return
+	namespaces := slices.Sorted(maps.Keys(byNS))
+	// Those after the last one tried first, then from the start.
+	i, _ := slices.BinarySearch(namespaces, a.lastNamespace)
+	if i < len(namespaces) && namespaces[i] == a.lastNamespace {
+		i++
 	}
-	a.lastEviction = now
-	c.sizer.mu.Unlock()
+	namespaces = append(namespaces[i:], namespaces[:i]...)
+	picks := make([]*resizeWant, len(namespaces))
+	for j, ns := range namespaces {
+		picks[j] = byNS[ns]
+	}
+	return picks
+}
 
+// evictOne tries to evict a picked pod; it reports whether the pod was evicted.
+func (c *Controller) evictOne(ctx context.Context, pick *resizeWant, now time.Time) bool {
 	pod, err := c.pods.Pods(pick.pod.Namespace).Get(pick.pod.Name)
 	if err != nil {
-		return
+		return false
 	}
 	uid := pick.uid
 	err = c.client.CoreV1().Pods(pick.pod.Namespace).EvictV1(ctx, &policyv1.Eviction{
@@ -225,14 +280,18 @@ func (c *Controller) evictForResize(ctx context.Context) {
 	})
 	c.sizer.mu.Lock()
 	defer c.sizer.mu.Unlock()
+	a := c.sizer.auto
+	a.lastNamespace = pick.pod.Namespace
 	switch {
 	case err == nil:
 		delete(a.wants, uid)
+		a.lastEviction = now
 		a.last[pick.w] = autoEvicted{pod: pick.pod, uid: uid, at: now}
 		c.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonResizeEvicted,
 			"evicted by sizing Auto: %s. MPS fixes a process's memory cap when it starts, so a new pod is the only way to resize it", pick.why)
+		return true
 	case apierrors.IsTooManyRequests(err):
-		pick.notBefore = now.Add(autoRetryAfter)
+		pick.notBefore, pick.since = now.Add(autoRetryAfter), now
 		if !pick.refusedTold {
 			pick.refusedTold = true
 			c.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonResizeBlocked,
@@ -241,7 +300,8 @@ func (c *Controller) evictForResize(ctx context.Context) {
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		delete(a.wants, uid)
 	default:
-		pick.notBefore = now.Add(autoRetryAfter)
+		pick.notBefore, pick.since = now.Add(autoRetryAfter), now
 		klog.FromContext(ctx).Error(err, "Evicting a pod to resize it", "pod", pick.pod)
 	}
+	return false
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
@@ -207,5 +209,102 @@ func TestSizingAutoSizesNewClaims(t *testing.T) {
 	e.run()
 	if got := e.allocatedClaim("c2").Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]; got.Value() != rec.MemoryBytes {
 		t.Errorf("new claim got %s; want the recommended %s", got.String(), fmtBytes(rec.MemoryBytes))
+	}
+}
+
+// wantGrow queues the pod of claimOf(name) in namespace ns for a larger size, as a report
+// near its cap does.
+func (e *autoEnv) wantGrow(claim *resourceapi.ResourceClaim, pod *corev1.Pod) {
+	w := sizing.Workload{Namespace: pod.Namespace, Kind: "Deployment", Name: "web", Request: "gpu"}
+	e.c.sizer.mu.Lock()
+	defer e.c.sizer.mu.Unlock()
+	a := e.c.sizer.auto
+	a.floor[w] = 20 << 30
+	e.c.wantResize(a, claim, pod, autoReport{w: w, share: "s-" + pod.Name}, 10<<30, true, "near cap")
+}
+
+// claimIn is claimOf in namespace ns.
+func (e *autoEnv) claimIn(ns, name, asked string, capGiB int64) (*resourceapi.ResourceClaim, *corev1.Pod) {
+	claim, pod := e.claimOf(name, asked, capGiB)
+	claim.Namespace, pod.Namespace = ns, ns
+	pod.UID = types.UID(ns + "-" + pod.Name)
+	claim.OwnerReferences[0].UID = pod.UID
+	return claim, pod
+}
+
+// One namespace's evictions that a PodDisruptionBudget refuses take no turn from another
+// namespace: its pod is evicted in the same pass, though team-a's wants are older and more.
+func TestSizingAutoRefusedEvictionsDoNotStarveOtherNamespaces(t *testing.T) {
+	var objs []runtime.Object
+	type want struct {
+		claim *resourceapi.ResourceClaim
+		pod   *corev1.Pod
+	}
+	var wants []want
+	for i := 0; i < 8; i++ {
+		claim, pod := (&autoEnv{}).claimIn("team-a", fmt.Sprintf("web-7c9d5-%d", i), "40Gi", 10)
+		objs = append(objs, claim, pod)
+		wants = append(wants, want{claim, pod})
+	}
+	claim, pod := (&autoEnv{}).claimIn("team-b", "web-7c9d5-z", "40Gi", 10)
+	objs = append(objs, claim, pod)
+	wants = append(wants, want{claim, pod})
+	e := newAutoEnv(t, objs...)
+	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "eviction" && a.GetNamespace() == "team-a" {
+			return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+		}
+		return false, nil, nil
+	})
+	for _, w := range wants {
+		e.wantGrow(w.claim, w.pod)
+		e.clock.Step(time.Second)
+	}
+	e.c.evictForResize(e.ctx)
+	if len(e.evicted) != 1 || e.evicted[0] != "web-7c9d5-z" {
+		t.Fatalf("evicted %v; want team-b's pod, whatever team-a's budget refuses", e.evicted)
+	}
+	if ev := e.events(ReasonResizeBlocked); len(ev) != 1 {
+		t.Errorf("%d refusals told; want one (one attempt per namespace and pass)", len(ev))
+	}
+}
+
+// A queued want is dropped when its turn comes if the reason is gone (a shrink whose
+// share's use rose again) or the pod's policy is no longer sizing Auto.
+func TestSizingAutoRechecksAQueuedWant(t *testing.T) {
+	claim, pod := (&autoEnv{}).claimOf("web-7c9d5-a", "40Gi", 10)
+	small, other := (&autoEnv{}).claimOf("web-7c9d5-b", "", 40)
+	e := newAutoEnv(t, claim, pod, small, other)
+	queued := func() int {
+		e.c.sizer.mu.Lock()
+		defer e.c.sizer.mu.Unlock()
+		return len(e.c.sizer.auto.wants)
+	}
+	// Nothing keeps share "low" in lowSince: a report since was not far below its cap.
+	e.c.sizer.mu.Lock()
+	e.c.wantResize(e.c.sizer.auto, small, other, autoReport{w: sizing.Workload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}, share: "low"},
+		40<<30, false, "far below")
+	e.c.sizer.mu.Unlock()
+	e.c.evictForResize(e.ctx)
+	if len(e.evicted) != 0 || queued() != 0 {
+		t.Fatalf("evicted %v, %d queued, after the shrink's reason went; want none", e.evicted, queued())
+	}
+	e.wantGrow(claim, pod)
+	pol := builders.MakePolicy("auto").Sizing(api.SizingOff).Obj()
+	if _, err := e.fgpu.FgpuV1alpha1().SharingPolicies().Update(e.ctx, pol, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		if got, _ := e.c.policies.Get("auto"); got != nil && got.Spec.Sizing == api.SizingOff {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the allocator did not see the policy turn sizing Off")
+		}
+	}
+	e.clock.Step(time.Hour)
+	e.c.evictForResize(e.ctx)
+	if len(e.evicted) != 0 || queued() != 0 {
+		t.Fatalf("evicted %v, %d queued, after the policy turned sizing Off; want none", e.evicted, queued())
 	}
 }

@@ -291,7 +291,8 @@ func woken(m metav1.Object, replicas *int32) bool {
 // reserveOf is what a workload scaled to zero keeps of its namespace's quota: its reserve
 // annotation while it has no replicas. The tenant can edit it, so a value that does not
 // parse or is negative counts as nothing: a reserve can only add to what its own namespace
-// holds.
+// holds. A huge one is summed with saturation and counts at most the quota's limit in the
+// quota checks (overBy), so it cannot wrap around and free the quota either.
 func reserveOf(m metav1.Object, replicas *int32) usage {
 	raw, ok := m.GetAnnotations()[api.AnnotationScaledDownReserve]
 	if !ok || ptr.Deref(replicas, 1) != 0 {
@@ -316,12 +317,12 @@ func (c *Controller) onWorkload(obj any) {
 	deps, _ := c.deployments.Deployments(ns).List(labels.Everything())
 	for _, d := range deps {
 		r := reserveOf(d, d.Spec.Replicas)
-		sum.mem, sum.comp = sum.mem+r.mem, sum.comp+r.comp
+		sum.mem, sum.comp = addSat(sum.mem, r.mem), addSat(sum.comp, r.comp)
 	}
 	sets, _ := c.statefulsets.StatefulSets(ns).List(labels.Everything())
 	for _, s := range sets {
 		r := reserveOf(s, s.Spec.Replicas)
-		sum.mem, sum.comp = sum.mem+r.mem, sum.comp+r.comp
+		sum.mem, sum.comp = addSat(sum.mem, r.mem), addSat(sum.comp, r.comp)
 	}
 	c.model.mu.Lock()
 	changed := c.model.nsReserve[ns] != sum

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -273,5 +274,46 @@ func TestIdleReserveCannotRaiseQuota(t *testing.T) {
 	}
 	if e.placedOn("team-c", "c") == "" {
 		t.Fatalf("team-b's 1Ti reserve held team-c's claim: %s", e.claim("team-c", "c").Annotations[AnnotationStatus])
+	}
+}
+
+// A reserve near MaxInt64 (the tenant can write one) must not wrap the quota check around
+// and switch the namespace's quota off: with it, nothing more of the namespace fits.
+func TestIdleReserveOverflowKeepsQuota(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("40Gi").QuotaCompute(100).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"),
+		deployment("team-a", "web", 0, reserveAnnotations("9223372036854775807", math.MaxInt64)),
+		deployment("team-b", "web", 0, reserveAnnotations("9223372036854775807", math.MaxInt64)),
+		&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "db", Annotations: reserveAnnotations("9223372036854775807", math.MaxInt64)},
+			Spec: appsv1.StatefulSetSpec{Replicas: ptr.To[int32](0)}},
+		builders.MakeClaim("team-a", "c1").Memory("30Gi").Compute("10").Created(0).Obj(), builders.MakePod("team-a", "c1").Claim("c1").Obj(),
+		builders.MakeClaim("team-a", "c2").Memory("30Gi").Compute("10").Created(1).Obj(), builders.MakePod("team-a", "c2").Claim("c2").Obj(),
+		builders.MakeClaim("team-b", "c3").Memory("10Gi").Compute("10").Created(2).Obj(), builders.MakePod("team-b", "c3").Claim("c3").Obj())
+	e.waitWorkload("team-a", 0)
+	e.waitWorkload("team-b", 0)
+	e.run()
+	// c2 waits behind c1 in team-a's quota queue; the others say what holds them.
+	for _, c := range []struct{ ns, name string }{{"team-a", "c1"}, {"team-a", "c2"}, {"team-b", "c3"}} {
+		if e.placedOn(c.ns, c.name) != "" {
+			t.Errorf("%s/%s placed next to a MaxInt64 reserve under a 40Gi, 100%% quota", c.ns, c.name)
+		}
+		if st := e.claim(c.ns, c.name).Annotations[AnnotationStatus]; c.name != "c2" && !strings.Contains(st, "kept for workloads scaled to zero") {
+			t.Errorf("%s/%s: status %q does not say the reserve holds the quota", c.ns, c.name, st)
+		}
+	}
+}
+
+// overBy never overflows, whatever a tenant's reserve adds to the usage.
+func TestOverBy(t *testing.T) {
+	for _, c := range []struct{ used, need, limit, want int64 }{
+		{0, 10, 40, -30},
+		{30, 10, 40, 0},
+		{35, 10, 40, 5},
+		{math.MaxInt64, 1, 40, 1},
+		{addSat(math.MaxInt64, math.MaxInt64), 30 << 30, 40 << 30, 30 << 30},
+	} {
+		if got := overBy(c.used, c.need, c.limit); got != c.want {
+			t.Errorf("overBy(%d, %d, %d) = %d; want %d", c.used, c.need, c.limit, got, c.want)
+		}
 	}
 }

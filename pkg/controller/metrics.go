@@ -76,11 +76,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		nsQuotaMemDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_memory_bytes",
 			"The namespace's GPU memory quota, and the SharingPolicy that sets it.", quotaLabels, nil),
 		nsQuotaMemUsedDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_used_memory_bytes",
-			"GPU memory the namespace's claims hold against its quota.", quotaLabels, nil),
+			"GPU memory the namespace holds against its quota: its claims' and what its workloads scaled to zero keep.", quotaLabels, nil),
 		nsQuotaCompDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_compute_percent",
 			"The namespace's GPU compute quota, and the SharingPolicy that sets it.", quotaLabels, nil),
 		nsQuotaCompUsedDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_used_compute_percent",
-			"GPU compute the namespace's claims hold against its quota.", quotaLabels, nil),
+			"GPU compute the namespace holds against its quota: its claims' and what its workloads scaled to zero keep.", quotaLabels, nil),
 	}
 	if reg != nil {
 		reg.MustRegister(m.decision, m.latency, m.placed, m.writes, m.nsPlaced, m.refused, m)
@@ -122,28 +122,41 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	gauge(m.pendingDesc, float64(c.pending.Len()))
-	var free, partFree float64
+	// The figures are copied under the model's lock and sent after it: a scrape of
+	// thousands of GPUs must not hold decisions while the registry reads the channel.
+	type gpuFigures struct {
+		node, device                       string
+		usedMem, usedComp, memCap, compCap int64
+		tenants, namespaces                int
+		tainted                            bool
+	}
+	var figs []gpuFigures
 	c.model.EachGPU(func(g *gpu) {
-		gauge(m.memDesc, float64(g.usedMem), g.node, g.key.device)
-		gauge(m.compDesc, float64(g.usedComp), g.node, g.key.device)
-		gauge(m.tenantsDesc, float64(len(g.tenants)), g.node, g.key.device)
-		gauge(m.memCapDesc, float64(g.memCap), g.node, g.key.device)
-		gauge(m.compCapDesc, float64(g.compCap), g.node, g.key.device)
 		namespaces := map[string]struct{}{}
 		for _, t := range g.tenants {
 			namespaces[t.namespace] = struct{}{}
 		}
-		gauge(m.gpuNsDesc, float64(len(namespaces)), g.node, g.key.device)
+		figs = append(figs, gpuFigures{node: g.node, device: g.key.device, usedMem: g.usedMem, usedComp: g.usedComp,
+			memCap: g.memCap, compCap: g.compCap, tenants: len(g.tenants), namespaces: len(namespaces), tainted: len(g.taints) > 0})
+	})
+	var free, partFree float64
+	for _, g := range figs {
+		gauge(m.memDesc, float64(g.usedMem), g.node, g.device)
+		gauge(m.compDesc, float64(g.usedComp), g.node, g.device)
+		gauge(m.tenantsDesc, float64(g.tenants), g.node, g.device)
+		gauge(m.memCapDesc, float64(g.memCap), g.node, g.device)
+		gauge(m.compCapDesc, float64(g.compCap), g.node, g.device)
+		gauge(m.gpuNsDesc, float64(g.namespaces), g.node, g.device)
 		f := float64(g.memCap - g.usedMem)
 		free += f
 		frag := 0.0
-		if len(g.tenants) > 0 {
+		if g.tenants > 0 {
 			partFree += f
 			frag = f
 		}
-		gauge(m.gpuFragDesc, frag, g.node, g.key.device)
-		gauge(m.gpuTaintedDesc, boolValue(len(g.taints) > 0), g.node, g.key.device)
-	})
+		gauge(m.gpuFragDesc, frag, g.node, g.device)
+		gauge(m.gpuTaintedDesc, boolValue(g.tainted), g.node, g.device)
+	}
 	frag := 0.0
 	if free > 0 {
 		frag = partFree / free
@@ -156,6 +169,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 // with those of the namespaces a quota selects.
 func (m *Metrics) collectNamespaces(c *Controller, gauge func(*prometheus.Desc, float64, ...string)) {
 	use := c.model.ByNamespace()
+	reserve := c.model.Reserves()
 	pending := c.pending.ByNamespace()
 	now := c.now()
 	known := map[string]struct{}{}
@@ -185,14 +199,15 @@ func (m *Metrics) collectNamespaces(c *Controller, gauge func(*prometheus.Desc, 
 	}
 	for ns := range known {
 		q := policy.NamespaceQuota(policies, nsLabels[ns])
-		u := use[ns]
+		// What the quota check counts: the claims and the reserves of workloads scaled to zero.
+		u, r := use[ns], reserve[ns]
 		if q.Memory != nil {
 			gauge(m.nsQuotaMemDesc, float64(q.Memory.Value()), ns, q.MemoryFrom)
-			gauge(m.nsQuotaMemUsedDesc, float64(u.mem), ns, q.MemoryFrom)
+			gauge(m.nsQuotaMemUsedDesc, float64(addSat(u.mem, r.mem)), ns, q.MemoryFrom)
 		}
 		if q.Compute != nil {
 			gauge(m.nsQuotaCompDesc, float64(*q.Compute), ns, q.ComputeFrom)
-			gauge(m.nsQuotaCompUsedDesc, float64(u.comp), ns, q.ComputeFrom)
+			gauge(m.nsQuotaCompUsedDesc, float64(addSat(u.comp, r.comp)), ns, q.ComputeFrom)
 		}
 	}
 }

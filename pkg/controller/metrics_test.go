@@ -106,7 +106,7 @@ fgpu_allocator_namespace_oldest_pending_claim_age_seconds{namespace="a"} %[2]v
 # TYPE fgpu_allocator_namespace_quota_memory_bytes gauge
 fgpu_allocator_namespace_quota_memory_bytes{namespace="a",policy="q"} 2.147483648e+10
 fgpu_allocator_namespace_quota_memory_bytes{namespace="b",policy="q"} 2.147483648e+10
-# HELP fgpu_allocator_namespace_quota_used_memory_bytes GPU memory the namespace's claims hold against its quota.
+# HELP fgpu_allocator_namespace_quota_used_memory_bytes GPU memory the namespace holds against its quota: its claims' and what its workloads scaled to zero keep.
 # TYPE fgpu_allocator_namespace_quota_used_memory_bytes gauge
 fgpu_allocator_namespace_quota_used_memory_bytes{namespace="a",policy="q"} 2.147483648e+10
 fgpu_allocator_namespace_quota_used_memory_bytes{namespace="b",policy="q"} 5.36870912e+09
@@ -153,4 +153,51 @@ func TestNamespaceGaugesDropGoneNamespaces(t *testing.T) {
 	if n, _ := testutil.GatherAndCount(e.reg, "fgpu_allocator_namespace_allocated_memory_bytes", "fgpu_allocator_namespace_quota_memory_bytes"); n != 0 {
 		t.Errorf("%d series after the namespace's last claim went, want 0", n)
 	}
+}
+
+// The quota's used gauges count what the quota check counts: a workload scaled to zero
+// keeps its reserve of its namespace's quota.
+func TestQuotaUsedCountsIdleReserve(t *testing.T) {
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("q").Isolation(api.IsolationNone).QuotaMemory("40Gi").QuotaCompute(100).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		deployment("a", "web", 0, reserveAnnotations("30Gi", 40)),
+		builders.MakeClaim("a", "c").Memory("5Gi").Compute("5").Obj(), builders.MakePod("a", "c").Claim("c").Obj())
+	e.waitWorkload("a", 0)
+	e.run()
+	want := `
+# HELP fgpu_allocator_namespace_quota_used_memory_bytes GPU memory the namespace holds against its quota: its claims' and what its workloads scaled to zero keep.
+# TYPE fgpu_allocator_namespace_quota_used_memory_bytes gauge
+fgpu_allocator_namespace_quota_used_memory_bytes{namespace="a",policy="q"} 3.758096384e+10
+# HELP fgpu_allocator_namespace_quota_used_compute_percent GPU compute the namespace holds against its quota: its claims' and what its workloads scaled to zero keep.
+# TYPE fgpu_allocator_namespace_quota_used_compute_percent gauge
+fgpu_allocator_namespace_quota_used_compute_percent{namespace="a",policy="q"} 45
+`
+	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(want),
+		"fgpu_allocator_namespace_quota_used_memory_bytes", "fgpu_allocator_namespace_quota_used_compute_percent"); err != nil {
+		t.Error(err)
+	}
+}
+
+// A scrape sends its per-GPU series without holding the model's lock: decisions take it,
+// and a slow reader of thousands of GPUs' series must not stall them.
+func TestCollectSendsWithoutTheModelLock(t *testing.T) {
+	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"))
+	e.run()
+	ch := make(chan prometheus.Metric)
+	done := make(chan struct{})
+	go func() {
+		e.c.metrics.Collect(ch)
+		close(ch)
+	}()
+	go func() {
+		defer close(done)
+		for range ch {
+			if !e.c.model.mu.TryLock() {
+				t.Error("the model's lock is held while a metric is sent")
+				continue
+			}
+			e.c.model.mu.Unlock()
+		}
+	}()
+	<-done
 }

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"sort"
 	"sync"
 	"time"
@@ -546,6 +547,13 @@ func sameShares(a, b *claimRec) bool {
 type nsUse struct {
 	claims    int
 	mem, comp int64
+}
+
+// Reserves is a copy of what each namespace's workloads scaled to zero keep of its quota.
+func (m *model) Reserves() map[string]usage {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.nsReserve)
 }
 
 // ByNamespace sums the allocated claims per namespace; namespaces without any are left out.

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,6 +37,21 @@ func kueueHint(pods []*corev1.Pod) string {
 
 // usage is GPU memory and compute held against a quota.
 type usage struct{ mem, comp int64 }
+
+// addSat adds two non-negative amounts, saturating at MaxInt64: reserves are the tenant's to
+// write, and a sum that wrapped negative would switch its namespace's quota off.
+func addSat(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// overBy is how much need on top of used goes past limit (0 or less: within it), computed
+// without overflow: used, which counts the reserves a tenant wrote, counts at most the limit.
+func overBy(used, need, limit int64) int64 {
+	return need - (limit - min(used, limit))
+}
 
 // use is what the claim's requests decided so far hold: the namespace's usage in the
 // model counts them already, and the claim's next request must fit the quota with them.
@@ -78,30 +94,30 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 	}
 	if q.Memory != nil {
 		limit := q.Memory.Value()
-		if own.mem+need.mem > limit {
+		if overBy(own.mem, need.mem, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
 				"larger than the GPU memory quota of namespace %s (SharingPolicy %s: %s): this claim needs %s%s; it will not be placed unless the quota is raised",
 				ns, q.MemoryFrom, q.Memory.String(), what, ownMem)}
 		}
 		// Whole GPUs: their size is known per GPU only (quotaFits), and a lower bound that
 		// queued the claim for quota could hold the namespace for a claim that never fits.
-		if used := c.model.nsMem[ns] + c.model.nsReserve[ns].mem; !rq.whole && used+need.mem > limit {
+		if used := addSat(c.model.nsMem[ns], c.model.nsReserve[ns].mem); !rq.whole && overBy(used, need.mem, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU memory quota of namespace %s (SharingPolicy %s: %s): %s in use%s, this claim needs %s, %s over; it will be placed when quota frees up",
-				ns, q.MemoryFrom, q.Memory.String(), fmtBytes(used), c.reserveText(ns, fmtBytes(c.model.nsReserve[ns].mem)), what, fmtBytes(used+need.mem-limit))}
+				ns, q.MemoryFrom, q.Memory.String(), fmtBytes(used), c.reserveText(ns, fmtBytes(c.model.nsReserve[ns].mem)), what, fmtBytes(overBy(used, need.mem, limit)))}
 		}
 	}
 	if q.Compute != nil && compKnown {
 		limit := *q.Compute
-		if own.comp+need.comp > limit {
+		if overBy(own.comp, need.comp, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
 				"larger than the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): this claim needs %d%%%s; it will not be placed unless the quota is raised",
 				ns, q.ComputeFrom, limit, need.comp, ownComp)}
 		}
-		if used := c.model.nsComp[ns] + c.model.nsReserve[ns].comp; !rq.whole && used+need.comp > limit {
+		if used := addSat(c.model.nsComp[ns], c.model.nsReserve[ns].comp); !rq.whole && overBy(used, need.comp, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): %d%% in use%s, this claim needs %d%%, %d%% over; it will be placed when quota frees up",
-				ns, q.ComputeFrom, limit, used, c.reserveText(ns, fmt.Sprintf("%d%%", c.model.nsReserve[ns].comp)), need.comp, used+need.comp-limit)}
+				ns, q.ComputeFrom, limit, used, c.reserveText(ns, fmt.Sprintf("%d%%", c.model.nsReserve[ns].comp)), need.comp, overBy(used, need.comp, limit))}
 		}
 	}
 	return nil
@@ -139,8 +155,7 @@ func (c *Controller) claimQuotaCheck(ctx context.Context, in *input) *waitReason
 			}
 		}
 		if low != nil {
-			least.mem += low.mem
-			least.comp += low.comp
+			least.mem, least.comp = addSat(least.mem, low.mem), addSat(least.comp, low.comp)
 		}
 	}
 	if memText == "" {
@@ -199,11 +214,12 @@ func uncappedCompute(p policy.Effective, rq *request) bool {
 func (c *Controller) quotaFits(in *input, own usage, rq *request, mem, comp int64) string {
 	q, ns := in.pol.Quota, in.claim.Namespace
 	mem, comp = mem*rq.count, comp*rq.count
-	if (q.Memory != nil && own.mem+mem > q.Memory.Value()) || (q.Compute != nil && own.comp+comp > *q.Compute) {
+	if (q.Memory != nil && overBy(own.mem, mem, q.Memory.Value()) > 0) || (q.Compute != nil && overBy(own.comp, comp, *q.Compute) > 0) {
 		return reasonBeyondQuota
 	}
 	r := c.model.nsReserve[ns]
-	if (q.Memory != nil && c.model.nsMem[ns]+r.mem+mem > q.Memory.Value()) || (q.Compute != nil && c.model.nsComp[ns]+r.comp+comp > *q.Compute) {
+	if (q.Memory != nil && overBy(addSat(c.model.nsMem[ns], r.mem), mem, q.Memory.Value()) > 0) ||
+		(q.Compute != nil && overBy(addSat(c.model.nsComp[ns], r.comp), comp, *q.Compute) > 0) {
 		return reasonOverQuota
 	}
 	return ""

@@ -106,6 +106,14 @@ func TestWaitsWhilePodIsSchedulingGated(t *testing.T) {
 	if got := e.placedOn("a", "c"); got != "" {
 		t.Fatalf("placed on %s while its only pod is scheduling-gated", got)
 	}
+	// It waits for Kueue, not for a GPU: a scaler on the pending gauges must not grow for it.
+	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(`
+# HELP fgpu_allocator_pending_claims fgpu claims a pod may use that wait for an allocation.
+# TYPE fgpu_allocator_pending_claims gauge
+fgpu_allocator_pending_claims 0
+`), "fgpu_allocator_pending_claims", "fgpu_allocator_namespace_pending_claims"); err != nil {
+		t.Errorf("pending gauges count a claim whose pods are all gated: %v", err)
+	}
 	gated.Spec.SchedulingGates = nil
 	if _, err := e.client.CoreV1().Pods("a").Update(e.ctx, gated, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)

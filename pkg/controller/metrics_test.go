@@ -96,7 +96,7 @@ fgpu_allocator_namespace_allocated_memory_bytes{namespace="b"} 5.36870912e+09
 # TYPE fgpu_allocator_namespace_allocated_compute_percent gauge
 fgpu_allocator_namespace_allocated_compute_percent{namespace="a"} 20
 fgpu_allocator_namespace_allocated_compute_percent{namespace="b"} 5
-# HELP fgpu_allocator_namespace_pending_claims fgpu claims of the namespace waiting for an allocation.
+# HELP fgpu_allocator_namespace_pending_claims fgpu claims of the namespace a pod may use that wait for an allocation.
 # TYPE fgpu_allocator_namespace_pending_claims gauge
 fgpu_allocator_namespace_pending_claims{namespace="a"} 1
 # HELP fgpu_allocator_namespace_oldest_pending_claim_age_seconds Age of the namespace's oldest claim waiting for an allocation.

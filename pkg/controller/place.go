@@ -60,6 +60,7 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	key := claimKey(claim)
 	c.pending.Add(key, claim.CreationTimestamp.Time, c.now())
 	in, hasPods := c.gather(claim)
+	c.pending.SetPodless(key, !hasPods)
 	if !hasPods {
 		// Placed once a pod uses it (pod events requeue the claim); until then it must not
 		// hold its namespace's quota queue.

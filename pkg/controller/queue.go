@@ -36,6 +36,9 @@ type pendingClaim struct {
 	ranked bool
 	// triedIn is the pass in which the allocator last decided on the claim.
 	triedIn uint64
+	// podless: no pod may use the claim yet (none, or all scheduling-gated): it waits for a
+	// pod, not for a GPU, and is not counted as waiting for one.
+	podless bool
 }
 
 // classRank orders latency classes: critical claims are placed first, best-effort last.
@@ -181,11 +184,26 @@ func (q *claimQueue) InOrder(ns string) []string {
 	return out
 }
 
-// Len is the number of pending claims.
+// SetPodless records whether the claim waits for a pod rather than for a GPU.
+func (q *claimQueue) SetPodless(key string, podless bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if p := q.pending[key]; p != nil {
+		p.podless = podless
+	}
+}
+
+// Len is the number of pending claims that wait for a GPU (not for a pod).
 func (q *claimQueue) Len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.pending)
+	n := 0
+	for _, p := range q.pending {
+		if !p.podless {
+			n++
+		}
+	}
+	return n
 }
 
 // firstLookGrace is how long a claim that the allocator looked at but could not decide on
@@ -246,12 +264,16 @@ type nsPending struct {
 	oldest time.Time
 }
 
-// ByNamespace counts the pending claims per namespace, with the oldest's creation time.
+// ByNamespace counts the claims waiting for a GPU per namespace, with the oldest's creation
+// time.
 func (q *claimQueue) ByNamespace() map[string]nsPending {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	out := map[string]nsPending{}
 	for k, p := range q.pending {
+		if p.podless {
+			continue
+		}
 		ns, _, _ := strings.Cut(k, "/")
 		e := out[ns]
 		if e.claims == 0 || p.created.Before(e.oldest) {

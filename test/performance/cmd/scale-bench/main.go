@@ -95,8 +95,8 @@ func run(nodesPath, podsPath string, seed int64, tune float64, reps string, with
 		if err != nil {
 			return err
 		}
-		fmt.Printf("%d nodes, %d GPUs, %d GPU pods arrived: fgpu sim --learn %.2f%% in %.1f s\n",
-			len(nodes), gpus, len(res.Decisions), 100*res.Final.Alloc, time.Since(t0).Seconds())
+		fmt.Printf("%d nodes, %d GPUs, %d GPU pods arrived: fgpu sim --learn %.2f%% in %.1f s, the policy rebuilt %d times\n",
+			len(nodes), gpus, len(res.Decisions), 100*res.Final.Alloc, time.Since(t0).Seconds(), res.Rebuilds)
 		for _, b := range bands {
 			var d []time.Duration
 			var sc []int32

@@ -120,22 +120,24 @@ func (l *Learner) Observe(r *Request) bool {
 	for _, s := range w {
 		cur[shapeKey{s.CPUMilli, s.Share, s.GPUs, s.Models}] = s.Weight
 	}
-	if l.handed != nil && l.o.MinMove > 0 && moved(l.handedW, cur) < l.o.MinMove {
+	if l.handed != nil && l.o.MinMove > 0 && moved(w, cur, l.handed, l.handedW) < l.o.MinMove {
 		return false
 	}
 	l.handed, l.handedW = w, cur
 	return true
 }
 
-// moved is the total variation distance between two workloads' weights.
-func moved(a, b map[shapeKey]float64) float64 {
+// moved is the total variation distance between workloads a and b (aw and bw
+// their weights by shape), summed in the workloads' order: the same in every
+// run, however close to MinMove.
+func moved(a Workload, aw map[shapeKey]float64, b Workload, bw map[shapeKey]float64) float64 {
 	var d float64
-	for k, v := range a {
-		d += math.Abs(v - b[k])
+	for _, s := range a {
+		d += math.Abs(s.Weight - bw[shapeKey{s.CPUMilli, s.Share, s.GPUs, s.Models}])
 	}
-	for k, v := range b {
-		if _, ok := a[k]; !ok {
-			d += v
+	for _, s := range b {
+		if _, ok := aw[shapeKey{s.CPUMilli, s.Share, s.GPUs, s.Models}]; !ok {
+			d += s.Weight
 		}
 	}
 	return d / 2

@@ -12,15 +12,22 @@ type LearnOptions struct {
 	// MinSeen is how many requests must be seen before the learned workload
 	// replaces the default.
 	MinSeen int
-	// Every is how many requests apart the learned workload is handed to the
-	// policy again (a new policy attaches to every node: not once a request).
+	// Every is how many requests apart the learned workload is checked (a new
+	// policy attaches to every node: not once a request).
 	Every int
+	// MinMove is how far (total variation distance, 0..1: the weight that
+	// moved between shapes) the learned workload must have moved from the one
+	// last handed to the policy for a check to hand it over again. A policy is
+	// rebuilt only for a workload that changed; 0 hands it over at every check.
+	MinMove float64
 }
 
 // DefaultLearnOptions are the allocator's: a window of a few thousand claims,
-// the default workload for the first 200.
+// the default workload for the first 200, handed over again once 5% of its
+// weight moved. Checked every 200 claims, a steady openb workload moves about
+// 1.5% between checks, most of it the window's sampling noise.
 func DefaultLearnOptions() LearnOptions {
-	return LearnOptions{HalfLife: 2000, MinSeen: 200, Every: 200}
+	return LearnOptions{HalfLife: 2000, MinSeen: 200, Every: 200, MinMove: 0.05}
 }
 
 // DefaultWorkload is what a Learner gives until it has seen enough requests: shares of an
@@ -50,6 +57,10 @@ type Learner struct {
 	scale  float64 // weight of the next request: older ones decay relative to it
 	growth float64
 	shapes map[shapeKey]*learnedShape
+	// handed is the workload last handed to the policy (nil before the
+	// first), handedW its weights by shape.
+	handed  Workload
+	handedW map[shapeKey]float64
 }
 
 type shapeKey struct {
@@ -61,7 +72,8 @@ type shapeKey struct {
 type learnedShape struct{ w, mem float64 }
 
 // NewLearner returns a learner that gives def until o.MinSeen requests were
-// seen. Non-positive options take DefaultLearnOptions' values.
+// seen. Non-positive HalfLife, MinSeen and Every take DefaultLearnOptions'
+// values; MinMove is taken as it is.
 func NewLearner(def Workload, o LearnOptions) *Learner {
 	d := DefaultLearnOptions()
 	if o.HalfLife <= 0 {
@@ -77,8 +89,10 @@ func NewLearner(def Workload, o LearnOptions) *Learner {
 }
 
 // Observe counts one request. It reports whether the workload should be
-// handed to the policy again: when MinSeen requests were first seen, then
-// every Every requests.
+// handed to the policy again: when MinSeen requests were first seen, then at
+// every Every requests where it moved at least MinMove since it was last
+// handed over. The simulator and the allocator ask the same learner the same
+// way, so their policies change at the same requests.
 func (l *Learner) Observe(r *Request) bool {
 	s := ShapeOf(r)
 	k := shapeKey{s.CPUMilli, s.Share, s.GPUs, s.Models}
@@ -98,19 +112,53 @@ func (l *Learner) Observe(r *Request) bool {
 		}
 		l.scale = 1
 	}
-	return l.seen >= l.o.MinSeen && (l.seen-l.o.MinSeen)%l.o.Every == 0
+	if l.seen < l.o.MinSeen || (l.seen-l.o.MinSeen)%l.o.Every != 0 {
+		return false
+	}
+	w := l.learned()
+	cur := make(map[shapeKey]float64, len(w))
+	for _, s := range w {
+		cur[shapeKey{s.CPUMilli, s.Share, s.GPUs, s.Models}] = s.Weight
+	}
+	if l.handed != nil && l.o.MinMove > 0 && moved(w, cur, l.handed, l.handedW) < l.o.MinMove {
+		return false
+	}
+	l.handed, l.handedW = w, cur
+	return true
+}
+
+// moved is the total variation distance between workloads a and b (aw and bw
+// their weights by shape), summed in the workloads' order: the same in every
+// run, however close to MinMove.
+func moved(a Workload, aw map[shapeKey]float64, b Workload, bw map[shapeKey]float64) float64 {
+	var d float64
+	for _, s := range a {
+		d += math.Abs(s.Weight - bw[shapeKey{s.CPUMilli, s.Share, s.GPUs, s.Models}])
+	}
+	for _, s := range b {
+		if _, ok := aw[shapeKey{s.CPUMilli, s.Share, s.GPUs, s.Models}]; !ok {
+			d += s.Weight
+		}
+	}
+	return d / 2
 }
 
 // Seen is how many requests were observed.
 func (l *Learner) Seen() int { return l.seen }
 
-// Workload is the learned distribution (the default until MinSeen requests
-// were seen), most frequent shape first, as TypicalShapes orders it; shapes
-// whose weight has decayed below minWeight are forgotten.
+// Workload is the workload last handed over (Observe), most frequent shape
+// first, as TypicalShapes orders it: the default before MinSeen requests were
+// seen.
 func (l *Learner) Workload() Workload {
-	if l.seen < l.o.MinSeen {
+	if l.handed == nil {
 		return append(Workload(nil), l.def...)
 	}
+	return append(Workload(nil), l.handed...)
+}
+
+// learned is the distribution learned so far; shapes whose weight has
+// decayed below minWeight are forgotten.
+func (l *Learner) learned() Workload {
 	var total float64
 	for _, e := range l.shapes {
 		total += e.w

@@ -30,6 +30,39 @@ func TestLearnerDefaultUntilMinSeen(t *testing.T) {
 	}
 }
 
+// With MinMove, a check hands the workload over only once it moved that far from the one
+// handed over last, and the policy keeps measuring against that one until then.
+func TestLearnerHandsOverWhatMoved(t *testing.T) {
+	l := NewLearner(nil, LearnOptions{HalfLife: 100, MinSeen: 10, Every: 10, MinMove: 0.05})
+	a := &Request{CPUMilli: 1000, GPUs: 1, Share: 300}
+	b := &Request{CPUMilli: 2000, GPUs: 1, Share: 700}
+	var handed []int
+	observe := func(r *Request, n int) {
+		for range n {
+			if l.Observe(r) {
+				handed = append(handed, l.Seen())
+			}
+		}
+	}
+	observe(a, 40)
+	observe(b, 1)
+	observe(a, 9) // b's one request is about 2% of the window at the check
+	if len(handed) != 1 || handed[0] != 10 {
+		t.Fatalf("handed over after %v requests, want only after 10 (the workload did not move)", handed)
+	}
+	observe(b, 5)
+	if w := l.Workload(); len(w) != 1 || w[0].Share != 300 {
+		t.Fatalf("between checks the workload is %+v, want the one handed over (a alone)", w)
+	}
+	observe(b, 5)
+	if len(handed) != 2 || handed[1] != 60 {
+		t.Fatalf("handed over after %v requests, want also after 60 (b is a fifth of the window)", handed)
+	}
+	if w := l.Workload(); len(w) != 2 || w[0].Share != 300 || w[1].Share != 700 {
+		t.Fatalf("handed over %+v", w)
+	}
+}
+
 // The window decays: a shape seen a half-life ago weighs half as much as one seen now, and
 // one that stopped long ago is forgotten.
 func TestLearnerDecays(t *testing.T) {

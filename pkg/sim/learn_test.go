@@ -26,8 +26,8 @@ func TestRunLearnsWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 10 GPUs at 0.3 each: 33 pods arrive; policies at the start, after 5, 10, ... 30.
-	if res.Placed != 30 || len(got) != 7 {
-		t.Fatalf("placed %d, %d policies built", res.Placed, len(got))
+	if res.Placed != 30 || len(got) != 7 || res.Rebuilds != 6 {
+		t.Fatalf("placed %d, %d policies built, %d rebuilds counted", res.Placed, len(got), res.Rebuilds)
 	}
 	if len(got[0]) != len(placement.DefaultWorkload()) {
 		t.Errorf("first policy's workload %+v, want the default", got[0])

@@ -87,7 +87,10 @@ type Result struct {
 	// nodes the policy scored for it (online only).
 	Fill   []float64
 	Scored []int32
-	Waste  Waste
+	// Rebuilds is how many times the policy was rebuilt for a learned workload
+	// (Config.Learn).
+	Rebuilds int
+	Waste    Waste
 }
 
 // Waste splits the GPU share left unallocated at the end of a replay and
@@ -198,6 +201,7 @@ func Run(cfg Config) (*Result, error) {
 					return nil, err
 				}
 				s.SetPolicy(pol)
+				res.Rebuilds++
 			}
 			res.Fill = append(res.Fill, (capa-float64(c.GPUFree()))/capa)
 			scored := s.Scored()

@@ -24,6 +24,7 @@ import (
 	"hash"
 	"os"
 	goruntime "runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"sort"
 	"strings"
@@ -109,7 +110,13 @@ type Report struct {
 	// event sent, and InAPI the part of it spent inside the fake API server (its wall
 	// time: it runs synchronously in the caller), both over every claim arrived.
 	CPU, InAPI time.Duration
-	Invariant  error
+	// GCCycles are the garbage collections that ended over the same span, and GCCPU the
+	// CPU the runtime counts as the collector's (its workers, the allocations' assists
+	// and the pauses; runtime/metrics' estimate): the process's heap is mostly the fake
+	// API server's, so this is what the fake costs the allocator's decisions.
+	GCCycles  uint64
+	GCCPU     time.Duration
+	Invariant error
 	// LiveHeap is the heap the live objects take after a GC at the end, the allocator and the fake API
 	// server (every claim, pod and event) both still live.
 	LiveHeap uint64
@@ -187,6 +194,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Sync = time.Since(start)
 	w.reset()
 	cpu0, api0 := processCPU(), inAPI.Load()
+	gc0, gcCPU0 := gcStats()
 	capa := float64(core.GPUCapacity())
 	var allocated int64
 	var waiting []string
@@ -249,6 +257,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	w.settle(5 * time.Second)
 	rep.CPU, rep.InAPI = processCPU()-cpu0, time.Duration(inAPI.Load()-api0)
+	gc1, gcCPU1 := gcStats()
+	rep.GCCycles, rep.GCCPU = gc1-gc0, gcCPU1-gcCPU0
 	rep.Writes = w.snapshot()
 	rep.Alloc = float64(allocated) / capa
 	rep.Digest = hex.EncodeToString(digest.Sum(nil))
@@ -533,6 +543,20 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// gcStats are the garbage collections ended so far and the CPU the runtime counts as
+// the collector's.
+func gcStats() (cycles uint64, cpu time.Duration) {
+	m := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	metrics.Read(m)
+	if m[0].Value.Kind() == metrics.KindUint64 {
+		cycles = m[0].Value.Uint64()
+	}
+	if m[1].Value.Kind() == metrics.KindFloat64 {
+		cpu = time.Duration(m[1].Value.Float64() * float64(time.Second))
+	}
+	return cycles, cpu
 }
 
 // PeakRSS is the process's peak resident set (VmHWM), where /proc has it: what a replay cost

@@ -76,6 +76,8 @@ func run(nodesPath, podsPath string, seed int64, tune float64, copies int) error
 	perClaim := func(d time.Duration) time.Duration { return d / time.Duration(max(rep.Placed, 1)) }
 	fmt.Printf("process CPU per placed claim %s, of which in the fake API server %s: allocator about %s\n",
 		perClaim(rep.CPU).Round(time.Microsecond), perClaim(rep.InAPI).Round(time.Microsecond), perClaim(rep.CPU-rep.InAPI).Round(time.Microsecond))
+	fmt.Printf("garbage collections %d, their CPU %.1f s of the process's %.1f s (runtime/metrics' estimate)\n",
+		rep.GCCycles, rep.GCCPU.Seconds(), rep.CPU.Seconds())
 	fmt.Printf("allocator API writes (%d claims placed of %d arrived):\n%s", rep.Placed, rep.Arrived, rep.WritesTable())
 	var ms runtime.MemStats
 	runtime.GC()

@@ -95,8 +95,8 @@ func run(nodesPath, podsPath string, seed int64, tune float64, reps string, with
 		if err != nil {
 			return err
 		}
-		fmt.Printf("%d nodes, %d GPUs, %d GPU pods arrived: fgpu sim --learn %.2f%% in %.1f s\n",
-			len(nodes), gpus, len(res.Decisions), 100*res.Final.Alloc, time.Since(t0).Seconds())
+		fmt.Printf("%d nodes, %d GPUs, %d GPU pods arrived: fgpu sim --learn %.2f%% in %.1f s, the policy rebuilt %d times\n",
+			len(nodes), gpus, len(res.Decisions), 100*res.Final.Alloc, time.Since(t0).Seconds(), res.Rebuilds)
 		for _, b := range bands {
 			var d []time.Duration
 			var sc []int32
@@ -140,6 +140,8 @@ func replayAt(nodes []placement.NodeSpec, pods []placement.Request, seed int64, 
 		}
 		fmt.Printf("  replay fill %s: Sync %s; of it in the fake API server %s; the allocator's own %s\n", b.name, pct(rep.Decisions[k]), pct(rep.API[k]), pct(own))
 	}
+	fmt.Printf("  garbage collections %d, their CPU %.1f s of the process's %.1f s over the claims (runtime/metrics' estimate)\n",
+		rep.GCCycles, rep.GCCPU.Seconds(), rep.CPU.Seconds())
 	fmt.Printf("  live heap at the end %.0f MiB (allocator and fake API server), the allocator's part %.0f MiB; peak RSS %s (allocator, fake API server and simulator in one process)\n",
 		float64(rep.LiveHeap)/(1<<20), float64(rep.AllocatorHeap)/(1<<20), replay.PeakRSS())
 	return nil

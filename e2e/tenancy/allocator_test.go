@@ -341,7 +341,11 @@ func TestForcedOverCommitEndsRunning(t *testing.T) {
 	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	running(t, ns, "second")
+	// The kubelet prepares a pod's claims again only at its next sync of the pod, about a
+	// minute after the refusal here (75–98 s in passing runs), more on a loaded machine.
+	if _, err := cluster.WaitRunning(ctx, ns, "second", 3*time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, eventsOf(ns, "second"))
+	}
 	running(t, ns, "first")
 	healthy(t, ns)
 }

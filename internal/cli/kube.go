@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ type kubeFlags struct {
 	overrides clientcmd.ConfigOverrides
 	all       bool // -A
 	config    clientcmd.ClientConfig
+	scope     scope
 }
 
 // scope is what a command looks at, which says which namespace flags it takes.
@@ -34,7 +36,7 @@ const (
 
 // addKubeFlags binds the connection flags to cmd, with the namespace flags of its scope.
 func addKubeFlags(cmd *cobra.Command, sc scope) *kubeFlags {
-	f := &kubeFlags{rules: clientcmd.NewDefaultClientConfigLoadingRules()}
+	f := &kubeFlags{rules: clientcmd.NewDefaultClientConfigLoadingRules(), scope: sc}
 	fl := cmd.Flags()
 	fl.StringVar(&f.rules.ExplicitPath, "kubeconfig", "", "kubeconfig (default $KUBECONFIG or ~/.kube/config)")
 	names := clientcmd.RecommendedConfigOverrideFlags("")
@@ -73,6 +75,40 @@ func (f *kubeFlags) namespace() (string, error) {
 	}
 	ns, _, err := f.config.Namespace()
 	return ns, err
+}
+
+// target is the clientsets of the chosen cluster and the namespace the command looks in ("" for
+// every namespace, or for a view of the cluster).
+func (f *kubeFlags) target() (kubernetes.Interface, versioned.Interface, string, error) {
+	kc, fc, err := f.clients()
+	if err != nil || f.scope == clusterScope {
+		return kc, fc, "", err
+	}
+	ns, err := f.namespace()
+	return kc, fc, ns, err
+}
+
+// view is what a read-only command gathers for the namespace in scope, and how it prints as
+// a table.
+type view func(ctx context.Context, kc kubernetes.Interface, fc versioned.Interface, ns string, args []string) (any, func(io.Writer) error, error)
+
+// viewCmd makes cmd a read-only view: the connection flags of its scope, -o, and what v
+// gathers, written as a table or as data.
+func viewCmd(cmd *cobra.Command, sc scope, v view) *cobra.Command {
+	kf := addKubeFlags(cmd, sc)
+	out := addOutputFlag(cmd)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		kc, fc, ns, err := kf.target()
+		if err != nil {
+			return err
+		}
+		data, table, err := v(cmd.Context(), kc, fc, ns, args)
+		if err != nil {
+			return err
+		}
+		return write(cmd.OutOrStdout(), *out, data, table)
+	}
+	return cmd
 }
 
 // addOutputFlag adds -o: a table for people (the default), json or yaml for scripts.

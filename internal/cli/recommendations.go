@@ -1,37 +1,25 @@
 package cli
 
 import (
+	"context"
 	"io"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
+	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
 	"github.com/fgpu-dev/fgpu/pkg/clusterview"
 )
 
 func newRecommendationsCmd() *cobra.Command {
-	cmd := &cobra.Command{
+	return viewCmd(&cobra.Command{
 		Use:     "recommendations",
 		Aliases: []string{"recs"},
 		Short:   "Recommended sizes per workload, from measured GPU use",
 		Args:    cobra.NoArgs,
-	}
-	kf := addKubeFlags(cmd, anyNamespace)
-	out := addOutputFlag(cmd)
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		client, _, err := kf.clients()
-		if err != nil {
-			return err
-		}
-		ns, err := kf.namespace()
-		if err != nil {
-			return err
-		}
-		recs, err := clusterview.Recommendations(cmd.Context(), client, ns)
-		if err != nil {
-			return err
-		}
-		return write(cmd.OutOrStdout(), *out, recs, func(w io.Writer) error { return clusterview.PrintRecommendations(w, recs, time.Now()) })
-	}
-	return cmd
+	}, anyNamespace, func(ctx context.Context, kc kubernetes.Interface, _ versioned.Interface, ns string, _ []string) (any, func(io.Writer) error, error) {
+		recs, err := clusterview.Recommendations(ctx, kc, ns)
+		return recs, func(w io.Writer) error { return clusterview.PrintRecommendations(w, recs, time.Now()) }, err
+	})
 }

@@ -27,11 +27,7 @@ released to its new pods' claims.`,
 	}
 	kf := addKubeFlags(cmd, namespaceScope)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		client, _, err := kf.clients()
-		if err != nil {
-			return err
-		}
-		ns, err := kf.namespace()
+		client, _, ns, err := kf.target()
 		if err != nil {
 			return err
 		}

@@ -490,19 +490,22 @@ func (c *faultsCheck) tainting(from, to time.Time) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []string
+	seen := map[string]bool{}
 	for _, h := range c.health {
 		if h.t.Before(from) || !h.t.Before(to) {
 			continue
 		}
 		for _, d := range c.devs {
 			for _, f := range h.faults[d.UUID] {
-				if !(f.Kind == gpu.FaultXID && gpu.ApplicationXID(f.XID)) {
-					out = append(out, fmt.Sprintf("%s %s at %s", d.Name(), f, c.relLocked(h.t)))
+				what := d.Name() + " " + f.String()
+				if !(f.Kind == gpu.FaultXID && gpu.ApplicationXID(f.XID)) && !seen[what] {
+					seen[what] = true
+					out = append(out, fmt.Sprintf("%s from %s", what, c.relLocked(h.t)))
 				}
 			}
 		}
 	}
-	return slices.Compact(out)
+	return out
 }
 
 func (c *faultsCheck) lastServers() serverReading {

@@ -202,7 +202,7 @@ func faults(ctx context.Context, o options, state *plugin.State, cfg plugin.Conf
 // result is what the phases saw, for the SEEN block.
 type result struct {
 	quietStart, quietEnd time.Time
-	aLine, aErr          string
+	aLine                string
 	aFault               *line
 	bLast                *line
 	bErrors              []line
@@ -497,8 +497,8 @@ func (c *faultsCheck) tainting(from, to time.Time) []string {
 		}
 		for _, d := range c.devs {
 			for _, f := range h.faults[d.UUID] {
-				what := d.Name() + " " + f.String()
-				if !(f.Kind == gpu.FaultXID && gpu.ApplicationXID(f.XID)) && !seen[what] {
+				what, app := d.Name()+" "+f.String(), f.Kind == gpu.FaultXID && gpu.ApplicationXID(f.XID)
+				if !app && !seen[what] {
 					seen[what] = true
 					out = append(out, fmt.Sprintf("%s from %s", what, c.relLocked(h.t)))
 				}
@@ -614,10 +614,9 @@ func (c *faultsCheck) seenFault(r result, kernel string, health []healthReading,
 			}
 		}
 	}
-	switch {
-	case firstFault == nil:
+	if firstFault == nil {
 		row("MPS server", "never answered FAULT (servers: %s)", serverPIDs(servers))
-	default:
+	} else {
 		row("MPS server", "FAULT from %s to %s (%s)", c.rel(firstFault.t), c.rel(lastFault.t), firstFault.answers)
 	}
 	var plugins []string

@@ -19,13 +19,16 @@ func watchXIDs(report func(uuid string, xid uint64)) (stop func(), err error) {
 	}
 	set, ret := lib.EventSetCreate()
 	if ret != gonvml.SUCCESS {
-		lib.Shutdown()
+		_ = lib.Shutdown()
 		return nil, fmt.Errorf("nvml EventSetCreate: %w", ret)
+	}
+	release := func() {
+		_ = set.Free()
+		_ = lib.Shutdown()
 	}
 	count, ret := lib.DeviceGetCount()
 	if ret != gonvml.SUCCESS {
-		set.Free()
-		lib.Shutdown()
+		release()
 		return nil, fmt.Errorf("nvml DeviceGetCount: %w", ret)
 	}
 	for i := range count {
@@ -34,8 +37,7 @@ func watchXIDs(report func(uuid string, xid uint64)) (stop func(), err error) {
 			ret = dev.RegisterEvents(gonvml.EventTypeXidCriticalError, set)
 		}
 		if ret != gonvml.SUCCESS {
-			set.Free()
-			lib.Shutdown()
+			release()
 			return nil, fmt.Errorf("nvml: register GPU %d for XID events: %w", i, ret)
 		}
 	}
@@ -61,7 +63,6 @@ func watchXIDs(report func(uuid string, xid uint64)) (stop func(), err error) {
 	return func() {
 		close(done)
 		<-stopped
-		set.Free()
-		lib.Shutdown()
+		release()
 	}, nil
 }

@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 
 .PHONY: all build test test-unit fuzz test-e2e verify generate lint golangci-lint logcheck demo demo-down images \
-	cluster-up cluster-down bench-e2e plot gpucheck gpucheck-fake kubectl-plugin
+	cluster-up cluster-down bench-e2e plot gpucheck gpucheck-fake gpucheck-faults gpucheck-faults-fake kubectl-plugin
 
 # Developer tools run at the versions pinned in hack/tools (golangci-lint in its own module so its
 # dependencies stay as its authors tested them); `go tool` builds each once into the Go cache.
@@ -23,9 +23,9 @@ build:
 kubectl-plugin:
 	GO="$(GO)" hack/krew.sh $(VERSION)
 
-## test: the tree checks (verify, lint), unit tests, a short fuzz run, the GPU check's fake-GPU
-## variant, then the e2e suites on a real local Kubernetes cluster; .ci/run calls this.
-test: verify lint test-unit fuzz gpucheck-fake test-e2e
+## test: the tree checks (verify, lint), unit tests, a short fuzz run, the GPU checks' fake-GPU
+## variants, then the e2e suites on a real local Kubernetes cluster; .ci/run calls this.
+test: verify lint test-unit fuzz gpucheck-fake gpucheck-faults-fake test-e2e
 
 ## verify: Go files formatted, every go.mod tidy, generated files up to date (hack/verify.sh).
 verify:
@@ -114,3 +114,16 @@ gpucheck:
 gpucheck-fake:
 	CGO_ENABLED=0 $(GO) build -o _output/gpucheck-fake/ ./e2e/gpucheck ./cmd/fake-mps-control
 	e2e/gpucheck/run.sh --fake _output/gpucheck-fake/gpucheck _output/gpucheck-fake-out
+
+## gpucheck-faults: GPU faults on a real NVIDIA GPU (about 4 min, as root, with python3 and
+## torch; docs/faults.md): the plugin's health watch and MPS check run through 2 min of normal
+## work (no false alarm), then one MPS client's illegal memory access beside another; prints
+## what the server, the other client, a new client and the plugin saw (SEEN:).
+## gpucheck-faults-fake: the same on fake GPUs and the MPS stand-in, in seconds (in make test).
+gpucheck-faults:
+	CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations $(GO) build -o _output/gpucheck/gpucheck ./e2e/gpucheck
+	e2e/gpucheck/faults.sh _output/gpucheck/gpucheck _output/gpucheck-faults-out
+
+gpucheck-faults-fake:
+	CGO_ENABLED=0 $(GO) build -o _output/gpucheck-fake/ ./e2e/gpucheck ./cmd/fake-mps-control
+	e2e/gpucheck/faults.sh --fake _output/gpucheck-fake/gpucheck _output/gpucheck-faults-fake-out

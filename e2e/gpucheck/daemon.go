@@ -66,13 +66,16 @@ func (l hostLauncher) Start(ctx context.Context, spec mps.DaemonSpec, replace bo
 	if err := cmd.Start(); err != nil {
 		return false, fmt.Errorf("start MPS daemon %s: %w", spec.Key, err)
 	}
-	// Not waited for: it must outlive this process, as a pod outlives the plugin, which
-	// finds it again by this file.
+	// It must outlive this process, as a pod outlives the plugin, which finds it again by
+	// this file.
 	if err := os.WriteFile(filepath.Join(spec.Dir, launcherPIDFile), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
 		_ = cmd.Process.Kill()
 		return false, fmt.Errorf("record MPS daemon %s: %w", spec.Key, err)
 	}
-	return true, cmd.Process.Release()
+	// Reaped should it exit while this process lives (a plugin that stops its own daemons,
+	// as the faults check's does): Stop waits for the PID to go, which a zombie never does.
+	go func() { _ = cmd.Wait() }()
+	return true, nil
 }
 
 func (l hostLauncher) Stop(_ context.Context, key string) error {

@@ -70,7 +70,7 @@ func main() {
 	fs.StringVar(&o.driverRoot, "driver-root", "", `the driver's root for the CDI spec (default "/" with nvml, a fake driver under --root with fake GPUs)`)
 	fs.StringVar(&o.mpsControl, "mps-control", "", "the MPS control binary (default: from the driver; fake-mps-control with fake GPUs)")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: gpucheck [flags] plugin OUTDIR | restart OUTDIR | unprepare | tenant ...")
+		fmt.Fprintln(os.Stderr, "usage: gpucheck [flags] plugin OUTDIR | restart OUTDIR | unprepare | tenant ... | faults ... OUTDIR")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -202,6 +202,8 @@ func run(o options, phase string, args []string) error {
 		// The plugin keeps running, as in its DaemonSet, until it is killed.
 		<-ctx.Done()
 		return nil
+	case "faults":
+		return faults(ctx, o, state, cfg, backend, devs, args)
 	case "restart":
 		if len(args) != 1 {
 			return errors.New("restart needs an output directory")

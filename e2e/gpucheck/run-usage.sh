@@ -9,7 +9,7 @@
 # Usage: run-usage.sh [--fake] GPUCHECK_BIN OUTDIR
 #   real GPU: the driver, nvidia-cuda-mps-control, nvidia-smi, python3 with PyTorch; root.
 #   --fake:   fake GPUs, the MPS stand-in, fgpu-probe replaying the same patterns into the
-#             fake GPU's usage file, which stands in for nvidia-smi (in make test; ~30 s).
+#             fake GPU's usage file, which stands in for nvidia-smi (in make test; ~40 s).
 set -uo pipefail
 fake=0
 if [ "${1:-}" = --fake ]; then fake=1; shift; fi
@@ -22,7 +22,7 @@ ln -s "$root" "$out/state"
 export PATH=$(dirname "$bin"):$PATH
 if [ $fake = 1 ]; then
   g=("$bin" --gpus fake:1xH100-80GB --root "$root")
-  args=(--duration "${USAGE_DURATION:-24s}" --poll 250ms --report 3s --min-samples 20 --host-pid
+  args=(--duration "${USAGE_DURATION:-30s}" --poll 250ms --report 3s --min-samples 20 --host-pid
     --bind "$here:/check" --bind "$(dirname "$bin")/fake-mps-control:/usr/local/bin/fake-mps-control"
     --bind "$(dirname "$bin")/fgpu-probe:/usr/local/bin/fgpu-probe" --bind "$root/fake-dev:/fake-dev:rw"
     "$out" /bin/sh /check/fake-usage-tenant.sh)

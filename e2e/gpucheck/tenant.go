@@ -46,6 +46,8 @@ type tenantSpec struct {
 	// Hide are directories of the image covered with an empty tmpfs (the host's driver).
 	Hide []string
 	Args []string
+	// Root is the (empty) host directory the tenant's root is mounted on.
+	Root string
 }
 
 // tenant runs ARGS as a container of the claims whose CDI devices are named, and returns its
@@ -74,7 +76,14 @@ func tenant(args []string) error {
 	if unresolved, err := cache.InjectDevices(spec, strings.Split(*devices, ",")...); err != nil {
 		return fmt.Errorf("apply the CDI devices (unresolved %v): %w", unresolved, err)
 	}
-	ts := tenantSpec{OCI: spec, System: strings.Split(*system, ","), Hide: splitNonEmpty(*hide), Binds: binds, Args: fs.Args()}
+	// Made and removed here: the tenant's mounts on it go with its mount namespace, the
+	// directory would stay.
+	root, err := os.MkdirTemp("", "gpucheck-tenant-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(root)
+	ts := tenantSpec{OCI: spec, System: strings.Split(*system, ","), Hide: splitNonEmpty(*hide), Binds: binds, Args: fs.Args(), Root: root}
 	raw, err := json.Marshal(ts)
 	if err != nil {
 		return err
@@ -105,10 +114,7 @@ func tenantInit() error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	root, err := os.MkdirTemp("", "gpucheck-tenant-")
-	if err != nil {
-		return err
-	}
+	root := ts.Root
 	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "mode=755"); err != nil {
 		return fmt.Errorf("tenant root: %w", err)
 	}

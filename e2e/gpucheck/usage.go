@@ -542,7 +542,6 @@ func (p procUsage) memory(pids []int) int64 {
 type truth struct {
 	nvidiaSMI string
 	usageFile string
-	pmonNote  string
 }
 
 func newTruth(o options, cfg plugin.Config) (*truth, error) {

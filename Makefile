@@ -3,7 +3,8 @@ SHELL := /bin/bash
 GO ?= go
 
 .PHONY: all build test test-unit fuzz test-e2e verify generate lint golangci-lint logcheck demo demo-down images \
-	cluster-up cluster-down bench-e2e plot gpucheck gpucheck-fake gpucheck-faults gpucheck-faults-fake kubectl-plugin
+	cluster-up cluster-down bench-e2e plot gpucheck gpucheck-fake gpucheck-faults gpucheck-faults-fake gpucheck-usage \
+	gpucheck-usage-fake kubectl-plugin
 
 # Developer tools run at the versions pinned in hack/tools (golangci-lint in its own module so its
 # dependencies stay as its authors tested them); `go tool` builds each once into the Go cache.
@@ -25,7 +26,7 @@ kubectl-plugin:
 
 ## test: the tree checks (verify, lint), unit tests, a short fuzz run, the GPU checks' fake-GPU
 ## variants, then the e2e suites on a real local Kubernetes cluster; .ci/run calls this.
-test: verify lint test-unit fuzz gpucheck-fake gpucheck-faults-fake test-e2e
+test: verify lint test-unit fuzz gpucheck-fake gpucheck-faults-fake gpucheck-usage-fake test-e2e
 
 ## verify: Go files formatted, every go.mod tidy, generated files up to date (hack/verify.sh).
 verify:
@@ -127,3 +128,17 @@ gpucheck-faults:
 gpucheck-faults-fake:
 	CGO_ENABLED=0 $(GO) build -o _output/gpucheck-fake/ ./e2e/gpucheck ./cmd/fake-mps-control
 	e2e/gpucheck/faults.sh --fake _output/gpucheck-fake/gpucheck _output/gpucheck-faults-fake-out
+
+## gpucheck-usage: the plugin's usage measurement against nvidia-smi on a real NVIDIA GPU, no
+## Kubernetes (root, python3 with torch; about 4 minutes): two PyTorch tenants of two claims
+## under MPS on GPU 0 (6GiB steady, 2->10GiB ramping), each claim's memory within 10% of
+## nvidia-smi's every poll, SM activity compared where pmon gives it, and the recommender's
+## memory above each one's observed peak. gpucheck-usage-fake: the same on fake GPUs, with
+## fgpu-probe replaying the patterns and the fake usage file for nvidia-smi (in make test).
+gpucheck-usage:
+	CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations $(GO) build -o _output/gpucheck/gpucheck ./e2e/gpucheck
+	e2e/gpucheck/run-usage.sh _output/gpucheck/gpucheck _output/gpucheck-usage-out
+
+gpucheck-usage-fake:
+	CGO_ENABLED=0 $(GO) build -o _output/gpucheck-usage-fake/ ./e2e/gpucheck ./cmd/fake-mps-control ./cmd/fgpu-probe
+	e2e/gpucheck/run-usage.sh --fake _output/gpucheck-usage-fake/gpucheck _output/gpucheck-usage-fake-out

@@ -70,7 +70,7 @@ func main() {
 	fs.StringVar(&o.driverRoot, "driver-root", "", `the driver's root for the CDI spec (default "/" with nvml, a fake driver under --root with fake GPUs)`)
 	fs.StringVar(&o.mpsControl, "mps-control", "", "the MPS control binary (default: from the driver; fake-mps-control with fake GPUs)")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: gpucheck [flags] plugin OUTDIR | restart OUTDIR | unprepare | tenant ... | faults ... OUTDIR")
+		fmt.Fprintln(os.Stderr, "usage: gpucheck [flags] plugin OUTDIR | restart OUTDIR | unprepare | tenant ... | faults ... OUTDIR | usage ...")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -150,8 +150,11 @@ func (o *options) backend(cfg *plugin.Config) (gpu.Backend, error) {
 }
 
 func run(o options, phase string, args []string) error {
-	if phase == "tenant" {
+	switch phase {
+	case "tenant":
 		return tenant(args)
+	case "usage":
+		return usageCheck(o, args)
 	}
 	cfg := o.config()
 	backend, err := o.backend(&cfg)

@@ -61,7 +61,8 @@ func tenant(args []string) error {
 	hide := fs.String("hide", "/usr/local/nvidia", "directories of the image covered with an empty tmpfs")
 	var extraEnv, binds multiFlag
 	fs.Var(&extraEnv, "env", "KEY=VALUE the image sets (repeatable)")
-	fs.Var(&binds, "bind", "SOURCE:DEST, a file or directory of the check bound read-only into the image (repeatable)")
+	fs.Var(&binds, "bind", "SOURCE:DEST[:rw], a file or directory of the check bound into the image, read-only unless :rw (repeatable)")
+	hostPID := fs.Bool("host-pid", false, "stay in the host's PID namespace, as a pod with hostPID (a fake-GPU workload reports its use under its node PID)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -76,6 +77,8 @@ func tenant(args []string) error {
 	if unresolved, err := cache.InjectDevices(spec, strings.Split(*devices, ",")...); err != nil {
 		return fmt.Errorf("apply the CDI devices (unresolved %v): %w", unresolved, err)
 	}
+	// Made and removed here: the tenant's mounts on it go with its mount namespace, the
+	// directory would stay.
 	root, err := os.MkdirTemp("", "gpucheck-tenant-")
 	if err != nil {
 		return err
@@ -89,10 +92,11 @@ func tenant(args []string) error {
 	cmd := exec.Command("/proc/self/exe", "tenant-init")
 	cmd.Env = []string{tenantSpecEnv + "=" + string(raw)}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
-		Pdeathsig:  syscall.SIGKILL,
+	flags := uintptr(syscall.CLONE_NEWNS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS)
+	if !*hostPID {
+		flags |= syscall.CLONE_NEWPID
 	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL}
 	return cmd.Run()
 }
 
@@ -149,9 +153,10 @@ func tenantInit() error {
 	for _, b := range ts.Binds {
 		src, dst, ok := strings.Cut(b, ":")
 		if !ok {
-			return fmt.Errorf("--bind %q: want SOURCE:DEST", b)
+			return fmt.Errorf("--bind %q: want SOURCE:DEST[:rw]", b)
 		}
-		if err := bindFile(src, filepath.Join(root, dst), true); err != nil {
+		dst, rw := strings.CutSuffix(dst, ":rw")
+		if err := bindFile(src, filepath.Join(root, dst), !rw); err != nil {
 			return err
 		}
 	}

@@ -85,9 +85,6 @@ func (l hostLauncher) Stop(_ context.Context, key string) error {
 	}
 	_ = unix.Kill(pid, unix.SIGTERM)
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		// Where this process started the daemon and still runs (the usage check), the
-		// daemon stays a zombie until reaped; elsewhere this finds no child.
-		_, _ = unix.Wait4(pid, nil, unix.WNOHANG, nil)
 		if unix.Kill(pid, 0) != nil {
 			return nil
 		}

@@ -48,11 +48,12 @@ golangci-lint:
 logcheck:
 	$(TOOLS) logcheck -check-contextual ./...
 
-## test-unit: also the plugin as the e2e image builds it (-tags fgpu_e2e: its fault hooks).
+## test-unit: also the plugin as the e2e image builds it (-tags fgpu_e2e: its fault hooks), and
+## the GPU checks' own unit tests (e2e/gpucheck; the other e2e packages need the cluster).
 test-unit:
 	$(GO) vet ./...
 	$(GO) vet -tags fgpu_e2e ./pkg/plugin/
-	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/e2e/')
+	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/e2e/') ./e2e/gpucheck/
 	$(GO) test -count=1 -tags fgpu_e2e ./pkg/plugin/
 
 ## fuzz: each fuzz target of what tenants and admins feed fgpu (opaque GpuConfig, its merge,

@@ -485,23 +485,41 @@ func xidClass(xid uint64) string {
 	return faultClass(gpu.Fault{Kind: gpu.FaultXID, XID: xid})
 }
 
-// tainting lists the readings within [from, to) whose faults the plugin would taint a GPU for.
+// tainting lists the readings within [from, to) whose faults the plugin would taint a GPU for:
+// an application's XID never; a thermal or power slowdown, as the plugin damps them, only once
+// plugin.SlowdownPolls readings in a row saw it (the check reads as often as the plugin).
 func (c *faultsCheck) tainting(from, to time.Time) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []string
 	seen := map[string]bool{}
+	streak := map[string]int{}
 	for _, h := range c.health {
 		if h.t.Before(from) || !h.t.Before(to) {
 			continue
 		}
+		present := map[string]bool{}
 		for _, d := range c.devs {
 			for _, f := range h.faults[d.UUID] {
-				what, app := d.Name()+" "+f.String(), f.Kind == gpu.FaultXID && gpu.ApplicationXID(f.XID)
-				if !app && !seen[what] {
+				what := d.Name() + " " + f.String()
+				present[what] = true
+				if f.Kind == gpu.FaultXID && gpu.ApplicationXID(f.XID) {
+					continue
+				}
+				if f.Kind == gpu.FaultThermal || f.Kind == gpu.FaultPower {
+					if streak[what]++; streak[what] < plugin.SlowdownPolls {
+						continue
+					}
+				}
+				if !seen[what] {
 					seen[what] = true
 					out = append(out, fmt.Sprintf("%s from %s", what, c.relLocked(h.t)))
 				}
+			}
+		}
+		for what := range streak {
+			if !present[what] {
+				delete(streak, what)
 			}
 		}
 	}

@@ -56,9 +56,9 @@ const (
 	// healthResend keeps the kubelet's view fresh: it takes a device's health as unknown
 	// 30 s after the last report.
 	healthResend = 10 * time.Second
-	// slowdownPolls damps thermal and power slowdowns, which come and go with the load: one
+	// SlowdownPolls damps thermal and power slowdowns, which come and go with the load: one
 	// is reported after that many polls in a row see it, and lifted after as many do not.
-	slowdownPolls = 3
+	SlowdownPolls = 3
 )
 
 // ClearFaultsDir is where an admin asks the plugin to forget a GPU's latched faults and
@@ -100,7 +100,7 @@ type health struct {
 	// particular), logged once.
 	readErrs map[string]string
 	// streaks counts the polls in a row whose reading of a slowdown ("<uuid>/<reason>")
-	// differs from its verdict (slowdownPolls).
+	// differs from its verdict (SlowdownPolls).
 	streaks map[string]int
 	// refreshed is false until the first refresh: at a start the conditions are read
 	// afresh, and a restored one that went while the plugin was down goes at once.
@@ -243,7 +243,7 @@ func (h *health) refresh(ctx context.Context) []HealthChange {
 	return changes
 }
 
-// damp holds a thermal or power slowdown's verdict (before) until slowdownPolls readings in
+// damp holds a thermal or power slowdown's verdict (before) until SlowdownPolls readings in
 // a row (read) disagree with it; other conditions are taken as read. Caller holds h.mu.
 func (h *health) damp(uuid string, before, read []gpu.Fault) []gpu.Fault {
 	damped := func(f gpu.Fault) bool { return f.Kind == gpu.FaultThermal || f.Kind == gpu.FaultPower }
@@ -263,7 +263,7 @@ func (h *health) damp(uuid string, before, read []gpu.Fault) []gpu.Fault {
 			delete(h.streaks, key)
 		default:
 			h.streaks[key]++
-			if h.streaks[key] >= slowdownPolls {
+			if h.streaks[key] >= SlowdownPolls {
 				delete(h.streaks, key)
 				if j >= 0 {
 					out = append(out, read[j])

@@ -35,7 +35,7 @@ func TestRestartIsNotAFaultOnset(t *testing.T) {
 	uuid := s.Devices()[0].UUID
 	e.inject(0, "thermal") // one fault, never cleared
 	d := e.driver(s, e.backend())
-	for range slowdownPolls {
+	for range SlowdownPolls {
 		d.health.refresh(ctx)
 	}
 	first := d.health.taints(uuid)
@@ -145,7 +145,7 @@ func TestClearWorksWhileTheBackendErrs(t *testing.T) {
 	}
 }
 
-// A thermal or power slowdown comes after slowdownPolls polls in a row see it and goes
+// A thermal or power slowdown comes after SlowdownPolls polls in a row see it and goes
 // after as many do not: a blip is no fault, no event and no flapping onset.
 func TestSlowdownsAreDamped(t *testing.T) {
 	e := newEnv(t)
@@ -162,16 +162,16 @@ func TestSlowdownsAreDamped(t *testing.T) {
 		d.health.refresh(ctx)
 	}
 	e.inject(0, "thermal")
-	for i := range slowdownPolls {
+	for i := range SlowdownPolls {
 		c := d.health.refresh(ctx)
-		if (i == slowdownPolls-1) != (len(c) == 1 && c[0].Reason == ReasonGPUFault) {
+		if (i == SlowdownPolls-1) != (len(c) == 1 && c[0].Reason == ReasonGPUFault) {
 			t.Fatalf("poll %d: changes %+v", i+1, c)
 		}
 	}
 	e.recoverGPU(0)
-	for i := range slowdownPolls {
+	for i := range SlowdownPolls {
 		c := d.health.refresh(ctx)
-		if got := d.health.taints(uuid); (i < slowdownPolls-1) != (len(got) == 1) {
+		if got := d.health.taints(uuid); (i < SlowdownPolls-1) != (len(got) == 1) {
 			t.Fatalf("poll %d after it cleared: taints %v, changes %+v", i+1, taintStrings(got), c)
 		}
 	}

@@ -126,6 +126,11 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 			ServiceAccount: pc.ServiceAccount, PriorityClass: pc.PriorityClass}
 		s.mps.ShmSize = pc.ShmSize
 	}
+	// Before the first control command: none may follow a symlink a tenant put in its
+	// pipe directory.
+	if err := s.mps.OpenControlView(); err != nil {
+		return nil, err
+	}
 	for _, d := range devs {
 		s.devices[d.Name()] = d
 	}

@@ -368,10 +368,20 @@ func (m *Manager) forget(key string) {
 
 // Stop quits the daemon and removes its directories. Idempotent.
 func (m *Manager) Stop(ctx context.Context, key string) error {
+	return m.StopUnlessUsed(ctx, key, nil)
+}
+
+// StopUnlessUsed is Stop, unless used (if set) says, once the calls for key before it are
+// done, that the daemon is in use: the caller decided to stop it without holding a lock
+// that an Ensure for key waits for, and that Ensure may have come first.
+func (m *Manager) StopUnlessUsed(ctx context.Context, key string, used func() bool) error {
 	if !keyRE.MatchString(key) {
 		return fmt.Errorf("refusing to stop MPS daemon with malformed key %q", key)
 	}
 	defer m.lock(key)()
+	if used != nil && used() {
+		return nil
+	}
 	if m.Running(ctx, key) {
 		if out, err := m.control(ctx, key, nil, "quit"); err != nil {
 			return fmt.Errorf("stop MPS control daemon %s: %w: %s", key, err, out)

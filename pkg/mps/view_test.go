@@ -92,11 +92,11 @@ func TestViewRefusesASymlinkSwappedInAfterTheCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctl := filepath.Join(m.PipeDir(attacker), "control")
-	l, err := net.Listen("unix", ctl)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: ctl, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.SetUnlinkOnClose(false)
 	l.Close()
 	pipeDir, _, err := m.controlDirs(attacker)
 	if err != nil {

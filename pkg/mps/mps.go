@@ -114,6 +114,9 @@ type Manager struct {
 	// without answering was last replaced.
 	keys     map[string]*sync.Mutex
 	replaced map[string]time.Time
+	// view is the directory open on the view of Root that control commands go through
+	// (OpenControlView).
+	view *os.File
 }
 
 // replaceEvery bounds how often a daemon that runs without answering is replaced: a
@@ -266,7 +269,9 @@ func (m *Manager) start(ctx context.Context, key, gpuUUID string) (created bool,
 	if m.DaemonEnv != nil {
 		env = append(env, m.DaemonEnv(gpuUUID)...)
 	}
-	if out, err := m.run(ctx, key, env, nil, "-d"); err != nil {
+	// The daemon itself gets the real directories: the view is the plugin's, and only for
+	// the commands it sends.
+	if out, err := m.run(ctx, m.PipeDir(key), m.LogDir(key), env, nil, "-d"); err != nil {
 		return true, fmt.Errorf("start MPS control daemon %s for GPU %s: %w: %s", key, gpuUUID, err, out)
 	}
 	return true, nil
@@ -363,10 +368,20 @@ func (m *Manager) forget(key string) {
 
 // Stop quits the daemon and removes its directories. Idempotent.
 func (m *Manager) Stop(ctx context.Context, key string) error {
+	return m.StopUnlessUsed(ctx, key, nil)
+}
+
+// StopUnlessUsed is Stop, unless used (if set) says, once the calls for key before it are
+// done, that the daemon is in use: the caller decided to stop it without holding a lock
+// that an Ensure for key waits for, and that Ensure may have come first.
+func (m *Manager) StopUnlessUsed(ctx context.Context, key string, used func() bool) error {
 	if !keyRE.MatchString(key) {
 		return fmt.Errorf("refusing to stop MPS daemon with malformed key %q", key)
 	}
 	defer m.lock(key)()
+	if used != nil && used() {
+		return nil
+	}
 	if m.Running(ctx, key) {
 		if out, err := m.control(ctx, key, nil, "quit"); err != nil {
 			return fmt.Errorf("stop MPS control daemon %s: %w: %s", key, err, out)
@@ -458,17 +473,22 @@ func (m *Manager) waitStopped(ctx context.Context, key string) error {
 	return nil
 }
 
+// control sends commands to daemon key through the view that follows no symlink.
 func (m *Manager) control(ctx context.Context, key string, env []string, cmds ...string) (string, error) {
-	return m.run(ctx, key, env, []byte(strings.Join(cmds, "\n")+"\n"))
+	pipeDir, logDir, err := m.controlDirs(key)
+	if err != nil {
+		return "", err
+	}
+	return m.run(ctx, pipeDir, logDir, env, []byte(strings.Join(cmds, "\n")+"\n"))
 }
 
-func (m *Manager) run(ctx context.Context, key string, env []string, stdin []byte, args ...string) (string, error) {
+func (m *Manager) run(ctx context.Context, pipeDir, logDir string, env []string, stdin []byte, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.timeout())
 	defer cancel()
 	cmd := exec.CommandContext(ctx, m.Binary, args...)
 	cmd.Env = append(os.Environ(),
-		"CUDA_MPS_PIPE_DIRECTORY="+m.PipeDir(key),
-		"CUDA_MPS_LOG_DIRECTORY="+m.LogDir(key))
+		"CUDA_MPS_PIPE_DIRECTORY="+pipeDir,
+		"CUDA_MPS_LOG_DIRECTORY="+logDir)
 	cmd.Env = append(cmd.Env, env...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)

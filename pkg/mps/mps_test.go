@@ -26,7 +26,7 @@ func buildStandIn(t *testing.T) string {
 
 func TestEnsureStartsConfiguresAndStops(t *testing.T) {
 	ctx := context.Background()
-	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
+	m := viewed(t, &Manager{Root: shortDir(t), Binary: buildStandIn(t)})
 	d := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "team-a"}
 	key := d.Key()
 	if m.Running(ctx, key) {
@@ -73,7 +73,7 @@ func TestEnsureStartsConfiguresAndStops(t *testing.T) {
 
 func TestEnsureRecoversFromStalePipe(t *testing.T) {
 	ctx := context.Background()
-	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
+	m := viewed(t, &Manager{Root: shortDir(t), Binary: buildStandIn(t)})
 	d := Daemon{GPUUUID: "GPU-1", Namespace: "a", Domain: "default"}
 	if err := os.MkdirAll(m.PipeDir(d.Key()), 0o755); err != nil {
 		t.Fatal(err)
@@ -161,7 +161,7 @@ func TestKeyKeepsNamespacesApart(t *testing.T) {
 // with the keys of earlier versions.
 func TestEarlierKeysStayManageable(t *testing.T) {
 	ctx := context.Background()
-	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
+	m := viewed(t, &Manager{Root: shortDir(t), Binary: buildStandIn(t)})
 	old := "ns-team-a_0123456789ab"
 	if _, err := m.Ensure(ctx, old, "GPU-1", Limits{}); err != nil {
 		t.Fatal(err)
@@ -181,7 +181,7 @@ func TestEarlierKeysStayManageable(t *testing.T) {
 // all of its clients exited) still answers; FaultedServers names it.
 func TestFaultedServers(t *testing.T) {
 	ctx := context.Background()
-	m := &Manager{Root: shortDir(t), Binary: buildStandIn(t)}
+	m := viewed(t, &Manager{Root: shortDir(t), Binary: buildStandIn(t)})
 	procs := filepath.Join(t.TempDir(), "nvidia0.processes")
 	m.DaemonEnv = func(string) []string { return []string{fakecontrol.ProcessFileEnv + "=" + procs} }
 	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()

@@ -24,14 +24,14 @@ const testNS, testNode = "fgpu-system", "node-a"
 
 // podManager is a plugin's Manager whose daemons run as pods through client; a second one
 // over the same root and client is the plugin after a restart.
-func podManager(root, bin string, client *fake.Clientset) *Manager {
+func podManager(t *testing.T, root, bin string, client *fake.Clientset) *Manager {
 	shm := int64(0)
 	if os.Geteuid() == 0 {
 		shm = 8 << 20
 	}
-	return &Manager{Root: root, Binary: bin, ShmSize: shm, StartTimeout: 5 * time.Second,
+	return viewed(t, &Manager{Root: root, Binary: bin, ShmSize: shm, StartTimeout: 5 * time.Second,
 		Launcher: &PodLauncher{Client: client, Namespace: testNS, NodeName: testNode, Image: "fgpu.dev/fgpu:dev", StopTimeout: 5 * time.Second,
-			ServiceAccount: "fgpu-mps-daemon", PriorityClass: "fgpu-mps-daemon"}}
+			ServiceAccount: "fgpu-mps-daemon", PriorityClass: "fgpu-mps-daemon"}})
 }
 
 func daemonPods(t *testing.T, client *fake.Clientset) []corev1.Pod {
@@ -64,7 +64,7 @@ func TestPodDaemonIsAdoptedByARestartedPluginAndStopped(t *testing.T) {
 	root, bin := shortDir(t), buildStandIn(t)
 	client := fake.NewClientset(fakekubelet.Node(testNode))
 	kubelet := fakekubelet.New(t, client)
-	m := podManager(root, bin, client)
+	m := podManager(t, root, bin, client)
 	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
 
 	started, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30})
@@ -107,7 +107,7 @@ func TestPodDaemonIsAdoptedByARestartedPluginAndStopped(t *testing.T) {
 	}
 
 	// A restarted plugin adopts the pod: no second pod, no second mount, the same daemon.
-	restarted := podManager(root, bin, client)
+	restarted := podManager(t, root, bin, client)
 	if keys, err := restarted.Keys(ctx); err != nil || !slices.Equal(keys, []string{key}) {
 		t.Fatalf("Keys() = %v, %v", keys, err)
 	}
@@ -141,7 +141,7 @@ func TestPodDaemonThatDiedIsStartedAgain(t *testing.T) {
 	root, bin := shortDir(t), buildStandIn(t)
 	client := fake.NewClientset(fakekubelet.Node(testNode))
 	kubelet := fakekubelet.New(t, client)
-	m := podManager(root, bin, client)
+	m := podManager(t, root, bin, client)
 	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
 	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30}); err != nil {
 		t.Fatal(err)
@@ -170,7 +170,7 @@ func TestPodDaemonThatNeverAnswersSaysWhy(t *testing.T) {
 	client := fake.NewClientset(fakekubelet.Node(testNode))
 	kubelet := fakekubelet.New(t, client)
 	kubelet.NoStart = "ErrImageNeverPull"
-	m := podManager(root, bin, client)
+	m := podManager(t, root, bin, client)
 	m.StartTimeout = 500 * time.Millisecond
 	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
 	_, err := m.Ensure(ctx, key, "GPU-ABC", Limits{})
@@ -247,7 +247,7 @@ func TestPodDaemonThatRunsWithoutAnsweringIsReplacedAtMostEvery30s(t *testing.T)
 	root, bin := shortDir(t), buildStandIn(t)
 	client := fake.NewClientset(fakekubelet.Node(testNode))
 	kubelet := fakekubelet.New(t, client)
-	m := podManager(root, bin, client)
+	m := podManager(t, root, bin, client)
 	m.StartTimeout = 500 * time.Millisecond
 	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
 	wedge := func() {
@@ -284,7 +284,7 @@ func TestPodDaemonOnItsWayOutIsNotJoined(t *testing.T) {
 	root, bin := shortDir(t), buildStandIn(t)
 	client := fake.NewClientset(fakekubelet.Node(testNode))
 	kubelet := fakekubelet.New(t, client)
-	m := podManager(root, bin, client)
+	m := podManager(t, root, bin, client)
 	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
 	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30}); err != nil {
 		t.Fatal(err)
@@ -326,7 +326,7 @@ func TestAnsweringDaemonServesWhenTheAPIServerDoesNot(t *testing.T) {
 	root, bin := shortDir(t), buildStandIn(t)
 	client := fake.NewClientset(fakekubelet.Node(testNode))
 	kubelet := fakekubelet.New(t, client)
-	m := podManager(root, bin, client)
+	m := podManager(t, root, bin, client)
 	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
 	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{PinnedMemBytes: 10 << 30}); err != nil {
 		t.Fatal(err)

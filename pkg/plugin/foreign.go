@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
@@ -56,10 +57,14 @@ func (c ForeignChange) Message() string {
 // changed since the last call. A GPU whose foreign processes went gets the compute mode fgpu
 // found on it back, if fgpu still holds it changed.
 func (s *State) RefreshForeign(ctx context.Context) []ForeignChange {
+	// Asked without s.mu: a tenant's control socket can make its daemon's answer wait.
+	servers := s.ownServerPIDs(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var changes []ForeignChange
-	s.noteOwnServers(ctx)
+	for _, pid := range servers {
+		s.ownServers[pid] = true
+	}
 	listed := map[int]bool{}
 	for _, d := range s.Devices() {
 		for _, pid := range s.refreshForeign(ctx, d.UUID, "") {
@@ -82,38 +87,42 @@ func (s *State) RefreshForeign(ctx context.Context) []ForeignChange {
 	return changes
 }
 
-// noteOwnServers remembers the servers of every daemon fgpu runs: those of prepared claims
-// (a GPU's verdict is made afresh when a restart finds it with none), one a gone or rolled
-// back claim left behind, and one whose stop failed. None of them is foreign.
-// Caller holds s.mu (or owns s exclusively).
-func (s *State) noteOwnServers(ctx context.Context) {
+// ownServerPIDs are the servers of every daemon fgpu runs: those of prepared claims (a
+// GPU's verdict is made afresh when a restart finds it with none), one a gone or rolled back
+// claim left behind, and one whose stop failed. None of them is foreign. The daemons are
+// asked concurrently, so that one that does not answer delays no other; the caller need not
+// hold s.mu, and should not.
+func (s *State) ownServerPIDs(ctx context.Context) []int {
 	if s.cfg.OwnPIDNamespace {
-		return
+		return nil
 	}
 	// Only a daemon with a directory can be asked for its servers.
 	keys, err := s.mps.DirKeys()
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Listing the MPS daemons")
-		return
+		return nil
 	}
-	for _, k := range keys {
-		s.noteServersOf(ctx, k)
+	servers := make([][]int, len(keys))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Go(func() { servers[i] = s.serversOf(ctx, k) })
 	}
+	wg.Wait()
+	return slices.Concat(servers...)
 }
 
-// noteServersOf remembers the servers of daemon key, which is about to stop or left over.
-// A daemon that does not answer has no server to remember.
-func (s *State) noteServersOf(ctx context.Context, key string) {
-	if !s.mps.Running(ctx, key) {
-		return
+// serversOf are the servers of daemon key, which is about to stop or left over. A daemon
+// that does not answer has no server to remember. It asks the daemon: the caller need not
+// hold s.mu, and should not.
+func (s *State) serversOf(ctx context.Context, key string) []int {
+	if s.cfg.OwnPIDNamespace || !s.mps.Running(ctx, key) {
+		return nil
 	}
 	pids, err := s.mps.ServerPIDs(ctx, key)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Its server processes may be taken for foreign ones until they exit", "daemon", key)
 	}
-	for _, pid := range pids {
-		s.ownServers[pid] = true
-	}
+	return pids
 }
 
 // Foreign returns the processes fgpu did not start, by device name, for the slices.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -72,59 +73,79 @@ func (s *State) mpsDaemons() map[string]mpsDaemon {
 // lost their server: a server in FAULT (after a client's fatal fault it refuses new clients
 // until all of its clients exited), or a daemon that died under prepared claims (found at
 // the plugin's start, or here); the latter until those claims are unprepared. The daemons
-// are asked, and restarted, without s.mu, so prepares and unprepares do not wait for them
-// (those of the same domain wait for its restart); a cancelled check says nothing.
+// are asked, stopped and restarted without s.mu, so prepares and unprepares do not wait for
+// them (those of the same domain wait for its restart), and concurrently, each within its own
+// command timeout: a tenant controls its daemon's control socket, and a domain that does not
+// answer delays no other domain's check. A cancelled check says nothing.
 func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 	s.mu.Lock()
+	s.retryStops(ctx, true)
 	keys := slices.Sorted(maps.Keys(s.mpsDaemons()))
 	s.mu.Unlock()
-	answered, faulted := map[string]bool{}, map[string][]int{}
-	for _, key := range keys {
-		pids, err := s.mps.FaultedServers(ctx, key)
-		if ctx.Err() != nil {
-			return nil
-		}
-		answered[key] = err == nil
-		faulted[key] = pids
+	answered, faulted := make([]bool, len(keys)), make([][]int, len(keys))
+	var wg sync.WaitGroup
+	for i, key := range keys {
+		wg.Go(func() {
+			pids, err := s.mps.FaultedServers(ctx, key)
+			answered[i], faulted[i] = err == nil, pids
+		})
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return nil
 	}
 
 	logger := klog.FromContext(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.retryStops(ctx)
 	daemons := s.mpsDaemons()
 	for key := range s.unanswered {
 		if _, ok := daemons[key]; !ok {
 			delete(s.unanswered, key)
 		}
 	}
-	for _, key := range keys {
-		d, ok := daemons[key]
-		if !ok || answered[key] {
+	faultedOf := map[string][]int{}
+	var restart []string
+	for i, key := range keys {
+		faultedOf[key] = faulted[i]
+		if _, ok := daemons[key]; !ok || answered[i] {
 			delete(s.unanswered, key)
 			continue
 		}
 		s.unanswered[key]++
-		if s.unanswered[key] < mpsDeadChecks || ctx.Err() != nil {
+		if s.unanswered[key] < mpsDeadChecks {
 			continue
 		}
 		delete(s.unanswered, key)
-		// s.mu is released meanwhile; a prepare may have restarted it since it was asked, and
-		// a daemon that answers once adopted never died.
-		started, err := s.ensureDaemon(ctx, key, d.gpu, true)
-		if started {
-			logger.Info("Restarted an MPS daemon that stopped answering; its clients lost their server and are moved", "daemon", key, "gpu", d.gpu, "claims", len(d.claims))
-			if s.diedUnder[key] == nil {
-				s.diedUnder[key] = map[string]bool{}
-			}
-			for uid := range d.claims {
-				s.diedUnder[key][uid] = true
-			}
-		}
-		if err != nil {
-			logger.Error(err, "Restarting an MPS daemon; the next check tries again", "daemon", key)
-		}
+		restart = append(restart, key)
 	}
+	// Concurrently, so that one domain's slow restart delays no other's; ensureDaemon
+	// releases s.mu meanwhile.
+	s.mu.Unlock()
+	for _, key := range restart {
+		d := daemons[key]
+		wg.Go(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			// A prepare may have restarted it since it was asked, and a daemon that answers
+			// once adopted never died.
+			started, err := s.ensureDaemon(ctx, key, d.gpu, true)
+			if started {
+				logger.Info("Restarted an MPS daemon that stopped answering; its clients lost their server and are moved", "daemon", key, "gpu", d.gpu, "claims", len(d.claims))
+				if s.diedUnder[key] == nil {
+					s.diedUnder[key] = map[string]bool{}
+				}
+				for uid := range d.claims {
+					s.diedUnder[key][uid] = true
+				}
+			}
+			if err != nil {
+				logger.Error(err, "Restarting an MPS daemon; the next check tries again", "daemon", key)
+			}
+		})
+	}
+	wg.Wait()
+	s.mu.Lock()
 	daemons = s.mpsDaemons()
 	var out []MPSFault
 	for _, key := range slices.Sorted(maps.Keys(daemons)) {
@@ -136,7 +157,7 @@ func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 				msg = fmt.Sprintf("the MPS control daemon of its isolation domain on GPU %s died; it was restarted, but this pod's processes lost their server", d.gpu)
 			}
 		}
-		if msg == "" && len(faulted[key]) > 0 {
+		if msg == "" && len(faultedOf[key]) > 0 {
 			msg = fmt.Sprintf("the MPS server of its isolation domain on GPU %s is in FAULT after a client's fatal error: it refuses new clients until all of its clients exited", d.gpu)
 		}
 		if msg == "" {
@@ -144,7 +165,7 @@ func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 		}
 		f := MPSFault{Key: key, GPUUUID: d.gpu, Message: msg}
 		for _, uid := range slices.Sorted(maps.Keys(d.claims)) {
-			if died := s.diedUnder[key]; died != nil && !died[uid] && len(faulted[key]) == 0 {
+			if died := s.diedUnder[key]; died != nil && !died[uid] && len(faultedOf[key]) == 0 {
 				continue // prepared on the restarted daemon: it has a server
 			}
 			e := d.claims[uid]

@@ -120,7 +120,7 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 		if err := s.apply(ctx, uid, e, false); err != nil {
 			ref := e.Namespace + "/" + e.Name
 			logger.Error(err, "Not taking back a claim into the rebuilt checkpoint", "claim", klog.KRef(e.Namespace, e.Name))
-			if rbErr := s.rollback(ctx, uid); rbErr != nil {
+			if rbErr := s.rollback(ctx, uid, false); rbErr != nil {
 				return fmt.Errorf("rebuild claim %s: %w; rolling it back: %w", ref, err, rbErr)
 			}
 			kept = slices.DeleteFunc(kept, func(k string) bool { return k == ref })

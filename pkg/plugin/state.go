@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sort"
@@ -58,9 +59,12 @@ type State struct {
 	diedUnder map[string]map[string]bool
 	// unanswered counts each daemon's failed checks in a row (CheckMPS).
 	unanswered map[string]int
-	// unstopped says the last stop of the daemons no claim uses failed: the claim whose
-	// unprepare did it is gone from the checkpoint, so its retry and CheckMPS try again.
-	unstopped bool
+	// unstopped are the daemons no claim uses that are still to be stopped (their last stop
+	// failed, or an unprepare found them left over); sweep says a listing of the daemons
+	// failed. The claim whose unprepare failed is gone from the checkpoint, so its retry and
+	// CheckMPS try again (retryStops).
+	unstopped map[string]bool
+	sweep     bool
 
 	// cgroups is the node's cgroup v2 root; dmemRegions the dmem region of each GPU (by UUID)
 	// whose memory it partitions (see detectCgroupCaps).
@@ -107,7 +111,7 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 		cdi:     w,
 		mps:     &mps.Manager{Root: cfg.MPSRoot, Binary: backend.MPSControlBinary()},
 		client:  client,
-		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{}, diedUnder: map[string]map[string]bool{}, unanswered: map[string]int{},
+		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{}, diedUnder: map[string]map[string]bool{}, unanswered: map[string]int{}, unstopped: map[string]bool{},
 		background: ctx,
 	}
 	if b, ok := backend.(interface{ MPSDaemonEnv(string) []string }); ok {
@@ -126,6 +130,11 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 			ServiceAccount: pc.ServiceAccount, PriorityClass: pc.PriorityClass}
 		s.mps.ShmSize = pc.ShmSize
 	}
+	// Before the first control command: none may follow a symlink a tenant put in its
+	// pipe directory.
+	if err := s.mps.OpenControlView(); err != nil {
+		return nil, err
+	}
 	for _, d := range devs {
 		s.devices[d.Name()] = d
 	}
@@ -135,7 +144,9 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 	}
 	// Before recover sets any compute mode: a GPU busy with someone else's work keeps its own.
 	// The servers of daemons recover stops are fgpu's, not someone else's.
-	s.noteOwnServers(ctx)
+	for _, pid := range s.ownServerPIDs(ctx) {
+		s.ownServers[pid] = true
+	}
 	for _, d := range s.devices {
 		s.refreshForeign(ctx, d.UUID, "")
 	}
@@ -174,7 +185,7 @@ func (s *State) PrepareFor(ctx context.Context, claim *resourceapi.ResourceClaim
 			}
 			return pluginDevices(e), nil
 		}
-		if err := s.rollback(ctx, uid); err != nil {
+		if err := s.rollback(ctx, uid, true); err != nil {
 			return nil, err
 		}
 	}
@@ -205,7 +216,7 @@ func (s *State) PrepareFor(ctx context.Context, claim *resourceapi.ResourceClaim
 		if s.cp.Claims[uid] != entry {
 			return nil, err // unprepared or prepared again while s.mu was released
 		}
-		if rbErr := s.rollback(ctx, uid); rbErr != nil {
+		if rbErr := s.rollback(ctx, uid, true); rbErr != nil {
 			klog.FromContext(ctx).Error(rbErr, "Rolling back a failed prepare", "claim", klog.KObj(claim))
 		}
 		return nil, err
@@ -489,15 +500,15 @@ func (s *State) placedAgain(claim *resourceapi.ResourceClaim) bool {
 func (s *State) Unprepare(ctx context.Context, uid string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.rollback(ctx, uid)
+	return s.rollback(ctx, uid, true)
 }
 
-// rollback removes a claim's spec, then its entry, then the daemons no one uses any more.
-// Each step is idempotent, so a crash between them is finished by the next call or by
-// recover.
-func (s *State) rollback(ctx context.Context, uid string) error {
+// rollback removes a claim's spec, then its entry, then its daemons that no one uses any
+// more (with release, s.mu is released while they stop: stopUnusedDaemons). Each step is
+// idempotent, so a crash between them is finished by the next call or by recover.
+func (s *State) rollback(ctx context.Context, uid string, release bool) error {
 	if _, ok := s.cp.Claims[uid]; !ok {
-		s.retryStops(ctx)
+		s.retryStops(ctx, release)
 		return nil
 	}
 	if err := s.cdi.Remove(uid); err != nil {
@@ -510,42 +521,116 @@ func (s *State) rollback(ctx context.Context, uid string) error {
 		return err
 	}
 	s.unlimitPods(ctx, entry)
-	return s.stopUnusedDaemons(ctx)
+	var own []string
+	for _, p := range entry.Devices {
+		if p.MPSKey != "" {
+			own = append(own, p.MPSKey)
+		}
+	}
+	// Only the claim's own daemons are stopped here: a daemon left over by another domain
+	// (its stop failed, or is under way) may take a command timeout to stop, and this
+	// unprepare must not wait for it. The MPS check stops those.
+	all, listErr := s.mps.Keys(ctx)
+	if listErr != nil {
+		s.sweep = true
+	}
+	used := s.usedDaemons()
+	for _, k := range all {
+		if !used[k] && !slices.Contains(own, k) {
+			s.unstopped[k] = true
+		}
+	}
+	return errors.Join(listErr, s.stopUnusedDaemons(ctx, own, release))
 }
 
-func (s *State) stopUnusedDaemons(ctx context.Context) error {
-	used := map[string]bool{}
-	for _, e := range s.cp.Claims {
-		for _, p := range e.Devices {
-			used[p.MPSKey] = true
+// stopUnusedDaemons stops those of the daemons keys that no claim uses. The caller holds
+// s.mu; with release, s.mu is released while the daemons are asked for their servers and
+// stopped: a tenant controls its daemon's control socket and can make each command wait its
+// whole timeout, and no other domain's prepare or unprepare may wait for that. They are
+// stopped concurrently, so that one domain's slow stop delays no other's, and each only if
+// no prepare took it meanwhile. A failed stop is kept in unstopped and tried again.
+func (s *State) stopUnusedDaemons(ctx context.Context, keys []string, release bool) error {
+	used := s.usedDaemons()
+	keys = slices.DeleteFunc(slices.Compact(slices.Sorted(slices.Values(keys))), func(k string) bool {
+		if used[k] {
+			delete(s.unstopped, k)
+		}
+		return used[k]
+	})
+	stillUsed := func(key string) func() bool {
+		if !release {
+			return nil // s.mu is held throughout
+		}
+		return func() bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.usedDaemons()[key]
 		}
 	}
-	keys, err := s.mps.Keys(ctx)
-	if err != nil {
-		s.unstopped = true
-		return err
+	servers := make([][]int, len(keys))
+	errs := make([]error, len(keys))
+	if release && len(keys) > 0 {
+		s.mu.Unlock()
 	}
-	var errs []error
-	for _, k := range keys {
-		if !used[k] {
-			s.noteServersOf(ctx, k)
-			errs = append(errs, s.mps.Stop(ctx, k))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Go(func() {
+			servers[i] = s.serversOf(ctx, k)
+			errs[i] = s.mps.StopUnlessUsed(ctx, k, stillUsed(k))
+		})
+	}
+	wg.Wait()
+	if release && len(keys) > 0 {
+		s.mu.Lock()
+	}
+	for i, k := range keys {
+		for _, pid := range servers[i] {
+			s.ownServers[pid] = true
+		}
+		if errs[i] != nil {
+			s.unstopped[k] = true
+		} else {
+			delete(s.unstopped, k)
 		}
 	}
-	s.unstopped = errors.Join(errs...) != nil
 	for _, d := range s.devices {
 		errs = append(errs, s.syncComputeMode(ctx, d.UUID))
 	}
 	return errors.Join(errs...)
 }
 
-// retryStops stops the daemons no claim uses when their last stop failed (unstopped). A
-// failure is only logged: the caller's claim is not the one that holds them.
-func (s *State) retryStops(ctx context.Context) {
-	if !s.unstopped {
+// usedDaemons are the daemons of the checkpoint's claims. Caller holds s.mu.
+func (s *State) usedDaemons() map[string]bool {
+	used := map[string]bool{}
+	for _, e := range s.cp.Claims {
+		for _, p := range e.Devices {
+			if p.MPSKey != "" {
+				used[p.MPSKey] = true
+			}
+		}
+	}
+	return used
+}
+
+// retryStops stops the daemons no claim uses that are still to be stopped (unstopped, and
+// after a failed listing all of them), as stopUnusedDaemons does. A failure is only logged:
+// the caller's claim is not the one that holds them.
+func (s *State) retryStops(ctx context.Context, release bool) {
+	if s.sweep {
+		all, err := s.mps.Keys(ctx)
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "Listing the MPS daemons to stop those no prepared claim uses; trying again at the next MPS check")
+			return
+		}
+		s.sweep = false
+		for _, k := range all {
+			s.unstopped[k] = true
+		}
+	}
+	if len(s.unstopped) == 0 {
 		return
 	}
-	if err := s.stopUnusedDaemons(ctx); err != nil {
+	if err := s.stopUnusedDaemons(ctx, slices.Collect(maps.Keys(s.unstopped)), release); err != nil {
 		klog.FromContext(ctx).Error(err, "Stopping the MPS daemons no prepared claim uses; trying again at the next MPS check")
 	}
 }
@@ -648,7 +733,7 @@ func (s *State) recover(ctx context.Context) error {
 	for uid, e := range s.cp.Claims {
 		if e.State != checkpoint.PrepareCompleted {
 			logger.Info("Rolling back a claim whose prepare was interrupted", "claim", klog.KRef(e.Namespace, e.Name), "uid", uid)
-			if err := s.rollback(ctx, uid); err != nil {
+			if err := s.rollback(ctx, uid, false); err != nil {
 				return err
 			}
 		}
@@ -665,7 +750,12 @@ func (s *State) recover(ctx context.Context) error {
 			}
 		}
 	}
-	if err := s.stopUnusedDaemons(ctx); err != nil {
+	// Every daemon present: also those that no entry accounts for.
+	keys, err := s.mps.Keys(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.stopUnusedDaemons(ctx, keys, false); err != nil {
 		return err
 	}
 	// The daemons prepared claims use are adopted as they run; only one that is gone (or

@@ -42,18 +42,18 @@ func (s *Scheduler) subsetBound(n int, r *Request, elig []int) bool {
 func (s *Scheduler) placeFiltered(r *Request, mask uint64) {
 	x := &s.c.states
 	s.cands, s.short, s.gpuBuf = s.cands[:0], s.short[:0], s.gpuBuf[:0]
-	kept := s.kept.forShape(scoreShape{cpu: r.CPUMilli, mem: r.MemoryMiB, share: r.Share, gpus: r.GPUs, mask: mask}, len(x.groups))
+	kept, stamp := s.kept.forShape(scoreShape{cpu: r.CPUMilli, mem: r.MemoryMiB, share: r.Share, gpus: r.GPUs, mask: mask}, len(x.groups))
 	add := func(g int32) {
 		k := &kept[g]
 		var gpus []int
-		if k.gen == x.groups[g].gen && k.epoch == s.kept.epoch {
+		if k.gen == x.groups[g].gen && k.stamp == stamp {
 			s.cand = s.cand[:0]
 			for _, gi := range k.gpus[:k.ngpus] {
 				s.cand = append(s.cand, int(gi))
 			}
 			gpus = s.cand
 		} else {
-			gpus = s.outcome(g, r, mask, k)
+			gpus = s.outcome(g, r, mask, k, stamp)
 		}
 		switch k.kind {
 		case outShort:
@@ -118,12 +118,13 @@ func (s *Scheduler) placeFiltered(r *Request, mask uint64) {
 	}
 }
 
-// outcome scores state g for r, unfiltered, on its first node, into k, and returns the
-// GPUs it picked where k is a candidate. k is kept for the next request of r's shape
-// unless it picked more GPUs, or GPUs further down the node, than it has room for.
-func (s *Scheduler) outcome(g int32, r *Request, mask uint64, k *stateScore) []int {
+// outcome scores state g for r, unfiltered, on its first node, into k (valid under
+// stamp), and returns the GPUs it picked where k is a candidate. k is kept for the next
+// request of r's shape unless it picked more GPUs, or GPUs further down the node, than it
+// has room for.
+func (s *Scheduler) outcome(g int32, r *Request, mask uint64, k *stateScore, stamp uint64) []int {
 	x := &s.c.states
-	*k = stateScore{kind: outSkip, gen: x.groups[g].gen, epoch: s.kept.epoch}
+	*k = stateScore{kind: outSkip, gen: x.groups[g].gen, stamp: stamp}
 	ni := int(x.groups[g].first)
 	n := &s.c.nodes[ni]
 	if !n.fitsCPU(r) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -305,5 +306,31 @@ func TestFilteredRequestScoresOnlyNewStates(t *testing.T) {
 	s.SetPolicy(NewFGPU(DefaultWorkload(), DefaultOptions()))
 	if n := scored(small); n < 40 {
 		t.Fatalf("after a new policy the request scored %d states; want one per state", n)
+	}
+	// More shapes than are kept: the least recently asked gives way, and the decisions
+	// stay those of a scheduler that kept nothing.
+	fresh := func() *Scheduler { return NewScheduler(c, NewFGPU(DefaultWorkload(), DefaultOptions()), 1) }
+	for i := range maxScoreShapes + 4 {
+		r := *small
+		r.CPUMilli = int64(1000 + 100*i)
+		scored(&r)
+	}
+	if n := scored(small); n < 40 {
+		t.Fatalf("a shape given way to %d others scored %d states; want one per state", maxScoreShapes+4, n)
+	}
+	for i := range maxScoreShapes + 4 {
+		r := *small
+		r.CPUMilli = int64(1000 + 100*i)
+		got, err := s.Allocate(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Release(got, &r); err != nil {
+			t.Fatal(err)
+		}
+		want, err := fresh().Place(&r)
+		if err != nil || got.NodeName != want.NodeName || !slices.Equal(got.GPUs, want.GPUs) {
+			t.Fatalf("request %d placed on %s %v; a fresh scheduler places it on %s %v (%v)", i, got.NodeName, got.GPUs, want.NodeName, want.GPUs, err)
+		}
 	}
 }

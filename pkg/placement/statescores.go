@@ -6,7 +6,8 @@ package placement
 // the request's shape and the policy, and between two requests of one shape only the
 // states of the few nodes that changed are new. So the outcomes are kept per shape and
 // state, each valid while its state group holds the same state (groups carry a generation
-// that a new state takes afresh) and the policy is the one it was scored by.
+// that a new state takes afresh) and its shape's slot holds the stamp it was scored under
+// (a slot takes a new stamp when it passes to another shape or the policy is replaced).
 
 // scoreShape is what a state's unfiltered outcome depends on in a request.
 type scoreShape struct {
@@ -17,7 +18,7 @@ type scoreShape struct {
 
 // stateScore is a state's unfiltered outcome for a shape.
 type stateScore struct {
-	gen, epoch uint64 // the group's generation and the policy's epoch it holds for (0: none)
+	gen, stamp uint64 // the group's generation and the slot's stamp it holds for
 	kind       int8   // outcome: outSkip, outShort or outCand
 	bounded    bool
 	ngpus      uint8
@@ -35,27 +36,60 @@ const (
 const (
 	// maxKeptGPUs bounds the GPUs an outcome keeps (larger picks are scored afresh).
 	maxKeptGPUs = 8
-	// maxScoreShapes bounds the shapes kept: about 40 bytes per state each.
-	maxScoreShapes = 16
+	// maxScoreShapes bounds the shapes kept, 40 bytes per state each (30 MiB at 10,917
+	// nodes); the least recently asked shape gives its slot to a new one. A trace's small
+	// shares recur a hundred requests or more apart, among as many other shapes (openb's
+	// default has 126): 16 slots let them go before they came back.
+	maxScoreShapes = 128
 )
 
-type stateScores struct {
-	byShape map[scoreShape][]stateScore
-	epoch   uint64
+type shapeSlot struct {
+	shape  scoreShape
+	stamp  uint64
+	epoch  uint64 // the policy epoch stamp was given under
+	used   uint64
+	scores []stateScore
 }
 
-// forShape is the outcomes of shape k, by group id (grown to groups).
-func (t *stateScores) forShape(k scoreShape, groups int) []stateScore {
-	if t.byShape == nil {
-		t.byShape = map[scoreShape][]stateScore{}
+type stateScores struct {
+	slots  []shapeSlot
+	epoch  uint64 // moves with each policy attached
+	stamps uint64 // the last stamp given
+	clock  uint64
+}
+
+// forShape is the outcomes of shape k, by group id (grown to groups), and the stamp the
+// valid ones carry.
+func (t *stateScores) forShape(k scoreShape, groups int) ([]stateScore, uint64) {
+	t.clock++
+	var sl *shapeSlot
+	for i := range t.slots {
+		if t.slots[i].shape == k {
+			sl = &t.slots[i]
+			break
+		}
 	}
-	v, ok := t.byShape[k]
-	if !ok && len(t.byShape) >= maxScoreShapes {
-		clear(t.byShape)
+	if sl == nil {
+		if len(t.slots) < maxScoreShapes {
+			t.slots = append(t.slots, shapeSlot{})
+			sl = &t.slots[len(t.slots)-1]
+		} else {
+			sl = &t.slots[0]
+			for i := range t.slots {
+				if t.slots[i].used < sl.used {
+					sl = &t.slots[i]
+				}
+			}
+		}
+		sl.shape, sl.stamp = k, 0
 	}
-	if len(v) < groups {
-		v = append(v, make([]stateScore, groups-len(v))...)
+	if sl.stamp == 0 || sl.epoch != t.epoch {
+		t.stamps++
+		sl.stamp, sl.epoch = t.stamps, t.epoch
 	}
-	t.byShape[k] = v
-	return v
+	if len(sl.scores) < groups {
+		sl.scores = append(sl.scores, make([]stateScore, groups-len(sl.scores))...)
+	}
+	sl.used = t.clock
+	return sl.scores, sl.stamp
 }

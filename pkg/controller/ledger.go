@@ -115,7 +115,9 @@ func (l *podLedger) TakeChanged() []string {
 	for n := range l.changed {
 		out = append(out, n)
 	}
-	clear(l.changed)
+	// A new map, not clear: a map keeps the size it grew to (every node, at startup),
+	// and walking or clearing it would cost that size at every decision.
+	l.changed = map[string]struct{}{}
 	return out
 }
 

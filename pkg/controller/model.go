@@ -113,6 +113,7 @@ type model struct {
 
 	selectors selectorTable
 	verdicts  nodeVerdicts
+	fit       fitMemo
 }
 
 type selVerdict int8

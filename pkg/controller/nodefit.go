@@ -12,10 +12,9 @@ import (
 
 // nodeFit is one decision's memo of pod-fit verdicts: the filter asks once per GPU, and
 // hashing the node name, or filling a map of every node, cost a fifth of a decision; so
-// verdicts are kept by the placement core's node index.
+// verdicts are kept by the placement core's node index, in the model's fitMemo.
 type nodeFit struct {
-	at     []int8 // by core node index: 0 unknown, 1 fits, 2 does not (err says why)
-	err    []error
+	gen    uint64           // this decision's stamp in the model's fitMemo (0: none yet)
 	byName map[string]error // nodes the core does not index
 	// checkers are the pending pods' pod-fit checkers, built once per decision; verdicts
 	// their node verdicts (model.verdicts), looked up once per decision.
@@ -28,11 +27,11 @@ type nodeFit struct {
 // timed out. Caller holds the model's lock.
 func (c *Controller) nodeFitsAt(in *input, ni int, nodeName string) error {
 	f := &in.fit
-	if f.at == nil {
-		f.at = make([]int8, len(c.model.coreGPU))
-		f.err = make([]error, len(c.model.coreGPU))
+	m := &c.model.fit
+	if f.gen == 0 {
+		f.gen = m.next(len(c.model.coreGPU))
 	}
-	if ni >= len(f.at) {
+	if ni >= len(m.at) {
 		if err, ok := f.byName[nodeName]; ok {
 			return err
 		}
@@ -43,19 +42,32 @@ func (c *Controller) nodeFitsAt(in *input, ni int, nodeName string) error {
 		f.byName[nodeName] = err
 		return err
 	}
-	switch f.at[ni] {
-	case 1:
-		return nil
-	case 2:
-		return f.err[ni]
+	if m.at[ni] == f.gen {
+		return m.err[ni]
 	}
 	err := c.nodeFits(in, nodeName, ni)
-	if err == nil {
-		f.at[ni] = 1
-	} else {
-		f.at[ni], f.err[ni] = 2, err
-	}
+	m.at[ni], m.err[ni] = f.gen, err
 	return err
+}
+
+// fitMemo holds the verdicts of nodeFit by core node index, each stamped with the decision
+// that found it: a decision at 10,000 nodes asks a few hundred nodes, and a memo of its
+// own would allocate and clear one entry per node. It belongs to the model and shares its
+// lock.
+type fitMemo struct {
+	at  []uint64 // the stamp of the decision whose verdict err holds
+	err []error
+	gen uint64
+}
+
+// next starts a decision over nodes core nodes and returns its stamp: the entries of every
+// earlier one no longer count.
+func (m *fitMemo) next(nodes int) uint64 {
+	if len(m.at) != nodes {
+		m.at, m.err = make([]uint64, nodes), make([]error, nodes)
+	}
+	m.gen++
+	return m.gen
 }
 
 // nodeFits checks the pods against node nodeName, which is node ni of the placement core

@@ -42,37 +42,27 @@ func (s *Scheduler) subsetBound(n int, r *Request, elig []int) bool {
 func (s *Scheduler) placeFiltered(r *Request, mask uint64) {
 	x := &s.c.states
 	s.cands, s.short, s.gpuBuf = s.cands[:0], s.short[:0], s.gpuBuf[:0]
+	kept, stamp := s.kept.forShape(scoreShape{cpu: r.CPUMilli, mem: r.MemoryMiB, share: r.Share, gpus: r.GPUs, mask: mask}, len(x.groups))
 	add := func(g int32) {
-		ni := int(x.groups[g].first)
-		n := &s.c.nodes[ni]
-		if !n.fitsCPU(r) {
-			return
+		k := &kept[g]
+		var gpus []int
+		if k.gen == x.groups[g].gen && k.stamp == stamp {
+			s.cand = s.cand[:0]
+			for _, gi := range k.gpus[:k.ngpus] {
+				s.cand = append(s.cand, int(gi))
+			}
+			gpus = s.cand
+		} else {
+			gpus = s.outcome(g, r, mask, k, stamp)
 		}
-		s.all = s.all[:0]
-		if r.GPUs > 0 {
-			if len(n.gpuFree) < r.GPUs || (mask != 0 && n.models&mask == 0) {
-				return
-			}
-			for gi := range n.gpuFree {
-				if s.c.fits(ni, gi, r, mask) {
-					s.all = append(s.all, gi)
-				}
-			}
-			if len(s.all) == 0 {
-				return
-			}
-			if len(s.all) < r.GPUs {
-				s.short = append(s.short, g)
-				return
-			}
+		switch k.kind {
+		case outShort:
+			s.short = append(s.short, g)
+		case outCand:
+			from := len(s.gpuBuf)
+			s.gpuBuf = append(s.gpuBuf, gpus...)
+			s.cands = append(s.cands, cand{g: g, score: k.score, from: int32(from), to: int32(len(s.gpuBuf)), n: k.n, bounded: k.bounded})
 		}
-		score, gpus := s.p.Score(s.c, ni, r, s.all, s.cand[:0])
-		s.cand = gpus
-		s.scored++
-		from := len(s.gpuBuf)
-		s.gpuBuf = append(s.gpuBuf, gpus...)
-		s.cands = append(s.cands, cand{g: g, score: score, from: int32(from), to: int32(len(s.gpuBuf)),
-			n: int32(len(s.all)), bounded: s.subsetBound(ni, r, s.all)})
 	}
 	if r.GPUs > 0 {
 		lo := int32(freeBuckets)
@@ -126,6 +116,55 @@ func (s *Scheduler) placeFiltered(r *Request, mask uint64) {
 			}
 		}
 	}
+}
+
+// outcome scores state g for r, unfiltered, on its first node, into k (valid under
+// stamp), and returns the GPUs it picked where k is a candidate. k is kept for the next
+// request of r's shape unless it picked more GPUs, or GPUs further down the node, than it
+// has room for.
+func (s *Scheduler) outcome(g int32, r *Request, mask uint64, k *stateScore, stamp uint64) []int {
+	x := &s.c.states
+	*k = stateScore{kind: outSkip, gen: x.groups[g].gen, stamp: stamp}
+	ni := int(x.groups[g].first)
+	n := &s.c.nodes[ni]
+	if !n.fitsCPU(r) {
+		return nil
+	}
+	s.all = s.all[:0]
+	if r.GPUs > 0 {
+		if len(n.gpuFree) < r.GPUs || (mask != 0 && n.models&mask == 0) {
+			return nil
+		}
+		for gi := range n.gpuFree {
+			if s.c.fits(ni, gi, r, mask) {
+				s.all = append(s.all, gi)
+			}
+		}
+		if len(s.all) == 0 {
+			return nil
+		}
+		if len(s.all) < r.GPUs {
+			k.kind = outShort
+			return nil
+		}
+	}
+	score, gpus := s.p.Score(s.c, ni, r, s.all, s.cand[:0])
+	s.cand = gpus
+	s.scored++
+	k.kind, k.score, k.n, k.bounded = outCand, score, int32(len(s.all)), s.subsetBound(ni, r, s.all)
+	if len(gpus) > maxKeptGPUs {
+		k.gen = 0 // no group has generation 0: scored again next time
+		return gpus
+	}
+	for i, gi := range gpus {
+		if gi > 127 {
+			k.gen = 0
+			return gpus
+		}
+		k.gpus[i] = int8(gi)
+	}
+	k.ngpus = uint8(len(gpus))
+	return gpus
 }
 
 // candOrder orders states by bound, highest first, then by their first node's name.

@@ -25,6 +25,7 @@ type Scheduler struct {
 	short   []int32     // placeFiltered's states with too few GPUs for the request
 	all     []int       // a state's usable GPUs, unfiltered
 	gpuBuf  []int       // the GPUs each of cands picked, end to end
+	kept    stateScores // placeFiltered's states' outcomes by request shape
 }
 
 // NewScheduler binds policy p to cluster c. seed drives random tie-breaking
@@ -51,6 +52,7 @@ func (s *Scheduler) SetPolicy(p Policy) {
 }
 
 func (s *Scheduler) attach(p Policy) {
+	s.kept.epoch++ // the outcomes kept were the old policy's
 	s.c.attaching = s
 	p.Attach(s.c)
 	s.c.attaching = nil

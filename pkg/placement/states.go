@@ -48,6 +48,7 @@ func oneCapacity(c *Cluster, n int, elig []int) bool {
 
 type stateGroup struct {
 	key     string
+	gen     uint64  // taken afresh by each state the group holds (stateScores)
 	members []int32 // node indices, by name (rank)
 	first   int32   // members[0], the member with the smallest name (-1: none)
 	live    bool    // some GPU has free share
@@ -76,6 +77,7 @@ type stateIndex struct {
 	byFree  [freeBuckets][]int32 // live groups by their largest free share
 	whole   []int32              // live groups with a whole free GPU
 	group   []int32              // each node's group
+	gens    uint64               // the last generation given to a group
 	rank    []int32              // each node's position in (name, index) order
 	scratch []byte
 }
@@ -135,7 +137,8 @@ func (c *Cluster) restate(n int) {
 			whole = whole || (f > 0 && f == nd.gpuCap[g])
 		}
 		live := most > 0
-		g := stateGroup{key: string(key), first: -1, live: live, atWhole: -1}
+		x.gens++
+		g := stateGroup{key: string(key), gen: x.gens, first: -1, live: live, atWhole: -1}
 		if k := len(x.free); k > 0 {
 			id, x.free = x.free[k-1], x.free[:k-1]
 			g.members = x.groups[id].members[:0]

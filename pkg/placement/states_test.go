@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -252,5 +253,84 @@ func TestStateIndexScoresOneNodePerState(t *testing.T) {
 	}
 	if n := s.Scored() - before; n != 1000 {
 		t.Fatalf("ablated policy scored %d nodes; want all 1000", n)
+	}
+}
+
+// A filtered request scores again only the states that are new since the last request of
+// its shape: every other state's outcome is kept, until the policy is replaced.
+func TestFilteredRequestScoresOnlyNewStates(t *testing.T) {
+	specs := make([]NodeSpec, 200)
+	for i := range specs {
+		specs[i] = NodeSpec{Name: fmt.Sprintf("n%04d", i), CPUMilli: 96000, MemoryMiB: 393216, GPUs: gpus("G2", 8)}
+	}
+	c, err := NewCluster(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewScheduler(c, NewFGPU(DefaultWorkload(), DefaultOptions()), 1)
+	// Nodes in many states: node i holds i%40+1 shares of a varying size.
+	for i := range specs {
+		for k := range i%40 + 1 {
+			r := &Request{CPUMilli: 500, MemoryMiB: 1024, GPUs: 1, Share: int64(50 + 10*(k%7))}
+			if err := c.Assign(Placement{NodeName: specs[i].Name, Node: i, GPUs: []int{k % 8}, Share: []int64{r.Share}}, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	small := &Request{CPUMilli: 1000, MemoryMiB: 2048, GPUs: 1, Share: 50, Filter: func(int, int) bool { return true }}
+	scored := func(r *Request) int64 {
+		before := s.Scored()
+		if _, err := s.Place(r); err != nil {
+			t.Fatal(err)
+		}
+		return s.Scored() - before
+	}
+	if n := scored(small); n < 40 {
+		t.Fatalf("first request scored %d states; want one per state (40 or more)", n)
+	}
+	if n := scored(small); n != 0 {
+		t.Fatalf("the same request again scored %d states; want 0", n)
+	}
+	// Another shape in between keeps its own outcomes.
+	other := *small
+	other.Share = 300
+	scored(&other)
+	// A placement changes one node: at most its new state is scored.
+	if _, err := s.Allocate(small); err != nil {
+		t.Fatal(err)
+	}
+	if n := scored(small); n > 1 {
+		t.Fatalf("after one placement the request scored %d states; want at most 1", n)
+	}
+	// A new policy scores every state again.
+	s.SetPolicy(NewFGPU(DefaultWorkload(), DefaultOptions()))
+	if n := scored(small); n < 40 {
+		t.Fatalf("after a new policy the request scored %d states; want one per state", n)
+	}
+	// More shapes than are kept: the least recently asked gives way, and the decisions
+	// stay those of a scheduler that kept nothing.
+	fresh := func() *Scheduler { return NewScheduler(c, NewFGPU(DefaultWorkload(), DefaultOptions()), 1) }
+	for i := range maxScoreShapes + 4 {
+		r := *small
+		r.CPUMilli = int64(1000 + 100*i)
+		scored(&r)
+	}
+	if n := scored(small); n < 40 {
+		t.Fatalf("a shape given way to %d others scored %d states; want one per state", maxScoreShapes+4, n)
+	}
+	for i := range maxScoreShapes + 4 {
+		r := *small
+		r.CPUMilli = int64(1000 + 100*i)
+		got, err := s.Allocate(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Release(got, &r); err != nil {
+			t.Fatal(err)
+		}
+		want, err := fresh().Place(&r)
+		if err != nil || got.NodeName != want.NodeName || !slices.Equal(got.GPUs, want.GPUs) {
+			t.Fatalf("request %d placed on %s %v; a fresh scheduler places it on %s %v (%v)", i, got.NodeName, got.GPUs, want.NodeName, want.GPUs, err)
+		}
 	}
 }

@@ -41,17 +41,23 @@ func fleetOf(k int, rng *rand.Rand, types []NodeSpec) []NodeSpec {
 	return out
 }
 
-// The state index stands in for the node list only where it decides exactly as scoring
-// every node does: same node, same GPUs, same reason, through allocations and releases.
-func TestStateIndexDecidesAsEveryNode(t *testing.T) {
+// forEveryPolicyAndFleet runs check for each shipped policy on a fleet of one GPU capacity
+// and on one of mixed capacities, with a workload of shares, whole GPUs and CPU-only pods.
+func forEveryPolicyAndFleet(t *testing.T, check func(*testing.T, string, Workload, func(int, *rand.Rand) []NodeSpec)) {
 	w := Workload{{CPUMilli: 4000, GPUs: 1, Share: 300, Weight: .3, MemoryMiB: 8192}, {CPUMilli: 8000, GPUs: 1, Share: 1000, Weight: .3},
 		{CPUMilli: 2000, GPUs: 1, Share: 150, Weight: .2, MemoryMiB: 2048}, {CPUMilli: 16000, GPUs: 2, Share: 1000, Weight: .1}, {CPUMilli: 1000, Weight: .1}}
 	fleets := map[string]func(int, *rand.Rand) []NodeSpec{"": statesFleet, "/mixed-capacity": mixedCapacityFleet}
 	for _, name := range []string{"fgpu", "fgd", "bestfit", "spread", "pack"} {
 		for fleet, specs := range fleets {
-			t.Run(name+fleet, func(t *testing.T) { indexDecidesAsEveryNode(t, name, w, specs) })
+			t.Run(name+fleet, func(t *testing.T) { check(t, name, w, specs) })
 		}
 	}
+}
+
+// The state index stands in for the node list only where it decides exactly as scoring
+// every node does: same node, same GPUs, same reason, through allocations and releases.
+func TestStateIndexDecidesAsEveryNode(t *testing.T) {
+	forEveryPolicyAndFleet(t, indexDecidesAsEveryNode)
 }
 
 func indexDecidesAsEveryNode(t *testing.T, name string, w Workload, fleet func(int, *rand.Rand) []NodeSpec) {
@@ -115,14 +121,7 @@ func indexDecidesAsEveryNode(t *testing.T, name string, w Workload, fleet func(i
 // where nothing fits it asks the filter about exactly the GPUs scoring every node asks
 // about (the allocator counts them to say why a claim waits).
 func TestStateIndexFilteredDecidesAsEveryNode(t *testing.T) {
-	w := Workload{{CPUMilli: 4000, GPUs: 1, Share: 300, Weight: .3, MemoryMiB: 8192}, {CPUMilli: 8000, GPUs: 1, Share: 1000, Weight: .3},
-		{CPUMilli: 2000, GPUs: 1, Share: 150, Weight: .2, MemoryMiB: 2048}, {CPUMilli: 16000, GPUs: 2, Share: 1000, Weight: .1}, {CPUMilli: 1000, Weight: .1}}
-	fleets := map[string]func(int, *rand.Rand) []NodeSpec{"": statesFleet, "/mixed-capacity": mixedCapacityFleet}
-	for _, name := range []string{"fgpu", "fgd", "bestfit", "spread", "pack"} {
-		for fleet, specs := range fleets {
-			t.Run(name+fleet, func(t *testing.T) { filteredDecidesAsEveryNode(t, name, w, specs) })
-		}
-	}
+	forEveryPolicyAndFleet(t, filteredDecidesAsEveryNode)
 }
 
 func filteredDecidesAsEveryNode(t *testing.T, name string, w Workload, fleet func(int, *rand.Rand) []NodeSpec) {

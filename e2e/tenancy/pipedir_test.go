@@ -2,6 +2,7 @@ package tenancy
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -109,6 +110,57 @@ func TestPipeDirectorySymlinkCannotReachAnotherDomain(t *testing.T) {
 		t.Errorf("the victim's pod was told its server was lost:\n%s", ev)
 	}
 	healthy(t, victimNS, ns)
+}
+
+// A tenant can also put a socket of its own that never answers in place of its daemon's
+// control socket, then delete its pod: every command the plugin sends that daemon then waits
+// its whole timeout, and the pod's unprepare with them. Another namespace's pod, next to its
+// namespace's first one on the other GPU, must start all the same, well within the kubelet's
+// 45 s for a prepare: only the tenant's own domain waits. (The tenant's GPU is no place for
+// it: the server the plugin could not stop still runs there, and a GPU with a process fgpu
+// cannot account for is refused until the process exits.)
+func TestHangingControlSocketHoldsOnlyItsDomain(t *testing.T) {
+	useMode(t, allocatorMode)
+	ctx := context.Background()
+	ns, otherNS := cluster.Namespace(t, "hang-tenant"), cluster.Namespace(t, "hang-other")
+	tenant := cluster.Tenant(t, ns, "attacker")
+	if _, err := framework.MakeGPUPod(ns, "a").Memory("10Gi").CreateAs(ctx, tenant.Client); err != nil {
+		t.Fatal(err)
+	}
+	running(t, ns, "a")
+	if _, err := cluster.Create(ctx, framework.MakeGPUPod(otherNS, "first").Memory("60Gi")); err != nil {
+		t.Fatal(err)
+	}
+	tenantGPU, _ := gpuOf(t, running(t, ns, "a"))
+	if otherGPU, _ := gpuOf(t, running(t, otherNS, "first")); otherGPU == tenantGPU {
+		t.Fatalf("two namespaces on %s", otherGPU)
+	}
+	control := filepath.Join(probe(t, ns, "a").Env["CUDA_MPS_PIPE_DIRECTORY"], "control")
+	if err := os.Remove(control); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", control) // takes connections into its backlog, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	if err := tenant.Client.CoreV1().Pods(ns).Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the kubelet starts unpreparing the tenant's claim
+	start := time.Now()
+	if _, err := cluster.Create(ctx, framework.MakeGPUPod(otherNS, "other").Memory("10Gi")); err != nil {
+		t.Fatal(err)
+	}
+	if otherGPU, _ := gpuOf(t, running(t, otherNS, "other")); otherGPU == tenantGPU {
+		t.Logf("placed on the tenant's GPU %s, where the server the plugin could not stop runs", otherGPU)
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Errorf("another namespace's pod took %s to run while the tenant's control socket did not answer\n%s", took.Round(time.Second), eventsOf(otherNS, "other"))
+	} else {
+		t.Logf("another namespace's pod ran %s after it was created", took.Round(100*time.Millisecond))
+	}
+	healthy(t, otherNS)
 }
 
 // daemonPodOf is the MPS daemon pod that serves a pipe directory.

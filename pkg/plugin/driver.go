@@ -57,6 +57,11 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		kubeletplugin.DriverName(cfg.DriverName),
 		kubeletplugin.NodeName(cfg.NodeName),
 		kubeletplugin.KubeClient(client),
+		// The helper would otherwise run one prepare or unprepare at a time on the node, and
+		// a tenant can make its own domain's calls slow (a control socket that never
+		// answers, a daemon that does not start): every other namespace's pod would wait
+		// behind it. State takes its own locks, and releases them around daemon work.
+		kubeletplugin.Serialize(false),
 	}
 	if cfg.PluginDataDir != "" {
 		opts = append(opts, kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir))

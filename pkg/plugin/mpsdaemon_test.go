@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -170,5 +171,28 @@ func TestFailedDaemonStopIsRetriedByTheMPSCheck(t *testing.T) {
 	s.CheckMPS(ctx)
 	if pods := daemonPodNames(t, client); len(pods) != 0 || mountsUnder(t, e.cfg.MPSRoot) != 0 {
 		t.Errorf("after the MPS check: daemon pods %v, %d shm mounts left", pods, mountsUnder(t, e.cfg.MPSRoot))
+	}
+}
+
+// The kubelet prepares claims concurrently: the first claims of a domain, prepared at once,
+// find its daemon not yet started. The one whose prepare starts it must not take the others,
+// still being prepared, for clients that lost their server.
+func TestConcurrentFirstPreparesOfADomainEvictNothing(t *testing.T) {
+	e, _, _ := newPodEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Go(func() {
+			_, errs[i] = s.Prepare(ctx, builders.MakeClaim("ns-a", fmt.Sprintf("a%d", i)).Memory("10Gi").AllocatedOn(node, "gpu-0").Obj())
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if faults := s.CheckMPS(ctx); len(faults) != 0 {
+		t.Errorf("claims prepared together, yet their pods are to be evicted: %+v", faults)
 	}
 }

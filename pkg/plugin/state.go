@@ -795,7 +795,9 @@ const ReasonMPSDaemonRestarted = "FgpuMPSDaemonRestarted"
 func (s *State) daemonWasDown(ctx context.Context, p *checkpoint.PreparedDevice, uid string) {
 	var users int
 	for u, e := range s.cp.Claims {
-		if u == uid {
+		// A claim still being prepared (the kubelet prepares claims concurrently) has given
+		// no container the daemon yet: its processes lost nothing.
+		if u == uid || e.State != checkpoint.PrepareCompleted {
 			continue
 		}
 		for _, q := range e.Devices {

@@ -47,6 +47,9 @@ type Recommendation struct {
 	// Samples is how many measured samples it rests on; PeakBytes the largest memory seen.
 	Samples   int   `json:"samples"`
 	PeakBytes int64 `json:"peakBytes"`
+	// TypicalBytes is the median of the report intervals' peaks, without headroom: what a
+	// share that may burst is guaranteed (sizing Auto's burst model).
+	TypicalBytes int64 `json:"typicalBytes,omitempty"`
 }
 
 // RecordAnnotation carries, on each FgpuSizingRecommendation event the allocator records,
@@ -186,6 +189,7 @@ func (r *Recommender) Recommend(w Workload) (Recommendation, bool) {
 	rec := Recommendation{
 		MemoryBytes: int64(math.Ceil(mem/step) * step),
 		Samples:     h.samples, PeakBytes: h.peak,
+		TypicalBytes:   int64(math.Ceil(h.memory.Percentile(0.5)/step) * step),
 		ComputePercent: 100,
 	}
 	if !h.compute.Empty() {

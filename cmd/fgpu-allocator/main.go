@@ -68,6 +68,8 @@ func main() {
 	fs.DurationVar(&f.cfg.Sizing.HalfLife, "sizing-half-life", f.cfg.Sizing.HalfLife, "sizing: a measured sample this much older weighs half as much in a workload's recommendation")
 	fs.Float64Var(&f.cfg.Sizing.Headroom, "sizing-headroom", f.cfg.Sizing.Headroom, "sizing: a recommendation is the measured percentile times 1 plus this (0.15: 15% more)")
 	fs.IntVar(&f.cfg.Sizing.MinSamples, "sizing-min-samples", f.cfg.Sizing.MinSamples, "sizing: measured samples (one per claim per kubelet plugin poll) before a workload gets a recommendation")
+	fs.DurationVar(&f.cfg.SizingReportInterval, "sizing-report-interval", f.cfg.SizingReportInterval, "sizing Auto: the kubelet plugin's usage report interval; bursting shares are admitted onto a GPU by their co-tenants' use lined up per interval of this length")
+	fs.DurationVar(&f.cfg.SizingBurstWindow, "sizing-burst-window", f.cfg.SizingBurstWindow, "sizing Auto: how much of the co-tenants' measured use a bursting share's admission compares")
 	fs.DurationVar(&f.cfg.SizingShrinkAfter, "sizing-shrink-after", f.cfg.SizingShrinkAfter, "sizing Auto: a pod whose GPU memory use stayed under 80% of its cap this long is evicted to come back smaller")
 	f.metrics.AddFlags(fs, ":9465")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")

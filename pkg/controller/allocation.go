@@ -102,6 +102,9 @@ func (c *Controller) allocation(claim *resourceapi.ResourceClaim, d *decision) (
 	for _, r := range d.results {
 		cfg := api.GpuConfig{TypeMeta: metav1.TypeMeta{APIVersion: api.SchemeGroupVersion.String(), Kind: api.GpuConfigKind},
 			Mode: r.mode, IsolationDomain: r.domain.sub, Placement: placementOf(d.pol)}
+		if r.burstCap > 0 {
+			cfg.Placement.MemoryLimit = resource.NewQuantity(r.burstCap, resource.BinarySI)
+		}
 		if r.userCfg != nil {
 			// resolveRequest and limitsFit refused limits above the shares, as the plugin does.
 			cfg.MemoryLimit, cfg.ComputePercent = r.userCfg.MemoryLimit, r.userCfg.ComputePercent

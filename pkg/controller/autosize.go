@@ -47,9 +47,11 @@ type resizeWant struct {
 	w     sizing.Workload
 	claim string // the pod's own claim
 	share string
-	// grow: recreated larger, to at least the workload's floor; else smaller, while the
-	// share's reports stay far below capBytes.
+	// grow: recreated larger, to at least the workload's floor; move: moved off GPU move,
+	// whose tenants together near its memory; else smaller, while the share's reports stay
+	// far below capBytes.
 	grow     bool
+	move     gpuKey
 	capBytes int64
 	why      string
 	// since orders the wants, oldest first within a namespace; a refusal puts the pod last.
@@ -111,6 +113,12 @@ func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 		return
 	}
 	capBytes := q.Value()
+	// A bursting share's cap is its placement's, above what it consumes; it is sized from
+	// its workload's whole history already, so it is never recreated smaller.
+	bursting := false
+	if pl := allocationConfig(c.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request).Placement; pl != nil && pl.MemoryLimit != nil {
+		capBytes, bursting = pl.MemoryLimit.Value(), true
+	}
 	gpuMem := c.model.gpuMemory(gpuKey{r.result.Pool, r.result.Device})
 	asked := askedMemory(claim, r.result.Request)
 	c.sizer.mu.Lock()
@@ -138,7 +146,7 @@ func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 		a.floor[r.w] = max(a.floor[r.w], want)
 		c.wantResize(a, claim, pod, r, capBytes, true, fmt.Sprintf("its GPU memory use reached %s of its %s cap (request %q); its controller recreates it with %s, at most what its claim asks",
 			fmtBytes(peak), fmtBytes(capBytes), r.result.Request, fmtBytes(want)))
-	case ready && float64(peak) < autoFarBelow*float64(capBytes) && rec.MemoryBytes+sizing.MemoryStep <= capBytes:
+	case !bursting && ready && float64(peak) < autoFarBelow*float64(capBytes) && rec.MemoryBytes+sizing.MemoryStep <= capBytes:
 		since, ok := a.lowSince[r.share]
 		if !ok {
 			since = r.u.From
@@ -171,6 +179,9 @@ func (c *Controller) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod
 	}
 	if want.grow {
 		return a.floor[want.w] > want.capBytes
+	}
+	if want.move != (gpuKey{}) {
+		return true // relieve drops it once the GPU's reports show room again
 	}
 	_, low := a.lowSince[want.share]
 	return low

@@ -58,13 +58,18 @@ type Config struct {
 	// SizingShrinkAfter: under sizing Auto, a pod whose use stayed far below its cap this
 	// long is recreated smaller.
 	SizingShrinkAfter time.Duration
+	// SizingReportInterval is the kubelet plugin's usage report interval: burst admission
+	// lines up the shares' use per interval of this length, over SizingBurstWindow.
+	SizingReportInterval time.Duration
+	SizingBurstWindow    time.Duration
 }
 
 // DefaultConfig is the allocator's default configuration.
 func DefaultConfig() Config {
 	return Config{DriverName: api.DriverName, DeviceClasses: []string{api.DeviceClassShared, api.DeviceClassExclusive},
 		ExclusiveClasses: []string{api.DeviceClassExclusive}, BindTimeout: 2 * time.Minute, OrphanGrace: 30 * time.Second,
-		Workers: 32, Placement: "fgpu", Sizing: sizing.DefaultOptions(), SizingShrinkAfter: time.Hour}
+		Workers: 32, Placement: "fgpu", Sizing: sizing.DefaultOptions(), SizingShrinkAfter: time.Hour,
+		SizingReportInterval: 5 * time.Minute, SizingBurstWindow: 24 * time.Hour}
 }
 
 func (cfg *Config) isFgpuClass(name string) bool { return slices.Contains(cfg.DeviceClasses, name) }
@@ -113,6 +118,7 @@ type Controller struct {
 
 	// sizer recommends workload sizes from measured use.
 	sizer *sizer
+	burst *burstHistory
 	idle  *idleTracker
 }
 
@@ -135,6 +141,10 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		c.cfg.Sizing = cfg.Sizing
 	}
 	c.sizer = newSizer(cfg.Sizing)
+	if cfg.SizingReportInterval <= 0 {
+		cfg.SizingReportInterval, c.cfg.SizingReportInterval = 5*time.Minute, 5*time.Minute
+	}
+	c.burst = newBurstHistory(sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))})
 	c.idle = newIdleTracker()
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedMaxOfRateLimiter(

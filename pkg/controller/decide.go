@@ -65,6 +65,8 @@ type result struct {
 	tolerations []resourceapi.DeviceToleration
 	shareID     types.UID
 	coTenants   int
+	// burstCap is the memory MPS lets a bursting share use, above mem; 0 where it does not burst.
+	burstCap int64
 }
 
 // decide chooses node, GPUs and sizes for a pending claim and reserves its shares in the
@@ -143,6 +145,7 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 	if w != nil {
 		return nil, w
 	}
+	c.sizeBurst(in, rq)
 	if w := c.quotaCheck(in, d, rq); w != nil {
 		return nil, w
 	}
@@ -169,7 +172,7 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 		mem, comp := rq.size(in.pol, g)
 		tol := append([]resourceapi.DeviceToleration{api.FenceToleration()}, rq.alt.tolerations...)
 		out = append(out, result{request: rq.alt.name, gpu: g, mem: mem, comp: comp, whole: rq.whole, mode: rq.mode, domain: rq.domain,
-			userCfg: rq.userCfg, tolerations: tol, shareID: uuid.NewUUID()})
+			userCfg: rq.userCfg, tolerations: tol, shareID: uuid.NewUUID(), burstCap: rq.capOn(g)})
 	}
 	d.node = c.model.coreGPU[p.Node][0].node
 	if rq.sized != "" {
@@ -271,10 +274,14 @@ func (c *Controller) unplaceable(in *input, rq *request, err error, rj *rejects)
 
 // tenantOf is the tenant a result makes of the claim on its GPU.
 func tenantOf(in *input, r result) *tenant {
-	return &tenant{claim: in.claim.UID, key: claimKey(in.claim), namespace: in.claim.Namespace,
+	t := &tenant{claim: in.claim.UID, key: claimKey(in.claim), namespace: in.claim.Namespace,
 		shareID: r.shareID, mem: r.mem, comp: r.comp, whole: r.whole, domain: r.domain, mode: r.mode,
 		latency: in.pol.Latency, maxCo: in.pol.MaxCoTenants, allowCrit: in.pol.AllowCriticalCoTenants,
-		maxTenants: in.pol.MaxTenants, allowShare: in.pol.AllowSharedGPU, byUs: true}
+		maxTenants: in.pol.MaxTenants, allowShare: in.pol.AllowSharedGPU, byUs: true, burstCap: r.burstCap}
+	if r.burstCap > 0 {
+		t.workload = sizing.Workload{Namespace: in.sizedFor.Namespace, Kind: in.sizedFor.Kind, Name: in.sizedFor.Name, Request: r.request}
+	}
+	return t
 }
 
 // mpsShares counts the results that the plugin will serve through an MPS server: MPS, and

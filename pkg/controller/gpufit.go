@@ -52,7 +52,13 @@ func (c *Controller) gpuFits(ctx context.Context, in *input, own usage, rq *requ
 	if why := c.quotaFits(in, own, rq, mem, comp); why != "" {
 		return why, ""
 	}
-	return coTenancy(in, rq, g)
+	if why, ex := coTenancy(in, rq, g); why != "" {
+		return why, ex
+	}
+	if rq.burstCap > 0 {
+		return c.burst.admits(g, rq.burstFor, c.cfg.Sizing.Headroom, c.now())
+	}
+	return "", ""
 }
 
 // coTenancy checks the policy's co-tenancy rules, the claim's and its future co-tenants'.
@@ -79,6 +85,9 @@ func coTenancy(in *input, rq *request, g *gpu) (string, string) {
 		}
 		if t.domain != rq.domain && (!p.AllowSharedGPU || !t.allowShare) {
 			return "isolation: used by another namespace or isolation domain", ""
+		}
+		if (t.burstCap > 0) != (rq.burstCap > 0) {
+			return "bursting and non-bursting shares do not share a GPU", t.key
 		}
 		if t.mode != "" && t.mode != rq.mode {
 			return "its tenants use another sharing mode", fmt.Sprintf("%s is %s, the claim %s", g.key, t.mode, rq.mode)

@@ -13,6 +13,7 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // gpuKey names a device: pool (fgpu's pool is the node name) and device.
@@ -56,6 +57,11 @@ type tenant struct {
 	maxTenants int
 	allowShare bool
 	byUs       bool
+	// burstCap is the memory MPS lets a bursting share use, above mem (its guaranteed
+	// part); 0 for a share that does not burst. workload is whose share it is, where the
+	// allocator placed it since it started (zero after a restart).
+	burstCap int64
+	workload sizing.Workload
 }
 
 // claimRec is what the model holds for one allocated claim.
@@ -510,6 +516,9 @@ func (m *model) recordFromClaim(claim *resourceapi.ResourceClaim) *claimRec {
 			t.byUs, t.maxCo, t.allowCrit, t.maxTenants, t.allowShare = true, int(p.MaxCoTenants), p.AllowCriticalCoTenants, int(p.MaxTenantsPerGPU), p.AllowSharedGPU
 			if p.LatencyClass != "" {
 				t.latency = p.LatencyClass
+			}
+			if p.MemoryLimit != nil {
+				t.burstCap = p.MemoryLimit.Value()
 			}
 		}
 		if r.ShareID != nil {

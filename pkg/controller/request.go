@@ -59,6 +59,18 @@ type request struct {
 	userCfg *api.GpuConfig
 	// sized says what the request asked and got where its workload's recommendation sized it.
 	sized string
+	// burstCap is, for a bursting share (burst.go), the memory MPS lets it use above mem,
+	// its guaranteed part; burstFor its workload.
+	burstCap int64
+	burstFor sizing.Workload
+}
+
+// capOn is the burst cap of a device of the request on GPU g: never more than the GPU.
+func (rq *request) capOn(g *gpu) int64 {
+	if rq.burstCap == 0 {
+		return 0
+	}
+	return min(rq.burstCap, g.memCap)
 }
 
 // resolveRequest sizes an alternative, and chooses its mode and isolation domain, from the

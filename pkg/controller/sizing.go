@@ -66,6 +66,9 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 		if !c.sizer.rec.Add(w, *st.ShareID, *data.Usage) {
 			continue
 		}
+		if mode == api.SizingAuto {
+			c.burst.record(w, *st.ShareID, *data.Usage)
+		}
 		if mode == api.SizingAuto && len(pods) == 1 {
 			auto = append(auto, autoReport{w: w, share: *st.ShareID, result: allocatedResult(claim.Status.Allocation, st), u: *data.Usage})
 		}
@@ -81,6 +84,7 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 	c.sizer.mu.Unlock()
 	for _, r := range auto {
 		c.considerResize(claim, pods[0], r)
+		c.relieve(gpuKey{r.result.Pool, r.result.Device})
 	}
 	for _, r := range changed {
 		raw, _ := json.Marshal(r)
@@ -121,6 +125,7 @@ func (c *Controller) forgetUsage(claim *resourceapi.ResourceClaim) {
 	for _, st := range claim.Status.Devices {
 		if st.ShareID != nil {
 			c.sizer.rec.Forget(*st.ShareID)
+			c.burst.forgetShare(*st.ShareID)
 			delete(c.sizer.auto.lowSince, *st.ShareID)
 			delete(c.sizer.auto.toldAtRequest, *st.ShareID)
 		}
@@ -141,6 +146,7 @@ func (c *Controller) sweepUsage(context.Context) {
 	c.sizer.mu.Lock()
 	defer c.sizer.mu.Unlock()
 	c.sizer.rec.Prune(c.now())
+	c.burst.keepWorkloads(c.sizer.rec.Has)
 	for w := range c.sizer.announced {
 		if !c.sizer.rec.Has(w) {
 			delete(c.sizer.announced, w)

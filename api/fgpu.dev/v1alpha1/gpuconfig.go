@@ -55,6 +55,11 @@ type Placement struct {
 	// MPS is not capped. Without it (in allocator mode) the kubelet plugin prepares no other
 	// domain's share on the GPU, and this share on no GPU another domain uses.
 	AllowSharedGPU bool `json:"allowSharedGPU,omitempty"`
+	// MemoryLimit is the burst cap: set only for a best-effort share under sizing Auto on a
+	// GPU that only its isolation domain uses. Its processes may pin up to this much GPU
+	// memory, above the memory allocated to it (its guaranteed part, which packing and quota
+	// count).
+	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
 }
 
 // DefaultIsolationDomain is the domain of claims that name none.

@@ -1,0 +1,229 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
+)
+
+var burstT0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// templatePod is a pod of Deployment dep (through a ReplicaSet) with its own claim, which
+// asks for asked (a whole GPU when ""), as a ResourceClaimTemplate makes it.
+func templatePod(dep, name, asked string) (*resourceapi.ResourceClaim, *corev1.Pod) {
+	p := ownedPod("team-a", name, "ReplicaSet", dep+"-7c9d5", map[string]string{"pod-template-hash": "7c9d5"})
+	p.UID = types.UID("uid-" + name)
+	p.Spec.NodeName = ""
+	b := builders.MakeClaim("team-a", name+"-gpu")
+	if asked != "" {
+		b = b.Memory(asked)
+	}
+	claim := b.Obj()
+	claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: p.Name, UID: p.UID, Controller: ptr.To(true)}}
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(claim.Name)}}
+	return claim, p
+}
+
+// placedTemplatePod is templatePod already placed on n1's device whole.
+func placedTemplatePod(dep, name, device string) (*resourceapi.ResourceClaim, *corev1.Pod) {
+	claim, p := templatePod(dep, name, "")
+	claim.Status = builders.MakeClaim("team-a", claim.Name).AllocatedOn("n1", device).Obj().Status
+	claim.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory] = resource.MustParse("80Gi")
+	p.Spec.NodeName = "n1"
+	return claim, p
+}
+
+// burstEnv: namespace team-a's best-effort pods under sizing Auto on n1's GPUs of 80Gi.
+func newBurstEnv(t *testing.T, gpus int, objs ...runtime.Object) *env {
+	objs = append(objs, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", gpus, "80Gi"))
+	return newEnvWith(t, func(c *Config) {
+		c.Sizing = sizing.DefaultOptions()
+		c.Sizing.MinSamples = 90
+		c.SizingShrinkAfter = 24 * time.Hour
+	}, []*api.SharingPolicy{builders.MakePolicy("auto").Sizing(api.SizingAuto).Latency(api.LatencyBestEffort).Obj()}, objs...)
+}
+
+// reportPeaks writes the claim's usage summaries, one per 5-minute interval from interval
+// first on, with these peaks (GiB), and sets the clock to the end of the last.
+func reportPeaks(e *env, claimName string, first int, peaks ...int64) {
+	e.t.Helper()
+	for j, p := range peaks {
+		i := first + j
+		cur := e.claim("team-a", claimName)
+		cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, string(*cur.Status.Allocation.Devices.Results[0].ShareID), sizing.Usage{
+			From: burstT0.Add(time.Duration(i)*5*time.Minute + time.Second), To: burstT0.Add(time.Duration(i+1)*5*time.Minute - time.Second), Samples: 30,
+			MemoryMaxBytes: p << 30, SMSamples: 30, SMP95Percent: 15})}
+		if _, err := e.client.ResourceV1().ResourceClaims("team-a").UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil {
+			e.t.Fatal(err)
+		}
+		e.settle()
+	}
+	e.clock.SetTime(burstT0.Add(time.Duration(first+len(peaks))*5*time.Minute - time.Second))
+}
+
+// burstOf is a claim's one result and the burst cap its placement carries (0: none).
+func burstOf(t *testing.T, e *env, name string) (resourceapi.DeviceRequestAllocationResult, int64) {
+	t.Helper()
+	c := e.claim("team-a", name)
+	if c.Status.Allocation == nil {
+		t.Fatalf("claim %s not allocated: %v; events %q", name, c.Annotations, e.events(""))
+	}
+	r := c.Status.Allocation.Devices.Results[0]
+	pl := allocationConfig(api.DriverName, c.Status.Allocation.Devices.Config, r.Request).Placement
+	if pl == nil || pl.MemoryLimit == nil {
+		return r, 0
+	}
+	return r, pl.MemoryLimit.Value()
+}
+
+// Two workloads whose peaks (35Gi) never coincide: their new pods burst, each guaranteed its
+// typical use and capped at twice its peak (70Gi: together far more than the GPU), and share
+// the one free GPU; a third pod, whose workload's peaks would coincide with one of theirs, is
+// refused there and says why.
+func TestBurstingSharesShareAGPUTheirPeaksCouldNot(t *testing.T) {
+	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
+	batch, batchPod := placedTemplatePod("batch", "batch-7c9d5-a", "gpu-1")
+	e := newBurstEnv(t, 3, web, webPod, batch, batchPod)
+	reportPeaks(e, web.Name, 0, 35, 35, 35, 5, 5, 5)
+	reportPeaks(e, batch.Name, 0, 5, 5, 5, 35, 35, 35)
+	web2, web2Pod := templatePod("web", "web-7c9d5-b", "")
+	batch2, batch2Pod := templatePod("batch", "batch-7c9d5-b", "")
+	e.create(web2, web2Pod)
+	e.run()
+	e.create(batch2, batch2Pod)
+	e.run()
+	for _, name := range []string{web2.Name, batch2.Name} {
+		r, capBytes := burstOf(t, e, name)
+		mem := r.ConsumedCapacity[api.CapacityMemory]
+		if r.Device != "gpu-2" || capBytes != 70<<30 || mem.Value() >= capBytes || mem.Value() < 5<<30 {
+			t.Errorf("claim %s on %s consumes %s, capped at %s; want gpu-2, capped at 70Gi above a guaranteed part of at least 5Gi", name, r.Device, mem.String(), fmtBytes(capBytes))
+		}
+	}
+	if ev := e.events("may burst"); len(ev) == 0 {
+		t.Errorf("no event tells the claim it may burst: %q", e.events(""))
+	}
+	e.checkInvariant()
+	web3, web3Pod := templatePod("web", "web-7c9d5-c", "")
+	e.create(web3, web3Pod)
+	e.run()
+	if c := e.claim("team-a", web3.Name); c.Status.Allocation != nil {
+		t.Fatalf("a third bursting share was placed on %s: web's peaks twice and batch's lows need more than the GPU admits", c.Status.Allocation.Devices.Results[0].Device)
+	}
+	if ev := e.events("measured use and the workload's would not fit"); len(ev) == 0 {
+		t.Errorf("the waiting claim does not say why: %q", e.events(""))
+	}
+}
+
+// Who does not burst: a claim that is not its pod's own (Auto could not move it off a GPU
+// that fills), and one under a policy that is not best-effort.
+func TestOnlyRecreatableBestEffortClaimsBurst(t *testing.T) {
+	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
+	e := newBurstEnv(t, 3, web, webPod)
+	reportPeaks(e, web.Name, 0, 10, 10, 10)
+	standalone, pod := templatePod("web", "web-7c9d5-b", "")
+	standalone.OwnerReferences = nil
+	e.create(standalone, pod)
+	e.run()
+	if r, capBytes := burstOf(t, e, standalone.Name); capBytes != 0 {
+		t.Errorf("a standalone claim got burst cap %s on %s", fmtBytes(capBytes), r.Device)
+	}
+	pol := builders.MakePolicy("auto").Sizing(api.SizingAuto).Obj()
+	if _, err := e.fgpu.FgpuV1alpha1().SharingPolicies().Update(e.ctx, pol, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		if got, _ := e.c.policies.Get("auto"); got != nil && got.Spec.LatencyClass == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the allocator did not see the policy change")
+		}
+	}
+	standard, pod2 := templatePod("web", "web-7c9d5-c", "")
+	e.create(standard, pod2)
+	e.run()
+	if r, capBytes := burstOf(t, e, standard.Name); capBytes != 0 {
+		t.Errorf("a standard claim got burst cap %s on %s", fmtBytes(capBytes), r.Device)
+	}
+}
+
+// A restarted allocator knows the bursting shares' caps from their placements but not
+// their history: each counts at its cap, so nothing is admitted next to them that their caps
+// would not leave room for.
+func TestARestartCountsBurstingSharesAtTheirCaps(t *testing.T) {
+	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
+	burster, bursterPod := placedTemplatePod("web", "web-7c9d5-b", "gpu-1")
+	burster.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory] = resource.MustParse("10Gi")
+	raw := `{"apiVersion":"fgpu.dev/v1alpha1","kind":"GpuConfig","mode":"mps","placement":{"latencyClass":"bestEffort","memoryLimit":"60Gi"}}`
+	burster.Status.Allocation.Devices.Config = append(burster.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+		Source: resourceapi.AllocationConfigSourceClaim, Requests: []string{"gpu"},
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: api.DriverName, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}})
+	e := newBurstEnv(t, 2, web, webPod, burster, bursterPod)
+	reportPeaks(e, web.Name, 0, 10, 10, 10)
+	next, pod := templatePod("web", "web-7c9d5-c", "")
+	e.create(next, pod)
+	e.run()
+	if c := e.claim("team-a", next.Name); c.Status.Allocation != nil {
+		t.Fatalf("placed on %s next to a 60Gi cap with 10Gi peaks: 80Gi needed, %s admitted", c.Status.Allocation.Devices.Results[0].Device, "69.6Gi")
+	}
+	if ev := e.events("would not fit"); len(ev) == 0 || !strings.Contains(ev[0], "gpu-1") {
+		t.Errorf("events %q", ev)
+	}
+}
+
+// When a GPU's bursting tenants together near its memory, the one whose use grew most is
+// evicted (to be placed again where its workload's use fits), through Auto's eviction path.
+func TestAFillingGPUMovesTheTenantThatGrewMost(t *testing.T) {
+	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
+	batch, batchPod := placedTemplatePod("batch", "batch-7c9d5-a", "gpu-1")
+	e := newBurstEnv(t, 3, web, webPod, batch, batchPod)
+	var evicted []string
+	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "eviction" {
+			evicted = append(evicted, a.(k8stesting.CreateAction).GetObject().(*policyv1.Eviction).Name)
+			return true, nil, nil
+		}
+		return false, nil, nil
+	})
+	reportPeaks(e, web.Name, 0, 35, 35, 35, 5, 5, 5)
+	reportPeaks(e, batch.Name, 0, 5, 5, 5, 35, 35, 35)
+	web2, web2Pod := templatePod("web", "web-7c9d5-b", "")
+	batch2, batch2Pod := templatePod("batch", "batch-7c9d5-b", "")
+	e.create(web2, web2Pod, batch2, batch2Pod)
+	e.run()
+	for _, name := range []string{web2.Name, batch2.Name} {
+		if r, capBytes := burstOf(t, e, name); r.Device != "gpu-2" || capBytes == 0 {
+			t.Fatalf("claim %s on %s with cap %d; want a bursting share on gpu-2", name, r.Device, capBytes)
+		}
+	}
+	reportPeaks(e, web2.Name, 6, 10)
+	reportPeaks(e, batch2.Name, 6, 30)
+	e.c.evictForResize(e.ctx)
+	if len(evicted) != 0 {
+		t.Fatalf("evicted %v with 40Gi of 80Gi in use", evicted)
+	}
+	reportPeaks(e, web2.Name, 7, 45)
+	reportPeaks(e, batch2.Name, 7, 33)
+	e.clock.Step(autoEvictInterval)
+	e.c.evictForResize(e.ctx)
+	if len(evicted) != 1 || evicted[0] != web2Pod.Name {
+		t.Fatalf("evicted %v; want %s, whose use grew by 35Gi when the GPU's tenants used 78Gi of 80Gi", evicted, web2Pod.Name)
+	}
+	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "together used 78Gi") {
+		t.Errorf("events %q", ev)
+	}
+}

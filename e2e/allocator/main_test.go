@@ -37,6 +37,8 @@ func TestMain(m *testing.M) {
 		// Steady use is reported only at the heartbeat: within the test, not after 30 minutes.
 		"kubeletPlugin.usage.heartbeat=5s",
 		"allocator.sizing.minSamples=20",
+		// Burst admission compares the last 10 minutes of 5 s reports.
+		"allocator.sizing.burstWindow=10m",
 	)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e setup:", err)

@@ -31,7 +31,11 @@ const fakeDevDir = framework.StateDir + "/fake-dev"
 // replayPod is a GPU pod whose fgpu-probe plays a usage pattern on its fake GPU: it needs the
 // node's PID namespace (its PID is what the usage file names) and the fake device directory.
 func replayPod(ns, name, memory, steps string) *corev1.Pod {
-	p := framework.MakeGPUPod(ns, name).Memory(memory).Pod()
+	gp := framework.MakeGPUPod(ns, name)
+	if memory != "" {
+		gp = gp.Memory(memory)
+	}
+	p := gp.Pod()
 	p.Spec.HostPID = true
 	c := &p.Spec.Containers[0]
 	c.Args = []string{"--replay-usage", steps, "--usage-dir", fakeDevDir}
@@ -310,3 +314,156 @@ func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
 		t.Errorf("the replacement's claim got %d bytes; want more than the evicted pod's %d", got, small)
 	}
 }
+
+// Sizing Auto's burst model, best-effort: a Deployment whose pods each hold 30Gi steady and
+// asked for a whole GPU. Once measured, its new pods are guaranteed their typical use and
+// capped at twice their peak (60Gi), and two of them share one 80Gi GPU, their caps adding
+// up to more than it has, because their measured use together fits it; each container's MPS
+// cap is the burst cap, above the guaranteed memory it is told. A fourth pod, whose use would
+// not fit next to them, waits and says why. No pod runs out of memory on the way.
+func TestBurstingPodsShareAGPUTheirCapsOvercommit(t *testing.T) {
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "sizing-burst")
+	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
+	createPolicy(t, builders.MakePolicy("burst-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(api.SizingAuto).Latency(api.LatencyBestEffort).Obj())
+	gp := framework.MakeGPUPod(ns, "web")
+	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gp.Template(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := replayPod(ns, "web", "", "0:30Gi:15")
+	labels := map[string]string{"app": "web"}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: pod.Spec}},
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// pods lists the Deployment's pods, failing on any container restart (a simulated
+	// out-of-memory).
+	pods := func() []corev1.Pod {
+		t.Helper()
+		list, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range list.Items {
+			for _, cs := range p.Status.ContainerStatuses {
+				if cs.RestartCount > 0 {
+					t.Fatalf("pod %s restarted: %+v", p.Name, cs.LastTerminationState)
+				}
+			}
+		}
+		return list.Items
+	}
+	var first *corev1.Pod
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+		for _, p := range pods() {
+			if p.Status.Phase == corev1.PodRunning {
+				first = &p
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("the first pod does not run: %v", err)
+	}
+	claim, err := cluster.ClaimOf(ctx, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.WaitEvent(ctx, ns, claim.Name, "Deployment "+ns+"/web request gpu: recommended memory", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).UpdateScale(ctx, "web", &autoscalingv1.Scale{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 3}}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var bursting []corev1.Pod
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+		bursting = bursting[:0]
+		for _, p := range pods() {
+			if p.Name != first.Name && p.Status.Phase == corev1.PodRunning {
+				bursting = append(bursting, p)
+			}
+		}
+		return len(bursting) == 2, nil
+	}); err != nil {
+		t.Fatalf("the two new pods do not run: %v", err)
+	}
+	device := ""
+	for i := range bursting {
+		c, err := cluster.ClaimOf(ctx, &bursting[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := c.Status.Allocation.Devices.Results[0]
+		cfg, err := api.MergeConfigs(api.DriverName, c.Status.Allocation.Devices.Config, r.Request)
+		if err != nil || cfg.Placement == nil || cfg.Placement.MemoryLimit == nil {
+			t.Fatalf("pod %s's allocation carries no burst cap (%v): %+v", bursting[i].Name, err, cfg)
+		}
+		guaranteed, capBytes := r.ConsumedCapacity["memory"], cfg.Placement.MemoryLimit.Value()
+		if capBytes != 60<<30 || guaranteed.Value() < 30<<30 || guaranteed.Value() >= capBytes {
+			t.Errorf("pod %s is guaranteed %s and capped at %s; want at least the 30Gi it uses, capped at 60Gi", bursting[i].Name, guaranteed.String(), fmtGiB(capBytes))
+		}
+		if device == "" {
+			device = r.Device
+		} else if r.Device != device {
+			t.Errorf("the bursting pods are on %s and %s; want one GPU: their use (60Gi) fits it with headroom", device, r.Device)
+		}
+		report, err := cluster.Probe(ctx, ns, bursting[i].Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("0=%dM", capBytes>>20); report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != want {
+			t.Errorf("pod %s's MPS cap %q; want the burst cap %q", bursting[i].Name, report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], want)
+		}
+		if got := report.Env["FGPU_MEMORY_GUARANTEED_BYTES"]; got != fmt.Sprint(guaranteed.Value()) {
+			t.Errorf("pod %s is told it is guaranteed %q bytes; want %d", bursting[i].Name, got, guaranteed.Value())
+		}
+		t.Logf("pod %s on %s: guaranteed %s, capped at %s", bursting[i].Name, r.Device, guaranteed.String(), fmtGiB(capBytes))
+	}
+	// What `kubectl fgpu top` shows: each bursting share against its burst cap, with what it
+	// is guaranteed.
+	shares, err := clusterview.Top(ctx, cluster.Client, api.DriverName, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := 0
+	for _, s := range shares {
+		if s.MemoryGuaranteed > 0 {
+			shown++
+			if s.MemoryCap != 60<<30 {
+				t.Errorf("top shows %s/%s capped at %d bytes; want the 60Gi burst cap", s.Namespace, s.Claim, s.MemoryCap)
+			}
+		}
+	}
+	if shown != 2 {
+		t.Errorf("top shows %d bursting shares; want 2: %+v", shown, shares)
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).UpdateScale(ctx, "web", &autoscalingv1.Scale{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 4}}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var fourth string
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(context.Context) (bool, error) {
+		for _, p := range pods() {
+			if p.Name != first.Name && p.Name != bursting[0].Name && p.Name != bursting[1].Name {
+				fourth = p.Name
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := cluster.WaitEvent(ctx, ns, fourth, "measured use and the workload's would not fit", 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(ev)
+	pods()
+}
+
+func fmtGiB(b int64) string { return fmt.Sprintf("%.1fGi", float64(b)/(1<<30)) }

@@ -38,6 +38,9 @@ type Tenant struct {
 	Memory    int64    `json:"memoryBytes"`
 	Compute   int64    `json:"computePercent"`
 	ShareID   string   `json:"shareID,omitempty"`
+	// BurstCap is a bursting share's memory cap, above Memory (what it is guaranteed and
+	// the allocator counts); 0 for any other share.
+	BurstCap int64 `json:"memoryBurstCapBytes,omitempty"`
 	// Mode comes from the plugin's device status, once prepared ("-" before).
 	Mode string `json:"mode"`
 }
@@ -107,6 +110,7 @@ func Gather(ctx context.Context, c kubernetes.Interface, driver string) ([]GPU, 
 			if r.ShareID != nil {
 				t.ShareID = string(*r.ShareID)
 			}
+			t.BurstCap = burstCap(cl.Status.Allocation, driver, r.Request)
 			for _, ref := range cl.Status.ReservedFor {
 				if ref.Resource == "pods" {
 					t.Pods = append(t.Pods, ref.Name)
@@ -159,7 +163,11 @@ func Print(w io.Writer, gpus []GPU) error {
 			if len(t.Pods) == 0 {
 				who = t.Namespace + "/claim " + t.Claim + " (no pod)"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d%%\t%s\n", fit(who, nameWidth-2), q(t.Memory), t.Compute, t.Mode)
+			mem := q(t.Memory)
+			if t.BurstCap > 0 {
+				mem += ", burst to " + q(t.BurstCap)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%d%%\t%s\n", fit(who, nameWidth-2), mem, t.Compute, t.Mode)
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -187,6 +195,15 @@ func fit(s string, n int) string {
 	}
 	head := (n - 1) / 2
 	return string(r[:head]) + "…" + string(r[len(r)-(n-1-head):])
+}
+
+// burstCap is the burst cap the allocator placed a request's share with (0: none).
+func burstCap(a *resourceapi.AllocationResult, driver, request string) int64 {
+	cfg, err := api.MergeConfigs(driver, a.Devices.Config, request)
+	if err != nil || cfg.Placement == nil || cfg.Placement.MemoryLimit == nil {
+		return 0
+	}
+	return cfg.Placement.MemoryLimit.Value()
 }
 
 func q(b int64) string { return resource.NewQuantity(b, resource.BinarySI).String() }

@@ -25,8 +25,10 @@ type ShareUse struct {
 	Pods      []string `json:"pods"`
 	GPU       string   `json:"gpu"` // node/device
 	Mode      string   `json:"mode"`
-	// MemoryCap and ComputeCap are the share's size (a whole GPU: its memory, 100%).
-	MemoryCap  int64 `json:"memoryCapBytes"`
+	// MemoryCap and ComputeCap are the share's size (a whole GPU: its memory, 100%); for a
+	// bursting share MemoryCap is its burst cap, and MemoryGuaranteed what it is guaranteed.
+	MemoryCap        int64 `json:"memoryCapBytes"`
+	MemoryGuaranteed int64 `json:"memoryGuaranteedBytes,omitempty"`
 	ComputeCap int64 `json:"computeCapPercent"`
 	// Usage is nil until the plugin has measured the share for a report interval.
 	Usage *sizing.Usage `json:"usage,omitempty"`
@@ -61,6 +63,9 @@ func Top(ctx context.Context, c kubernetes.Interface, driver, namespace string) 
 				if c, ok := res.ConsumedCapacity[api.CapacityCompute]; ok {
 					s.ComputeCap = c.Value()
 				}
+			}
+			if b := burstCap(cl.Status.Allocation, driver, res.Request); b > 0 {
+				s.MemoryGuaranteed, s.MemoryCap = s.MemoryCap, b
 			}
 			for _, st := range cl.Status.Devices {
 				if st.Driver != res.Driver || st.Pool != res.Pool || st.Device != res.Device || st.Data == nil {

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -226,5 +227,37 @@ func TestWrapAndFit(t *testing.T) {
 	}
 	if got := fit("team-a/a-very-long-pod-name-x7k2p", 20); got != "team-a/a-…name-x7k2p" || len([]rune(got)) != 20 {
 		t.Errorf("fit: %q", got)
+	}
+}
+
+// A bursting share shows its burst cap beside what it is guaranteed: in the GPU table, and
+// in top, whose use is judged against the cap MPS enforces.
+func TestViewsShowABurstingShareItsCap(t *testing.T) {
+	claim := builders.MakeClaim("team-a", "web-1-gpu").AllocatedOn("n1", "gpu-0").Obj()
+	r := &claim.Status.Allocation.Devices.Results[0]
+	r.ConsumedCapacity[api.CapacityMemory] = resource.MustParse("31Gi")
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "web-1"}}
+	raw := `{"apiVersion":"fgpu.dev/v1alpha1","kind":"GpuConfig","mode":"mps","placement":{"latencyClass":"bestEffort","memoryLimit":"60Gi"}}`
+	claim.Status.Allocation.Devices.Config = []resourceapi.DeviceAllocationConfiguration{{Source: resourceapi.AllocationConfigSourceClaim, Requests: []string{"gpu"},
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: api.DriverName, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}}}
+	c := fake.NewClientset(builders.MakeSlice("n1", 1, "80Gi"), claim)
+	gpus, err := Gather(context.Background(), c, api.DriverName)
+	if err != nil || len(gpus) != 1 || len(gpus[0].Tenants) != 1 {
+		t.Fatalf("gpus %+v %v", gpus, err)
+	}
+	if tn := gpus[0].Tenants[0]; tn.Memory != 31<<30 || tn.BurstCap != 60<<30 {
+		t.Errorf("tenant %+v; want 31Gi guaranteed, burst cap 60Gi", tn)
+	}
+	var out bytes.Buffer
+	if err := Print(&out, gpus); err != nil {
+		t.Fatal(err)
+	}
+	fits80(t, out.String())
+	if !strings.Contains(out.String(), "31Gi, burst to 60Gi") {
+		t.Errorf("table lacks the burst cap:\n%s", out.String())
+	}
+	shares, err := Top(context.Background(), c, api.DriverName, "")
+	if err != nil || len(shares) != 1 || shares[0].MemoryCap != 60<<30 || shares[0].MemoryGuaranteed != 31<<30 {
+		t.Fatalf("top %+v %v; want cap 60Gi, guaranteed 31Gi", shares, err)
 	}
 }

@@ -27,17 +27,19 @@ func newSimSizingCmd() *cobra.Command {
 		Use:   "sizing",
 		Short: "Replay genai_v2026's per-container GPU use online against sizing strategies",
 		Long: `Replay every container of the genai_v2026 trace (GPU memory and duty cycle every
-57 s), online, on 80 GiB GPUs placed best-fit by memory, under: whole (a GPU per
-container), human (its true peak rounded up to 8 GiB, known in advance), initial (fgpu
-Initial: it asks a whole GPU; only a restart after running out of memory is sized),
-auto (fgpu Auto: also restarted larger as its use nears its cap, smaller once its use
-stayed far below it for the history), oracle (true peaks repacked perfectly at every
-step), auto-burst (Auto with the burst model: each container capped at twice its
-observed peak, admitted to a GPU only if its co-tenants' recorded use, summed
-time-aligned at the report interval, plus headroom, fits). Prints GPUs in use (peak and
-time-average, over the run and after the first history window), containers per GPU,
-violations per 100 container-hours (steps a container used more than its cap, or a
-GPU's tenants together more than it has) and restarts.`,
+57 s), online, on 80 GiB GPUs, under: whole (a GPU per container), human (its true peak
+rounded up to 8 GiB, known in advance), initial (fgpu Initial: it asks a whole GPU; only
+a restart after running out of memory is sized), auto (fgpu Auto, the burst model the
+allocator builds: a container holds the whole GPU it asked for until it has a
+recommendation, then it is restarted guaranteed its typical interval peak and capped at
+twice its observed peak, on a GPU that holds no whole-GPU tenant, whose guaranteed memory
+fits, and whose tenants' recorded interval maxima, summed in time with its own, stay
+within the GPU over 1 + headroom), auto-per-claim (per-claim Auto: caps never
+over-committed, restarted larger as its use nears its cap, smaller once its use stayed far
+below it for the history) and oracle (true peaks repacked perfectly at every step).
+Prints GPUs in use (peak and time-average, over the run and after the first history
+window), containers per GPU, violations per 100 container-hours (steps a container used
+more than its cap, or a GPU's tenants together more than it has) and restarts.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSimSizing(cmd.OutOrStdout(), f) },
 	}
 	fl := cmd.Flags()
@@ -46,8 +48,8 @@ GPU's tenants together more than it has) and restarts.`,
 	fl.Float64Var(&f.headroom, "headroom", 0.15, "recommendation headroom (the allocator's --sizing-headroom)")
 	fl.DurationVar(&f.history, "history", time.Hour, "history before a recommendation (the allocator's --sizing-min-samples, in time)")
 	fl.DurationVar(&f.halfLife, "half-life", 24*time.Hour, "the recommender's half-life (--sizing-half-life)")
-	fl.DurationVar(&f.window, "window", 24*time.Hour, "auto-burst: the history its admission sums over")
-	fl.BoolVar(&f.grid, "grid", false, "also replay auto and auto-burst over a grid of headroom and history")
+	fl.DurationVar(&f.window, "window", 24*time.Hour, "auto: the history its admission sums over")
+	fl.BoolVar(&f.grid, "grid", false, "also replay auto and auto-per-claim over a grid of headroom and history")
 	return cmd
 }
 
@@ -79,7 +81,7 @@ func runSimSizing(w io.Writer, f simSizingFlags) error {
 		for _, h := range []float64{0.05, 0.1, 0.15, 0.3} {
 			for _, hist := range []time.Duration{time.Hour, 3 * time.Hour, 6 * time.Hour} {
 				o := opts(h, hist)
-				for _, r := range []sizingsim.Result{sizingsim.Auto(tr, o, progress), sizingsim.Burst(tr, o)} {
+				for _, r := range []sizingsim.Result{sizingsim.Auto(tr, o, progress), sizingsim.AutoPerClaim(tr, o, progress)} {
 					grid = append(grid, gridRow{Headroom: h, History: hist.String(), Window: f.window.String(), Result: r})
 				}
 			}

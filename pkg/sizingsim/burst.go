@@ -1,21 +1,30 @@
 package sizingsim
 
-import "github.com/fgpu-dev/fgpu/pkg/sizing"
+import (
+	"time"
 
-// burst is fgpu Auto with the burst model: each tenant is capped near its own observed peak
-// (its MPS memory cap), and a GPU admits a tenant only if the tenants' recorded usage, summed
-// time-aligned over the report intervals of the window, plus headroom, fits the GPU. Caps
-// then may add up to more than the GPU (best-effort tenants burst into each other's room); a
-// step at which a GPU's tenants together use more than it has fails someone's allocation.
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
+)
+
+// burst is fgpu Auto as the allocator builds it, the burst model (docs/sizing.md): a
+// container with no recommendation yet holds the whole GPU it asked for, alone; once its
+// workload has one it is restarted as a burster, guaranteed its typical interval peak (what
+// packing counts) and capped at BurstCap times its peak (what MPS enforces). A GPU admits a
+// burster only if it holds no non-burster, the guaranteed memory fits, and the tenants'
+// recorded interval maxima, summed in time with the newcomer's workload's, stay within the
+// GPU over 1 + headroom (sizing.Admit, as the allocator calls it). Caps then may add up to
+// more than the GPU; a step at which a GPU's tenants together use more than it has fails
+// someone's allocation.
 //
 // All of it is online and at the product's granularity: the allocator sees each tenant's
-// use only as the maximum over each report interval (the plugin's usage summaries), and
-// acts only when a report arrives; violations are counted at every trace step.
+// use only as the summary of each report interval (the plugin's), and acts only when a
+// report arrives; violations are counted at every trace step.
 type burst struct {
 	opts   Options
 	tr     *Trace
+	rec    *sizing.Recommender
+	clock  sizing.Clock
 	report int // trace steps per report interval
-	window int // report intervals admission sums over
 	f      *figures
 
 	gpus []*burstGPU
@@ -27,80 +36,86 @@ type burstGPU struct{ tenants []int }
 type burstTenant struct {
 	active bool
 	g      int
-	// cap is its memory cap; sized is false while it still holds the whole GPU it asked
-	// for (no history yet), alone on it.
-	cap   int64
-	sized bool
-	// maxima are the per-report-interval maxima of its use, from its start (index: the
-	// report interval on the run's clock); peak the largest use seen; prev the last step's.
-	first      int
-	maxima     []int64
-	peak, prev int64
-	samples    int
+	// burster is false while it holds the whole GPU it asked for, alone (no recommendation
+	// yet); guaranteed is what packing counts of it, cap what MPS enforces.
+	burster         bool
+	guaranteed, cap int64
+	// share is the maxima of its current pod's share, workload those of every pod it ran
+	// as (in the trace each container is its own workload).
+	share, workload sizing.Maxima
+	// interval gathers its use since the last report; peak is that interval's largest, and
+	// last the previous interval's; prev the last step's use.
+	interval         sizing.Window
+	peak, last, prev int64
 }
 
-// admits says whether c may join GPU g: every tenant there is sized, and over each report
-// interval of the window that c and all of them recorded, their maxima summed, plus
-// headroom, fit the GPU.
-func (b *burst) admits(g int, c int, now int) bool {
-	limit := float64(b.opts.GPUMemory) / (1 + b.opts.Sizing.Headroom)
-	for k := max(0, now-b.window); k < now; k++ {
-		sum, ok := b.at(c, k)
-		if !ok {
-			continue
+func (b *burst) workload(i int) sizing.Workload {
+	return sizing.Workload{Name: b.tr.Containers[i].ID, Request: "gpu"}
+}
+
+// series is what admission counts tenant i at in interval k: its share's maximum, else its
+// workload's, else its cap.
+func (b *burst) series(i int) func(int64) int64 {
+	t := b.c[i]
+	return func(k int64) int64 {
+		if v, ok := t.share.At(k); ok {
+			return v
 		}
-		for _, i := range b.gpus[g].tenants {
-			if !b.c[i].sized {
-				return false
-			}
-			v, ok2 := b.at(i, k)
-			if !ok2 {
-				ok = false
-				break
-			}
-			sum += v
+		if v, ok := t.workload.At(k); ok {
+			return v
 		}
-		if ok && float64(sum) > limit {
+		return t.cap
+	}
+}
+
+// admits says whether burster c may join GPU g at interval now.
+func (b *burst) admits(g, c int, now int64) bool {
+	guaranteed := b.c[c].guaranteed
+	var tenants []func(int64) int64
+	for _, i := range b.gpus[g].tenants {
+		if !b.c[i].burster {
 			return false
 		}
+		guaranteed += b.c[i].guaranteed
+		tenants = append(tenants, b.series(i))
 	}
-	return true
+	if guaranteed > b.opts.GPUMemory {
+		return false
+	}
+	limit := int64(float64(b.opts.GPUMemory) / (1 + b.opts.Sizing.Headroom))
+	ok, _, _ := sizing.Admit(limit, now-int64(b.clock.Window)+1, now, b.c[c].workload.At, tenants)
+	return ok
 }
 
-func (b *burst) at(i, k int) (int64, bool) {
-	t := b.c[i]
-	if k < t.first || k-t.first >= len(t.maxima) {
-		return 0, false
+// load is the largest summed maximum of g's tenants over the window: among the GPUs that
+// admit a burster the fullest is chosen.
+func (b *burst) load(g int, now int64) int64 {
+	var tenants []func(int64) int64
+	for _, i := range b.gpus[g].tenants {
+		tenants = append(tenants, b.series(i))
 	}
-	return t.maxima[k-t.first], true
-}
-
-// load is the largest summed maximum of g's tenants over the window: the tightest GPU that
-// admits a tenant is preferred (best fit).
-func (b *burst) load(g int, now int) int64 {
 	var most int64
-	for k := max(0, now-b.window); k < now; k++ {
+	for k := now - int64(b.clock.Window) + 1; k <= now; k++ {
 		var sum int64
-		for _, i := range b.gpus[g].tenants {
-			v, _ := b.at(i, k)
-			sum += v
+		for _, t := range tenants {
+			sum += t(k)
 		}
 		most = max(most, sum)
 	}
 	return most
 }
 
-// place puts c on the tightest GPU that admits it (never skip), else on a GPU of its own.
-func (b *burst) place(c, now, skip int) {
-	t := b.c[c]
-	best := -1
-	if t.sized {
+// place puts c on the fullest GPU that admits it (never skip) if it is a burster, else on a
+// GPU of its own.
+func (b *burst) place(c int, now int64, skip int) {
+	best, bestLoad := -1, int64(0)
+	if b.c[c].burster {
 		for g, gpu := range b.gpus {
 			if g == skip || len(gpu.tenants) == 0 || !b.admits(g, c, now) {
 				continue
 			}
-			if best < 0 || b.load(g, now) > b.load(best, now) {
-				best = g
+			if l := b.load(g, now); best < 0 || l > bestLoad {
+				best, bestLoad = g, l
 			}
 		}
 	}
@@ -116,7 +131,7 @@ func (b *burst) place(c, now, skip int) {
 		b.gpus = append(b.gpus, &burstGPU{})
 		best = len(b.gpus) - 1
 	}
-	t.g = best
+	b.c[c].g = best
 	b.gpus[best].tenants = append(b.gpus[best].tenants, c)
 }
 
@@ -130,13 +145,18 @@ func (b *burst) remove(c int) {
 	}
 }
 
-// restart stops c and starts it again, capped near its peak, where admission puts it.
-func (b *burst) restart(c, now int) {
+// restart stops c and starts it again as a burster sized from its workload's
+// recommendation (every container restarted has one) and the use seen since, where
+// admission puts it, never on skip.
+func (b *burst) restart(c int, now int64, skip int) {
 	t := b.c[c]
-	skip := t.g
 	b.remove(c)
-	t.sized = true
-	t.cap = min(b.opts.GPUMemory, roundUp(int64(float64(t.peak)*b.opts.BurstCap), sizing.MemoryStep))
+	rec, _ := b.rec.Recommend(b.workload(c))
+	t.burster = true
+	t.guaranteed = min(b.opts.GPUMemory, max(sizing.MemoryStep, rec.TypicalBytes))
+	peak := max(rec.PeakBytes, t.peak)
+	t.cap = max(t.guaranteed, min(b.opts.GPUMemory, roundUp(int64(float64(peak)*b.opts.BurstCap), sizing.MemoryStep)))
+	t.share = sizing.Maxima{}
 	b.place(c, now, skip)
 }
 
@@ -150,24 +170,28 @@ func (b *burst) inUse() int {
 	return n
 }
 
-// Burst replays the trace under fgpu Auto with the burst model (auto-burst): a tenant with
-// no history holds the whole GPU it asked for, alone; once it has MinSamples steps of history
-// it is restarted capped at BurstCap times its peak, where admission puts it.
-func Burst(tr *Trace, opts Options) Result {
-	b := &burst{opts: opts, tr: tr, f: &figures{Result: Result{Strategy: "auto-burst"}, warmFrom: warmFrom(tr, opts)}}
+// Auto replays the trace under fgpu Auto, the burst model.
+func Auto(tr *Trace, opts Options, progress func(done, total int)) Result {
+	b := &burst{opts: opts, tr: tr, rec: sizing.NewRecommender(opts.Sizing),
+		f: &figures{Result: Result{Strategy: "auto"}, warmFrom: warmFrom(tr, opts)}}
 	b.report = reportSteps(tr, opts)
-	b.window = max(1, int(opts.Window.Seconds()/tr.StepSeconds)/b.report)
+	step := time.Duration(tr.StepSeconds * float64(time.Second))
+	// The clock's intervals are the trace's report intervals, so each summary is one interval.
+	b.clock = sizing.Clock{Width: time.Duration(b.report) * step}
+	b.clock.Window = max(1, int(opts.Window/b.clock.Width))
+	t0 := time.Unix(0, 0)
 	for range tr.Containers {
 		b.c = append(b.c, &burstTenant{})
 	}
 	for t := 0; t < tr.Steps; t++ {
-		k := t / b.report
+		now := t0.Add(time.Duration(t) * step)
+		k := b.clock.Interval(now)
 		active := 0
 		for i, c := range tr.Containers {
 			bt := b.c[i]
 			switch {
 			case t == c.Start:
-				*bt = burstTenant{active: true, cap: opts.GPUMemory, first: k}
+				*bt = burstTenant{active: true, cap: opts.GPUMemory, guaranteed: opts.GPUMemory}
 				b.place(i, k, -1)
 			case t == c.Start+len(c.Memory):
 				b.remove(i)
@@ -178,20 +202,16 @@ func Burst(tr *Trace, opts Options) Result {
 			}
 			active++
 			use := c.Memory[t-c.Start]
-			for len(bt.maxima) <= k-bt.first {
-				bt.maxima = append(bt.maxima, 0)
-			}
-			bt.maxima[k-bt.first] = max(bt.maxima[k-bt.first], use)
+			bt.interval.Add(sizing.Sample{At: now, MemoryBytes: use, SMPercent: c.SM[t-c.Start]})
 			bt.peak = max(bt.peak, use)
-			bt.samples++
 			// (i) past its own cap: out of memory, restarted larger.
 			if use > bt.cap {
 				b.f.Violations++
-				b.restart(i, k)
+				b.restart(i, k, -1)
 			}
 		}
 		// (ii) a GPU whose tenants together use more than it has: the allocation of the one
-		// that grew most fails; it restarts, placed again.
+		// that grew most fails; it restarts elsewhere.
 		for g := range b.gpus {
 			for {
 				var sum int64
@@ -208,7 +228,7 @@ func Burst(tr *Trace, opts Options) Result {
 				}
 				b.f.Violations++
 				b.f.OverfullViolations++
-				b.restart(hurt, k)
+				b.restart(hurt, k, g)
 			}
 		}
 		for i := range tr.Containers {
@@ -216,46 +236,65 @@ func Burst(tr *Trace, opts Options) Result {
 				b.c[i].prev = b.use(i, t)
 			}
 		}
-		// (iii) Auto acts on each report: a tenant still on the whole GPU it asked for, with
-		// enough history, is restarted at its size; one whose interval maximum nears its
-		// cap is restarted larger; on a GPU whose tenants' summed maxima near its memory, the
-		// one that grew most is moved.
 		if (t+1)%b.report == 0 {
-			for i, bt := range b.c {
-				if !bt.active {
-					continue
-				}
-				m := bt.maxima[k-bt.first]
-				if !bt.sized && bt.samples >= opts.Sizing.MinSamples ||
-					bt.sized && float64(m) > opts.NearCap*float64(bt.cap) && bt.cap < opts.GPUMemory {
-					b.f.Restarts++
-					b.restart(i, k+1)
-				}
-			}
-			for g := range b.gpus {
-				var sum int64
-				move, growth := -1, int64(0)
-				for _, i := range b.gpus[g].tenants {
-					bt := b.c[i]
-					m := bt.maxima[k-bt.first]
-					sum += m
-					d := m
-					if k > bt.first {
-						d -= bt.maxima[k-1-bt.first]
-					}
-					if move < 0 || d > growth {
-						move, growth = i, d
-					}
-				}
-				if len(b.gpus[g].tenants) > 1 && float64(sum) > opts.NearCap*float64(opts.GPUMemory) {
-					b.f.Restarts++
-					b.restart(move, k+1)
-				}
-			}
+			b.reported(k)
 		}
 		b.f.step(b.inUse(), active)
+		if progress != nil && t%100 == 0 {
+			progress(t, tr.Steps)
+		}
 	}
 	return b.f.done(tr.StepSeconds)
+}
+
+// reported takes each container's summary of interval k into the recommender and the maxima,
+// then acts as Auto does on a report: a container with a recommendation that still holds a
+// whole GPU, or a burster whose interval peak nears its cap, is restarted at its new sizes;
+// on a GPU whose tenants' summed interval peaks near its memory, the one that grew most is
+// moved.
+func (b *burst) reported(k int64) {
+	for i, bt := range b.c {
+		if !bt.active {
+			continue
+		}
+		u, ok := bt.interval.Summary()
+		bt.interval.Reset()
+		if !ok {
+			continue
+		}
+		b.rec.Add(b.workload(i), b.tr.Containers[i].ID, u)
+		bt.share.Record(b.clock, u.From, u.To, u.MemoryMaxBytes)
+		bt.workload.Record(b.clock, u.From, u.To, u.MemoryMaxBytes)
+	}
+	for i, bt := range b.c {
+		if !bt.active {
+			continue
+		}
+		_, ready := b.rec.Recommend(b.workload(i))
+		if !bt.burster && ready ||
+			bt.burster && float64(bt.peak) > b.opts.NearCap*float64(bt.cap) && bt.cap < b.opts.GPUMemory {
+			b.f.Restarts++
+			b.restart(i, k, -1)
+		}
+	}
+	for g := range b.gpus {
+		var sum int64
+		move, growth := -1, int64(0)
+		for _, i := range b.gpus[g].tenants {
+			bt := b.c[i]
+			sum += bt.peak
+			if d := bt.peak - bt.last; move < 0 || d > growth {
+				move, growth = i, d
+			}
+		}
+		if len(b.gpus[g].tenants) > 1 && float64(sum) > b.opts.NearCap*float64(b.opts.GPUMemory) {
+			b.f.Restarts++
+			b.restart(move, k, g)
+		}
+	}
+	for _, bt := range b.c {
+		bt.last, bt.peak = bt.peak, 0
+	}
 }
 
 func (b *burst) use(i, t int) int64 {

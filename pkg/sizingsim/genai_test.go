@@ -9,8 +9,9 @@ import (
 	"testing"
 )
 
-// genaiDir is the trace beside the repository's worktree, when there is one.
-const genaiDir = "../../../../shared/traces/genai_v2026"
+// genaiDirs are where the trace is, when it is at hand: ../shared beside the repository's
+// root (as `fgpu sim sizing` defaults to), or beside the worktrees' folder.
+var genaiDirs = []string{"../../../shared/traces/genai_v2026", "../../../../shared/traces/genai_v2026"}
 
 func writeTarGz(t *testing.T, path, name, content string) {
 	t.Helper()
@@ -97,21 +98,30 @@ func TestRunStrategies(t *testing.T) {
 	if r := got["initial"]; r.GPUsPeak != 2 || r.Violations != 0 {
 		t.Errorf("initial %+v; want a whole GPU each, never violated", r)
 	}
-	r := got["auto"]
+	r := got["auto-per-claim"]
 	if r.GPUsPeak != 2 || r.GPUsMean >= 2 || r.Restarts < 2 || r.Violations != 1 {
-		t.Errorf("auto %+v; want both shrunk after the history onto one GPU, and b's jump past its cap one violation", r)
+		t.Errorf("auto-per-claim %+v; want both shrunk after the history onto one GPU, and b's jump past its cap one violation", r)
 	}
 	if hours := 400.0 / 60; r.ViolationsPer100h < 100/hours-1e-9 || r.ViolationsPer100h > 100/hours+1e-9 {
 		t.Errorf("violations per 100h %v; want %v", r.ViolationsPer100h, 100/hours)
 	}
 }
 
-// The real trace, where it is at hand: the orders the figures must keep.
-func TestGenAIOrders(t *testing.T) {
-	if _, err := os.Stat(genaiDir); err != nil {
+// The real trace, where it is at hand: the orders the figures must keep, and the issue's
+// targets for Auto at the defaults, from the figures: fewer GPUs than the human and under
+// one violation per 100 container-hours hold; half of whole's GPUs does not (the first
+// hour, when every container holds a whole GPU, costs it), which is logged.
+func TestGenAITargets(t *testing.T) {
+	dir := ""
+	for _, d := range genaiDirs {
+		if _, err := os.Stat(d); err == nil {
+			dir = d
+		}
+	}
+	if dir == "" {
 		t.Skip("genai_v2026 trace not here")
 	}
-	tr, err := LoadGenAI(genaiDir)
+	tr, err := LoadGenAI(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,22 +130,36 @@ func TestGenAIOrders(t *testing.T) {
 		got[r.Strategy] = r
 		t.Logf("%+v", r)
 	}
-	if len(tr.Containers) != 144 || !(got["oracle"].GPUsMean < got["human"].GPUsMean && got["human"].GPUsMean < got["whole"].GPUsMean) {
+	whole, human, oracle, auto := got["whole"], got["human"], got["oracle"], got["auto"]
+	if len(tr.Containers) != 144 || !(oracle.GPUsMean < human.GPUsMean && human.GPUsMean < whole.GPUsMean) {
 		t.Errorf("%d containers; figures %+v", len(tr.Containers), got)
 	}
+	if auto.GPUsMean >= human.GPUsMean {
+		t.Errorf("auto needs %.1f GPUs, the human %.1f: want fewer", auto.GPUsMean, human.GPUsMean)
+	}
+	if auto.ViolationsPer100h >= 1 {
+		t.Errorf("auto has %.2f violations per 100 container-hours: want under 1", auto.ViolationsPer100h)
+	}
+	if auto.GPUsMean >= got["auto-per-claim"].GPUsMean {
+		t.Errorf("auto needs %.1f GPUs, per-claim auto %.1f: want fewer", auto.GPUsMean, got["auto-per-claim"].GPUsMean)
+	}
+	half := whole.GPUsMean / 2
+	t.Logf("half of whole (%.1f GPUs): auto needs %.1f over the run, %.1f after the history; met: %v",
+		half, auto.GPUsMean, auto.GPUsMeanWarm, auto.GPUsMean <= half)
 }
 
-// Two containers whose peaks alternate share one GPU under the burst model, though their
-// caps (twice their peaks) add up to twice the GPU; when their peaks later coincide past
+// Two containers whose short peaks alternate share one GPU under Auto, guaranteed their
+// typical use and capped at twice their peaks (the whole GPU each), but not under per-claim
+// Auto, whose caps never add up to more than the GPU; when their peaks later coincide past
 // the GPU's memory, someone's allocation fails and that counts.
-func TestBurstSharesNonCoincidingPeaks(t *testing.T) {
+func TestAutoSharesNonCoincidingPeaks(t *testing.T) {
 	const gib = int64(1) << 30
-	phase := func(n, from int, hi, lo, both int64) []int64 {
-		m := make([]int64, n)
+	phase := func(from int, both int64) []int64 {
+		m := make([]int64, 200)
 		for i := range m {
-			m[i] = lo
-			if (i/20)%2 == from {
-				m[i] = hi
+			m[i] = 5 * gib
+			if (i/10)%4 == from {
+				m[i] = 40 * gib
 			}
 			if both > 0 && i >= 150 {
 				m[i] = both
@@ -144,21 +168,52 @@ func TestBurstSharesNonCoincidingPeaks(t *testing.T) {
 		return m
 	}
 	sm := make([]int, 200)
-	run := func(both int64) Result {
-		tr := &Trace{StepSeconds: 60, Steps: 200, Containers: []Container{
-			{ID: "a", Memory: phase(200, 0, 40*gib, 5*gib, both), SM: sm},
-			{ID: "b", Memory: phase(200, 1, 40*gib, 5*gib, both), SM: sm},
+	opts := DefaultOptions(60)
+	opts.Sizing.MinSamples = 60
+	trace := func(both int64) *Trace {
+		return &Trace{StepSeconds: 60, Steps: 200, Containers: []Container{
+			{ID: "a", Memory: phase(0, both), SM: sm},
+			{ID: "b", Memory: phase(2, both), SM: sm},
 		}}
-		opts := DefaultOptions(60)
-		opts.Sizing.MinSamples = 60
-		return Burst(tr, opts)
 	}
-	r := run(0)
-	if r.GPUsPeak != 2 || r.GPUsPeakWarm != 1 || r.Violations != 0 || r.Restarts != 2 {
-		t.Errorf("alternating peaks: %+v; want a whole GPU each for the history, then one shared GPU, no violation, one restart each", r)
+	r := Auto(trace(0), opts, nil)
+	if r.GPUsPeak != 2 || r.GPUsMeanWarm != 1 || r.Violations != 0 || r.Restarts != 2 {
+		t.Errorf("auto, alternating peaks: %+v; want a whole GPU each for the history, then one shared GPU, no violation, one restart each", r)
 	}
-	r = run(45 * gib)
+	if r := AutoPerClaim(trace(0), opts, nil); r.GPUsMeanWarm != 2 {
+		t.Errorf("auto-per-claim, alternating peaks: %+v; want a GPU each throughout", r)
+	}
+	r = Auto(trace(45*gib), opts, nil)
 	if r.OverfullViolations == 0 || r.Violations != r.OverfullViolations {
 		t.Errorf("coinciding peaks of 90 GiB on an 80 GiB GPU: %+v; want over-full violations only", r)
+	}
+}
+
+// A GPU that a container holds whole, having no recommendation yet, admits no burster: a,
+// a burster since step 60, runs out of its 10 GiB cap at step 170 and restarts on a GPU of
+// its own, though b, which started at step 150 and holds a whole GPU, uses only 5 GiB.
+func TestAutoNoBursterBesideWholeGPU(t *testing.T) {
+	const gib = int64(1) << 30
+	a := make([]int64, 200)
+	for i := range a {
+		a[i] = 5 * gib
+		if i >= 170 {
+			a[i] = 12 * gib
+		}
+	}
+	b := make([]int64, 50)
+	for i := range b {
+		b[i] = 5 * gib
+	}
+	tr := &Trace{StepSeconds: 60, Steps: 200, Containers: []Container{
+		{ID: "a", Memory: a, SM: make([]int, 200)},
+		{ID: "b", Start: 150, Memory: b, SM: make([]int, 50)},
+	}}
+	opts := DefaultOptions(60)
+	opts.Sizing.MinSamples = 60
+	r := Auto(tr, opts, nil)
+	// One GPU until b starts, then two.
+	if want := (150*1 + 50*2) / 200.0; r.GPUsPeak != 2 || r.GPUsMean != want || r.Violations != 1 {
+		t.Errorf("%+v; want GPUs mean %v, one violation", r, want)
 	}
 }

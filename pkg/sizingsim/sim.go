@@ -22,11 +22,10 @@ type Options struct {
 	// Report is the plugin's usage report interval: the allocator sees a container's use
 	// only as each interval's summary, and acts only when one arrives.
 	Report time.Duration
-	// Window is how much of the tenants' time-aligned history the burst model's admission
-	// sums.
+	// Window is how much of the tenants' time-aligned history Auto's admission sums.
 	Window time.Duration
-	// BurstCap is the burst model's memory cap of a tenant, as a multiple of its observed
-	// peak: what it may burst to, beyond what admission counts it at.
+	// BurstCap is a burster's memory cap, as a multiple of its workload's observed peak:
+	// what it may burst to, beyond the typical use it is guaranteed.
 	BurstCap float64
 }
 
@@ -159,9 +158,10 @@ func roundUp(v, step int64) int64 { return (v + step - 1) / step * step }
 // Run replays the trace online against each strategy: whole (a GPU per container), human
 // (each container's true peak rounded up to 8 GiB, known in advance), initial (fgpu Initial:
 // the container asks a whole GPU, and only a start after an out-of-memory is sized, at the
-// recommendation), auto (Initial, and containers restarted larger as their use nears their
-// cap or smaller when it stays far below it) and oracle (each container at its true peak,
-// all repacked perfectly at every step: first-fit decreasing). A cap violation is a step at
+// recommendation), auto-per-claim (Initial, and containers restarted larger as their use
+// nears their cap or smaller when it stays far below it, caps never over-committed), auto
+// (fgpu Auto, the burst model: see Auto) and oracle (each container at its true peak, all
+// repacked perfectly at every step: first-fit decreasing). A cap violation is a step at
 // which a container's use passes its cap: it runs out of memory and restarts larger.
 func Run(tr *Trace, opts Options, progress func(done, total int)) []Result {
 	peak := make([]int64, len(tr.Containers))
@@ -198,15 +198,16 @@ func Run(tr *Trace, opts Options, progress func(done, total int)) []Result {
 	out = append(out, fixed("whole", func(int) int64 { return opts.GPUMemory }))
 	out = append(out, fixed("human", func(i int) int64 { return max(8<<30, roundUp(peak[i], 8<<30)) }))
 	out = append(out, adaptive(tr, opts, "initial", false, progress))
-	out = append(out, adaptive(tr, opts, "auto", true, progress))
-	out = append(out, Burst(tr, opts))
+	out = append(out, AutoPerClaim(tr, opts, progress))
+	out = append(out, Auto(tr, opts, progress))
 	out = append(out, oracle(tr, opts, peak))
 	return out
 }
 
-// Auto replays the trace under fgpu Auto alone.
-func Auto(tr *Trace, opts Options, progress func(done, total int)) Result {
-	return adaptive(tr, opts, "auto", true, progress)
+// AutoPerClaim replays the trace under per-claim Auto: a cap per container, never
+// over-committed.
+func AutoPerClaim(tr *Trace, opts Options, progress func(done, total int)) Result {
+	return adaptive(tr, opts, "auto-per-claim", true, progress)
 }
 
 type running struct {
@@ -217,7 +218,7 @@ type running struct {
 	interval sizing.Window
 }
 
-// adaptive is fgpu Initial (auto false) or Auto with a cap per container, never
+// adaptive is fgpu Initial (auto false) or per-claim Auto: a cap per container, never
 // over-committed. Running out of memory restarts a container at once (its next step); the
 // recommender and Auto see its use only in each report interval's summary.
 func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(done, total int)) Result {

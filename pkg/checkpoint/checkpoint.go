@@ -91,7 +91,8 @@ type PreparedDevice struct {
 	ShareID        string `json:"shareID,omitempty"`
 	MemoryBytes    int64  `json:"memoryBytes"`
 	ComputePercent int64  `json:"computePercent"`
-	// MemoryLimitBytes and ThreadPercent are the caps enforced (≤ the allocation).
+	// MemoryLimitBytes and ThreadPercent are the caps enforced: at most the allocation, but
+	// for a burst share's memory (the allocator's placement.memoryLimit), above MemoryBytes.
 	MemoryLimitBytes int64  `json:"memoryLimitBytes"`
 	ThreadPercent    int64  `json:"threadPercent"`
 	Mode             string `json:"mode"`

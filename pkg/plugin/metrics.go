@@ -27,6 +27,7 @@ type Metrics struct {
 	tenants        *prometheus.GaugeVec
 	capacityBytes  *prometheus.GaugeVec
 	claimMemory    *prometheus.GaugeVec
+	claimGuarantee *prometheus.GaugeVec
 	claimUsed      *prometheus.GaugeVec
 	claimSM        *prometheus.GaugeVec
 	claimCompute   *prometheus.GaugeVec
@@ -54,6 +55,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		tenants:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_gpu_tenants", Help: "Claims prepared on a GPU."}, []string{"gpu", "uuid"}),
 		capacityBytes:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_gpu_allocatable_memory_bytes", Help: "Memory a GPU offers to claims."}, []string{"gpu", "uuid"}),
 		claimMemory:    prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_claim_memory_limit_bytes", Help: "Memory cap of a prepared claim."}, []string{"namespace", "claim", "gpu"}),
+		claimGuarantee: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_claim_memory_guaranteed_bytes",
+			Help: "Memory allocated to a prepared claim (what packing and quota count); a burst share's cap is above it."}, []string{"namespace", "claim", "gpu"}),
 		claimUsed: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_claim_memory_used_bytes",
 			Help: "GPU memory the processes of a prepared claim held at the last measurement."}, []string{"namespace", "claim", "gpu"}),
 		claimSM: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_claim_sm_active_percent",
@@ -67,7 +70,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		condition: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fgpu_gpu_condition",
 			Help: "1 while the GPU carries the health taint of the condition (fault: NoExecute; degraded, flapping: NoSchedule)."}, []string{"gpu", "uuid", "condition"}),
 	}
-	reg.MustRegister(m.prepareSeconds, m.allocatedBytes, m.allocatedPct, m.tenants, m.capacityBytes, m.claimMemory, m.claimUsed, m.claimSM,
+	reg.MustRegister(m.prepareSeconds, m.allocatedBytes, m.allocatedPct, m.tenants, m.capacityBytes, m.claimMemory, m.claimGuarantee, m.claimUsed, m.claimSM,
 		m.claimCompute, m.omitted, m.healthy, m.condition)
 	return m
 }
@@ -89,6 +92,7 @@ func (m *Metrics) observeState(s *State) {
 		return
 	}
 	m.claimMemory.Reset()
+	m.claimGuarantee.Reset()
 	m.claimCompute.Reset()
 	type sums struct{ mem, pct, n int64 }
 	per := map[string]*sums{}
@@ -104,6 +108,7 @@ func (m *Metrics) observeState(s *State) {
 			per[p.Device].n++
 			if shown[uid] {
 				m.claimMemory.WithLabelValues(e.Namespace, e.Name, p.Device).Set(float64(p.MemoryLimitBytes))
+				m.claimGuarantee.WithLabelValues(e.Namespace, e.Name, p.Device).Set(float64(p.MemoryBytes))
 				m.claimCompute.WithLabelValues(e.Namespace, e.Name, p.Device).Set(float64(p.ThreadPercent))
 			}
 		}

@@ -46,21 +46,31 @@ fgpu_gpu_healthy{gpu="gpu-1",uuid="GPU-b"} 0
 	}
 }
 
-// A prepared claim's caps are served per claim: its memory limit and its thread percentage.
+// A prepared claim's caps are served per claim: its memory limit and its thread percentage,
+// and the memory guaranteed to it, below the cap for a burst share.
 func TestClaimCapMetrics(t *testing.T) {
 	e := newEnv(t)
+	e.cfg.Fenced = true
 	s := e.state()
 	c := builders.MakeClaim("ns", "a").Memory("10Gi").Compute("30").AllocatedOn(node, "gpu-0").Obj()
-	if _, err := s.PrepareFor(context.Background(), c, nil); err != nil {
-		t.Fatal(err)
+	burst := builders.MakeClaim("ns", "burst").Memory("10Gi").AllocatedOn(node, "gpu-0").AllocatorConfig(burstPlacement("30Gi", nil)).Obj()
+	for _, claim := range []*resourceapi.ResourceClaim{c, burst} {
+		if _, err := s.PrepareFor(context.Background(), claim, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	m := NewMetrics(prometheus.NewRegistry())
 	m.observeState(s)
 	if v := testutil.ToFloat64(m.claimCompute.WithLabelValues("ns", "a", "gpu-0")); v != 30 {
 		t.Errorf("fgpu_claim_compute_limit_percent = %v, want 30", v)
 	}
-	if v := testutil.ToFloat64(m.claimMemory.WithLabelValues("ns", "a", "gpu-0")); v != 10<<30 {
-		t.Errorf("fgpu_claim_memory_limit_bytes = %v, want 10Gi", v)
+	for name, want := range map[string][2]float64{"a": {10 << 30, 10 << 30}, "burst": {30 << 30, 10 << 30}} {
+		if v := testutil.ToFloat64(m.claimMemory.WithLabelValues("ns", name, "gpu-0")); v != want[0] {
+			t.Errorf("%s: fgpu_claim_memory_limit_bytes = %v, want %v", name, v, want[0])
+		}
+		if v := testutil.ToFloat64(m.claimGuarantee.WithLabelValues("ns", name, "gpu-0")); v != want[1] {
+			t.Errorf("%s: fgpu_claim_memory_guaranteed_bytes = %v, want %v", name, v, want[1])
+		}
 	}
 }
 

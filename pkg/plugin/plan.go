@@ -39,7 +39,7 @@ func (s *State) plan(claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDev
 			return nil, fmt.Errorf("request %q: %w", r.Request, err)
 		}
 		cfg.Normalize()
-		p, err := s.planDevice(claim.Namespace, d, r, cfg)
+		p, err := s.planDevice(claim.Namespace, d, r, cfg, tenantSetsCap(s.cfg.DriverName, claim, r.Request))
 		if err != nil {
 			return nil, fmt.Errorf("request %q on %s: %w", r.Request, r.Device, err)
 		}
@@ -60,10 +60,27 @@ func (s *State) plan(claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDev
 	return planned, nil
 }
 
+// tenantSetsCap says whether the claim's own config, which its tenant writes, sets a burst
+// cap (placement.memoryLimit) for request. The allocator refuses to place such a claim; an
+// allocation that carries the tenant's cap anyway (written by something that did not put a
+// placement of its own after it) must not raise the tenant's cap.
+func tenantSetsCap(driver string, claim *resourceapi.ResourceClaim, request string) bool {
+	for _, c := range claim.Spec.Devices.Config {
+		if c.Opaque == nil || c.Opaque.Driver != driver || !configapi.AppliesTo(c.Requests, request) {
+			continue
+		}
+		if cfg, err := configapi.DecodeGpuConfig(c.Opaque.Parameters.Raw); err == nil && cfg.Placement != nil && cfg.Placement.MemoryLimit != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // planDevice plans one device of a claim of namespace ns. The MPS daemon is the GPU's and
 // the pair (ns, the config's sub-domain): the config, which tenants write in scheduler mode,
-// can only subdivide the claim's own namespace, never name another's server.
-func (s *State) planDevice(ns string, d gpu.Device, r resourceapi.DeviceRequestAllocationResult, cfg *configapi.GpuConfig) (checkpoint.PreparedDevice, error) {
+// can only subdivide the claim's own namespace, never name another's server. tenantCap says
+// the claim's own config sets a burst cap (tenantSetsCap).
+func (s *State) planDevice(ns string, d gpu.Device, r resourceapi.DeviceRequestAllocationResult, cfg *configapi.GpuConfig, tenantCap bool) (checkpoint.PreparedDevice, error) {
 	allocatable := AllocatableMemory(d, s.cfg.ReservedMemory)
 	mem, compute := allocatable, int64(100)
 	if r.ConsumedCapacity != nil {
@@ -105,9 +122,56 @@ func (s *State) planDevice(ns string, d gpu.Device, r resourceapi.DeviceRequestA
 	if p.Mode == string(configapi.SharingModeMPS) {
 		p.MPSKey = daemon.Key()
 	}
+	if cfg.Placement != nil && cfg.Placement.MemoryLimit != nil {
+		limit, err := s.burstCap(p, d, cfg, tenantCap, allocatable)
+		if err != nil {
+			return p, err
+		}
+		p.MemoryLimitBytes = limit
+	}
 	p.MemoryCap = memoryCap(p.Mode, s.dmemRegions[d.UUID] != "")
 	p.MemoryEnforced, p.MemoryEnforcement = s.memoryEnforcement(p.Mode, p.MemoryCap, cfg.Placement)
+	if p.MemoryLimitBytes > p.MemoryBytes {
+		p.MemoryEnforcement += burstWhy
+	}
 	return p, nil
+}
+
+// burstWhy ends FGPU_MEMORY_ENFORCEMENT for a share whose cap is above its allocation.
+const burstWhy = "; burst: the cap (FGPU_MEMORY_LIMIT) is above the guaranteed memory (FGPU_MEMORY_GUARANTEED), " +
+	"and the guarantee holds only while the GPU's other tenants (all of this namespace and isolation domain) stay within theirs"
+
+// burstCap returns the burst cap of the allocator's placement (placement.memoryLimit) for
+// the planned share p, or an error naming the first rule it breaks. A cap above the
+// allocation takes memory the GPU's other tenants were counted to have, so it is honoured
+// only where nothing but the allocator can have written it (allocator mode, not the
+// tenant's own config) and where only the same namespace's isolation domain can be hurt by
+// it (no allowSharedGPU: checkIsolation keeps other domains off the GPU), for an MPS share,
+// whose caps MPS enforces. A whole GPU has no use for one; time-slicing enforces no cap.
+func (s *State) burstCap(p checkpoint.PreparedDevice, d gpu.Device, cfg *configapi.GpuConfig, tenantCap bool, allocatable int64) (int64, error) {
+	limit := cfg.Placement.MemoryLimit.Value()
+	var why string
+	switch {
+	case tenantCap:
+		why = "the claim's own config sets it, and only the fgpu allocator may write placement"
+	case !s.cfg.Fenced:
+		why = "the plugin runs in scheduler mode, where no allocator placed the claim"
+	case cfg.Placement.AllowSharedGPU:
+		why = "the placement lets other isolation domains use the GPU, and a burst must never take memory from another domain"
+	case p.Mode == ModeExclusive:
+		why = "the share holds the whole GPU, so there is nothing to burst into"
+	case p.Mode != string(configapi.SharingModeMPS):
+		why = fmt.Sprintf("the share is %s, which enforces no memory cap; a burst cap needs mode %s", p.Mode, configapi.SharingModeMPS)
+	case cfg.MemoryLimit != nil:
+		why = fmt.Sprintf("the claim's config also sets memoryLimit %s, and a share has one cap", cfg.MemoryLimit)
+	case limit < p.MemoryBytes:
+		why = fmt.Sprintf("it is below the %s allocated to the share", bytesStr(p.MemoryBytes))
+	case limit > allocatable:
+		why = fmt.Sprintf("it is above GPU %s's %s allocatable", d.Name(), bytesStr(allocatable))
+	default:
+		return limit, nil
+	}
+	return 0, fmt.Errorf("refusing the burst cap placement.memoryLimit %s: %s", cfg.Placement.MemoryLimit, why)
 }
 
 // What caps a share's GPU memory (checkpoint.PreparedDevice.MemoryCap, FGPU_MEMORY_CAP).

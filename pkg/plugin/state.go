@@ -848,6 +848,8 @@ func (s *State) cdiDevice(p *checkpoint.PreparedDevice, i, n int) cdi.Device {
 		{"FGPU_ISOLATION_DOMAIN", p.IsolationDomain},
 		{"FGPU_MEMORY_LIMIT_BYTES", strconv.FormatInt(p.MemoryLimitBytes, 10)},
 		{"FGPU_MEMORY_LIMIT", bytesStr(p.MemoryLimitBytes)},
+		{"FGPU_MEMORY_GUARANTEED_BYTES", strconv.FormatInt(p.MemoryBytes, 10)},
+		{"FGPU_MEMORY_GUARANTEED", bytesStr(p.MemoryBytes)},
 		{"FGPU_COMPUTE_PERCENT", strconv.FormatInt(p.ThreadPercent, 10)},
 		{"FGPU_MEMORY_ENFORCED", strconv.FormatBool(p.MemoryEnforced)},
 		{"FGPU_MEMORY_ENFORCEMENT", p.MemoryEnforcement},

@@ -512,6 +512,7 @@ func TestTwoWholeGPUsAreBothVisible(t *testing.T) {
 		for k, v := range map[string]string{
 			"FGPU_GPU_UUID": d.UUID, "FGPU_DEVICE": d.Name(), "FGPU_SHARE_ID": "", "FGPU_SHARING_MODE": ModeExclusive,
 			"FGPU_ISOLATION_DOMAIN": s.cp.Claims[string(claim.UID)].Devices[i].IsolationDomain, "FGPU_MEMORY_LIMIT_BYTES": "84825604096", "FGPU_MEMORY_LIMIT": "79Gi",
+			"FGPU_MEMORY_GUARANTEED_BYTES": "84825604096", "FGPU_MEMORY_GUARANTEED": "79Gi",
 			"FGPU_COMPUTE_PERCENT": "100", "FGPU_MEMORY_ENFORCED": "true", "FGPU_MEMORY_ENFORCEMENT": "exclusive: the claim holds the whole GPU",
 			"FGPU_MEMORY_CAP": MemoryCapWholeGPU,
 		} {
@@ -524,7 +525,7 @@ func TestTwoWholeGPUsAreBothVisible(t *testing.T) {
 
 	// A container that names only the second request gets only the second GPU's variables.
 	got = fgpuEnv(e.containerEnv(devs[1].CDIDeviceIDs...))
-	if len(got) != 11 || got["FGPU_GPU_UUID_1"] != gpus[1].UUID || got["FGPU_DEVICE_1"] != "gpu-1" {
+	if len(got) != 13 || got["FGPU_GPU_UUID_1"] != gpus[1].UUID || got["FGPU_DEVICE_1"] != "gpu-1" {
 		t.Fatalf("env of a container of the second request: %v", got)
 	}
 }
@@ -564,7 +565,8 @@ func TestOneDeviceClaimHasSingularAndIndexedNames(t *testing.T) {
 	}
 	got := fgpuEnv(e.containerEnv(devs[0].CDIDeviceIDs...))
 	uuid := s.Devices()[1].UUID
-	if got["FGPU_GPU_UUID"] != uuid || got["FGPU_GPU_UUID_0"] != uuid || got["FGPU_MEMORY_LIMIT"] != "10Gi" || got["FGPU_MEMORY_LIMIT_0"] != "10Gi" || len(got) != 22 {
+	if got["FGPU_GPU_UUID"] != uuid || got["FGPU_GPU_UUID_0"] != uuid || got["FGPU_MEMORY_LIMIT"] != "10Gi" || got["FGPU_MEMORY_LIMIT_0"] != "10Gi" ||
+		got["FGPU_MEMORY_GUARANTEED"] != "10Gi" || got["FGPU_MEMORY_GUARANTEED_BYTES_0"] != "10737418240" || len(got) != 26 {
 		t.Fatalf("env %v", got)
 	}
 }

@@ -18,7 +18,9 @@ import (
 // DeviceStatusData is what `kubectl get resourceclaim -o yaml` shows under
 // status.devices[].data for an fgpu share.
 type DeviceStatusData struct {
-	GPUUUID        string `json:"gpuUUID"`
+	GPUUUID string `json:"gpuUUID"`
+	// Memory is what the share was allocated (guaranteed); MemoryLimit is its cap: below or
+	// at Memory, or above it for a burst share (the allocator's placement.memoryLimit).
 	Memory         string `json:"memory"`
 	MemoryLimit    string `json:"memoryLimit"`
 	ComputePercent int64  `json:"computePercent"`

@@ -55,10 +55,12 @@ type Placement struct {
 	// MPS is not capped. Without it (in allocator mode) the kubelet plugin prepares no other
 	// domain's share on the GPU, and this share on no GPU another domain uses.
 	AllowSharedGPU bool `json:"allowSharedGPU,omitempty"`
-	// MemoryLimit is the burst cap: set only for a best-effort share under sizing Auto on a
-	// GPU that only its isolation domain uses. Its processes may pin up to this much GPU
-	// memory, above the memory allocated to it (its guaranteed part, which packing and quota
-	// count).
+	// MemoryLimit is the burst cap of a best-effort share placed under sizing Auto on a GPU
+	// only its isolation domain uses: its processes may pin up to this much GPU memory, above
+	// the memory allocated to it (its consumedCapacity memory, the guaranteed part that
+	// packing and quota count). The guarantee holds only while the GPU's other tenants (all
+	// of the same domain) stay within theirs. The kubelet plugin honours it only in
+	// allocator mode, for an MPS share without allowSharedGPU or a memoryLimit of its own.
 	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
 }
 
@@ -96,6 +98,9 @@ func (c *GpuConfig) Validate() error {
 	}
 	if c.IsolationDomain != "" && len(validation.IsDNS1123Label(c.IsolationDomain)) > 0 {
 		return fmt.Errorf("isolationDomain %q must be a DNS label (lowercase letters, digits, '-', at most 63)", c.IsolationDomain)
+	}
+	if c.Placement != nil && c.Placement.MemoryLimit != nil && c.Placement.MemoryLimit.Sign() <= 0 {
+		return fmt.Errorf("placement.memoryLimit %s must be positive", c.Placement.MemoryLimit)
 	}
 	return nil
 }

@@ -52,6 +52,8 @@ func TestGpuConfigValidate(t *testing.T) {
 		"compute over 100": {GpuConfig{ComputePercent: ptr.To[int32](101)}, "between 1 and 100"},
 		"zero memory":      {GpuConfig{MemoryLimit: ptr.To(resource.MustParse("0"))}, "memoryLimit 0 must be positive"},
 		"bad domain":       {GpuConfig{IsolationDomain: "Team_A"}, "must be a DNS label"},
+		"zero burst cap":   {GpuConfig{Placement: &Placement{MemoryLimit: ptr.To(resource.MustParse("0"))}}, "placement.memoryLimit 0 must be positive"},
+		"burst cap":        {GpuConfig{Placement: &Placement{MemoryLimit: ptr.To(resource.MustParse("40Gi"))}}, ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := tc.cfg.Validate()

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
@@ -33,6 +34,16 @@ func TestMergeConfigs(t *testing.T) {
 			},
 			request: "gpu",
 			want:    GpuConfig{Mode: SharingModeTimeSlicing, ComputePercent: ptr.To[int32](5), IsolationDomain: "b", MemoryLimit: ptr.To(resource.MustParse("1Gi"))},
+		},
+		// The allocator's config comes last: its placement replaces a tenant's whole, so a
+		// burst cap written into the claim's own config does not survive it.
+		"a later placement replaces an earlier one whole": {
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				opaque(claim, DriverName, `,"placement":{"memoryLimit":"70Gi","allowSharedGPU":true}`),
+				opaque(claim, DriverName, `,"placement":{"policy":"p"}`),
+			},
+			request: "gpu",
+			want:    GpuConfig{Placement: &Placement{Policy: "p"}},
 		},
 		"later claim config wins": {
 			configs: []resourceapi.DeviceAllocationConfiguration{
@@ -91,7 +102,8 @@ func TestMergeConfigs(t *testing.T) {
 func equalConfig(a, b GpuConfig) bool {
 	return a.Mode == b.Mode && a.IsolationDomain == b.IsolationDomain &&
 		ptr.Equal(a.ComputePercent, b.ComputePercent) &&
-		(a.MemoryLimit == nil) == (b.MemoryLimit == nil) && (a.MemoryLimit == nil || a.MemoryLimit.Cmp(*b.MemoryLimit) == 0)
+		(a.MemoryLimit == nil) == (b.MemoryLimit == nil) && (a.MemoryLimit == nil || a.MemoryLimit.Cmp(*b.MemoryLimit) == 0) &&
+		equality.Semantic.DeepEqual(a.Placement, b.Placement)
 }
 
 func TestRequestConfigsMergeClassFirst(t *testing.T) {

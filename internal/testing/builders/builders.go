@@ -129,6 +129,20 @@ func (b *ClaimBuilder) Created(sec int) *ClaimBuilder {
 
 // Config adds an fgpu opaque config; fields is the GpuConfig body.
 func (b *ClaimBuilder) Config(fields map[string]any) *ClaimBuilder {
+	b.c.Spec.Devices.Config = append(b.c.Spec.Devices.Config, resourceapi.DeviceClaimConfiguration{DeviceConfiguration: gpuConfig(fields)})
+	return b
+}
+
+// AllocatorConfig adds an fgpu config to the allocation only, last, as the allocator writes
+// its own (claim's spec untouched: what its tenant cannot write). Call it after AllocatedOn.
+func (b *ClaimBuilder) AllocatorConfig(fields map[string]any) *ClaimBuilder {
+	a := b.c.Status.Allocation
+	a.Devices.Config = append(a.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+		Source: resourceapi.AllocationConfigSourceClaim, Requests: []string{a.Devices.Results[0].Request}, DeviceConfiguration: gpuConfig(fields)})
+	return b
+}
+
+func gpuConfig(fields map[string]any) resourceapi.DeviceConfiguration {
 	body := map[string]any{"apiVersion": api.SchemeGroupVersion.String(), "kind": api.GpuConfigKind}
 	for k, v := range fields {
 		body[k] = v
@@ -137,9 +151,7 @@ func (b *ClaimBuilder) Config(fields map[string]any) *ClaimBuilder {
 	if err != nil {
 		panic(err)
 	}
-	b.c.Spec.Devices.Config = append(b.c.Spec.Devices.Config, resourceapi.DeviceClaimConfiguration{
-		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: api.DriverName, Parameters: runtime.RawExtension{Raw: raw}}}})
-	return b
+	return resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: api.DriverName, Parameters: runtime.RawExtension{Raw: raw}}}
 }
 
 // AllocatedOn allocates the claim on a device of node as kube-scheduler would (no allocator

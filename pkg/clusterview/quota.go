@@ -90,7 +90,7 @@ func Quotas(ctx context.Context, c kubernetes.Interface, fc versioned.Interface,
 			if nq == nil {
 				continue
 			}
-			nq.MemoryUsed += t.Memory
+			nq.MemoryUsed += max(t.Memory, t.BurstCap) // a bursting share is charged its cap, as the allocator counts
 			nq.ComputeUsed += t.Compute
 			if key := t.Namespace + "/" + t.Claim; !placed[key] {
 				placed[key] = true

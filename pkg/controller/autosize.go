@@ -50,8 +50,10 @@ type resizeWant struct {
 	// grow: recreated larger, to at least the workload's floor; move: moved off GPU move,
 	// whose tenants together near its memory; else smaller, while the share's reports stay
 	// far below capBytes.
-	grow     bool
-	move     gpuKey
+	grow bool
+	move gpuKey
+	// toBurst: recreated to burst, its pod placed before its workload was measured.
+	toBurst  bool
 	capBytes int64
 	why      string
 	// since orders the wants, oldest first within a namespace; a refusal puts the pod last.
@@ -95,6 +97,8 @@ type autoReport struct {
 	share  string
 	result resourceapi.DeviceRequestAllocationResult
 	u      sizing.Usage
+	// burstable: the claim's policy lets its shares burst (best-effort, no shared GPU).
+	burstable bool
 }
 
 // considerResize decides, from a share's new usage summary, whether its pod should be
@@ -146,6 +150,13 @@ func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 		a.floor[r.w] = max(a.floor[r.w], want)
 		c.wantResize(a, claim, pod, r, capBytes, true, fmt.Sprintf("its GPU memory use reached %s of its %s cap (request %q); its controller recreates it with %s, at most what its claim asks",
 			fmtBytes(peak), fmtBytes(capBytes), r.result.Request, fmtBytes(want)))
+	case !bursting && ready && r.burstable && c.shouldBurst(claim, r, rec, capBytes):
+		if _, queued := a.wants[pod.UID]; queued {
+			return
+		}
+		c.wantResize(a, claim, pod, r, capBytes, false, fmt.Sprintf("its workload is measured and its pods may burst (request %q): its controller recreates it guaranteed %s and capped at %s, where its workload's use fits",
+			r.result.Request, fmtBytes(max(sizing.MemoryStep, rec.TypicalBytes)), fmtBytes(roundUp(int64(float64(rec.PeakBytes)*burstCapFactor), sizing.MemoryStep))))
+		a.wants[pod.UID].toBurst = true
 	case !bursting && ready && float64(peak) < autoFarBelow*float64(capBytes) && rec.MemoryBytes+sizing.MemoryStep <= capBytes:
 		since, ok := a.lowSince[r.share]
 		if !ok {
@@ -180,8 +191,8 @@ func (c *Controller) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod
 	if want.grow {
 		return a.floor[want.w] > want.capBytes
 	}
-	if want.move != (gpuKey{}) {
-		return true // relieve drops it once the GPU's reports show room again
+	if want.move != (gpuKey{}) || want.toBurst {
+		return true // relieve drops a move once the GPU's reports show room again
 	}
 	_, low := a.lowSince[want.share]
 	return low

@@ -36,10 +36,12 @@ type burstHistory struct {
 	clock     sizing.Clock
 	shares    map[string]*sizing.Maxima
 	workloads map[sizing.Workload]*sizing.Maxima
+	// since is when each workload first had burstMinIntervals recorded.
+	since map[sizing.Workload]time.Time
 }
 
 func newBurstHistory(clock sizing.Clock) *burstHistory {
-	return &burstHistory{clock: clock, shares: map[string]*sizing.Maxima{}, workloads: map[sizing.Workload]*sizing.Maxima{}}
+	return &burstHistory{clock: clock, shares: map[string]*sizing.Maxima{}, workloads: map[sizing.Workload]*sizing.Maxima{}, since: map[sizing.Workload]time.Time{}}
 }
 
 // record takes a share's usage summary for it and for its workload.
@@ -49,6 +51,16 @@ func (h *burstHistory) record(w sizing.Workload, share string, u sizing.Usage) {
 	for _, m := range []*sizing.Maxima{h.shareMaxima(share), h.workloadMaxima(w)} {
 		m.Record(h.clock, u.From, u.To, u.MemoryMaxBytes)
 	}
+	if _, ok := h.since[w]; !ok && h.workloads[w].Known() >= burstMinIntervals {
+		h.since[w] = u.To
+	}
+}
+
+// measuredSince is when w first had burstMinIntervals recorded (zero: not yet).
+func (h *burstHistory) measuredSince(w sizing.Workload) time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.since[w]
 }
 
 func (h *burstHistory) shareMaxima(share string) *sizing.Maxima {
@@ -82,43 +94,42 @@ func (h *burstHistory) keepWorkloads(keep func(sizing.Workload) bool) {
 	for w := range h.workloads {
 		if !keep(w) {
 			delete(h.workloads, w)
+			delete(h.since, w)
 		}
 	}
 }
 
-// hasWorkload says whether w's use was recorded.
-func (h *burstHistory) hasWorkload(w sizing.Workload) bool {
+// burstMinIntervals: a workload is admitted by its history once it recorded this many
+// report intervals (an hour at the default 5 minutes, as the recommender's minimum of
+// samples): fewer say too little about when its peaks come.
+const burstMinIntervals = 12
+
+// measured says whether w's use is recorded for burstMinIntervals, the newest within the
+// window before now: a workload back after a longer pause, or switched to Auto, is placed per
+// claim until it has reported again.
+func (h *burstHistory) measured(w sizing.Workload, now time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	_, ok := h.workloads[w]
-	return ok
+	m := h.workloads[w]
+	newest, _, ok := m.Newest()
+	return ok && newest > h.clock.Interval(now)-int64(h.clock.Window) && m.Known() >= burstMinIntervals
 }
 
 // admits says why GPU g cannot take a bursting share of workload w ("" if it can), at now.
-// Each tenant counts, per interval, with its own recorded peak, else its workload's, else
-// all it may use (its cap): a tenant the allocator knows nothing of since a restart counts
-// whole. Caller holds the model's lock.
+// The newcomer counts as sizing.Expected says, the tenants as sizing.Counted says, with all
+// they may use (their caps) where nothing is known: a tenant the allocator knows nothing of
+// since a restart counts whole. Caller holds the model's lock.
 func (h *burstHistory) admits(g *gpu, w sizing.Workload, headroom float64, now time.Time) (string, string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	newcomer := h.workloads[w]
 	to := h.clock.Interval(now)
 	from := to - int64(h.clock.Window) + 1
 	tenants := make([]func(int64) int64, 0, len(g.tenants))
 	for _, t := range g.tenants {
-		own, wl, all := h.shares[string(t.shareID)], h.workloads[t.workload], t.limit()
-		tenants = append(tenants, func(k int64) int64 {
-			if v, ok := own.At(k); ok {
-				return v
-			}
-			if v, ok := wl.At(k); ok {
-				return v
-			}
-			return all
-		})
+		tenants = append(tenants, sizing.Counted(h.shares[string(t.shareID)], h.workloads[t.workload], t.limit()))
 	}
 	limit := int64(float64(g.memCap) / (1 + headroom))
-	ok, over, need := sizing.Admit(limit, from, to, func(k int64) (int64, bool) { return newcomer.At(k) }, tenants)
+	ok, over, need := sizing.Admit(limit, from, to, sizing.Expected(h.workloads[w]), tenants)
 	if ok {
 		return "", ""
 	}
@@ -127,21 +138,25 @@ func (h *burstHistory) admits(g *gpu, w sizing.Workload, headroom float64, now t
 		fmt.Sprintf("%s: %s in the interval from %s, %s admitted (%s less %.0f%% headroom)", g.key, fmtBytes(need), at, fmtBytes(limit), fmtBytes(g.memCap), headroom*100)
 }
 
-// latest is the peak of a share's newest recorded interval and the growth over the one before.
-func (h *burstHistory) latest(share string) (peak, growth int64, ok bool) {
+// newest is the newest interval any of these shares recorded.
+func (h *burstHistory) newest(shares []string) (k int64, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	m := h.shares[share]
-	k, ok := m.Newest()
-	if !ok {
-		return 0, 0, false
+	for _, s := range shares {
+		if n, _, has := h.shares[s].Newest(); has && (!ok || n > k) {
+			k, ok = n, true
+		}
 	}
-	peak, _ = m.At(k)
-	prev, had := m.At(k - 1)
-	if !had {
-		prev = peak
-	}
-	return peak, peak - prev, true
+	return k, ok
+}
+
+// useAt is a share's use in intervals k and k-1 as admission counts it (sizing.Counted; 0
+// where nothing is known).
+func (h *burstHistory) useAt(share string, k int64) (cur, prev int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	counted := sizing.Counted(h.shares[share], nil, 0)
+	return counted(k), counted(k - 1)
 }
 
 // limit is what a tenant may use: its burst cap, or what it holds.
@@ -152,6 +167,12 @@ func (t *tenant) limit() int64 {
 	return t.mem
 }
 
+// charge is what a tenant counts against its namespace's memory quota: a bursting share its
+// cap, not the guarantee that packing counts. Its GPU is closed to other namespaces, and a
+// share guaranteed little (its use mostly low, with peaks) could otherwise hold GPU after
+// GPU under a small quota.
+func (t *tenant) charge() int64 { return t.limit() }
+
 // burstSize sizes a request as a bursting share where it may burst: sizing Auto, best-effort,
 // MPS, one share, on a GPU only its isolation domain uses, measured, with no memory limit of
 // its own, in a pod its controller recreates (the only way a GPU that fills is relieved).
@@ -161,7 +182,7 @@ func (c *Controller) burstSize(in *input, rq *request, w sizing.Workload, measur
 	p := in.pol
 	if p.Sizing != api.SizingAuto || p.Latency != api.LatencyBestEffort || p.AllowSharedGPU || p.Isolation == api.IsolationExclusive ||
 		rq.mode != api.SharingModeMPS || rq.count != 1 || rq.userCfg.MemoryLimit != nil || c.cfg.isExclusiveClass(rq.alt.class) ||
-		!recreatable(in.claim, in.consumers) || !c.burst.hasWorkload(w) {
+		!recreatable(in.claim, in.consumers) || !c.burst.measured(w, c.now()) {
 		return 0, 0
 	}
 	guaranteed = max(sizing.MemoryStep, measured.TypicalBytes)
@@ -212,20 +233,27 @@ func (c *Controller) overfull(key gpuKey) (claimKey, share, why string) {
 	if len(tenants) < 2 {
 		return "", "", ""
 	}
+	// Judged at the GPU's newest reported interval, every tenant at its use there (its
+	// newest report where it wrote none since), grown over the interval before.
+	shares := make([]string, len(tenants))
+	for i := range tenants {
+		shares[i] = tenants[i].share
+	}
+	k, ok := c.burst.newest(shares)
+	if !ok {
+		return "", "", ""
+	}
 	var sum int64
 	move := -1
 	for i := range tenants {
-		peak, growth, ok := c.burst.latest(tenants[i].share)
-		if !ok {
-			continue
-		}
-		sum += peak
-		tenants[i].growth = growth
-		if move < 0 || growth > tenants[move].growth {
+		cur, prev := c.burst.useAt(tenants[i].share, k)
+		sum += cur
+		tenants[i].growth = cur - prev
+		if move < 0 || tenants[i].growth > tenants[move].growth {
 			move = i
 		}
 	}
-	if move < 0 || float64(sum) <= autoNearCap*float64(memCap) {
+	if float64(sum) <= autoNearCap*float64(memCap) {
 		return "", "", ""
 	}
 	return tenants[move].key, tenants[move].share, fmt.Sprintf("the tenants of GPU %s/%s together used %s of its %s, and its use grew most (by %s); its controller recreates it where its workload's use fits",
@@ -278,8 +306,8 @@ func (c *Controller) relieve(key gpuKey) {
 		return
 	}
 	pods := c.claimPods(claim)
-	if len(pods) != 1 || pods[0].DeletionTimestamp != nil {
-		return
+	if !recreatable(claim, pods) || pods[0].DeletionTimestamp != nil {
+		return // nothing would bring it back
 	}
 	pod := pods[0]
 	if _, ok := a.wants[pod.UID]; ok {
@@ -293,4 +321,24 @@ func (c *Controller) relieve(key gpuKey) {
 				move: key, why: why, since: c.now()}
 		}
 	}
+}
+
+// shouldBurst says whether a running share that does not burst would burst if placed again
+// now: its pod was placed before its workload was measured, under MPS or holding a whole
+// GPU it asked for, with no memory limit of its own, and its workload's use is neither busy
+// (it keeps its whole GPU) nor idle (time-slicing). A pod placed since, that still does not
+// burst, had a reason not to: it is never recreated for this. Caller holds the sizer's lock.
+func (c *Controller) shouldBurst(claim *resourceapi.ResourceClaim, r autoReport, rec sizing.Recommendation, capBytes int64) bool {
+	since := c.burst.measuredSince(r.w)
+	at := claim.Status.Allocation.AllocationTimestamp
+	if since.IsZero() || at == nil || !at.Time.Before(since) || !c.burst.measured(r.w, c.now()) {
+		return false
+	}
+	cfg := allocationConfig(c.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request)
+	if cfg.MemoryLimit != nil || cfg.Mode == api.SharingModeTimeSlicing || c.cfg.isExclusiveClass(c.classOfRequest(claim, r.result.Request)) {
+		return false
+	}
+	guaranteed := max(sizing.MemoryStep, rec.TypicalBytes)
+	return rec.ComputePercent < busyComputePercent && rec.ComputePercent > idleComputePercent && guaranteed < capBytes &&
+		guaranteed < roundUp(int64(float64(rec.PeakBytes)*burstCapFactor), sizing.MemoryStep)
 }

@@ -98,8 +98,8 @@ func TestBurstingSharesShareAGPUTheirPeaksCouldNot(t *testing.T) {
 	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
 	batch, batchPod := placedTemplatePod("batch", "batch-7c9d5-a", "gpu-1")
 	e := newBurstEnv(t, 3, web, webPod, batch, batchPod)
-	reportPeaks(e, web.Name, 0, 35, 35, 35, 5, 5, 5)
-	reportPeaks(e, batch.Name, 0, 5, 5, 5, 35, 35, 35)
+	reportPeaks(e, web.Name, 0, 35, 35, 35, 35, 35, 35, 5, 5, 5, 5, 5, 5)
+	reportPeaks(e, batch.Name, 0, 5, 5, 5, 5, 5, 5, 35, 35, 35, 35, 35, 35)
 	web2, web2Pod := templatePod("web", "web-7c9d5-b", "")
 	batch2, batch2Pod := templatePod("batch", "batch-7c9d5-b", "")
 	e.create(web2, web2Pod)
@@ -133,7 +133,7 @@ func TestBurstingSharesShareAGPUTheirPeaksCouldNot(t *testing.T) {
 func TestOnlyRecreatableBestEffortClaimsBurst(t *testing.T) {
 	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
 	e := newBurstEnv(t, 3, web, webPod)
-	reportPeaks(e, web.Name, 0, 10, 10, 10)
+	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
 	standalone, pod := templatePod("web", "web-7c9d5-b", "")
 	standalone.OwnerReferences = nil
 	e.create(standalone, pod)
@@ -173,7 +173,7 @@ func TestARestartCountsBurstingSharesAtTheirCaps(t *testing.T) {
 		Source: resourceapi.AllocationConfigSourceClaim, Requests: []string{"gpu"},
 		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: api.DriverName, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}})
 	e := newBurstEnv(t, 2, web, webPod, burster, bursterPod)
-	reportPeaks(e, web.Name, 0, 10, 10, 10)
+	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
 	next, pod := templatePod("web", "web-7c9d5-c", "")
 	e.create(next, pod)
 	e.run()
@@ -199,8 +199,8 @@ func TestAFillingGPUMovesTheTenantThatGrewMost(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	reportPeaks(e, web.Name, 0, 35, 35, 35, 5, 5, 5)
-	reportPeaks(e, batch.Name, 0, 5, 5, 5, 35, 35, 35)
+	reportPeaks(e, web.Name, 0, 35, 35, 35, 35, 35, 35, 5, 5, 5, 5, 5, 5)
+	reportPeaks(e, batch.Name, 0, 5, 5, 5, 5, 5, 5, 35, 35, 35, 35, 35, 35)
 	web2, web2Pod := templatePod("web", "web-7c9d5-b", "")
 	batch2, batch2Pod := templatePod("batch", "batch-7c9d5-b", "")
 	e.create(web2, web2Pod, batch2, batch2Pod)
@@ -210,14 +210,14 @@ func TestAFillingGPUMovesTheTenantThatGrewMost(t *testing.T) {
 			t.Fatalf("claim %s on %s with cap %d; want a bursting share on gpu-2", name, r.Device, capBytes)
 		}
 	}
-	reportPeaks(e, web2.Name, 6, 10)
-	reportPeaks(e, batch2.Name, 6, 30)
+	reportPeaks(e, web2.Name, 12, 10)
+	reportPeaks(e, batch2.Name, 12, 30)
 	e.c.evictForResize(e.ctx)
 	if len(evicted) != 0 {
 		t.Fatalf("evicted %v with 40Gi of 80Gi in use", evicted)
 	}
-	reportPeaks(e, web2.Name, 7, 45)
-	reportPeaks(e, batch2.Name, 7, 33)
+	reportPeaks(e, web2.Name, 13, 45)
+	reportPeaks(e, batch2.Name, 13, 33)
 	e.clock.Step(autoEvictInterval)
 	e.c.evictForResize(e.ctx)
 	if len(evicted) != 1 || evicted[0] != web2Pod.Name {
@@ -225,5 +225,93 @@ func TestAFillingGPUMovesTheTenantThatGrewMost(t *testing.T) {
 	}
 	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "together used 78Gi") {
 		t.Errorf("events %q", ev)
+	}
+}
+
+// A workload whose newest report is older than the window (a Deployment scaled to zero for
+// the weekend) says nothing about when its peaks come now: its new pods are placed per claim
+// until it has reported again.
+func TestAWorkloadBackAfterTheWindowDoesNotBurst(t *testing.T) {
+	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
+	e := newBurstEnv(t, 3, web, webPod)
+	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
+	e.clock.Step(25 * time.Hour)
+	next, pod := templatePod("web", "web-7c9d5-b", "")
+	e.create(next, pod)
+	e.run()
+	if r, capBytes := burstOf(t, e, next.Name); capBytes != 0 {
+		t.Errorf("placed with burst cap %s on %s from a history a day old", fmtBytes(capBytes), r.Device)
+	}
+}
+
+// The quota charges a bursting share its cap, not its guarantee: its GPU is closed to other
+// namespaces, and shares guaranteed little must not hold GPU after GPU under a small quota.
+func TestQuotaChargesABurstingShareItsCap(t *testing.T) {
+	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
+	web.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory] = resource.MustParse("10Gi")
+	objs := []runtime.Object{web, webPod, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 3, "80Gi")}
+	e := newEnvWith(t, func(c *Config) {
+		c.Sizing = sizing.DefaultOptions()
+		c.Sizing.MinSamples = 90
+		c.SizingShrinkAfter = 24 * time.Hour
+	}, []*api.SharingPolicy{builders.MakePolicy("auto").Sizing(api.SizingAuto).Latency(api.LatencyBestEffort).QuotaMemory("80Gi").Obj()}, objs...)
+	reportPeaks(e, web.Name, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 20)
+	next, pod := templatePod("web", "web-7c9d5-b", "")
+	e.create(next, pod)
+	e.run()
+	r, capBytes := burstOf(t, e, next.Name)
+	if capBytes != 40<<30 {
+		t.Fatalf("burst cap %s on %s; want 40Gi (twice the 20Gi peak)", fmtBytes(capBytes), r.Device)
+	}
+	// 10Gi + a 40Gi cap charged: a third pod's 40Gi cap would pass the 80Gi quota, though
+	// its guarantee (about 2Gi) would not.
+	third, pod3 := templatePod("web", "web-7c9d5-c", "")
+	e.create(third, pod3)
+	e.run()
+	if c := e.claim("team-a", third.Name); c.Status.Allocation != nil {
+		t.Fatalf("a third pod was placed on %s: 10Gi and two 40Gi caps charged against an 80Gi quota", c.Status.Allocation.Devices.Results[0].Device)
+	}
+	if ev := e.events("over the GPU memory quota"); len(ev) == 0 || !strings.Contains(ev[0], "50Gi in use") {
+		t.Errorf("the waiting pod is not told the quota holds it, with the cap charged: %q", e.events(""))
+	}
+}
+
+// A pod placed before its workload was measured (it holds the whole GPU it asked for) is
+// recreated to burst once the workload is measured, through Auto's eviction path; a pod
+// placed since that still does not burst had a reason not to, and is left alone.
+func TestAPodPlacedBeforeItsWorkloadWasMeasuredIsRecreatedToBurst(t *testing.T) {
+	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
+	web.Status.Allocation.AllocationTimestamp = &metav1.Time{Time: burstT0.Add(-time.Minute)}
+	late, latePod := placedTemplatePod("web", "web-7c9d5-b", "gpu-1")
+	late.Status.Allocation.AllocationTimestamp = &metav1.Time{Time: burstT0.Add(2 * time.Hour)}
+	e := newBurstEnv(t, 3, web, webPod, late, latePod)
+	var evicted []string
+	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "eviction" {
+			evicted = append(evicted, a.(k8stesting.CreateAction).GetObject().(*policyv1.Eviction).Name)
+			return true, nil, nil
+		}
+		return false, nil, nil
+	})
+	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
+	e.c.evictForResize(e.ctx)
+	if len(evicted) != 0 {
+		t.Fatalf("evicted %v before the workload had %d report intervals", evicted, burstMinIntervals)
+	}
+	reportPeaks(e, web.Name, 11, 10)
+	reportPeaks(e, late.Name, 11, 10)
+	e.c.evictForResize(e.ctx)
+	if len(evicted) != 1 || evicted[0] != webPod.Name {
+		t.Fatalf("evicted %v; want only %s, placed before its workload was measured", evicted, webPod.Name)
+	}
+	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "may burst") || !strings.Contains(ev[0], "capped at 20Gi") {
+		t.Errorf("events %q", ev)
+	}
+	reportPeaks(e, late.Name, 12, 10)
+	e.c.sizer.mu.Lock()
+	_, queued := e.c.sizer.auto.wants[latePod.UID]
+	e.c.sizer.mu.Unlock()
+	if queued {
+		t.Errorf("the pod placed after its workload was measured is queued to be recreated")
 	}
 }

@@ -144,6 +144,9 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	if cfg.SizingReportInterval <= 0 {
 		cfg.SizingReportInterval, c.cfg.SizingReportInterval = 5*time.Minute, 5*time.Minute
 	}
+	if cfg.SizingBurstWindow < cfg.SizingReportInterval {
+		cfg.SizingBurstWindow, c.cfg.SizingBurstWindow = 24*time.Hour, 24*time.Hour
+	}
 	c.burst = newBurstHistory(sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))})
 	c.idle = newIdleTracker()
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(

@@ -172,7 +172,7 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 		mem, comp := rq.size(in.pol, g)
 		tol := append([]resourceapi.DeviceToleration{api.FenceToleration()}, rq.alt.tolerations...)
 		out = append(out, result{request: rq.alt.name, gpu: g, mem: mem, comp: comp, whole: rq.whole, mode: rq.mode, domain: rq.domain,
-			userCfg: rq.userCfg, tolerations: tol, shareID: uuid.NewUUID(), burstCap: rq.capOn(g)})
+			userCfg: rq.userCfg, tolerations: tol, shareID: uuid.NewUUID(), burstCap: rq.capOn(g, mem)})
 	}
 	d.node = c.model.coreGPU[p.Node][0].node
 	if rq.sized != "" {

@@ -49,13 +49,13 @@ func (c *Controller) gpuFits(ctx context.Context, in *input, own usage, rq *requ
 	if g.usedComp+comp > g.compCap {
 		return "not enough free compute", fmt.Sprintf("%s has %d%% free", g.key, g.compCap-g.usedComp)
 	}
-	if why := c.quotaFits(in, own, rq, mem, comp); why != "" {
+	if why := c.quotaFits(in, own, rq, max(mem, rq.capOn(g, mem)), comp); why != "" {
 		return why, ""
 	}
 	if why, ex := coTenancy(in, rq, g); why != "" {
 		return why, ex
 	}
-	if rq.burstCap > 0 {
+	if rq.capOn(g, mem) > 0 {
 		return c.burst.admits(g, rq.burstFor, c.cfg.Sizing.Headroom, c.now())
 	}
 	return "", ""

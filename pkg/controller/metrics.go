@@ -203,7 +203,7 @@ func (m *Metrics) collectNamespaces(c *Controller, gauge func(*prometheus.Desc, 
 		u, r := use[ns], reserve[ns]
 		if q.Memory != nil {
 			gauge(m.nsQuotaMemDesc, float64(q.Memory.Value()), ns, q.MemoryFrom)
-			gauge(m.nsQuotaMemUsedDesc, float64(addSat(u.mem, r.mem)), ns, q.MemoryFrom)
+			gauge(m.nsQuotaMemUsedDesc, float64(addSat(u.charged, r.mem)), ns, q.MemoryFrom)
 		}
 		if q.Compute != nil {
 			gauge(m.nsQuotaCompDesc, float64(*q.Compute), ns, q.ComputeFrom)

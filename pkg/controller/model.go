@@ -94,7 +94,8 @@ type model struct {
 	// not every GPU of the cluster (which made startup quadratic in nodes).
 	byPool map[string]map[string]*gpu
 	claims map[string]*claimRec
-	// nsMem and nsComp are the allocated memory and compute per namespace (quota).
+	// nsMem and nsComp are the memory and compute charged to each namespace's quota
+	// (tenant.charge).
 	nsMem, nsComp map[string]int64
 	// nsReserve is what the namespace's workloads scaled to zero keep of its quota.
 	nsReserve map[string]usage
@@ -308,7 +309,7 @@ func (m *model) add(rec *claimRec) {
 		g.usedComp += t.comp
 		t.milli = milliOf(t.mem, g.memCap, t.whole)
 		m.coreAssign(g, t.milli, +1)
-		m.nsMem[rec.namespace] += t.mem
+		m.nsMem[rec.namespace] += t.charge()
 		m.nsComp[rec.namespace] += t.comp
 	}
 }
@@ -326,7 +327,7 @@ func (m *model) remove(key string) *claimRec {
 		g.usedMem -= t.mem
 		g.usedComp -= t.comp
 		m.coreAssign(g, t.milli, -1)
-		m.nsMem[rec.namespace] -= t.mem
+		m.nsMem[rec.namespace] -= t.charge()
 		m.nsComp[rec.namespace] -= t.comp
 		if !g.known && len(g.tenants) == 0 {
 			m.dropGPU(g.key)
@@ -557,6 +558,8 @@ func sameShares(a, b *claimRec) bool {
 type nsUse struct {
 	claims    int
 	mem, comp int64
+	// charged is the memory the quota counts (tenant.charge).
+	charged int64
 }
 
 // Reserves is a copy of what each namespace's workloads scaled to zero keep of its quota.
@@ -576,6 +579,7 @@ func (m *model) ByNamespace() map[string]nsUse {
 		u.claims++
 		for _, sh := range rec.shares {
 			u.mem += sh.t.mem
+			u.charged += sh.t.charge()
 			u.comp += sh.t.comp
 		}
 		out[rec.namespace] = u

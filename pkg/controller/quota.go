@@ -55,10 +55,11 @@ func overBy(used, need, limit int64) int64 {
 
 // use is what the claim's requests decided so far hold: the namespace's usage in the
 // model counts them already, and the claim's next request must fit the quota with them.
+// A bursting share is charged its cap (tenant.charge).
 func (d *decision) use() usage {
 	var u usage
 	for _, r := range d.results {
-		u.mem += r.mem
+		u.mem += max(r.mem, r.burstCap)
 		u.comp += r.comp
 	}
 	return u
@@ -190,7 +191,7 @@ func (c *Controller) leastNeed(rq *request) (need usage, compKnown bool) {
 	if rq.whole {
 		return usage{rq.count * c.model.minMem, rq.count * c.model.minComp}, true
 	}
-	need.mem = rq.mem * rq.count
+	need.mem = max(rq.mem, rq.burstCap) * rq.count
 	if rq.comp != nil {
 		need.comp, compKnown = *rq.comp*rq.count, true
 	}

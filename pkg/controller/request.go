@@ -65,12 +65,13 @@ type request struct {
 	burstFor sizing.Workload
 }
 
-// capOn is the burst cap of a device of the request on GPU g: never more than the GPU.
-func (rq *request) capOn(g *gpu) int64 {
-	if rq.burstCap == 0 {
-		return 0
+// capOn is the burst cap of a device of the request on GPU g, where it gets mem: never
+// more than the GPU; 0 where that leaves nothing above mem to burst into.
+func (rq *request) capOn(g *gpu, mem int64) int64 {
+	if c := min(rq.burstCap, g.memCap); c > mem {
+		return c
 	}
-	return min(rq.burstCap, g.memCap)
+	return 0
 }
 
 // resolveRequest sizes an alternative, and chooses its mode and isolation domain, from the

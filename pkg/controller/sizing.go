@@ -44,7 +44,9 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 		return
 	}
 	top := topOwner(pods[0])
-	mode := c.policyOf(claim, pods[0]).Sizing
+	pol := c.policyOf(claim, pods[0])
+	mode := pol.Sizing
+	burstable := pol.Latency == api.LatencyBestEffort && !pol.AllowSharedGPU && pol.Isolation != api.IsolationExclusive
 	var changed []sizing.Record
 	var auto []autoReport
 	c.sizer.mu.Lock()
@@ -70,7 +72,7 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 			c.burst.record(w, *st.ShareID, *data.Usage)
 		}
 		if mode == api.SizingAuto && len(pods) == 1 {
-			auto = append(auto, autoReport{w: w, share: *st.ShareID, result: allocatedResult(claim.Status.Allocation, st), u: *data.Usage})
+			auto = append(auto, autoReport{w: w, share: *st.ShareID, result: allocatedResult(claim.Status.Allocation, st), u: *data.Usage, burstable: burstable})
 		}
 		rec, ok := c.sizer.rec.Recommend(w)
 		if !ok || mode == api.SizingOff {
@@ -126,6 +128,13 @@ func (c *Controller) forgetUsage(claim *resourceapi.ResourceClaim) {
 		if st.ShareID != nil {
 			c.sizer.rec.Forget(*st.ShareID)
 			c.burst.forgetShare(*st.ShareID)
+			// A tenant gone from a GPU that filled may have made room: its move waits for
+			// the GPU's next report.
+			for uid, want := range c.sizer.auto.wants {
+				if want.move == (gpuKey{st.Pool, st.Device}) {
+					delete(c.sizer.auto.wants, uid)
+				}
+			}
 			delete(c.sizer.auto.lowSince, *st.ShareID)
 			delete(c.sizer.auto.toldAtRequest, *st.ShareID)
 		}

@@ -31,9 +31,8 @@ type Maxima struct {
 // can cover many intervals). Intervals older than the window before the newest are dropped.
 func (m *Maxima) Record(c Clock, from, to time.Time, peak int64) {
 	k0, k1 := c.Interval(from), c.Interval(to)
-	if k1 < k0 {
-		k0 = k1
-	}
+	// A span longer than the window keeps only the window's end.
+	k0 = min(max(k0, k1-int64(c.Window)+1), k1)
 	if len(m.vals) == 0 {
 		m.first = k0
 	}
@@ -77,19 +76,68 @@ func (m *Maxima) Peak() int64 {
 	return p
 }
 
-// Newest is the newest interval recorded; ok is false for an empty Maxima.
-func (m *Maxima) Newest() (k int64, ok bool) {
+// Newest is the newest interval recorded and its value; ok is false for an empty Maxima.
+func (m *Maxima) Newest() (k, v int64, ok bool) {
 	if m == nil || len(m.vals) == 0 {
-		return 0, false
+		return 0, 0, false
 	}
-	return m.first + int64(len(m.vals)) - 1, true
+	return m.first + int64(len(m.vals)) - 1, m.vals[len(m.vals)-1], true
 }
 
-// Admit says whether a newcomer fits next to a GPU's tenants: at every interval of [from, to]
-// where the newcomer's use is known, the newcomer's use plus each tenant's (tenant gives it
-// for an interval, from its own record or, where it has none, a stand-in such as its
-// workload's or its cap) stays within limit. Where it does not, over is the first interval
-// that does not fit and need what the tenants and the newcomer used together there.
+// Counted is how admission counts a tenant of a GPU in interval k: its share's record there;
+// after the share's newest record, that record's value (the plugin writes nothing while use
+// stays steady, until its heartbeat); before the share's first record, its workload's (the
+// pods the workload ran as before); else all the tenant may use.
+func Counted(share, workload *Maxima, all int64) func(k int64) int64 {
+	return func(k int64) int64 {
+		if v, ok := share.At(k); ok {
+			return v
+		}
+		if newest, v, ok := share.Newest(); ok && k > newest {
+			return v
+		}
+		if v, ok := workload.At(k); ok {
+			return v
+		}
+		if newest, v, ok := workload.Newest(); ok && k > newest {
+			return v
+		}
+		return all
+	}
+}
+
+// Expected is how admission counts a newcomer in interval k: its workload's record there,
+// or after the workload's newest record that record's value; unknown before the workload's
+// first record, where its use says nothing.
+func Expected(workload *Maxima) func(k int64) (int64, bool) {
+	return func(k int64) (int64, bool) {
+		if v, ok := workload.At(k); ok {
+			return v, true
+		}
+		if newest, v, ok := workload.Newest(); ok && k > newest {
+			return v, true
+		}
+		return 0, false
+	}
+}
+
+// Known counts the intervals recorded.
+func (m *Maxima) Known() int {
+	n := 0
+	if m != nil {
+		for _, v := range m.vals {
+			if v >= 0 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Admit says whether a newcomer fits next to a GPU's tenants: at every interval of [from,
+// to] where the newcomer's use is known (Expected), it plus each tenant's use (Counted)
+// stays within limit. Where it does not, over is the first interval that does not fit and
+// need what the tenants and the newcomer used together there.
 func Admit(limit int64, from, to int64, newcomer func(k int64) (int64, bool), tenants []func(k int64) int64) (ok bool, over, need int64) {
 	for k := from; k <= to; k++ {
 		sum, known := newcomer(k)

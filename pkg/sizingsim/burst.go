@@ -53,19 +53,11 @@ func (b *burst) workload(i int) sizing.Workload {
 	return sizing.Workload{Name: b.tr.Containers[i].ID, Request: "gpu"}
 }
 
-// series is what admission counts tenant i at in interval k: its share's maximum, else its
-// workload's, else its cap.
+// series is what admission counts tenant i at in interval k, as the allocator counts it
+// (sizing.Counted).
 func (b *burst) series(i int) func(int64) int64 {
 	t := b.c[i]
-	return func(k int64) int64 {
-		if v, ok := t.share.At(k); ok {
-			return v
-		}
-		if v, ok := t.workload.At(k); ok {
-			return v
-		}
-		return t.cap
-	}
+	return sizing.Counted(&t.share, &t.workload, t.cap)
 }
 
 // admits says whether burster c may join GPU g at interval now.
@@ -83,7 +75,7 @@ func (b *burst) admits(g, c int, now int64) bool {
 		return false
 	}
 	limit := int64(float64(b.opts.GPUMemory) / (1 + b.opts.Sizing.Headroom))
-	ok, _, _ := sizing.Admit(limit, now-int64(b.clock.Window)+1, now, b.c[c].workload.At, tenants)
+	ok, _, _ := sizing.Admit(limit, now-int64(b.clock.Window)+1, now, sizing.Expected(&b.c[c].workload), tenants)
 	return ok
 }
 

@@ -315,12 +315,13 @@ func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
 	}
 }
 
-// Sizing Auto's burst model, best-effort: a Deployment whose pods each hold 30Gi steady and
-// asked for a whole GPU. Once measured, its new pods are guaranteed their typical use and
-// capped at twice their peak (60Gi), and two of them share one 80Gi GPU, their caps adding
-// up to more than it has, because their measured use together fits it; each container's MPS
-// cap is the burst cap, above the guaranteed memory it is told. A fourth pod, whose use would
-// not fit next to them, waits and says why. No pod runs out of memory on the way.
+// Sizing Auto's burst model, best-effort: a Deployment whose pods each hold 25Gi steady and
+// ask for a whole GPU. Once its workload is measured, its first pod (placed before) is
+// recreated to burst, and new pods burst: each is guaranteed its typical use and capped at
+// twice its peak (50Gi), visible in its env and in `kubectl fgpu top`. Four of them share the
+// two 80Gi GPUs, two per GPU, the caps on each GPU adding up to more than it has, because
+// their measured use together fits it with headroom; a fifth, whose use would not fit next to
+// two of them, waits and says why. No pod runs out of memory on the way.
 func TestBurstingPodsShareAGPUTheirCapsOvercommit(t *testing.T) {
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "sizing-burst")
@@ -330,7 +331,7 @@ func TestBurstingPodsShareAGPUTheirCapsOvercommit(t *testing.T) {
 	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gp.Template(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod := replayPod(ns, "web", "", "0:30Gi:15")
+	pod := replayPod(ns, "web", "", "0:25Gi:15")
 	labels := map[string]string{"app": "web"}
 	dep := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
@@ -357,6 +358,40 @@ func TestBurstingPodsShareAGPUTheirCapsOvercommit(t *testing.T) {
 		}
 		return list.Items
 	}
+	// bursting waits for n running pods of the Deployment whose claims burst, and returns
+	// them with their claims' allocation results and caps.
+	type burster struct {
+		pod                  corev1.Pod
+		device               string
+		guaranteed, capBytes int64
+	}
+	bursting := func(n int) []burster {
+		t.Helper()
+		var found []burster
+		if err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 4*time.Minute, true, func(context.Context) (bool, error) {
+			found = found[:0]
+			for _, p := range pods() {
+				if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+					continue
+				}
+				c, err := cluster.ClaimOf(ctx, &p)
+				if err != nil || c.Status.Allocation == nil {
+					continue
+				}
+				r := c.Status.Allocation.Devices.Results[0]
+				cfg, err := api.MergeConfigs(api.DriverName, c.Status.Allocation.Devices.Config, r.Request)
+				if err != nil || cfg.Placement == nil || cfg.Placement.MemoryLimit == nil {
+					continue
+				}
+				g := r.ConsumedCapacity["memory"]
+				found = append(found, burster{pod: p, device: r.Device, guaranteed: g.Value(), capBytes: cfg.Placement.MemoryLimit.Value()})
+			}
+			return len(found) == n, nil
+		}); err != nil {
+			t.Fatalf("%d bursting pods run, want %d: %v", len(found), n, err)
+		}
+		return found
+	}
 	var first *corev1.Pod
 	if err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
 		for _, p := range pods() {
@@ -369,60 +404,37 @@ func TestBurstingPodsShareAGPUTheirCapsOvercommit(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("the first pod does not run: %v", err)
 	}
-	claim, err := cluster.ClaimOf(ctx, first)
+	ev, err := cluster.WaitEvent(ctx, ns, first.Name, "its workload is measured and its pods may burst", 3*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cluster.WaitEvent(ctx, ns, claim.Name, "Deployment "+ns+"/web request gpu: recommended memory", 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	t.Log(ev)
+	bursting(1)
 	if _, err := cluster.Client.AppsV1().Deployments(ns).UpdateScale(ctx, "web", &autoscalingv1.Scale{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 3}}, metav1.UpdateOptions{}); err != nil {
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 4}}, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var bursting []corev1.Pod
-	if err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
-		bursting = bursting[:0]
-		for _, p := range pods() {
-			if p.Name != first.Name && p.Status.Phase == corev1.PodRunning {
-				bursting = append(bursting, p)
-			}
+	four := bursting(4)
+	perGPU := map[string][]string{}
+	for _, b := range four {
+		perGPU[b.device] = append(perGPU[b.device], b.pod.Name)
+		if b.capBytes != 50<<30 || b.guaranteed < 25<<30 || b.guaranteed >= b.capBytes {
+			t.Errorf("pod %s is guaranteed %d bytes and capped at %d; want at least the 25Gi it uses, capped at 50Gi", b.pod.Name, b.guaranteed, b.capBytes)
 		}
-		return len(bursting) == 2, nil
-	}); err != nil {
-		t.Fatalf("the two new pods do not run: %v", err)
+		report, err := cluster.Probe(ctx, ns, b.pod.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("0=%dM", b.capBytes>>20); report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != want {
+			t.Errorf("pod %s's MPS cap %q; want the burst cap %q", b.pod.Name, report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], want)
+		}
+		if got := report.Env["FGPU_MEMORY_GUARANTEED_BYTES"]; got != fmt.Sprint(b.guaranteed) {
+			t.Errorf("pod %s is told it is guaranteed %q bytes; want %d", b.pod.Name, got, b.guaranteed)
+		}
+		t.Logf("pod %s on %s: guaranteed %s, capped at %s", b.pod.Name, b.device, fmtGiB(b.guaranteed), fmtGiB(b.capBytes))
 	}
-	device := ""
-	for i := range bursting {
-		c, err := cluster.ClaimOf(ctx, &bursting[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := c.Status.Allocation.Devices.Results[0]
-		cfg, err := api.MergeConfigs(api.DriverName, c.Status.Allocation.Devices.Config, r.Request)
-		if err != nil || cfg.Placement == nil || cfg.Placement.MemoryLimit == nil {
-			t.Fatalf("pod %s's allocation carries no burst cap (%v): %+v", bursting[i].Name, err, cfg)
-		}
-		guaranteed, capBytes := r.ConsumedCapacity["memory"], cfg.Placement.MemoryLimit.Value()
-		if capBytes != 60<<30 || guaranteed.Value() < 30<<30 || guaranteed.Value() >= capBytes {
-			t.Errorf("pod %s is guaranteed %s and capped at %s; want at least the 30Gi it uses, capped at 60Gi", bursting[i].Name, guaranteed.String(), fmtGiB(capBytes))
-		}
-		if device == "" {
-			device = r.Device
-		} else if r.Device != device {
-			t.Errorf("the bursting pods are on %s and %s; want one GPU: their use (60Gi) fits it with headroom", device, r.Device)
-		}
-		report, err := cluster.Probe(ctx, ns, bursting[i].Name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := fmt.Sprintf("0=%dM", capBytes>>20); report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != want {
-			t.Errorf("pod %s's MPS cap %q; want the burst cap %q", bursting[i].Name, report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], want)
-		}
-		if got := report.Env["FGPU_MEMORY_GUARANTEED_BYTES"]; got != fmt.Sprint(guaranteed.Value()) {
-			t.Errorf("pod %s is told it is guaranteed %q bytes; want %d", bursting[i].Name, got, guaranteed.Value())
-		}
-		t.Logf("pod %s on %s: guaranteed %s, capped at %s", bursting[i].Name, r.Device, guaranteed.String(), fmtGiB(capBytes))
+	if len(perGPU) != 2 || len(perGPU["gpu-0"]) != 2 {
+		t.Errorf("bursting pods per GPU: %v; want two on each: their 50Gi caps overcommit it, their 25Gi of use fits it", perGPU)
 	}
 	// What `kubectl fgpu top` shows: each bursting share against its burst cap, with what it
 	// is guaranteed.
@@ -434,23 +446,23 @@ func TestBurstingPodsShareAGPUTheirCapsOvercommit(t *testing.T) {
 	for _, s := range shares {
 		if s.MemoryGuaranteed > 0 {
 			shown++
-			if s.MemoryCap != 60<<30 {
-				t.Errorf("top shows %s/%s capped at %d bytes; want the 60Gi burst cap", s.Namespace, s.Claim, s.MemoryCap)
+			if s.MemoryCap != 50<<30 {
+				t.Errorf("top shows %s/%s capped at %d bytes; want the 50Gi burst cap", s.Namespace, s.Claim, s.MemoryCap)
 			}
 		}
 	}
-	if shown != 2 {
-		t.Errorf("top shows %d bursting shares; want 2: %+v", shown, shares)
+	if shown != 4 {
+		t.Errorf("top shows %d bursting shares; want 4: %+v", shown, shares)
 	}
 	if _, err := cluster.Client.AppsV1().Deployments(ns).UpdateScale(ctx, "web", &autoscalingv1.Scale{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 4}}, metav1.UpdateOptions{}); err != nil {
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 5}}, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var fourth string
+	var fifth string
 	if err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(context.Context) (bool, error) {
 		for _, p := range pods() {
-			if p.Name != first.Name && p.Name != bursting[0].Name && p.Name != bursting[1].Name {
-				fourth = p.Name
+			if !slices.ContainsFunc(four, func(b burster) bool { return b.pod.Name == p.Name }) && p.DeletionTimestamp == nil {
+				fifth = p.Name
 				return true, nil
 			}
 		}
@@ -458,7 +470,7 @@ func TestBurstingPodsShareAGPUTheirCapsOvercommit(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	ev, err := cluster.WaitEvent(ctx, ns, fourth, "measured use and the workload's would not fit", 2*time.Minute)
+	ev, err = cluster.WaitEvent(ctx, ns, fifth, "measured use and the workload's would not fit", 2*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ type ShareUse struct {
 	// bursting share MemoryCap is its burst cap, and MemoryGuaranteed what it is guaranteed.
 	MemoryCap        int64 `json:"memoryCapBytes"`
 	MemoryGuaranteed int64 `json:"memoryGuaranteedBytes,omitempty"`
-	ComputeCap int64 `json:"computeCapPercent"`
+	ComputeCap       int64 `json:"computeCapPercent"`
 	// Usage is nil until the plugin has measured the share for a report interval.
 	Usage *sizing.Usage `json:"usage,omitempty"`
 }

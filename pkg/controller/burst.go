@@ -135,7 +135,7 @@ func (h *burstHistory) admits(g *gpu, w sizing.Workload, headroom float64, now t
 	}
 	at := time.Unix(0, over*int64(h.clock.Width)).UTC().Format(time.RFC3339)
 	return "its tenants' measured use and the workload's would not fit together",
-		fmt.Sprintf("%s: %s in the interval from %s, %s admitted (%s less %.0f%% headroom)", g.key, fmtBytes(need), at, fmtBytes(limit), fmtBytes(g.memCap), headroom*100)
+		fmt.Sprintf("%s: %.1fGi in the interval from %s, %.1fGi admitted (%s less %.0f%% headroom)", g.key, gib(need), at, gib(limit), fmtBytes(g.memCap), headroom*100)
 }
 
 // newest is the newest interval any of these shares recorded.
@@ -342,3 +342,6 @@ func (c *Controller) shouldBurst(claim *resourceapi.ResourceClaim, r autoReport,
 	return rec.ComputePercent < busyComputePercent && rec.ComputePercent > idleComputePercent && guaranteed < capBytes &&
 		guaranteed < roundUp(int64(float64(rec.PeakBytes)*burstCapFactor), sizing.MemoryStep)
 }
+
+// gib is a measured or derived byte count in GiB, as a person reads it.
+func gib(b int64) float64 { return float64(b) / (1 << 30) }

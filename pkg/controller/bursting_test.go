@@ -191,14 +191,7 @@ func TestAFillingGPUMovesTheTenantThatGrewMost(t *testing.T) {
 	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
 	batch, batchPod := placedTemplatePod("batch", "batch-7c9d5-a", "gpu-1")
 	e := newBurstEnv(t, 3, web, webPod, batch, batchPod)
-	var evicted []string
-	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetSubresource() == "eviction" {
-			evicted = append(evicted, a.(k8stesting.CreateAction).GetObject().(*policyv1.Eviction).Name)
-			return true, nil, nil
-		}
-		return false, nil, nil
-	})
+	evicted := recordEvictions(e)
 	reportPeaks(e, web.Name, 0, 35, 35, 35, 35, 35, 35, 5, 5, 5, 5, 5, 5)
 	reportPeaks(e, batch.Name, 0, 5, 5, 5, 5, 5, 5, 35, 35, 35, 35, 35, 35)
 	web2, web2Pod := templatePod("web", "web-7c9d5-b", "")
@@ -213,15 +206,15 @@ func TestAFillingGPUMovesTheTenantThatGrewMost(t *testing.T) {
 	reportPeaks(e, web2.Name, 12, 10)
 	reportPeaks(e, batch2.Name, 12, 30)
 	e.c.evictForResize(e.ctx)
-	if len(evicted) != 0 {
-		t.Fatalf("evicted %v with 40Gi of 80Gi in use", evicted)
+	if len(*evicted) != 0 {
+		t.Fatalf("evicted %v with 40Gi of 80Gi in use", *evicted)
 	}
 	reportPeaks(e, web2.Name, 13, 45)
 	reportPeaks(e, batch2.Name, 13, 33)
 	e.clock.Step(autoEvictInterval)
 	e.c.evictForResize(e.ctx)
-	if len(evicted) != 1 || evicted[0] != web2Pod.Name {
-		t.Fatalf("evicted %v; want %s, whose use grew by 35Gi when the GPU's tenants used 78Gi of 80Gi", evicted, web2Pod.Name)
+	if len(*evicted) != 1 || (*evicted)[0] != web2Pod.Name {
+		t.Fatalf("evicted %v; want %s, whose use grew by 35Gi when the GPU's tenants used 78Gi of 80Gi", *evicted, web2Pod.Name)
 	}
 	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "together used 78Gi") {
 		t.Errorf("events %q", ev)
@@ -285,24 +278,17 @@ func TestAPodPlacedBeforeItsWorkloadWasMeasuredIsRecreatedToBurst(t *testing.T) 
 	late, latePod := placedTemplatePod("web", "web-7c9d5-b", "gpu-1")
 	late.Status.Allocation.AllocationTimestamp = &metav1.Time{Time: burstT0.Add(2 * time.Hour)}
 	e := newBurstEnv(t, 3, web, webPod, late, latePod)
-	var evicted []string
-	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetSubresource() == "eviction" {
-			evicted = append(evicted, a.(k8stesting.CreateAction).GetObject().(*policyv1.Eviction).Name)
-			return true, nil, nil
-		}
-		return false, nil, nil
-	})
+	evicted := recordEvictions(e)
 	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
 	e.c.evictForResize(e.ctx)
-	if len(evicted) != 0 {
-		t.Fatalf("evicted %v before the workload had %d report intervals", evicted, burstMinIntervals)
+	if len(*evicted) != 0 {
+		t.Fatalf("evicted %v before the workload had %d report intervals", *evicted, burstMinIntervals)
 	}
 	reportPeaks(e, web.Name, 11, 10)
 	reportPeaks(e, late.Name, 11, 10)
 	e.c.evictForResize(e.ctx)
-	if len(evicted) != 1 || evicted[0] != webPod.Name {
-		t.Fatalf("evicted %v; want only %s, placed before its workload was measured", evicted, webPod.Name)
+	if len(*evicted) != 1 || (*evicted)[0] != webPod.Name {
+		t.Fatalf("evicted %v; want only %s, placed before its workload was measured", *evicted, webPod.Name)
 	}
 	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "may burst") || !strings.Contains(ev[0], "capped at 20Gi") {
 		t.Errorf("events %q", ev)
@@ -314,4 +300,20 @@ func TestAPodPlacedBeforeItsWorkloadWasMeasuredIsRecreatedToBurst(t *testing.T) 
 	if queued {
 		t.Errorf("the pod placed after its workload was measured is queued to be recreated")
 	}
+}
+
+// recordEvictions answers the env's evictions as allowed, and lists the pods evicted.
+func recordEvictions(e *env) *[]string {
+	var evicted []string
+	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		create, ok := a.(k8stesting.CreateAction)
+		if !ok || a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		if ev, ok := create.GetObject().(*policyv1.Eviction); ok {
+			evicted = append(evicted, ev.Name)
+		}
+		return true, nil, nil
+	})
+	return &evicted
 }

@@ -150,7 +150,7 @@ func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 		a.floor[r.w] = max(a.floor[r.w], want)
 		c.wantResize(a, claim, pod, r, capBytes, true, fmt.Sprintf("its GPU memory use reached %s of its %s cap (request %q); its controller recreates it with %s, at most what its claim asks",
 			fmtBytes(peak), fmtBytes(capBytes), r.result.Request, fmtBytes(want)))
-	case !bursting && ready && r.burstable && c.shouldBurst(claim, r, rec, capBytes):
+	case !bursting && ready && r.burstable && c.shouldBurst(claim, r, rec, capBytes, gpuMem):
 		if _, queued := a.wants[pod.UID]; queued {
 			return
 		}
@@ -191,7 +191,10 @@ func (c *Controller) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod
 	if want.grow {
 		return a.floor[want.w] > want.capBytes
 	}
-	if want.move != (gpuKey{}) || want.toBurst {
+	if want.toBurst {
+		return c.policyOf(claim, pod).Latency == api.LatencyBestEffort
+	}
+	if want.move != (gpuKey{}) {
 		return true // relieve drops a move once the GPU's reports show room again
 	}
 	_, low := a.lowSince[want.share]

@@ -44,15 +44,19 @@ func newBurstHistory(clock sizing.Clock) *burstHistory {
 	return &burstHistory{clock: clock, shares: map[string]*sizing.Maxima{}, workloads: map[sizing.Workload]*sizing.Maxima{}, since: map[sizing.Workload]time.Time{}}
 }
 
-// record takes a share's usage summary for it and for its workload.
-func (h *burstHistory) record(w sizing.Workload, share string, u sizing.Usage) {
+// record takes a share's usage summary for it and for its workload, at now on the
+// allocator's clock.
+func (h *burstHistory) record(w sizing.Workload, share string, u sizing.Usage, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if newest, _, ok := h.workloads[w].Newest(); ok && h.clock.Interval(u.From)-newest > int64(h.clock.Window) {
+		delete(h.since, w) // back after a pause longer than the window: measured anew
+	}
 	for _, m := range []*sizing.Maxima{h.shareMaxima(share), h.workloadMaxima(w)} {
 		m.Record(h.clock, u.From, u.To, u.MemoryMaxBytes)
 	}
 	if _, ok := h.since[w]; !ok && h.workloads[w].Known() >= burstMinIntervals {
-		h.since[w] = u.To
+		h.since[w] = now
 	}
 }
 
@@ -261,11 +265,11 @@ func (c *Controller) overfull(key gpuKey) (claimKey, share, why string) {
 }
 
 // sizeBurst makes a request a bursting share where burstSize allows it, and says so with
-// what it asked.
-func (c *Controller) sizeBurst(in *input, rq *request) {
+// what it asked; it reports whether it did.
+func (c *Controller) sizeBurst(in *input, rq *request) bool {
 	measured, ok := in.sized[rq.alt.name]
 	if !ok || rq.whole || measured.ComputePercent >= busyComputePercent {
-		return
+		return false
 	}
 	asked := int64(0)
 	if q, has := rq.alt.capacity[api.CapacityMemory]; has {
@@ -274,7 +278,7 @@ func (c *Controller) sizeBurst(in *input, rq *request) {
 	w := sizing.Workload{Namespace: in.sizedFor.Namespace, Kind: in.sizedFor.Kind, Name: in.sizedFor.Name, Request: rq.alt.name}
 	guaranteed, capBytes := c.burstSize(in, rq, w, measured, asked)
 	if capBytes == 0 {
-		return
+		return false
 	}
 	askedText := "a whole GPU"
 	if asked > 0 {
@@ -283,6 +287,7 @@ func (c *Controller) sizeBurst(in *input, rq *request) {
 	rq.mem, rq.burstCap, rq.burstFor = guaranteed, capBytes, w
 	rq.sized = fmt.Sprintf("request %q may burst (sizing Auto, best-effort, on a GPU only its isolation domain uses): guaranteed %s, the median of its report intervals' peaks, capped at %s, %d times the peak seen, from %d samples of %s %s/%s (asked %s)",
 		rq.alt.name, fmtBytes(guaranteed), fmtBytes(capBytes), burstCapFactor, measured.Samples, w.Kind, w.Namespace, w.Name, askedText)
+	return true
 }
 
 // relieve asks Auto to move the bursting tenant that grew most off GPU key, where its
@@ -328,7 +333,7 @@ func (c *Controller) relieve(key gpuKey) {
 // GPU it asked for, with no memory limit of its own, and its workload's use is neither busy
 // (it keeps its whole GPU) nor idle (time-slicing). A pod placed since, that still does not
 // burst, had a reason not to: it is never recreated for this. Caller holds the sizer's lock.
-func (c *Controller) shouldBurst(claim *resourceapi.ResourceClaim, r autoReport, rec sizing.Recommendation, capBytes int64) bool {
+func (c *Controller) shouldBurst(claim *resourceapi.ResourceClaim, r autoReport, rec sizing.Recommendation, capBytes, gpuMem int64) bool {
 	since := c.burst.measuredSince(r.w)
 	at := claim.Status.Allocation.AllocationTimestamp
 	if since.IsZero() || at == nil || !at.Time.Before(since) || !c.burst.measured(r.w, c.now()) {
@@ -336,6 +341,17 @@ func (c *Controller) shouldBurst(claim *resourceapi.ResourceClaim, r autoReport,
 	}
 	cfg := allocationConfig(c.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request)
 	if cfg.MemoryLimit != nil || cfg.Mode == api.SharingModeTimeSlicing || c.cfg.isExclusiveClass(c.classOfRequest(claim, r.result.Request)) {
+		return false
+	}
+	shares := 0
+	for _, res := range claim.Status.Allocation.Devices.Results {
+		if res.Request == r.result.Request {
+			shares++
+		}
+	}
+	// A request for several devices, or for a whole GPU that its recommendation fills
+	// (applySizing keeps it whole), would come back the same.
+	if shares != 1 || askedMemory(claim, r.result.Request) == 0 && gpuMem > 0 && rec.MemoryBytes >= gpuMem {
 		return false
 	}
 	guaranteed := max(sizing.MemoryStep, rec.TypicalBytes)

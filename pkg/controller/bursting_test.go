@@ -239,6 +239,7 @@ func TestAWorkloadBackAfterTheWindowDoesNotBurst(t *testing.T) {
 
 // The quota charges a bursting share its cap, not its guarantee: its GPU is closed to other
 // namespaces, and shares guaranteed little must not hold GPU after GPU under a small quota.
+// A share whose cap the quota does not take runs as Initial sizes it.
 func TestQuotaChargesABurstingShareItsCap(t *testing.T) {
 	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
 	web.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory] = resource.MustParse("10Gi")
@@ -257,15 +258,16 @@ func TestQuotaChargesABurstingShareItsCap(t *testing.T) {
 		t.Fatalf("burst cap %s on %s; want 40Gi (twice the 20Gi peak)", fmtBytes(capBytes), r.Device)
 	}
 	// 10Gi + a 40Gi cap charged: a third pod's 40Gi cap would pass the 80Gi quota, though
-	// its guarantee (about 2Gi) would not.
+	// its guarantee (about 2Gi) would not. It runs, as Initial sizes it, and is told why it
+	// does not burst.
 	third, pod3 := templatePod("web", "web-7c9d5-c", "")
 	e.create(third, pod3)
 	e.run()
-	if c := e.claim("team-a", third.Name); c.Status.Allocation != nil {
-		t.Fatalf("a third pod was placed on %s: 10Gi and two 40Gi caps charged against an 80Gi quota", c.Status.Allocation.Devices.Results[0].Device)
+	if r, capBytes := burstOf(t, e, third.Name); capBytes != 0 {
+		t.Fatalf("a third pod bursts on %s: 10Gi and two 40Gi caps charged against an 80Gi quota", r.Device)
 	}
-	if ev := e.events("over the GPU memory quota"); len(ev) == 0 || !strings.Contains(ev[0], "50Gi in use") {
-		t.Errorf("the waiting pod is not told the quota holds it, with the cap charged: %q", e.events(""))
+	if ev := e.events("does not burst, for now"); len(ev) == 0 || !strings.Contains(ev[0], "quota") {
+		t.Errorf("the third pod is not told the quota keeps it from bursting: %q", e.events(""))
 	}
 }
 
@@ -316,4 +318,53 @@ func recordEvictions(e *env) *[]string {
 		return true, nil, nil
 	})
 	return &evicted
+}
+
+// A share that may burst but that no GPU admits runs as Initial sizes it, next to a share
+// that does not burst, and is told why it does not burst.
+func TestAShareNoGPUAdmitsRunsUnburst(t *testing.T) {
+	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
+	web.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory] = resource.MustParse("10Gi")
+	e := newBurstEnv(t, 2, web, webPod)
+	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
+	var bursting []string
+	for _, name := range []string{"web-7c9d5-b", "web-7c9d5-c", "web-7c9d5-d", "web-7c9d5-e", "web-7c9d5-f", "web-7c9d5-g", "web-7c9d5-h"} {
+		c, p := templatePod("web", name, "")
+		e.create(c, p)
+		e.run()
+		if _, capBytes := burstOf(t, e, c.Name); capBytes > 0 {
+			bursting = append(bursting, c.Name)
+			continue
+		}
+		// gpu-1 took the bursting shares it has room for (compute, at 19% each, runs out
+		// first); this one no GPU admits, and gpu-0 holds a share that does not burst.
+		if r, _ := burstOf(t, e, c.Name); r.Device != "gpu-0" {
+			t.Fatalf("claim %s runs unburst on %s; want gpu-0, beside the share that does not burst", c.Name, r.Device)
+		}
+		if ev := e.events("does not burst, for now"); len(ev) != 1 || !strings.Contains(ev[0], "bursting and non-bursting shares do not share a GPU") {
+			t.Errorf("events %q; want one saying why it does not burst", ev)
+		}
+		if len(bursting) == 0 {
+			t.Error("no share burst on gpu-1 before")
+		}
+		return
+	}
+	t.Fatalf("every claim burst: %v", bursting)
+}
+
+// A pod that would come back the same is not recreated to burst: one holding the whole GPU
+// it asked for, whose recommendation fills the GPU (Initial keeps such a request whole).
+func TestAPodThatWouldComeBackTheSameIsNotRecreated(t *testing.T) {
+	big, bigPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
+	big.Status.Allocation.AllocationTimestamp = &metav1.Time{Time: burstT0.Add(-time.Minute)}
+	e := newBurstEnv(t, 2, big, bigPod)
+	evicted := recordEvictions(e)
+	reportPeaks(e, big.Name, 0, 75, 75, 75, 75, 75, 75, 75, 75, 75, 75, 75, 75)
+	e.c.evictForResize(e.ctx)
+	e.c.sizer.mu.Lock()
+	queued := len(e.c.sizer.auto.wants)
+	e.c.sizer.mu.Unlock()
+	if len(*evicted) != 0 || queued != 0 {
+		t.Errorf("evicted %v, %d queued: a whole GPU its recommendation fills comes back whole", *evicted, queued)
+	}
 }

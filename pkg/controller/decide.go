@@ -139,13 +139,32 @@ func (c *Controller) decideRequest(ctx context.Context, in *input, d *decision, 
 }
 
 // placeAlt places one alternative of a request: resolve it, check the quota, let the
-// placement core choose a node and GPUs among those that fit, and size the shares.
+// placement core choose a node and GPUs among those that fit, and size the shares. A share
+// that may burst but fits nowhere as one (no GPU admits it, the quota does not take its cap)
+// is placed as Initial sizes it: a best-effort pod runs rather than wait for room to burst.
+// If neither fits, the claim waits for the burst's reason.
 func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt) ([]result, *waitReason) {
 	rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(ctx))
 	if w != nil {
 		return nil, w
 	}
-	c.sizeBurst(in, rq)
+	plain := *rq
+	if !c.sizeBurst(in, rq) {
+		return c.placeRequest(ctx, in, d, rq)
+	}
+	res, w := c.placeRequest(ctx, in, d, rq)
+	if w == nil {
+		return res, nil
+	}
+	if res, w2 := c.placeRequest(ctx, in, d, &plain); w2 == nil {
+		d.sized = append(d.sized, fmt.Sprintf("request %q does not burst, for now: %s", a.name, w.message))
+		return res, nil
+	}
+	return nil, w
+}
+
+// placeRequest places a resolved request.
+func (c *Controller) placeRequest(ctx context.Context, in *input, d *decision, rq *request) ([]result, *waitReason) {
 	if w := c.quotaCheck(in, d, rq); w != nil {
 		return nil, w
 	}

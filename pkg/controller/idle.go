@@ -200,7 +200,12 @@ func (c *Controller) idleWorkload(w workloadRef) *idleWorkload {
 				}
 				iw.shares = append(iw.shares, string(*r.ShareID))
 				if q, ok := r.ConsumedCapacity[api.CapacityMemory]; ok {
-					iw.reserve.mem += q.Value()
+					// What the quota charges: a bursting share its cap.
+					charged := q.Value()
+					if pl := allocationConfig(c.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.Request).Placement; pl != nil && pl.MemoryLimit != nil {
+						charged = max(charged, pl.MemoryLimit.Value())
+					}
+					iw.reserve.mem += charged
 				}
 				if q, ok := r.ConsumedCapacity[api.CapacityCompute]; ok {
 					iw.reserve.comp += q.Value()

@@ -317,3 +317,25 @@ func TestOverBy(t *testing.T) {
 		}
 	}
 }
+
+// A bursting share reserves what the quota charges it, its cap, when its workload is
+// scaled to zero: waking it needs that much again.
+func TestIdleReserveOfABurstingShareIsItsCap(t *testing.T) {
+	a, pa := idleClaim("web-a", 10)
+	raw := `{"apiVersion":"fgpu.dev/v1alpha1","kind":"GpuConfig","mode":"mps","placement":{"latencyClass":"bestEffort","memoryLimit":"30Gi"}}`
+	a.Status.Allocation.Devices.Config = append(a.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+		Source: resourceapi.AllocationConfigSourceClaim, Requests: []string{"gpu"},
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: api.DriverName, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}})
+	b, pb := idleClaim("web-b", 10)
+	e := &idleEnv{newEnv(t, []*api.SharingPolicy{builders.MakePolicy("idle").IdleScaleDown(10 * time.Minute).Obj()},
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"), a, pa, b, pb, deployment("team-a", "web", 2, optIn))}
+	for i := 1; i <= 3; i++ {
+		e.report("web-a-gpu", i, 0, 30)
+		e.report("web-b-gpu", i, 0, 30)
+	}
+	e.c.scaleIdle(e.ctx)
+	web := e.web()
+	if got := reserveOf(web, ptr.To[int32](0)); got != (usage{mem: 40 << 30, comp: 40}) {
+		t.Errorf("reserve %+v (annotation %q); want 40Gi (web-a's 30Gi cap and web-b's 10Gi) and 40%%", got, web.Annotations[api.AnnotationScaledDownReserve])
+	}
+}

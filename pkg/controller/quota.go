@@ -191,7 +191,9 @@ func (c *Controller) leastNeed(rq *request) (need usage, compKnown bool) {
 	if rq.whole {
 		return usage{rq.count * c.model.minMem, rq.count * c.model.minComp}, true
 	}
-	need.mem = max(rq.mem, rq.burstCap) * rq.count
+	// A bursting share's cap is charged per GPU, bounded by the GPU (quotaFits): the least
+	// is its guarantee.
+	need.mem = rq.mem * rq.count
 	if rq.comp != nil {
 		need.comp, compKnown = *rq.comp*rq.count, true
 	}

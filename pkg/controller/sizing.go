@@ -69,7 +69,7 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 			continue
 		}
 		if mode == api.SizingAuto {
-			c.burst.record(w, *st.ShareID, *data.Usage)
+			c.burst.record(w, *st.ShareID, *data.Usage, c.now())
 		}
 		if mode == api.SizingAuto && len(pods) == 1 {
 			auto = append(auto, autoReport{w: w, share: *st.ShareID, result: allocatedResult(claim.Status.Allocation, st), u: *data.Usage, burstable: burstable})

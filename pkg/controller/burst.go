@@ -16,8 +16,9 @@ import (
 )
 
 // The burst model (sizing Auto, best-effort): a share is guaranteed its workload's typical
-// use (the median of its report intervals' peaks), which is what it consumes, what packing
-// and quota count; and MPS caps it at burstCapFactor times the workload's observed peak. Caps
+// use (the median of its report intervals' peaks), which is what it consumes and what
+// packing counts; MPS caps it at burstCapFactor times the workload's observed peak, which
+// is what the quota charges (tenant.charge). Caps
 // on one GPU may then add up to more than the GPU: a GPU admits a bursting share only where
 // its tenants' measured use, interval by interval over the window, plus the newcomer's
 // workload's, fits the GPU less headroom. Only a GPU that one isolation domain holds, and

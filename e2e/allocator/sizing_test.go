@@ -167,6 +167,81 @@ func TestMeasuredUsageSizesNewPods(t *testing.T) {
 	}
 }
 
+// Under sizing Recommend the recommendation is told and nothing changes: a new pod of the
+// measured Deployment gets what its claim asks, not the recommendation.
+func TestSizingRecommendChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "sizing-rec")
+	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
+	createPolicy(t, builders.MakePolicy("rec-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(api.SizingRecommend).Obj())
+	gp := framework.MakeGPUPod(ns, "web").Memory("20Gi")
+	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gp.Template(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := replayPod(ns, "web", "20Gi", "0:2Gi:30")
+	labels := map[string]string{"app": "web"}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: pod.Spec}},
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// running waits for a running pod of the Deployment other than not.
+	running := func(not string) *corev1.Pod {
+		t.Helper()
+		var found *corev1.Pod
+		if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+			if err != nil {
+				return false, nil
+			}
+			for i := range pods.Items {
+				if p := &pods.Items[i]; p.Name != not && p.Status.Phase == corev1.PodRunning {
+					found = p
+					return true, nil
+				}
+			}
+			return false, nil
+		}); err != nil {
+			t.Fatalf("no running pod of the Deployment: %v", err)
+		}
+		return found
+	}
+	first := running("")
+	claim, err := cluster.ClaimOf(ctx, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := cluster.WaitEvent(ctx, ns, claim.Name, "sizing Recommend: nothing is changed", 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(ev)
+	if _, err := cluster.Client.AppsV1().Deployments(ns).UpdateScale(ctx, "web", &autoscalingv1.Scale{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 2}}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	second := running(first.Name)
+	for _, p := range []*corev1.Pod{first, second} {
+		c, err := cluster.ClaimOf(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Status.Allocation.Devices.Results[0].ConsumedCapacity["memory"]; got.String() != "20Gi" {
+			t.Errorf("pod %s's claim got %s under sizing Recommend; want the 20Gi it asks", p.Name, got.String())
+		}
+	}
+	report, err := cluster.Probe(ctx, ns, second.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != "0=20480M" {
+		t.Errorf("new pod's MPS cap %q; want the 20Gi it asks", report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
+	}
+}
+
 // A workload that grows past its MPS cap fails as a CUDA allocation would.
 func TestReplayPastTheCapRunsOutOfMemory(t *testing.T) {
 	ctx := context.Background()

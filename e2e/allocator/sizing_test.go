@@ -45,22 +45,28 @@ func replayPod(ns, name, memory, steps string) *corev1.Pod {
 	return p
 }
 
-// A Deployment under sizing Initial replays a usage pattern; the plugin reports it in the
-// claim's status and the allocator, after enough samples, recommends a size above the peak
-// for the Deployment, readable as an event and through `fgpu recommendations`'s reader; the
-// running pod keeps what it asked, and a new pod of the Deployment gets the recommended size.
-// (The suite installs the chart with a 1 s poll, 5 s reports and 20 samples before a
-// recommendation.)
-func TestMeasuredUsageSizesNewPods(t *testing.T) {
+// sizedDeployment creates a namespace (prefix), a SharingPolicy for it with sizing mode and
+// latency class ("" for the default), and a Deployment "web" of one replica, its pods labelled
+// app=web, whose claim (from a template) asks memory ("" for a whole GPU) and whose pod
+// replays steps; it returns the namespace.
+func sizedDeployment(t *testing.T, prefix string, mode api.SizingMode, latency api.LatencyClass, memory, steps string) string {
+	t.Helper()
 	ctx := context.Background()
-	ns := cluster.Namespace(t, "sizing")
+	ns := cluster.Namespace(t, prefix)
 	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
-	createPolicy(t, builders.MakePolicy("sizing-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(api.SizingInitial).Obj())
-	gp := framework.MakeGPUPod(ns, "web").Memory("20Gi")
+	pol := builders.MakePolicy("sizing-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(mode)
+	if latency != "" {
+		pol = pol.Latency(latency)
+	}
+	createPolicy(t, pol.Obj())
+	gp := framework.MakeGPUPod(ns, "web")
+	if memory != "" {
+		gp = gp.Memory(memory)
+	}
 	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gp.Template(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod := replayPod(ns, "web", "20Gi", "0:2Gi:30,3:6Gi:40")
+	pod := replayPod(ns, "web", memory, steps)
 	labels := map[string]string{"app": "web"}
 	dep := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
@@ -70,6 +76,18 @@ func TestMeasuredUsageSizesNewPods(t *testing.T) {
 	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	return ns
+}
+
+// A Deployment under sizing Initial replays a usage pattern; the plugin reports it in the
+// claim's status and the allocator, after enough samples, recommends a size above the peak
+// for the Deployment, readable as an event and through `fgpu recommendations`'s reader; the
+// running pod keeps what it asked, and a new pod of the Deployment gets the recommended size.
+// (The suite installs the chart with a 1 s poll, 5 s reports and 20 samples before a
+// recommendation.)
+func TestMeasuredUsageSizesNewPods(t *testing.T) {
+	ctx := context.Background()
+	ns := sizedDeployment(t, "sizing", api.SizingInitial, "", "20Gi", "0:2Gi:30,3:6Gi:40")
 	var running *corev1.Pod
 	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
@@ -171,23 +189,7 @@ func TestMeasuredUsageSizesNewPods(t *testing.T) {
 // measured Deployment gets what its claim asks, not the recommendation.
 func TestSizingRecommendChangesNothing(t *testing.T) {
 	ctx := context.Background()
-	ns := cluster.Namespace(t, "sizing-rec")
-	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
-	createPolicy(t, builders.MakePolicy("rec-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(api.SizingRecommend).Obj())
-	gp := framework.MakeGPUPod(ns, "web").Memory("20Gi")
-	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gp.Template(), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod := replayPod(ns, "web", "20Gi", "0:2Gi:30")
-	labels := map[string]string{"app": "web"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
-		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: pod.Spec}},
-	}
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := sizedDeployment(t, "sizing-rec", api.SizingRecommend, "", "20Gi", "0:2Gi:30")
 	// running waits for a running pod of the Deployment other than not.
 	running := func(not string) *corev1.Pod {
 		t.Helper()
@@ -280,24 +282,8 @@ func TestReplayPastTheCapRunsOutOfMemory(t *testing.T) {
 // simulated out-of-memory on the way.
 func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
 	ctx := context.Background()
-	ns := cluster.Namespace(t, "sizing-auto")
-	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
-	createPolicy(t, builders.MakePolicy("sizing-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(api.SizingAuto).Obj())
-	gp := framework.MakeGPUPod(ns, "web").Memory("20Gi")
-	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gp.Template(), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	// 2Gi for 90 s (a recommendation of 2.5Gi), then 2450Mi: under a 2.5Gi cap, past 95 % of it.
-	pod := replayPod(ns, "web", "20Gi", "0:2Gi:30,90:2450Mi:30")
-	labels := map[string]string{"app": "web"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
-		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: pod.Spec}},
-	}
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := sizedDeployment(t, "sizing-auto", api.SizingAuto, "", "20Gi", "0:2Gi:30,90:2450Mi:30")
 	// running waits for a running pod of the Deployment other than those in not, and fails
 	// the test on any container restart (a simulated out-of-memory).
 	running := func(not ...string) *corev1.Pod {
@@ -348,7 +334,7 @@ func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
 	}
 	// Both pods must stay available: the budget forbids evicting either.
 	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
-		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(2)), Selector: &metav1.LabelSelector{MatchLabels: labels}}}
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(2)), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}
 	if _, err := cluster.Client.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -399,23 +385,7 @@ func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
 // two of them, waits and says why. No pod runs out of memory on the way.
 func TestBurstingPodsShareAGPUTheirCapsOvercommit(t *testing.T) {
 	ctx := context.Background()
-	ns := cluster.Namespace(t, "sizing-burst")
-	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
-	createPolicy(t, builders.MakePolicy("burst-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(api.SizingAuto).Latency(api.LatencyBestEffort).Obj())
-	gp := framework.MakeGPUPod(ns, "web")
-	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gp.Template(), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod := replayPod(ns, "web", "", "0:25Gi:15")
-	labels := map[string]string{"app": "web"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
-		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: pod.Spec}},
-	}
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := sizedDeployment(t, "sizing-burst", api.SizingAuto, api.LatencyBestEffort, "", "0:25Gi:15")
 	// pods lists the Deployment's pods, failing on any container restart (a simulated
 	// out-of-memory).
 	pods := func() []corev1.Pod {

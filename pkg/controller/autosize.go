@@ -52,6 +52,8 @@ type resizeWant struct {
 	// far below capBytes.
 	grow bool
 	move gpuKey
+	// drain: moved off GPU move, which consolidation empties (it ends the want with the drain).
+	drain bool
 	// toBurst: recreated to burst, its pod placed before its workload was measured.
 	toBurst  bool
 	capBytes int64

@@ -39,6 +39,34 @@ type burstHistory struct {
 	workloads map[sizing.Workload]*sizing.Maxima
 	// since is when each workload first had burstMinIntervals recorded.
 	since map[sizing.Workload]time.Time
+	// drain is the GPU consolidation empties, since drainSince (zero key: none): no bursting
+	// share is placed there.
+	drain      gpuKey
+	drainSince time.Time
+}
+
+func (h *burstHistory) draining() (gpuKey, time.Time, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.drain, h.drainSince, h.drain != (gpuKey{})
+}
+
+func (h *burstHistory) isDraining(k gpuKey) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.drain != (gpuKey{}) && h.drain == k
+}
+
+func (h *burstHistory) setDraining(k gpuKey, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.drain, h.drainSince = k, now
+}
+
+func (h *burstHistory) clearDraining() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.drain, h.drainSince = gpuKey{}, time.Time{}
 }
 
 func newBurstHistory(clock sizing.Clock) *burstHistory {
@@ -300,7 +328,7 @@ func (c *Controller) relieve(key gpuKey) {
 	a := c.sizer.auto
 	if claimKey == "" {
 		for uid, want := range a.wants {
-			if want.move == key {
+			if want.move == key && !want.drain {
 				delete(a.wants, uid)
 			}
 		}

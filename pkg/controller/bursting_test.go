@@ -368,3 +368,121 @@ func TestAPodThatWouldComeBackTheSameIsNotRecreated(t *testing.T) {
 		t.Errorf("evicted %v, %d queued: a whole GPU its recommendation fills comes back whole", *evicted, queued)
 	}
 }
+
+// placedBurster is templatePod placed on n1's device as a bursting share, guaranteed
+// guaranteed and capped at capText.
+func placedBurster(dep, name, device, guaranteed, capText string) (*resourceapi.ResourceClaim, *corev1.Pod) {
+	claim, p := placedTemplatePod(dep, name, device)
+	claim.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory] = resource.MustParse(guaranteed)
+	raw := `{"apiVersion":"fgpu.dev/v1alpha1","kind":"GpuConfig","mode":"mps","placement":{"latencyClass":"bestEffort","memoryLimit":"` + capText + `"}}`
+	claim.Status.Allocation.Devices.Config = append(claim.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+		Source: resourceapi.AllocationConfigSourceClaim, Requests: []string{"gpu"},
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: api.DriverName, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}})
+	return claim, p
+}
+
+// Two bursting pods of one workload left alone on two GPUs (their co-tenants gone) would fit
+// on one: Auto empties the GPU guaranteed least, through its eviction path, keeps new bursting
+// shares off it while it drains, and ends the drain once it is empty.
+func TestConsolidationEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
+	small, smallPod := placedBurster("web", "web-7c9d5-a", "gpu-0", "10Gi", "40Gi")
+	big, bigPod := placedBurster("web", "web-7c9d5-b", "gpu-1", "20Gi", "40Gi")
+	batch, batchPod := placedTemplatePod("batch", "batch-7c9d5-a", "gpu-2")
+	e := newBurstEnv(t, 3, small, smallPod, big, bigPod, batch, batchPod)
+	evicted := recordEvictions(e)
+	reportPeaks(e, small.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
+	reportPeaks(e, big.Name, 0, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
+	reportPeaks(e, batch.Name, 0, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50)
+	e.c.consolidate(e.ctx)
+	if key, _, ok := e.c.burst.draining(); !ok || key.device != "gpu-0" {
+		t.Fatalf("draining %v (%v); want gpu-0, whose 10Gi tenant fits next to gpu-1's", key, ok)
+	}
+	// No bursting share is placed on the GPU being emptied: batch's would fit next to
+	// gpu-0's 10Gi, not next to gpu-1's 20Gi.
+	batch2, batch2Pod := templatePod("batch", "batch-7c9d5-b", "")
+	e.create(batch2, batch2Pod)
+	e.run()
+	if c := e.claim("team-a", batch2.Name); c.Status.Allocation != nil {
+		t.Fatalf("batch's new pod was placed on %s while gpu-0 drains", c.Status.Allocation.Devices.Results[0].Device)
+	}
+	if ev := e.events("being emptied by sizing Auto"); len(ev) == 0 {
+		t.Errorf("the waiting claim does not say gpu-0 is being emptied: %q", e.events(""))
+	}
+	e.c.evictForResize(e.ctx)
+	if len(*evicted) != 1 || (*evicted)[0] != smallPod.Name {
+		t.Fatalf("evicted %v; want %s", *evicted, smallPod.Name)
+	}
+	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "sizing Auto empties n1/gpu-0") || !strings.Contains(ev[0], "this one on n1/gpu-1") {
+		t.Errorf("events %q", ev)
+	}
+	// The replacement comes while the evicted pod's claim still holds gpu-0: it goes to
+	// gpu-1, not back to the GPU being emptied nor to the empty one.
+	next, nextPod := templatePod("web", "web-7c9d5-c", "")
+	e.create(next, nextPod)
+	e.run()
+	if r, capBytes := burstOf(t, e, next.Name); r.Device != "gpu-1" || capBytes == 0 {
+		t.Fatalf("the replacement is on %s with cap %d; want a bursting share on gpu-1", r.Device, capBytes)
+	}
+	e.c.consolidate(e.ctx)
+	if _, _, ok := e.c.burst.draining(); !ok {
+		t.Fatal("the drain ended while gpu-0 still holds the evicted pod's share")
+	}
+	_ = e.client.CoreV1().Pods("team-a").Delete(e.ctx, smallPod.Name, metav1.DeleteOptions{})
+	if err := e.client.ResourceV1().ResourceClaims("team-a").Delete(e.ctx, small.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.settle()
+	e.c.consolidate(e.ctx)
+	if key, _, ok := e.c.burst.draining(); ok {
+		t.Errorf("still draining %v once gpu-0 is empty", key)
+	}
+	e.checkInvariant()
+}
+
+// A GPU is not emptied where a tenant would fit nowhere else, nor where one would not come
+// back (its claim is not its pod's own); and a drain whose tenant stops fitting elsewhere
+// ends, its eviction dropped.
+func TestConsolidationMovesOnlyWhatFitsAndComesBack(t *testing.T) {
+	pair := func(batchPeaks ...int64) *env {
+		web, webPod := placedBurster("web", "web-7c9d5-a", "gpu-0", "10Gi", "40Gi")
+		batch, batchPod := placedBurster("batch", "batch-7c9d5-a", "gpu-1", "20Gi", "70Gi")
+		e := newBurstEnv(t, 3, web, webPod, batch, batchPod)
+		reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
+		reportPeaks(e, batch.Name, 0, batchPeaks...)
+		return e
+	}
+	e := pair(20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 60)
+	e.c.consolidate(e.ctx)
+	if key, _, ok := e.c.burst.draining(); ok {
+		t.Fatalf("draining %v: batch's 60Gi next to web's 10Gi passes the 69.6Gi admitted, either way", key)
+	}
+
+	e = pair(20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
+	evicted := recordEvictions(e)
+	e.c.consolidate(e.ctx)
+	if key, _, ok := e.c.burst.draining(); !ok || key.device != "gpu-0" {
+		t.Fatalf("draining %v (%v); want gpu-0, whose tenant fits next to gpu-1's", key, ok)
+	}
+	// gpu-1's tenant's use grows before the eviction's turn: the tenant of gpu-0 no longer
+	// fits there, and the drain ends.
+	reportPeaks(e, "batch-7c9d5-a-gpu", 12, 60)
+	e.c.consolidate(e.ctx)
+	if key, _, ok := e.c.burst.draining(); ok {
+		t.Fatalf("still draining %v though its tenant no longer fits on gpu-1", key)
+	}
+	e.c.evictForResize(e.ctx)
+	if len(*evicted) != 0 {
+		t.Errorf("evicted %v after the drain ended", *evicted)
+	}
+
+	web, webPod := placedBurster("web", "web-7c9d5-a", "gpu-0", "10Gi", "40Gi")
+	web.OwnerReferences = nil
+	other, otherPod := placedBurster("web", "web-7c9d5-b", "gpu-1", "20Gi", "40Gi")
+	e = newBurstEnv(t, 3, web, webPod, other, otherPod)
+	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
+	reportPeaks(e, other.Name, 0, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
+	e.c.consolidate(e.ctx)
+	if key, _, ok := e.c.burst.draining(); ok && key.device == "gpu-0" {
+		t.Errorf("draining gpu-0: its tenant's claim is not its pod's own, and nothing would recreate it")
+	}
+}

@@ -198,6 +198,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	go wait.UntilWithContext(ctx, c.expire, 10*time.Second)
 	go wait.UntilWithContext(ctx, c.sweepUsage, usageSweepInterval)
 	go wait.UntilWithContext(ctx, c.evictForResize, autoEvictInterval)
+	go wait.UntilWithContext(ctx, c.consolidate, c.cfg.SizingReportInterval)
 	go wait.UntilWithContext(ctx, c.scaleIdle, idleInterval)
 	<-ctx.Done()
 	return nil

@@ -56,6 +56,9 @@ func (c *Controller) gpuFits(ctx context.Context, in *input, own usage, rq *requ
 		return why, ex
 	}
 	if rq.capOn(g, mem) > 0 {
+		if c.burst.isDraining(g.key) {
+			return "being emptied by sizing Auto: its bursting tenants move to GPUs in use", g.key.String()
+		}
 		return c.burst.admits(g, rq.burstFor, c.cfg.Sizing.Headroom, c.now())
 	}
 	return "", ""

@@ -131,7 +131,7 @@ func (c *Controller) forgetUsage(claim *resourceapi.ResourceClaim) {
 			// A tenant gone from a GPU that filled may have made room: its move waits for
 			// the GPU's next report.
 			for uid, want := range c.sizer.auto.wants {
-				if want.move == (gpuKey{st.Pool, st.Device}) {
+				if want.move == (gpuKey{st.Pool, st.Device}) && !want.drain {
 					delete(c.sizer.auto.wants, uid)
 				}
 			}

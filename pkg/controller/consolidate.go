@@ -1,0 +1,303 @@
+package controller
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/fgpu-dev/fgpu/pkg/sizing"
+)
+
+// Consolidation (sizing Auto, the burst model). A bursting share is placed where its
+// workload's use fits when its pod starts, but pods come and go, and GPUs empty unevenly: a
+// GPU left with one or two bursting tenants holds a whole GPU for them while other GPUs of
+// their isolation domain have room. Each report interval Auto looks for a GPU whose bursting
+// tenants would each be placed, one per GPU, on another GPU already in use (the same checks
+// as placing their pods anew: nodes, selectors, taints, quota, co-tenancy and burst
+// admission). It marks that GPU draining, so no bursting share is placed there, and evicts
+// its tenants' pods as any resize (one pod of a workload at a time, PodDisruptionBudgets
+// hold), so that their controllers recreate them where their workloads' use fits. One GPU
+// drains at a time across the cluster; a drain whose tenants stop fitting elsewhere ends.
+
+const (
+	// consolidateCandidates: a pass tries this many GPUs, those guaranteed least first.
+	consolidateCandidates = 8
+	// drainGiveUp: a drain that has not emptied its GPU in this long (a PodDisruptionBudget
+	// that never allows an eviction) ends, and its evictions are dropped.
+	drainGiveUp = time.Hour
+)
+
+// drainMove is a tenant of a GPU to drain, and the GPU it would be placed on.
+type drainMove struct {
+	pod   *corev1.Pod
+	claim string
+	share string
+	w     sizing.Workload
+	to    gpuKey
+}
+
+// consolidate runs every report interval: it ends a drain that is done, stuck, or whose
+// tenants stopped fitting elsewhere, and otherwise starts one where a GPU can be emptied.
+func (c *Controller) consolidate(ctx context.Context) {
+	if c.fenced() != nil {
+		return
+	}
+	now := c.now()
+	if key, since, ok := c.burst.draining(); ok {
+		if now.Sub(since) < drainGiveUp && c.drainGoesOn(ctx, key) {
+			return
+		}
+		c.endDrain(key)
+	}
+	for _, key := range c.drainCandidates() {
+		if moves, ok := c.drainMoves(ctx, key); ok && len(moves) > 0 {
+			c.startDrain(ctx, key, moves, now)
+			return
+		}
+	}
+}
+
+// drainCandidates are the GPUs whose tenants all burst, those guaranteed least first.
+func (c *Controller) drainCandidates() []gpuKey {
+	type candidate struct {
+		key        gpuKey
+		guaranteed int64
+	}
+	var all []candidate
+	c.model.mu.Lock()
+	for _, g := range c.model.gpus {
+		if !g.known || len(g.tenants) == 0 || c.burst.isDraining(g.key) {
+			continue
+		}
+		if !allBurst(g) {
+			continue
+		}
+		all = append(all, candidate{g.key, g.usedMem})
+	}
+	c.model.mu.Unlock()
+	slices.SortFunc(all, func(a, b candidate) int {
+		return cmp.Or(cmp.Compare(a.guaranteed, b.guaranteed), cmp.Compare(a.key.String(), b.key.String()))
+	})
+	keys := make([]gpuKey, 0, min(len(all), consolidateCandidates))
+	for _, cand := range all[:min(len(all), consolidateCandidates)] {
+		keys = append(keys, cand.key)
+	}
+	return keys
+}
+
+func allBurst(g *gpu) bool {
+	for _, t := range g.tenants {
+		if t.burstCap == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// drainMoves finds, for each tenant of GPU key that is not on its way out, another GPU in
+// use that its pod, placed anew, would be placed on, one tenant per GPU; ok is false where
+// one has none, or would not come back bursting, or nothing would recreate it.
+func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, bool) {
+	type stay struct {
+		shareID types.UID
+		claim   *resourceapi.ResourceClaim
+		pod     *corev1.Pod
+		request string
+		in      *input
+	}
+	c.model.mu.Lock()
+	g, ok := c.model.gpus[key]
+	var tenants []*tenant
+	if ok {
+		for _, t := range g.tenants {
+			tenants = append(tenants, t)
+		}
+	}
+	c.model.mu.Unlock()
+	var stays []stay
+	for _, t := range tenants {
+		claim, leaving := c.tenantClaim(t)
+		if leaving {
+			continue
+		}
+		if claim == nil {
+			return nil, false
+		}
+		pods := c.claimPods(claim)
+		if !recreatable(claim, pods) {
+			return nil, false
+		}
+		if pods[0].DeletionTimestamp != nil {
+			continue
+		}
+		in, ok := c.gather(claim)
+		if !ok {
+			return nil, false
+		}
+		// Placed anew, as its recreated pod would be: on any node its pod fits.
+		in.bound, in.conflict, in.reservedFor, in.pods = "", nil, nil, in.consumers
+		s := stay{shareID: t.shareID, claim: claim, pod: pods[0], in: in}
+		for _, r := range claim.Status.Allocation.Devices.Results {
+			if r.ShareID != nil && *r.ShareID == t.shareID {
+				s.request = r.Request
+			}
+		}
+		stays = append(stays, s)
+	}
+	if len(stays) == 0 {
+		return nil, true
+	}
+	c.model.mu.Lock()
+	defer c.model.mu.Unlock()
+	g, ok = c.model.gpus[key]
+	if !ok || c.model.ensureCore(c.schedPolicy, c) != nil {
+		return nil, false
+	}
+	others := make([]*gpu, 0, len(c.model.gpus))
+	for _, h := range c.model.gpus {
+		if h.known && h != g && len(h.tenants) > 0 && h.coreNode >= 0 {
+			others = append(others, h)
+		}
+	}
+	slices.SortFunc(others, func(a, b *gpu) int { return cmp.Compare(a.key.String(), b.key.String()) })
+	taken := map[gpuKey]bool{}
+	moves := make([]drainMove, 0, len(stays))
+	for _, s := range stays {
+		t := g.tenants[s.shareID]
+		rq := c.recreated(ctx, s.in, s.request)
+		if t == nil || rq == nil {
+			return nil, false
+		}
+		to, found := c.placeMoved(ctx, s.in, rq, t, others, taken)
+		if !found {
+			return nil, false
+		}
+		taken[to] = true
+		top := topOwner(s.pod)
+		moves = append(moves, drainMove{pod: s.pod, claim: s.claim.Name, share: string(s.shareID), to: to,
+			w: sizing.Workload{Namespace: s.claim.Namespace, Kind: top.Kind, Name: top.Name, Request: s.request}})
+	}
+	return moves, true
+}
+
+// tenantClaim is a tenant's claim; leaving is true where it is gone or going (its shares are
+// released soon).
+func (c *Controller) tenantClaim(t *tenant) (claim *resourceapi.ResourceClaim, leaving bool) {
+	claim, err := c.claims.ResourceClaims(t.namespace).Get(strings.TrimPrefix(t.key, t.namespace+"/"))
+	if err != nil || claim.DeletionTimestamp != nil || claim.Status.Allocation == nil {
+		return nil, true
+	}
+	return claim, false
+}
+
+// recreated is request's resolved alternative as a recreated pod's claim would get it, if
+// it would burst (nil otherwise). Caller holds the model's lock.
+func (c *Controller) recreated(ctx context.Context, in *input, request string) *request {
+	for _, r := range in.claim.Spec.Devices.Requests {
+		for _, a := range alternatives(r) {
+			if a.name != request {
+				continue
+			}
+			rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(ctx))
+			if w != nil || !c.sizeBurst(in, rq) {
+				return nil
+			}
+			return rq
+		}
+	}
+	return nil
+}
+
+// placeMoved is the first GPU of others, not taken, that the placement path would let the
+// recreated request rq take. The namespace's quota is counted without the tenant t it
+// replaces. Caller holds the model's lock.
+func (c *Controller) placeMoved(ctx context.Context, in *input, rq *request, t *tenant, others []*gpu, taken map[gpuKey]bool) (gpuKey, bool) {
+	ns := in.claim.Namespace
+	c.model.nsMem[ns] -= t.charge()
+	c.model.nsComp[ns] -= t.comp
+	defer func() {
+		c.model.nsMem[ns] += t.charge()
+		c.model.nsComp[ns] += t.comp
+	}()
+	fits := c.gpuFilter(ctx, in, &decision{}, rq, &rejects{})
+	for _, h := range others {
+		if !taken[h.key] && fits(h.coreNode, h.coreIndex) {
+			return h.key, true
+		}
+	}
+	return gpuKey{}, false
+}
+
+// startDrain marks GPU key draining and asks Auto to recreate its tenants' pods.
+func (c *Controller) startDrain(ctx context.Context, key gpuKey, moves []drainMove, now time.Time) {
+	c.burst.setDraining(key, now)
+	c.sizer.mu.Lock()
+	defer c.sizer.mu.Unlock()
+	a := c.sizer.auto
+	for _, m := range moves {
+		if _, ok := a.wants[m.pod.UID]; ok {
+			continue // recreated anyway; its new pod is not placed on a draining GPU
+		}
+		a.wants[m.pod.UID] = &resizeWant{pod: types.NamespacedName{Namespace: m.pod.Namespace, Name: m.pod.Name}, uid: m.pod.UID, w: m.w,
+			claim: m.claim, share: m.share, move: key, drain: true, since: now,
+			why: fmt.Sprintf("GPU %s's bursting tenants each fit on another GPU in use (this one on %s), where their workloads' use fits; sizing Auto empties %s to give it back, and its controller recreates the pod there",
+				key, m.to, key)}
+	}
+	klog.FromContext(ctx).Info("Emptying a GPU whose bursting tenants fit on GPUs in use", "gpu", key, "tenants", len(moves))
+}
+
+// drainGoesOn says whether the drain of GPU key goes on: it still has tenants, each either
+// on its way out or waiting for its eviction, and those waiting still fit elsewhere.
+func (c *Controller) drainGoesOn(ctx context.Context, key gpuKey) bool {
+	c.model.mu.Lock()
+	var tenants []*tenant
+	if g, ok := c.model.gpus[key]; ok {
+		for _, t := range g.tenants {
+			tenants = append(tenants, t)
+		}
+	}
+	c.model.mu.Unlock()
+	waiting := 0
+	for _, t := range tenants {
+		claim, leaving := c.tenantClaim(t)
+		if leaving {
+			continue
+		}
+		pods := c.claimPods(claim)
+		if len(pods) == 0 || pods[0].DeletionTimestamp != nil {
+			continue
+		}
+		c.sizer.mu.Lock()
+		_, ok := c.sizer.auto.wants[pods[0].UID]
+		c.sizer.mu.Unlock()
+		if !ok {
+			return false // placed there before the drain began, or its eviction was dropped
+		}
+		waiting++
+	}
+	if waiting == 0 {
+		return len(tenants) > 0
+	}
+	_, ok := c.drainMoves(ctx, key)
+	return ok
+}
+
+// endDrain ends the drain of GPU key and drops the evictions it still waits for.
+func (c *Controller) endDrain(key gpuKey) {
+	c.burst.clearDraining()
+	c.sizer.mu.Lock()
+	defer c.sizer.mu.Unlock()
+	for uid, want := range c.sizer.auto.wants {
+		if want.drain && want.move == key {
+			delete(c.sizer.auto.wants, uid)
+		}
+	}
+}

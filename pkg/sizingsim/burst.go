@@ -1,6 +1,7 @@
 package sizingsim
 
 import (
+	"sort"
 	"time"
 
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
@@ -284,8 +285,64 @@ func (b *burst) reported(k int64) {
 			b.restart(move, k, g)
 		}
 	}
+	b.consolidate(k)
 	for _, bt := range b.c {
 		bt.last, bt.peak = bt.peak, 0
+	}
+}
+
+// consolidate empties one GPU per report, as Auto does (the allocator's consolidate): the
+// one with the least guaranteed memory, among those whose tenants all burst, whose tenants
+// each have another GPU in use that admits it, one tenant per GPU. Its tenants restart there.
+func (b *burst) consolidate(k int64) {
+	type candidate struct {
+		g          int
+		guaranteed int64
+	}
+	var order []candidate
+	for g, gpu := range b.gpus {
+		if len(gpu.tenants) == 0 {
+			continue
+		}
+		c := candidate{g: g}
+		for _, i := range gpu.tenants {
+			if !b.c[i].burster {
+				c.guaranteed = -1
+				break
+			}
+			c.guaranteed += b.c[i].guaranteed
+		}
+		if c.guaranteed >= 0 {
+			order = append(order, c)
+		}
+	}
+	sort.SliceStable(order, func(x, y int) bool { return order[x].guaranteed < order[y].guaranteed })
+	for _, c := range order {
+		taken := map[int]bool{c.g: true}
+		fits := true
+		for _, i := range b.gpus[c.g].tenants {
+			to := -1
+			for h, gpu := range b.gpus {
+				if !taken[h] && len(gpu.tenants) > 0 && b.admits(h, i, k) {
+					to = h
+					break
+				}
+			}
+			if to < 0 {
+				fits = false
+				break
+			}
+			taken[to] = true
+		}
+		if !fits {
+			continue
+		}
+		for _, i := range append([]int(nil), b.gpus[c.g].tenants...) {
+			b.f.Restarts++
+			b.f.Consolidations++
+			b.restart(i, k, c.g)
+		}
+		return
 	}
 }
 

@@ -108,9 +108,8 @@ func TestRunStrategies(t *testing.T) {
 }
 
 // The real trace, where it is at hand: the orders the figures must keep, and the issue's
-// targets for Auto at the defaults, from the figures: fewer GPUs than the human and under
-// one violation per 100 container-hours hold; half of whole's GPUs does not (the first
-// hour, when every container holds a whole GPU, costs it), which is logged.
+// targets for Auto at the defaults: fewer GPUs than the human, at most half of whole's
+// (time-averaged: GPU-hours), under one violation per 100 container-hours.
 func TestGenAITargets(t *testing.T) {
 	dir := ""
 	for _, d := range genaiDirs {
@@ -143,9 +142,36 @@ func TestGenAITargets(t *testing.T) {
 	if auto.GPUsMean >= got["auto-per-claim"].GPUsMean {
 		t.Errorf("auto needs %.1f GPUs, per-claim auto %.1f: want fewer", auto.GPUsMean, got["auto-per-claim"].GPUsMean)
 	}
-	half := whole.GPUsMean / 2
-	t.Logf("half of whole (%.1f GPUs): auto needs %.1f over the run, %.1f after the history; met: %v",
-		half, auto.GPUsMean, auto.GPUsMeanWarm, auto.GPUsMean <= half)
+	if half := whole.GPUsMean / 2; auto.GPUsMean > half {
+		t.Errorf("auto needs %.1f GPUs on average, half of whole's is %.1f", auto.GPUsMean, half)
+	}
+}
+
+// Three bursters that fit two to a GPU (25 GiB each, 69.6 GiB admitted): once a leaves, b
+// and c hold a GPU each, and the next report empties one of them, with no violation.
+func TestAutoEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
+	const gib = int64(1) << 30
+	steady := func(n int) []int64 {
+		m := make([]int64, n)
+		for i := range m {
+			m[i] = 25 * gib
+		}
+		return m
+	}
+	sm := make([]int, 300)
+	tr := &Trace{StepSeconds: 60, Steps: 300, Containers: []Container{
+		{ID: "a", Memory: steady(150), SM: sm[:150]},
+		{ID: "b", Memory: steady(300), SM: sm},
+		{ID: "c", Memory: steady(300), SM: sm},
+	}}
+	opts := DefaultOptions(60)
+	opts.Sizing.MinSamples = 60
+	r := Auto(tr, opts, nil)
+	// Without the move: three GPUs for the history, then two to the end.
+	unmoved := (59*3 + 241*2) / 300.0
+	if r.Consolidations != 1 || r.Violations != 0 || r.GPUsMean > unmoved-0.4 {
+		t.Errorf("%+v; want one restart that empties a GPU for the last ~145 steps (mean under %.2f), no violation", r, unmoved-0.4)
+	}
 }
 
 // Two containers whose short peaks alternate share one GPU under Auto, guaranteed their

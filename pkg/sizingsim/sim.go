@@ -29,11 +29,11 @@ type Options struct {
 	BurstCap float64
 }
 
-// DefaultOptions are the allocator's defaults on 80 GiB GPUs, an hour of history at the
-// trace's step.
+// DefaultOptions are the allocator's defaults on 80 GiB GPUs, half an hour of history at
+// the trace's step.
 func DefaultOptions(stepSeconds float64) Options {
 	s := sizing.DefaultOptions()
-	s.MinSamples = int(math.Ceil(3600 / stepSeconds))
+	s.MinSamples = int(math.Ceil(1800 / stepSeconds))
 	return Options{GPUMemory: 80 << 30, Sizing: s, NearCap: 0.95, FarBelow: 0.8, Report: 5 * time.Minute, Window: 24 * time.Hour, BurstCap: 2}
 }
 
@@ -54,8 +54,10 @@ type Result struct {
 	ViolationsPer100h  float64 `json:"violations_per_100h"`
 	// Restarts are the pods Auto restarted to resize or move them before they ran out of
 	// memory; HurtPer100h counts them with the violations.
-	Restarts    int     `json:"restarts"`
-	HurtPer100h float64 `json:"hurt_per_100h"`
+	Restarts int `json:"restarts"`
+	// Consolidations are the restarts that moved a container off a GPU Auto emptied.
+	Consolidations int     `json:"consolidations"`
+	HurtPer100h    float64 `json:"hurt_per_100h"`
 }
 
 // pool is GPUs placed on online, best fit by memory: a container goes to the GPU it leaves

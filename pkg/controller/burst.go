@@ -133,9 +133,10 @@ func (h *burstHistory) keepWorkloads(keep func(sizing.Workload) bool) {
 }
 
 // burstMinIntervals: a workload is admitted by its history once it recorded this many
-// report intervals (an hour at the default 5 minutes, as the recommender's minimum of
-// samples): fewer say too little about when its peaks come.
-const burstMinIntervals = 12
+// report intervals (half an hour at the default 5 minutes, as the recommender's minimum of
+// samples): fewer say too little about when its peaks come, and each interval more keeps
+// every new workload on the whole GPUs it asked for longer (docs/sizing.md measures both).
+const burstMinIntervals = 6
 
 // measured says whether w's use is recorded for burstMinIntervals, the newest within the
 // window before now: a workload back after a longer pause, or switched to Auto, is placed per

@@ -281,13 +281,13 @@ func TestAPodPlacedBeforeItsWorkloadWasMeasuredIsRecreatedToBurst(t *testing.T) 
 	late.Status.Allocation.AllocationTimestamp = &metav1.Time{Time: burstT0.Add(2 * time.Hour)}
 	e := newBurstEnv(t, 3, web, webPod, late, latePod)
 	evicted := recordEvictions(e)
-	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
+	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10)
 	e.c.evictForResize(e.ctx)
 	if len(*evicted) != 0 {
 		t.Fatalf("evicted %v before the workload had %d report intervals", *evicted, burstMinIntervals)
 	}
-	reportPeaks(e, web.Name, 11, 10)
-	reportPeaks(e, late.Name, 11, 10)
+	reportPeaks(e, web.Name, 5, 10)
+	reportPeaks(e, late.Name, 5, 10)
 	e.c.evictForResize(e.ctx)
 	if len(*evicted) != 1 || (*evicted)[0] != webPod.Name {
 		t.Fatalf("evicted %v; want only %s, placed before its workload was measured", *evicted, webPod.Name)
@@ -295,7 +295,7 @@ func TestAPodPlacedBeforeItsWorkloadWasMeasuredIsRecreatedToBurst(t *testing.T) 
 	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "may burst") || !strings.Contains(ev[0], "capped at 20Gi") {
 		t.Errorf("events %q", ev)
 	}
-	reportPeaks(e, late.Name, 12, 10)
+	reportPeaks(e, late.Name, 6, 10)
 	e.c.sizer.mu.Lock()
 	_, queued := e.c.sizer.auto.wants[latePod.UID]
 	e.c.sizer.mu.Unlock()

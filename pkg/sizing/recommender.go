@@ -35,9 +35,10 @@ type Options struct {
 }
 
 // DefaultOptions: VPA's day-long half-life; memory near the peaks (running out of it kills
-// the process), compute at the busy end; one hour of samples at the plugin's 10 s poll.
+// the process), compute at the busy end; half an hour of samples at the plugin's 10 s poll
+// (docs/sizing.md measures half an hour against one and three).
 func DefaultOptions() Options {
-	return Options{HalfLife: 24 * time.Hour, MemoryPercentile: 0.99, ComputePercentile: 0.9, Headroom: 0.15, MinSamples: 360}
+	return Options{HalfLife: 24 * time.Hour, MemoryPercentile: 0.99, ComputePercentile: 0.9, Headroom: 0.15, MinSamples: 180}
 }
 
 // Recommendation is the size the recommender gives a workload's claims.

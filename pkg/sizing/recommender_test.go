@@ -15,16 +15,16 @@ func TestRecommenderWaitsForSamplesThenSizesAboveThePeak(t *testing.T) {
 		return Usage{From: t0.Add(time.Duration(i-1) * 5 * time.Minute), To: t0.Add(time.Duration(i) * 5 * time.Minute), Samples: 30,
 			MemoryMaxBytes: int64(peakGiB * (1 << 30)), SMSamples: 30, SMP95Percent: sm}
 	}
-	// 11 reports of 30 samples: 330 < 360.
-	for i := 1; i <= 11; i++ {
+	// 5 reports of 30 samples: 150 < 180.
+	for i := 1; i <= 5; i++ {
 		if !r.Add(w, "s1", report("s1", i, 6+float64(i%3), 40)) {
 			t.Fatalf("report %d not taken", i)
 		}
 	}
 	if _, ok := r.Recommend(w); ok {
-		t.Fatal("recommended on 330 samples")
+		t.Fatal("recommended on 150 samples")
 	}
-	if r.Add(w, "s1", report("s1", 11, 99, 40)) {
+	if r.Add(w, "s1", report("s1", 5, 99, 40)) {
 		t.Fatal("the same report taken twice")
 	}
 	// A second pod of the workload adds to the same history.
@@ -33,7 +33,7 @@ func TestRecommenderWaitsForSamplesThenSizesAboveThePeak(t *testing.T) {
 	}
 	rec, ok := r.Recommend(w)
 	if !ok {
-		t.Fatal("no recommendation on 360 samples")
+		t.Fatal("no recommendation on 180 samples")
 	}
 	if rec.PeakBytes != 8<<30 || rec.MemoryBytes < rec.PeakBytes || rec.MemoryBytes > 10<<30 || rec.MemoryBytes%MemoryStep != 0 {
 		t.Errorf("memory %d (%.2f GiB) for an 8 GiB peak; want above it with ~15%% headroom, in 256Mi steps", rec.MemoryBytes, float64(rec.MemoryBytes)/(1<<30))

@@ -65,6 +65,22 @@ type resizeWant struct {
 	refusedTold bool
 }
 
+// reason is why the pod is recreated, as fgpu_allocator_sizing_evictions_total counts it.
+func (w *resizeWant) reason() string {
+	switch {
+	case w.grow:
+		return "grow"
+	case w.drain:
+		return "consolidate"
+	case w.move != (gpuKey{}):
+		return "relieve"
+	case w.toBurst:
+		return "burst"
+	default:
+		return "shrink"
+	}
+}
+
 type autoEvicted struct {
 	pod types.NamespacedName
 	uid types.UID
@@ -247,6 +263,13 @@ func (c *Controller) evictForResize(ctx context.Context) {
 	picks := c.resizePicks(now)
 	c.sizer.mu.Unlock()
 	for _, pick := range picks {
+		// A drain was planned up to a report interval ago: its pods must still fit elsewhere.
+		if pick.drain {
+			if _, ok := c.drainMoves(ctx, pick.move); !ok {
+				c.endDrain(pick.move, time.Time{})
+				continue
+			}
+		}
 		if c.evictOne(ctx, pick, now) {
 			return
 		}
@@ -300,6 +323,12 @@ func (c *Controller) evictOne(ctx context.Context, pick *resizeWant, now time.Ti
 	if err != nil {
 		return false
 	}
+	c.sizer.mu.Lock()
+	still := c.sizer.auto.wants[pick.uid] == pick // not dropped since it was picked (a drain that ended)
+	c.sizer.mu.Unlock()
+	if !still {
+		return false
+	}
 	uid := pick.uid
 	err = c.client.CoreV1().Pods(pick.pod.Namespace).EvictV1(ctx, &policyv1.Eviction{
 		ObjectMeta:    metav1.ObjectMeta{Name: pick.pod.Name, Namespace: pick.pod.Namespace},
@@ -314,9 +343,16 @@ func (c *Controller) evictOne(ctx context.Context, pick *resizeWant, now time.Ti
 		delete(a.wants, uid)
 		a.lastEviction = now
 		a.last[pick.w] = autoEvicted{pod: pick.pod, uid: uid, at: now}
+		c.metrics.evicted.WithLabelValues(pick.pod.Namespace, pick.reason()).Inc()
 		c.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonResizeEvicted,
 			"evicted by sizing Auto: %s. MPS fixes a process's memory cap when it starts, so a new pod is the only way to resize it", pick.why)
 		return true
+	case apierrors.IsTooManyRequests(err) && pick.drain:
+		// Emptying a GPU is worth no wait: another GPU is emptied meanwhile, and this one is
+		// left alone for a while.
+		c.endDrainLocked(pick.move, now.Add(drainGiveUp))
+		c.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonResizeBlocked,
+			"sizing Auto would recreate it (%s), but the eviction was refused: %v; GPU %s is not emptied, for %s", pick.why, err, pick.move, drainGiveUp)
 	case apierrors.IsTooManyRequests(err):
 		pick.notBefore, pick.since = now.Add(autoRetryAfter), now
 		if !pick.refusedTold {

@@ -43,6 +43,8 @@ type burstHistory struct {
 	// share is placed there.
 	drain      gpuKey
 	drainSince time.Time
+	// rest: GPUs whose drain gave up or was refused, and until when they are left alone.
+	rest map[gpuKey]time.Time
 }
 
 func (h *burstHistory) draining() (gpuKey, time.Time, bool) {
@@ -63,10 +65,30 @@ func (h *burstHistory) setDraining(k gpuKey, now time.Time) {
 	h.drain, h.drainSince = k, now
 }
 
-func (h *burstHistory) clearDraining() {
+// clearDraining ends the drain of k (if it is the one) and leaves k alone until restUntil.
+func (h *burstHistory) clearDraining(k gpuKey, restUntil time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.drain, h.drainSince = gpuKey{}, time.Time{}
+	if h.drain == k {
+		h.drain, h.drainSince = gpuKey{}, time.Time{}
+	}
+	if h.rest == nil {
+		h.rest = map[gpuKey]time.Time{}
+	}
+	if !restUntil.IsZero() {
+		h.rest[k] = restUntil
+	}
+}
+
+func (h *burstHistory) resting(k gpuKey, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	until, ok := h.rest[k]
+	if ok && !now.Before(until) {
+		delete(h.rest, k)
+		return false
+	}
+	return ok
 }
 
 func newBurstHistory(clock sizing.Clock) *burstHistory {

@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -219,6 +221,9 @@ func TestAFillingGPUMovesTheTenantThatGrewMost(t *testing.T) {
 	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "together used 78Gi") {
 		t.Errorf("events %q", ev)
 	}
+	if n := testutil.ToFloat64(e.c.metrics.evicted.WithLabelValues("team-a", "relieve")); n != 1 {
+		t.Errorf("fgpu_allocator_sizing_evictions_total{reason=relieve} is %v; want 1", n)
+	}
 }
 
 // A workload whose newest report is older than the window (a Deployment scaled to zero for
@@ -415,6 +420,9 @@ func TestConsolidationEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
 	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "sizing Auto empties n1/gpu-0") || !strings.Contains(ev[0], "this one on n1/gpu-1") {
 		t.Errorf("events %q", ev)
 	}
+	if n := testutil.ToFloat64(e.c.metrics.evicted.WithLabelValues("team-a", "consolidate")); n != 1 {
+		t.Errorf("fgpu_allocator_sizing_evictions_total{reason=consolidate} is %v; want 1", n)
+	}
 	// The replacement comes while the evicted pod's claim still holds gpu-0: it goes to
 	// gpu-1, not back to the GPU being emptied nor to the empty one.
 	next, nextPod := templatePod("web", "web-7c9d5-c", "")
@@ -464,15 +472,14 @@ func TestConsolidationMovesOnlyWhatFitsAndComesBack(t *testing.T) {
 		t.Fatalf("draining %v (%v); want gpu-0, whose tenant fits next to gpu-1's", key, ok)
 	}
 	// gpu-1's tenant's use grows before the eviction's turn: the tenant of gpu-0 no longer
-	// fits there, and the drain ends.
+	// fits there, and the eviction checks that first: the drain ends.
 	reportPeaks(e, "batch-7c9d5-a-gpu", 12, 60)
-	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.draining(); ok {
-		t.Fatalf("still draining %v though its tenant no longer fits on gpu-1", key)
-	}
 	e.c.evictForResize(e.ctx)
 	if len(*evicted) != 0 {
-		t.Errorf("evicted %v after the drain ended", *evicted)
+		t.Errorf("evicted %v though gpu-0's tenant no longer fits on gpu-1", *evicted)
+	}
+	if key, _, ok := e.c.burst.draining(); ok {
+		t.Fatalf("still draining %v though its tenant no longer fits on gpu-1", key)
 	}
 
 	web, webPod := placedBurster("web", "web-7c9d5-a", "gpu-0", "10Gi", "40Gi")
@@ -484,5 +491,61 @@ func TestConsolidationMovesOnlyWhatFitsAndComesBack(t *testing.T) {
 	e.c.consolidate(e.ctx)
 	if key, _, ok := e.c.burst.draining(); ok && key.device == "gpu-0" {
 		t.Errorf("draining gpu-0: its tenant's claim is not its pod's own, and nothing would recreate it")
+	}
+}
+
+// A drain whose eviction a PodDisruptionBudget refuses ends at once and leaves its GPU alone
+// for drainGiveUp, so that other GPUs are emptied meanwhile; a drain that has not emptied
+// its GPU within drainGiveUp gives up the same way.
+func TestConsolidationMovesOnWhenADrainIsHeld(t *testing.T) {
+	small, smallPod := placedBurster("web", "web-7c9d5-a", "gpu-0", "10Gi", "40Gi")
+	big, bigPod := placedBurster("web", "web-7c9d5-b", "gpu-1", "20Gi", "40Gi")
+	e := newBurstEnv(t, 3, small, smallPod, big, bigPod)
+	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "eviction" {
+			return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+		}
+		return false, nil, nil
+	})
+	reportPeaks(e, small.Name, 0, 10, 10, 10, 10, 10, 10)
+	reportPeaks(e, big.Name, 0, 20, 20, 20, 20, 20, 20)
+	e.c.consolidate(e.ctx)
+	if key, _, ok := e.c.burst.draining(); !ok || key.device != "gpu-0" {
+		t.Fatalf("draining %v (%v); want gpu-0", key, ok)
+	}
+	e.c.evictForResize(e.ctx)
+	if key, _, ok := e.c.burst.draining(); ok {
+		t.Fatalf("still draining %v after its eviction was refused", key)
+	}
+	if ev := e.events("is not emptied"); len(ev) != 1 || !strings.Contains(ev[0], "disruption budget") {
+		t.Errorf("events %q; want the pod told that its GPU is not emptied", e.events(""))
+	}
+	// gpu-0 rests; gpu-1's tenant fits beside gpu-0's, so gpu-1 is emptied instead.
+	e.c.consolidate(e.ctx)
+	if key, _, ok := e.c.burst.draining(); !ok || key.device != "gpu-1" {
+		t.Fatalf("draining %v (%v); want gpu-1 while gpu-0 rests", key, ok)
+	}
+	// No eviction is tried for drainGiveUp (the budget is not asked again here): the drain
+	// gives up, and that pass starts none.
+	e.c.sizer.mu.Lock()
+	for _, w := range e.c.sizer.auto.wants {
+		w.notBefore = e.clock.Now().Add(2 * drainGiveUp)
+	}
+	e.c.sizer.mu.Unlock()
+	e.clock.Step(drainGiveUp)
+	e.c.consolidate(e.ctx)
+	if key, _, ok := e.c.burst.draining(); ok {
+		t.Fatalf("draining %v in the pass that gave up on gpu-1", key)
+	}
+	e.c.sizer.mu.Lock()
+	wants := len(e.c.sizer.auto.wants)
+	e.c.sizer.mu.Unlock()
+	if wants != 0 {
+		t.Errorf("%d evictions still wanted after the drain gave up", wants)
+	}
+	// gpu-0 rested for drainGiveUp too: it may be emptied again; gpu-1 rests now.
+	e.c.consolidate(e.ctx)
+	if key, _, ok := e.c.burst.draining(); !ok || key.device != "gpu-0" {
+		t.Errorf("draining %v (%v); want gpu-0 again, its rest over", key, ok)
 	}
 }

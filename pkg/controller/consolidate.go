@@ -52,12 +52,18 @@ func (c *Controller) consolidate(ctx context.Context) {
 	}
 	now := c.now()
 	if key, since, ok := c.burst.draining(); ok {
-		if now.Sub(since) < drainGiveUp && c.drainGoesOn(ctx, key) {
+		if now.Sub(since) >= drainGiveUp {
+			// Left alone for as long, so that one GPU's pods that cannot move (a
+			// PodDisruptionBudget that allows nothing) do not hold every other drain.
+			c.endDrain(key, now.Add(drainGiveUp))
 			return
 		}
-		c.endDrain(key)
+		if c.drainGoesOn(ctx, key, now) {
+			return
+		}
+		c.endDrain(key, time.Time{})
 	}
-	for _, key := range c.drainCandidates() {
+	for _, key := range c.drainCandidates(now) {
 		if moves, ok := c.drainMoves(ctx, key); ok && len(moves) > 0 {
 			c.startDrain(ctx, key, moves, now)
 			return
@@ -65,8 +71,9 @@ func (c *Controller) consolidate(ctx context.Context) {
 	}
 }
 
-// drainCandidates are the GPUs whose tenants all burst, those guaranteed least first.
-func (c *Controller) drainCandidates() []gpuKey {
+// drainCandidates are the GPUs whose tenants all burst, those guaranteed least first, but
+// those whose drain gave up lately.
+func (c *Controller) drainCandidates(now time.Time) []gpuKey {
 	type candidate struct {
 		key        gpuKey
 		guaranteed int64
@@ -74,7 +81,7 @@ func (c *Controller) drainCandidates() []gpuKey {
 	var all []candidate
 	c.model.mu.Lock()
 	for _, g := range c.model.gpus {
-		if !g.known || len(g.tenants) == 0 || c.burst.isDraining(g.key) {
+		if !g.known || len(g.tenants) == 0 || c.burst.isDraining(g.key) || c.burst.resting(g.key, now) {
 			continue
 		}
 		if !allBurst(g) {
@@ -91,6 +98,15 @@ func (c *Controller) drainCandidates() []gpuKey {
 		keys = append(keys, cand.key)
 	}
 	return keys
+}
+
+func sameDomain(g *gpu, d domain) bool {
+	for _, t := range g.tenants {
+		if t.domain != d {
+			return false
+		}
+	}
+	return true
 }
 
 func allBurst(g *gpu) bool {
@@ -132,7 +148,9 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 			return nil, false
 		}
 		pods := c.claimPods(claim)
-		if !recreatable(claim, pods) {
+		// A claim with more devices is placed again whole, on one node: the one share
+		// checked here says too little.
+		if !recreatable(claim, pods) || len(claim.Status.Allocation.Devices.Results) != 1 {
 			return nil, false
 		}
 		if pods[0].DeletionTimestamp != nil {
@@ -141,6 +159,11 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 		in, ok := c.gather(claim)
 		if !ok {
 			return nil, false
+		}
+		if in.pol.Quota.Binds() {
+			if _, queued := c.pending.QuotaAhead(claim.Namespace, "", c.now()); queued {
+				return nil, false // what the evicted pod frees would go to the claims queued first
+			}
 		}
 		// Placed anew, as its recreated pod would be: on any node its pod fits.
 		in.bound, in.conflict, in.reservedFor, in.pods = "", nil, nil, in.consumers
@@ -161,9 +184,15 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 	if !ok || c.model.ensureCore(c.schedPolicy, c) != nil {
 		return nil, false
 	}
+	var dom domain
+	for _, t := range g.tenants {
+		dom = t.domain
+	}
+	// Only a GPU of bursting shares of the same isolation domain can take one (coTenancy):
+	// the others are not worth a node check.
 	others := make([]*gpu, 0, len(c.model.gpus))
 	for _, h := range c.model.gpus {
-		if h.known && h != g && len(h.tenants) > 0 && h.coreNode >= 0 {
+		if h.known && h != g && len(h.tenants) > 0 && h.coreNode >= 0 && allBurst(h) && sameDomain(h, dom) {
 			others = append(others, h)
 		}
 	}
@@ -171,12 +200,11 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 	taken := map[gpuKey]bool{}
 	moves := make([]drainMove, 0, len(stays))
 	for _, s := range stays {
-		t := g.tenants[s.shareID]
 		rq := c.recreated(ctx, s.in, s.request)
-		if t == nil || rq == nil {
+		if g.tenants[s.shareID] == nil || rq == nil {
 			return nil, false
 		}
-		to, found := c.placeMoved(ctx, s.in, rq, t, others, taken)
+		to, found := c.placeMoved(ctx, s.in, rq, others, taken)
 		if !found {
 			return nil, false
 		}
@@ -217,16 +245,10 @@ func (c *Controller) recreated(ctx context.Context, in *input, request string) *
 }
 
 // placeMoved is the first GPU of others, not taken, that the placement path would let the
-// recreated request rq take. The namespace's quota is counted without the tenant t it
-// replaces. Caller holds the model's lock.
-func (c *Controller) placeMoved(ctx context.Context, in *input, rq *request, t *tenant, others []*gpu, taken map[gpuKey]bool) (gpuKey, bool) {
-	ns := in.claim.Namespace
-	c.model.nsMem[ns] -= t.charge()
-	c.model.nsComp[ns] -= t.comp
-	defer func() {
-		c.model.nsMem[ns] += t.charge()
-		c.model.nsComp[ns] += t.comp
-	}()
+// recreated request rq take. The namespace's quota counts the share it replaces too: a
+// ReplicaSet creates the new pod while the evicted one still holds its claim. Caller holds
+// the model's lock.
+func (c *Controller) placeMoved(ctx context.Context, in *input, rq *request, others []*gpu, taken map[gpuKey]bool) (gpuKey, bool) {
 	fits := c.gpuFilter(ctx, in, &decision{}, rq, &rejects{})
 	for _, h := range others {
 		if !taken[h.key] && fits(h.coreNode, h.coreIndex) {
@@ -239,6 +261,12 @@ func (c *Controller) placeMoved(ctx context.Context, in *input, rq *request, t *
 // startDrain marks GPU key draining and asks Auto to recreate its tenants' pods.
 func (c *Controller) startDrain(ctx context.Context, key gpuKey, moves []drainMove, now time.Time) {
 	c.burst.setDraining(key, now)
+	c.wantMoves(key, moves, now)
+	klog.FromContext(ctx).Info("Emptying a GPU whose bursting tenants fit on GPUs in use", "gpu", key, "tenants", len(moves))
+}
+
+// wantMoves asks Auto to recreate the pods of moves, off GPU key.
+func (c *Controller) wantMoves(key gpuKey, moves []drainMove, now time.Time) {
 	c.sizer.mu.Lock()
 	defer c.sizer.mu.Unlock()
 	a := c.sizer.auto
@@ -251,50 +279,37 @@ func (c *Controller) startDrain(ctx context.Context, key gpuKey, moves []drainMo
 			why: fmt.Sprintf("GPU %s's bursting tenants each fit on another GPU in use (this one on %s), where their workloads' use fits; sizing Auto empties %s to give it back, and its controller recreates the pod there",
 				key, m.to, key)}
 	}
-	klog.FromContext(ctx).Info("Emptying a GPU whose bursting tenants fit on GPUs in use", "gpu", key, "tenants", len(moves))
 }
 
-// drainGoesOn says whether the drain of GPU key goes on: it still has tenants, each either
-// on its way out or waiting for its eviction, and those waiting still fit elsewhere.
-func (c *Controller) drainGoesOn(ctx context.Context, key gpuKey) bool {
+// drainGoesOn says whether the drain of GPU key goes on: it still has tenants, and those not
+// on their way out still fit elsewhere; one whose eviction was dropped (it had another want
+// that went, or the informer had not shown it leaving yet) is asked for again.
+func (c *Controller) drainGoesOn(ctx context.Context, key gpuKey, now time.Time) bool {
 	c.model.mu.Lock()
-	var tenants []*tenant
-	if g, ok := c.model.gpus[key]; ok {
-		for _, t := range g.tenants {
-			tenants = append(tenants, t)
-		}
-	}
+	g, ok := c.model.gpus[key]
+	tenants := ok && len(g.tenants) > 0
 	c.model.mu.Unlock()
-	waiting := 0
-	for _, t := range tenants {
-		claim, leaving := c.tenantClaim(t)
-		if leaving {
-			continue
-		}
-		pods := c.claimPods(claim)
-		if len(pods) == 0 || pods[0].DeletionTimestamp != nil {
-			continue
-		}
-		c.sizer.mu.Lock()
-		_, ok := c.sizer.auto.wants[pods[0].UID]
-		c.sizer.mu.Unlock()
-		if !ok {
-			return false // placed there before the drain began, or its eviction was dropped
-		}
-		waiting++
+	if !tenants {
+		return false
 	}
-	if waiting == 0 {
-		return len(tenants) > 0
+	moves, ok := c.drainMoves(ctx, key)
+	if ok {
+		c.wantMoves(key, moves, now)
 	}
-	_, ok := c.drainMoves(ctx, key)
 	return ok
 }
 
-// endDrain ends the drain of GPU key and drops the evictions it still waits for.
-func (c *Controller) endDrain(key gpuKey) {
-	c.burst.clearDraining()
+// endDrain ends the drain of GPU key and drops the evictions it still waits for; the GPU is
+// not drained again before restUntil.
+func (c *Controller) endDrain(key gpuKey, restUntil time.Time) {
 	c.sizer.mu.Lock()
 	defer c.sizer.mu.Unlock()
+	c.endDrainLocked(key, restUntil)
+}
+
+// endDrainLocked is endDrain with the sizer's lock held.
+func (c *Controller) endDrainLocked(key gpuKey, restUntil time.Time) {
+	c.burst.clearDraining(key, restUntil)
 	for uid, want := range c.sizer.auto.wants {
 		if want.drain && want.move == key {
 			delete(c.sizer.auto.wants, uid)

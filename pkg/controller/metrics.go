@@ -17,7 +17,7 @@ import (
 // them. Label cardinality: node and gpu are bounded by the published GPUs; namespace by the
 // namespaces that hold or wait for fgpu claims, or that a SharingPolicy's quota selects (the
 // counters: that placed or refused claims since the allocator started); policy by the
-// SharingPolicies; reason by the fixed set refusalReasons.
+// SharingPolicies; reason by the fixed set refusalReasons, or evictionReasons.
 type Metrics struct {
 	decision prometheus.Histogram
 	latency  prometheus.Histogram
@@ -25,6 +25,7 @@ type Metrics struct {
 	writes   *prometheus.CounterVec
 	nsPlaced *prometheus.CounterVec
 	refused  *prometheus.CounterVec
+	evicted  *prometheus.CounterVec
 	ctrl     *Controller
 
 	pendingDesc, memDesc, compDesc, tenantsDesc, fragDesc                    *prometheus.Desc
@@ -55,6 +56,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fgpu_allocator_namespace_claims_refused_total",
 			Help: "Decisions that left a claim waiting, by namespace and reason (the claim's event reason; a claim that waits long is decided on again and counted again)."},
 			[]string{"namespace", "reason"}),
+		evicted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fgpu_allocator_sizing_evictions_total",
+			Help: "Pods sizing Auto evicted so that their controllers recreate them, by namespace and reason: grow (use near the cap), shrink (far below it), burst (its workload is measured and its pods may burst), relieve (its GPU's tenants together near its memory), consolidate (its GPU is emptied)."},
+			[]string{"namespace", "reason"}),
 		pendingDesc: prometheus.NewDesc("fgpu_allocator_pending_claims", "fgpu claims a pod may use that wait for an allocation.", nil, nil),
 		memDesc:     prometheus.NewDesc("fgpu_allocator_gpu_allocated_memory_bytes", "GPU memory allocated to claims.", gpuLabels, nil),
 		compDesc:    prometheus.NewDesc("fgpu_allocator_gpu_allocated_compute_percent", "GPU compute allocated to claims.", gpuLabels, nil),
@@ -83,7 +87,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"GPU compute the namespace holds against its quota: its claims' and what its workloads scaled to zero keep.", quotaLabels, nil),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decision, m.latency, m.placed, m.writes, m.nsPlaced, m.refused, m)
+		reg.MustRegister(m.decision, m.latency, m.placed, m.writes, m.nsPlaced, m.refused, m.evicted, m)
 	}
 	return m
 }

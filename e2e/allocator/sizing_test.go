@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -410,27 +412,35 @@ func TestBurstingPodsShareAGPUTheirCapsOvercommit(t *testing.T) {
 		device               string
 		guaranteed, capBytes int64
 	}
+	// burstingNow lists the running pods of the Deployment whose claims burst, with their
+	// claims' allocation results and caps.
+	burstingNow := func() []burster {
+		t.Helper()
+		var found []burster
+		for _, p := range pods() {
+			if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+				continue
+			}
+			c, err := cluster.ClaimOf(ctx, &p)
+			if err != nil || c.Status.Allocation == nil {
+				continue
+			}
+			r := c.Status.Allocation.Devices.Results[0]
+			cfg, err := api.MergeConfigs(api.DriverName, c.Status.Allocation.Devices.Config, r.Request)
+			if err != nil || cfg.Placement == nil || cfg.Placement.MemoryLimit == nil {
+				continue
+			}
+			g := r.ConsumedCapacity["memory"]
+			found = append(found, burster{pod: p, device: r.Device, guaranteed: g.Value(), capBytes: cfg.Placement.MemoryLimit.Value()})
+		}
+		return found
+	}
+	// bursting waits for n such pods.
 	bursting := func(n int) []burster {
 		t.Helper()
 		var found []burster
 		if err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 4*time.Minute, true, func(context.Context) (bool, error) {
-			found = found[:0]
-			for _, p := range pods() {
-				if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
-					continue
-				}
-				c, err := cluster.ClaimOf(ctx, &p)
-				if err != nil || c.Status.Allocation == nil {
-					continue
-				}
-				r := c.Status.Allocation.Devices.Results[0]
-				cfg, err := api.MergeConfigs(api.DriverName, c.Status.Allocation.Devices.Config, r.Request)
-				if err != nil || cfg.Placement == nil || cfg.Placement.MemoryLimit == nil {
-					continue
-				}
-				g := r.ConsumedCapacity["memory"]
-				found = append(found, burster{pod: p, device: r.Device, guaranteed: g.Value(), capBytes: cfg.Placement.MemoryLimit.Value()})
-			}
+			found = burstingNow()
 			return len(found) == n, nil
 		}); err != nil {
 			t.Fatalf("%d bursting pods run, want %d: %v", len(found), n, err)
@@ -520,6 +530,52 @@ func TestBurstingPodsShareAGPUTheirCapsOvercommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log(ev)
+
+	// Scaled down to one pod on each GPU (the two kept carry a deletion cost, which the
+	// ReplicaSet spares), the two would fit on one GPU: Auto empties one of them, and its pod
+	// comes back bursting on the other, with no simulated out-of-memory.
+	kept := map[string]string{}
+	for _, b := range four {
+		if slices.Contains(slices.Collect(maps.Values(kept)), b.device) {
+			continue
+		}
+		kept[b.pod.Name] = b.device
+		patch := []byte(`{"metadata":{"annotations":{"controller.kubernetes.io/pod-deletion-cost":"100"}}}`)
+		if _, err := cluster.Client.CoreV1().Pods(ns).Patch(ctx, b.pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).UpdateScale(ctx, "web", &autoscalingv1.Scale{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 2}}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Auto evicts one pod of a workload at a time, 5 minutes apart: the move may wait for
+	// the eviction that made the first pod burst.
+	var moved string
+	if err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 7*time.Minute, true, func(context.Context) (bool, error) {
+		events, err := cluster.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, e := range events.Items {
+			if _, ok := kept[e.InvolvedObject.Name]; ok && strings.Contains(e.Message, "sizing Auto empties") {
+				moved = e.InvolvedObject.Name
+				t.Log(e.Reason + ": " + e.Message)
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("no kept pod %v was moved to empty its GPU: %v", kept, err)
+	}
+	var two []burster
+	if err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+		two = burstingNow()
+		return len(two) == 2 && two[0].device == two[1].device && two[0].pod.Name != moved && two[1].pod.Name != moved, nil
+	}); err != nil {
+		t.Fatalf("bursting pods %+v; want two on one GPU, %s replaced", two, moved)
+	}
+	t.Logf("pods %s and %s share %s; %s's GPU was emptied", two[0].pod.Name, two[1].pod.Name, two[0].device, moved)
 	pods()
 }
 

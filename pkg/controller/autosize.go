@@ -212,6 +212,9 @@ func (c *Controller) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod
 	if want.toBurst {
 		return c.policyOf(claim, pod).Latency == api.LatencyBestEffort
 	}
+	if want.drain {
+		return c.burst.isDraining(want.move) // an eviction may have ended its drain
+	}
 	if want.move != (gpuKey{}) {
 		return true // relieve drops a move once the GPU's reports show room again
 	}
@@ -347,7 +350,7 @@ func (c *Controller) evictOne(ctx context.Context, pick *resizeWant, now time.Ti
 		c.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonResizeEvicted,
 			"evicted by sizing Auto: %s. MPS fixes a process's memory cap when it starts, so a new pod is the only way to resize it", pick.why)
 		return true
-	case apierrors.IsTooManyRequests(err) && pick.drain:
+	case apierrors.IsTooManyRequests(err) && pick.drain && apierrors.HasStatusCause(err, policyv1.DisruptionBudgetCause):
 		// Emptying a GPU is worth no wait: another GPU is emptied meanwhile, and this one is
 		// left alone for a while.
 		c.endDrainLocked(pick.move, now.Add(drainGiveUp))

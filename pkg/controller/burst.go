@@ -65,17 +65,23 @@ func (h *burstHistory) setDraining(k gpuKey, now time.Time) {
 	h.drain, h.drainSince = k, now
 }
 
-// clearDraining ends the drain of k (if it is the one) and leaves k alone until restUntil.
-func (h *burstHistory) clearDraining(k gpuKey, restUntil time.Time) {
+// clearDraining ends the drain of k (if it is the one) and leaves k alone until restUntil
+// (zero: not); rests over by now are forgotten, so a GPU gone since is not kept.
+func (h *burstHistory) clearDraining(k gpuKey, now, restUntil time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.drain == k {
 		h.drain, h.drainSince = gpuKey{}, time.Time{}
 	}
-	if h.rest == nil {
-		h.rest = map[gpuKey]time.Time{}
+	for g, until := range h.rest {
+		if !now.Before(until) {
+			delete(h.rest, g)
+		}
 	}
 	if !restUntil.IsZero() {
+		if h.rest == nil {
+			h.rest = map[gpuKey]time.Time{}
+		}
 		h.rest[k] = restUntil
 	}
 }

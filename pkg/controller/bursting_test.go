@@ -503,7 +503,10 @@ func TestConsolidationMovesOnWhenADrainIsHeld(t *testing.T) {
 	e := newBurstEnv(t, 3, small, smallPod, big, bigPod)
 	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if a.GetSubresource() == "eviction" {
-			return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+			// As the API server refuses it: 429, with the disruption budget as its cause.
+			err := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+			err.ErrStatus.Details.Causes = []metav1.StatusCause{{Type: policyv1.DisruptionBudgetCause, Message: "The disruption budget web needs 2 healthy pods and has 2 currently"}}
+			return true, nil, err
 		}
 		return false, nil, nil
 	})
@@ -543,9 +546,35 @@ func TestConsolidationMovesOnWhenADrainIsHeld(t *testing.T) {
 	if wants != 0 {
 		t.Errorf("%d evictions still wanted after the drain gave up", wants)
 	}
+	if !e.c.burst.resting(gpuKey{"n1", "gpu-1"}, e.clock.Now()) {
+		t.Errorf("gpu-1 is not left alone after its drain gave up")
+	}
 	// gpu-0 rested for drainGiveUp too: it may be emptied again; gpu-1 rests now.
 	e.c.consolidate(e.ctx)
 	if key, _, ok := e.c.burst.draining(); !ok || key.device != "gpu-0" {
 		t.Errorf("draining %v (%v); want gpu-0 again, its rest over", key, ok)
+	}
+}
+
+// A drain want whose drain ended (an eviction ended it while a pass was planning) evicts
+// nothing.
+func TestConsolidationEvictsNothingForADrainThatEnded(t *testing.T) {
+	small, smallPod := placedBurster("web", "web-7c9d5-a", "gpu-0", "10Gi", "40Gi")
+	big, bigPod := placedBurster("web", "web-7c9d5-b", "gpu-1", "20Gi", "40Gi")
+	e := newBurstEnv(t, 3, small, smallPod, big, bigPod)
+	evicted := recordEvictions(e)
+	reportPeaks(e, small.Name, 0, 10, 10, 10, 10, 10, 10)
+	reportPeaks(e, big.Name, 0, 20, 20, 20, 20, 20, 20)
+	e.c.consolidate(e.ctx)
+	key, since, ok := e.c.burst.draining()
+	if !ok {
+		t.Fatal("no drain")
+	}
+	// The drain ends, as an eviction's re-check ends it, without the planning pass seeing it.
+	e.c.burst.clearDraining(key, e.clock.Now(), time.Time{})
+	e.c.wantMoves(key, since, []drainMove{{pod: bigPod, claim: big.Name, share: "x", to: key}}, e.clock.Now())
+	e.c.evictForResize(e.ctx)
+	if len(*evicted) != 0 {
+		t.Errorf("evicted %v for a drain that ended", *evicted)
 	}
 }

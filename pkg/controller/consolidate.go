@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -58,7 +59,7 @@ func (c *Controller) consolidate(ctx context.Context) {
 			c.endDrain(key, now.Add(drainGiveUp))
 			return
 		}
-		if c.drainGoesOn(ctx, key, now) {
+		if c.drainGoesOn(ctx, key, since, now) {
 			return
 		}
 		c.endDrain(key, time.Time{})
@@ -98,6 +99,12 @@ func (c *Controller) drainCandidates(now time.Time) []gpuKey {
 		keys = append(keys, cand.key)
 	}
 	return keys
+}
+
+// isPodOwned: the claim is a pod's own, from a template; it is deleted with its pod.
+func isPodOwned(claim *resourceapi.ResourceClaim) bool {
+	own := metav1.GetControllerOf(claim)
+	return own != nil && own.Kind == "Pod"
 }
 
 func sameDomain(g *gpu, d domain) bool {
@@ -148,6 +155,9 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 			return nil, false
 		}
 		pods := c.claimPods(claim)
+		if len(pods) == 0 && isPodOwned(claim) {
+			continue // its pod is gone (evicted): the claim goes with it
+		}
 		// A claim with more devices is placed again whole, on one node: the one share
 		// checked here says too little.
 		if !recreatable(claim, pods) || len(claim.Status.Allocation.Devices.Results) != 1 {
@@ -261,14 +271,18 @@ func (c *Controller) placeMoved(ctx context.Context, in *input, rq *request, oth
 // startDrain marks GPU key draining and asks Auto to recreate its tenants' pods.
 func (c *Controller) startDrain(ctx context.Context, key gpuKey, moves []drainMove, now time.Time) {
 	c.burst.setDraining(key, now)
-	c.wantMoves(key, moves, now)
+	c.wantMoves(key, now, moves, now)
 	klog.FromContext(ctx).Info("Emptying a GPU whose bursting tenants fit on GPUs in use", "gpu", key, "tenants", len(moves))
 }
 
-// wantMoves asks Auto to recreate the pods of moves, off GPU key.
-func (c *Controller) wantMoves(key gpuKey, moves []drainMove, now time.Time) {
+// wantMoves asks Auto to recreate the pods of moves, off GPU key, if the drain of key that
+// began at since still goes on (an eviction may have ended it meanwhile).
+func (c *Controller) wantMoves(key gpuKey, since time.Time, moves []drainMove, now time.Time) {
 	c.sizer.mu.Lock()
 	defer c.sizer.mu.Unlock()
+	if k, s, ok := c.burst.draining(); !ok || k != key || !s.Equal(since) {
+		return
+	}
 	a := c.sizer.auto
 	for _, m := range moves {
 		if _, ok := a.wants[m.pod.UID]; ok {
@@ -284,7 +298,7 @@ func (c *Controller) wantMoves(key gpuKey, moves []drainMove, now time.Time) {
 // drainGoesOn says whether the drain of GPU key goes on: it still has tenants, and those not
 // on their way out still fit elsewhere; one whose eviction was dropped (it had another want
 // that went, or the informer had not shown it leaving yet) is asked for again.
-func (c *Controller) drainGoesOn(ctx context.Context, key gpuKey, now time.Time) bool {
+func (c *Controller) drainGoesOn(ctx context.Context, key gpuKey, since, now time.Time) bool {
 	c.model.mu.Lock()
 	g, ok := c.model.gpus[key]
 	tenants := ok && len(g.tenants) > 0
@@ -294,7 +308,7 @@ func (c *Controller) drainGoesOn(ctx context.Context, key gpuKey, now time.Time)
 	}
 	moves, ok := c.drainMoves(ctx, key)
 	if ok {
-		c.wantMoves(key, moves, now)
+		c.wantMoves(key, since, moves, now)
 	}
 	return ok
 }
@@ -309,7 +323,7 @@ func (c *Controller) endDrain(key gpuKey, restUntil time.Time) {
 
 // endDrainLocked is endDrain with the sizer's lock held.
 func (c *Controller) endDrainLocked(key gpuKey, restUntil time.Time) {
-	c.burst.clearDraining(key, restUntil)
+	c.burst.clearDraining(key, c.now(), restUntil)
 	for uid, want := range c.sizer.auto.wants {
 		if want.drain && want.move == key {
 			delete(c.sizer.auto.wants, uid)

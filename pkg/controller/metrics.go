@@ -17,7 +17,7 @@ import (
 // them. Label cardinality: node and gpu are bounded by the published GPUs; namespace by the
 // namespaces that hold or wait for fgpu claims, or that a SharingPolicy's quota selects (the
 // counters: that placed or refused claims since the allocator started); policy by the
-// SharingPolicies; reason by the fixed set refusalReasons, or evictionReasons.
+// SharingPolicies; reason by the fixed set refusalReasons, or resizeWant.reason's five.
 type Metrics struct {
 	decision prometheus.Histogram
 	latency  prometheus.Histogram

@@ -168,12 +168,7 @@ func TestOnlyRecreatableBestEffortClaimsBurst(t *testing.T) {
 // would not leave room for.
 func TestARestartCountsBurstingSharesAtTheirCaps(t *testing.T) {
 	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
-	burster, bursterPod := placedTemplatePod("web", "web-7c9d5-b", "gpu-1")
-	burster.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory] = resource.MustParse("10Gi")
-	raw := `{"apiVersion":"fgpu.dev/v1alpha1","kind":"GpuConfig","mode":"mps","placement":{"latencyClass":"bestEffort","memoryLimit":"60Gi"}}`
-	burster.Status.Allocation.Devices.Config = append(burster.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
-		Source: resourceapi.AllocationConfigSourceClaim, Requests: []string{"gpu"},
-		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: api.DriverName, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}})
+	burster, bursterPod := placedBurster("web", "web-7c9d5-b", "gpu-1", "10Gi", "60Gi")
 	e := newBurstEnv(t, 2, web, webPod, burster, bursterPod)
 	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
 	next, pod := templatePod("web", "web-7c9d5-c", "")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Checks that the tree is as the tools would leave it: Go files goimports-formatted, every
-# module's go.mod/go.sum tidy, and the generated files what `make generate` writes. Runs every
+# Checks that the tree is as the tools would leave it: no large file tracked but the listed
+# data, Go files goimports-formatted, every module's go.mod/go.sum tidy, and the generated
+# files what `make generate` writes. Runs every
 # check, prints what differs, and exits non-zero if any failed.
 #
 # The generators run in place, so after a failure the regenerated files stay in the tree for
@@ -14,6 +15,23 @@ failed=()
 
 # Generated code is checked by regenerating it, not by the formatter.
 go_files() { git ls-files -z --cached --others --exclude-standard -- '*.go' ':!:**/zz_generated.*.go' ':!:pkg/client/**'; }
+
+# A compiled binary committed by mistake stays in every clone for ever: no tracked file over
+# 1 MiB unless it is a data file listed here (none is yet).
+LARGE_DATA_FILES=()
+echo "verify: no tracked file over 1 MiB"
+large=()
+while IFS= read -r -d '' f; do
+  [[ -f $f ]] || continue
+  if (($(stat -c %s "$f") > 1048576)) && [[ ! " ${LARGE_DATA_FILES[*]} " =~ " $f " ]]; then
+    large+=("$f")
+  fi
+done < <(git ls-files -z --cached)
+if ((${#large[@]})); then
+  echo "verify: tracked files over 1 MiB (build outputs belong in _output/, ignored by git):" >&2
+  printf '  %s\n' "${large[@]}" >&2
+  failed+=(large-files)
+fi
 
 echo "verify: goimports"
 unformatted=$(go_files | xargs -0 -r "$GO" tool -modfile=hack/tools/go.mod goimports -l)

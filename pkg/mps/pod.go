@@ -8,10 +8,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -28,6 +29,10 @@ const (
 	GPULabel  = "fgpu.dev/gpu"
 	NodeLabel = "fgpu.dev/node"
 )
+
+// SafeToEvictAnnotation tells the cluster autoscaler whether it may evict a pod when it
+// removes a node; a daemon pod says "false": it exists only while claims use it.
+const SafeToEvictAnnotation = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 
 // DriverRootPath is where a daemon pod sees the host's driver root, whose
 // nvidia-cuda-mps-control it runs.
@@ -79,9 +84,10 @@ func (l *PodLauncher) Start(ctx context.Context, spec DaemonSpec, replace bool) 
 	case existing.DeletionTimestamp == nil && !finished(existing) && (!replace || !ran(existing)):
 		return false, nil
 	default:
-		// Exited (a tenant's quit, a crash), on its way out, or running without answering
-		// (a tenant removed its control socket): its defaults are lost or out of reach.
-		if err := l.Stop(ctx, spec.Key); err != nil {
+		// Exited (a tenant's quit, a crash, refused by the kubelet), on its way out, or
+		// running without answering (a tenant removed its control socket): its defaults are
+		// lost or out of reach. Its disruption budget stays, for the new pod.
+		if err := l.removePod(ctx, spec.Key); err != nil {
 			return false, err
 		}
 	}
@@ -99,8 +105,17 @@ func (l *PodLauncher) Start(ctx context.Context, spec DaemonSpec, replace bool) 
 	return true, nil
 }
 
-// Stop implements Launcher.
+// Stop implements Launcher. A deletion, not an eviction: the daemon's disruption budget
+// does not hold it, and goes with it.
 func (l *PodLauncher) Stop(ctx context.Context, key string) error {
+	if err := l.removePod(ctx, key); err != nil {
+		return err
+	}
+	return l.Protect(ctx, key, false)
+}
+
+// removePod deletes daemon key's pod and returns once it is gone (bounded).
+func (l *PodLauncher) removePod(ctx context.Context, key string) error {
 	pods := l.Client.CoreV1().Pods(l.Namespace)
 	name := l.PodName(key)
 	if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
@@ -121,6 +136,58 @@ func (l *PodLauncher) Stop(ctx context.Context, key string) error {
 		return fmt.Errorf("pod %s/%s is not gone %s after its deletion: %s", l.Namespace, name, timeout, l.Describe(ctx, key))
 	}
 	return nil
+}
+
+// Protect gives daemon key's pod a PodDisruptionBudget that refuses its eviction (a drain's,
+// the cluster autoscaler's) while protect holds, or removes it. The plugin protects a daemon
+// while it has clients that a drain evicts (they go first, as their own budgets allow) and
+// deletes the pod itself after the last one; a drain then ends. The budget has the pod's
+// name and, like the pod, is owned by the Node. Idempotent.
+func (l *PodLauncher) Protect(ctx context.Context, key string, protect bool) error {
+	budgets := l.Client.PolicyV1().PodDisruptionBudgets(l.Namespace)
+	name := l.PodName(key)
+	_, err := budgets.Get(ctx, name, metav1.GetOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("get the disruption budget %s/%s of MPS daemon %s: %w", l.Namespace, name, key, err)
+	}
+	switch exists := err == nil; {
+	case exists == protect:
+		return nil
+	case exists:
+		if err := budgets.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete the disruption budget %s/%s of MPS daemon %s: %w", l.Namespace, name, key, err)
+		}
+		return nil
+	}
+	nodeUID, err := l.node(ctx)
+	if err != nil {
+		return err
+	}
+	budget := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: l.Namespace, Labels: map[string]string{"app.kubernetes.io/name": "fgpu", ComponentLabel: Component},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: l.NodeName, UID: nodeUID}},
+		},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			// An integer: a percentage or maxUnavailable needs the pods' controller, which
+			// a daemon pod has none of.
+			MinAvailable: ptr.To(intstr.FromInt32(1)),
+			Selector:     &metav1.LabelSelector{MatchLabels: l.selector(key)},
+		},
+	}
+	if _, err := budgets.Create(ctx, budget, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create the disruption budget %s/%s of MPS daemon %s: %w", l.Namespace, name, key, err)
+	}
+	return nil
+}
+
+// selector picks daemon key's pod (on this node, where its name is a label value).
+func (l *PodLauncher) selector(key string) map[string]string {
+	labels := map[string]string{ComponentLabel: Component, KeyLabel: key}
+	if len(validation.IsValidLabelValue(l.NodeName)) == 0 {
+		labels[NodeLabel] = l.NodeName
+	}
+	return labels
 }
 
 // Keys implements Launcher.
@@ -149,6 +216,10 @@ func (l *PodLauncher) Describe(ctx context.Context, key string) string {
 		return fmt.Sprintf("pod %s/%s: %v", l.Namespace, name, err)
 	}
 	parts := []string{string(p.Status.Phase)}
+	if p.Status.Reason != "" {
+		// Set where the kubelet refused the pod (OutOfcpu, OutOfpods, ...) or evicted it.
+		parts = append(parts, p.Status.Reason+": "+p.Status.Message)
+	}
 	if p.DeletionTimestamp != nil {
 		parts = append(parts, "being deleted")
 	}
@@ -186,16 +257,22 @@ func ran(p *corev1.Pod) bool {
 // daemon's shm directory, which its clients mount, as its /dev/shm. It tolerates every taint
 // (evicting it would break every client) and is restarted by the plugin, not the kubelet: a
 // restarted daemon has lost the defaults the plugin set.
+//
+// It requests no CPU and no memory: the kubelet admits a pod bound to its node only if its
+// requests fit what other pods left, and a tenant that filled the node's requests would
+// otherwise keep every other domain's daemon, hence its pods, from starting. The room the
+// daemons use is requested by the plugin's own pod instead (the chart's
+// kubeletPlugin.podRequests). No limits either: a memory limit would OOM-kill a server with
+// all its clients, a CPU limit throttle them all.
 func (l *PodLauncher) pod(ctx context.Context, spec DaemonSpec) (*corev1.Pod, error) {
 	nodeUID, err := l.node(ctx)
 	if err != nil {
 		return nil, err
 	}
-	labels := map[string]string{"app.kubernetes.io/name": "fgpu", ComponentLabel: Component, KeyLabel: spec.Key}
-	for k, v := range map[string]string{GPULabel: spec.GPUUUID, NodeLabel: l.NodeName} {
-		if len(validation.IsValidLabelValue(v)) == 0 {
-			labels[k] = v
-		}
+	labels := l.selector(spec.Key)
+	labels["app.kubernetes.io/name"] = "fgpu"
+	if len(validation.IsValidLabelValue(spec.GPUUUID)) == 0 {
+		labels[GPULabel] = spec.GPUUUID
 	}
 	hostPath := func(name, path string) corev1.Volume {
 		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: ptr.To(corev1.HostPathDirectory)}}}
@@ -223,6 +300,7 @@ func (l *PodLauncher) pod(ctx context.Context, spec DaemonSpec) (*corev1.Pod, er
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: l.PodName(spec.Key), Namespace: l.Namespace, Labels: labels,
+			Annotations: map[string]string{SafeToEvictAnnotation: "false"},
 			// The node's garbage collection removes the node's daemons with it.
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: l.NodeName, UID: nodeUID}},
 		},
@@ -248,10 +326,6 @@ func (l *PodLauncher) pod(ctx context.Context, spec DaemonSpec) (*corev1.Pod, er
 				VolumeMounts:    mounts,
 				// GPU device nodes and compute modes.
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
-				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-					corev1.ResourceCPU:    resource.MustParse("10m"),
-					corev1.ResourceMemory: resource.MustParse("16Mi"),
-				}},
 			}},
 		},
 	}, nil

@@ -11,8 +11,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 
@@ -339,5 +344,154 @@ func TestAnsweringDaemonServesWhenTheAPIServerDoesNot(t *testing.T) {
 	}
 	if kubelet.Created() != 1 {
 		t.Errorf("%d daemon pods created, want 1", kubelet.Created())
+	}
+}
+
+// fullNode is a Node whose allocatable CPU and memory a tenant's pod requests in full.
+func fullNode(pods int64) (*corev1.Node, *corev1.Pod) {
+	node := fakekubelet.Node(testNode)
+	node.Status.Allocatable = corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi"), corev1.ResourcePods: *resource.NewQuantity(pods, resource.DecimalSI),
+	}
+	tenant := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns-t", Name: "filler"},
+		Spec: corev1.PodSpec{NodeName: testNode, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi")}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	return node, tenant
+}
+
+// The kubelet admits a pod bound to its node only if its requests fit what the node's pods
+// left: a tenant that fills the node's requests must not keep another domain's daemon, and
+// with it that domain's pods, from starting.
+func TestPodDaemonStartsOnANodeWhoseRequestsATenantFilled(t *testing.T) {
+	ctx := context.Background()
+	root, bin := shortDir(t), buildStandIn(t)
+	client := fake.NewClientset(fullNode(110))
+	fakekubelet.New(t, client)
+	m := podManager(t, root, bin, client)
+	m.StartTimeout = time.Second
+	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
+	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{}); err != nil {
+		t.Fatalf("a daemon on a node whose requests a tenant filled: %v", err)
+	}
+	p, err := client.CoreV1().Pods(testNS).Get(ctx, podLauncher(t, m).PodName(key), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := p.Spec.Containers[0].Resources; len(r.Requests) != 0 || len(r.Limits) != 0 {
+		t.Errorf("the daemon pod has requests %v and limits %v; want none", r.Requests, r.Limits)
+	}
+	if p.Annotations[SafeToEvictAnnotation] != "false" {
+		t.Errorf("the daemon pod's annotations %v do not keep the cluster autoscaler from evicting it", p.Annotations)
+	}
+	if err := m.Stop(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A daemon pod the kubelet refuses all the same (the node runs as many pods as it may) fails
+// the prepare with the kubelet's reason: the tenant's pod shows it in its
+// FailedPrepareDynamicResources event, instead of waiting in ContainerCreating for no reason
+// it can read.
+func TestPodDaemonTheKubeletRefusesSaysWhy(t *testing.T) {
+	ctx := context.Background()
+	root, bin := shortDir(t), buildStandIn(t)
+	client := fake.NewClientset(fullNode(1))
+	kubelet := fakekubelet.New(t, client)
+	m := podManager(t, root, bin, client)
+	m.StartTimeout = 500 * time.Millisecond
+	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
+	_, err := m.Ensure(ctx, key, "GPU-ABC", Limits{})
+	if err == nil || !strings.Contains(err.Error(), "OutOfpods: Pod was rejected: Node didn't have enough resource: pods") {
+		t.Fatalf("Ensure = %v; want the kubelet's refusal in the error", err)
+	}
+	// The retry replaces the refused pod.
+	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{}); err == nil || kubelet.Created() != 2 {
+		t.Errorf("the retry: %v, %d pods created; want the refused pod replaced, and refused again", err, kubelet.Created())
+	}
+}
+
+// A drain evicts pods through the Eviction API, which refuses an eviction a
+// PodDisruptionBudget forbids: a protected daemon's budget selects its pod, and only it, keeps
+// it (minAvailable 1, an integer: the pod has no controller), survives the pod's replacement
+// and goes with the daemon.
+func TestPodDaemonBudget(t *testing.T) {
+	ctx := context.Background()
+	root, bin := shortDir(t), buildStandIn(t)
+	client := fake.NewClientset(fakekubelet.Node(testNode))
+	kubelet := fakekubelet.New(t, client)
+	m := podManager(t, root, bin, client)
+	l := podLauncher(t, m)
+	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
+	other := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-b", Domain: "default"}.Key()
+	for _, k := range []string{key, other} {
+		if _, err := m.Ensure(ctx, k, "GPU-ABC", Limits{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	budgets := client.PolicyV1().PodDisruptionBudgets(testNS)
+	budget := func() *policyv1.PodDisruptionBudget {
+		t.Helper()
+		b, err := budgets.Get(ctx, l.PodName(key), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if budget() != nil {
+		t.Fatal("a daemon got a disruption budget before the plugin protected it")
+	}
+	for range 2 {
+		if err := l.Protect(ctx, key, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := budget()
+	if b == nil || b.Spec.MinAvailable == nil || *b.Spec.MinAvailable != intstr.FromInt32(1) || b.Spec.MaxUnavailable != nil ||
+		len(b.OwnerReferences) != 1 || b.OwnerReferences[0].Kind != "Node" || b.OwnerReferences[0].UID != "uid-node-"+testNode {
+		t.Fatalf("budget %+v", b)
+	}
+	selector, err := metav1.LabelSelectorAsSelector(b.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range daemonPods(t, client) {
+		if selector.Matches(labels.Set(p.Labels)) != (p.Name == l.PodName(key)) {
+			t.Errorf("the budget's selector %s and pod %s (labels %v) disagree", selector, p.Name, p.Labels)
+		}
+	}
+	// The same daemon on another node is not this node's to protect.
+	elsewhere := (&PodLauncher{NodeName: "node-b"}).selector(key)
+	if selector.Matches(labels.Set(elsewhere)) {
+		t.Errorf("the budget's selector %s picks the daemon of another node (%v)", selector, elsewhere)
+	}
+
+	// A replaced pod (its daemon died) keeps its budget.
+	kubelet.Kill(testNS, l.PodName(key))
+	if started, err := m.Ensure(ctx, key, "GPU-ABC", Limits{}); err != nil || !started {
+		t.Fatalf("Ensure of a dead daemon = %v, %v", started, err)
+	}
+	if budget() == nil {
+		t.Error("the replaced daemon pod lost its budget")
+	}
+	if err := l.Protect(ctx, key, false); err != nil || budget() != nil {
+		t.Errorf("unprotected: %v, budget %v", err, budget())
+	}
+	if err := l.Protect(ctx, key, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Stop(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if budget() != nil {
+		t.Error("a stopped daemon left its budget")
+	}
+	if err := m.Stop(ctx, other); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -85,6 +86,10 @@ func (k *Kubelet) create(action k8stesting.Action) (bool, runtime.Object, error)
 	defer k.mu.Unlock()
 	k.created++
 	pod = pod.DeepCopy()
+	if reason, msg := k.admit(pod); reason != "" {
+		pod.Status = corev1.PodStatus{Phase: corev1.PodFailed, Reason: reason, Message: msg}
+		return true, pod, k.client.Tracker().Add(pod)
+	}
 	if k.NoStart != "" {
 		pod.Status = corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{
 			Name: pod.Spec.Containers[0].Name, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: k.NoStart, Message: "image not present"}}}}}
@@ -103,6 +108,60 @@ func (k *Kubelet) create(action k8stesting.Action) (bool, runtime.Object, error)
 	k.procs[pod.Name] = cmd
 	pod.Status.Phase = corev1.PodRunning
 	return true, pod, k.client.Tracker().Add(pod)
+}
+
+// admit refuses a pod as the kubelet's admission does where its node has allocatable
+// resources set: when the node has no room for one more pod, or the pod requests CPU or
+// memory (a pod requesting neither fits anywhere) beyond what the node's other running pods
+// left.
+func (k *Kubelet) admit(pod *corev1.Pod) (reason, msg string) {
+	obj, err := k.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", pod.Spec.NodeName)
+	node, ok := obj.(*corev1.Node)
+	if err != nil || !ok || node.Status.Allocatable == nil {
+		return "", ""
+	}
+	list, err := k.client.Tracker().List(corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithKind("Pod"), "")
+	if err != nil {
+		k.t.Fatalf("fake kubelet: list pods: %v", err)
+	}
+	one := corev1.ResourceList{corev1.ResourcePods: *resource.NewQuantity(1, resource.DecimalSI)}
+	used := corev1.ResourceList{}
+	for _, p := range list.(*corev1.PodList).Items {
+		if p.Spec.NodeName == node.Name && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			add(used, requests(&p))
+			add(used, one)
+		}
+	}
+	wanted := requests(pod)
+	add(wanted, one)
+	for _, name := range []corev1.ResourceName{corev1.ResourcePods, corev1.ResourceCPU, corev1.ResourceMemory} {
+		want, had, capacity := wanted[name], used[name], node.Status.Allocatable[name]
+		total := had.DeepCopy()
+		total.Add(want)
+		if want.IsZero() || total.Cmp(capacity) <= 0 {
+			continue
+		}
+		return "OutOf" + string(name), fmt.Sprintf("Pod was rejected: Node didn't have enough resource: %s, requested: %s, used: %s, capacity: %s",
+			name, want.String(), had.String(), capacity.String())
+	}
+	return "", ""
+}
+
+// requests sums a pod's containers' requests.
+func requests(pod *corev1.Pod) corev1.ResourceList {
+	out := corev1.ResourceList{}
+	for _, c := range pod.Spec.Containers {
+		add(out, c.Resources.Requests)
+	}
+	return out
+}
+
+func add(to, more corev1.ResourceList) {
+	for name, q := range more {
+		sum := to[name]
+		sum.Add(q)
+		to[name] = sum
+	}
 }
 
 func (k *Kubelet) delete(action k8stesting.Action) (bool, runtime.Object, error) {

@@ -63,6 +63,11 @@ const (
 	socketPathMax = 107
 	// controlSocket is the longest name the control daemon creates in its pipe directory.
 	controlSocket = "control"
+	// maxReply bounds what one control command may answer, and maxServers how many servers
+	// get_server_list may name: a tenant's socket in place of the daemon's may answer without
+	// end. The commands the plugin sends are answered in a line.
+	maxReply   = 8 << 10
+	maxServers = 16
 )
 
 // CheckRoot says whether a daemon root is short enough for every daemon's control socket:
@@ -173,16 +178,48 @@ func (m *Manager) Running(ctx context.Context, key string) bool {
 }
 
 // ServerPIDs lists the PIDs of the daemon's MPS servers (get_server_list): processes NVML
-// lists on the daemon's GPU that fgpu started.
+// lists on the daemon's GPU that fgpu started, which are never counted as foreign. So the
+// answer is trusted only as far as it is checked (peer.go): the daemon must be one the plugin
+// runs, and each PID one of its servers; the PIDs that are not are left out, and named in the
+// error beside the PIDs that are.
 func (m *Manager) ServerPIDs(ctx context.Context, key string) ([]int, error) {
+	daemon, err := m.daemonPID(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	listed, err := m.serverList(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	var pids, strangers []int
+	for _, pid := range listed {
+		if parent, err := parentPID(pid); pid == daemon || err == nil && parent == daemon {
+			pids = append(pids, pid)
+		} else {
+			strangers = append(strangers, pid)
+		}
+	}
+	if len(strangers) > 0 {
+		return pids, fmt.Errorf("MPS daemon %s (PID %d) listed %v as its servers, which are not its children: ignored", key, daemon, strangers)
+	}
+	return pids, nil
+}
+
+// serverList is the daemon's get_server_list answer, unchecked: whoever holds the pipe
+// directory may have given it, so only that domain's own handling may rest on it.
+func (m *Manager) serverList(ctx context.Context, key string) ([]int, error) {
 	out, err := m.control(ctx, key, nil, "get_server_list")
 	if err != nil {
 		return nil, fmt.Errorf("list the servers of MPS daemon %s: %w: %s", key, err, out)
 	}
+	fields := strings.Fields(out)
+	if len(fields) > maxServers {
+		return nil, fmt.Errorf("MPS daemon %s listed %d servers; a control daemon runs one at a time for each user, so this is not its answer", key, len(fields))
+	}
 	var pids []int
-	for _, f := range strings.Fields(out) {
+	for _, f := range fields {
 		pid, err := strconv.Atoi(f)
-		if err != nil {
+		if err != nil || pid <= 0 {
 			return nil, fmt.Errorf("MPS daemon %s listed server %q, not a PID", key, f)
 		}
 		pids = append(pids, pid)
@@ -192,15 +229,22 @@ func (m *Manager) ServerPIDs(ctx context.Context, key string) ([]int, error) {
 
 // FaultedServers lists the daemon's MPS servers whose get_server_status is FAULT: after a
 // fatal fault of one client, NVIDIA's server refuses new clients until all of its clients
-// have exited (its other clients were hit by the fault too).
+// have exited (its other clients were hit by the fault too). Only the daemon's own domain is
+// moved for it, so its answers are taken as they come; the whole check takes one command's
+// timeout, however many servers the answer names.
 func (m *Manager) FaultedServers(ctx context.Context, key string) ([]int, error) {
-	pids, err := m.ServerPIDs(ctx, key)
+	ctx, cancel := context.WithTimeout(ctx, m.timeout())
+	defer cancel()
+	pids, err := m.serverList(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	var faulted []int
 	for _, pid := range pids {
 		out, err := m.control(ctx, key, nil, "get_server_status "+strconv.Itoa(pid))
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("MPS daemon %s did not tell its servers' states within %s", key, m.timeout())
+		}
 		if err != nil {
 			// The server may have exited between the two commands.
 			continue
@@ -482,6 +526,8 @@ func (m *Manager) control(ctx context.Context, key string, env []string, cmds ..
 	return m.run(ctx, pipeDir, logDir, env, []byte(strings.Join(cmds, "\n")+"\n"))
 }
 
+// run runs the control binary, bounded in time (the timeout) and in what it may answer
+// (maxReply): past either it is killed.
 func (m *Manager) run(ctx context.Context, pipeDir, logDir string, env []string, stdin []byte, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.timeout())
 	defer cancel()
@@ -493,8 +539,32 @@ func (m *Manager) run(ctx context.Context, pipeDir, logDir string, env []string,
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
-	out, err := cmd.CombinedOutput()
-	return strings.TrimSpace(string(out)), err
+	out := &replyBuffer{kill: cancel}
+	cmd.Stdout, cmd.Stderr = out, out
+	// Nothing it started may hold its output open past the kill.
+	cmd.WaitDelay = time.Second
+	err := cmd.Run()
+	if out.overflow {
+		return "", fmt.Errorf("the answer exceeded %d bytes, more than any MPS control command answers", maxReply)
+	}
+	return strings.TrimSpace(out.buf.String()), err
+}
+
+// replyBuffer holds a control command's output up to maxReply, and kills the command past
+// it. It has only Write, so that nothing copies into it around the bound.
+type replyBuffer struct {
+	buf      bytes.Buffer
+	kill     context.CancelFunc
+	overflow bool
+}
+
+func (b *replyBuffer) Write(p []byte) (int, error) {
+	if b.buf.Len()+len(p) > maxReply {
+		b.overflow = true
+		b.kill()
+		return 0, errors.New("MPS control answer too long")
+	}
+	return b.buf.Write(p)
 }
 
 func (m *Manager) timeout() time.Duration {

@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/go-logr/logr/funcr"
@@ -22,6 +26,7 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
+	"github.com/fgpu-dev/fgpu/pkg/mps/fakecontrol"
 )
 
 // setMode sets a fake GPU's compute mode as an admin would, before or between plugin runs.
@@ -311,6 +316,57 @@ func TestOwnMPSServersAreNotForeign(t *testing.T) {
 	}
 	if ch := s.RefreshForeign(ctx); len(ch) != 0 {
 		t.Fatalf("changes %+v after the last claim's MPS server stopped", ch)
+	}
+}
+
+// A tenant replaces its daemon's control socket (its pipe directory is mounted read-write
+// into its containers) with one of its own that names a process fgpu did not start, here the
+// node's init, as the daemon's MPS server. That process still makes its GPU foreign-busy: a
+// tenant cannot vouch for another workload's processes, nor take a GPU it runs on.
+func TestATenantsControlSocketCannotVouchForForeignProcesses(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	if _, err := s.Prepare(ctx, builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := s.mps.DirKeys()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys %v, %v", keys, err)
+	}
+	st, err := fakecontrol.ReadState(s.mps.LogDir(keys[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := filepath.Join(s.mps.PipeDir(keys[0]), "control")
+	if err := os.Remove(ctl); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Before the state's clean-up, which stops the daemons: the tenant's socket goes, and the
+	// daemon it hid is stopped by hand.
+	t.Cleanup(func() { l.Close(); _ = syscall.Kill(st.PID, syscall.SIGTERM) })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, c)
+			_, _ = c.Write([]byte("1\n"))
+			c.Close()
+		}
+	}()
+	e.foreignProcesses(1, "1")
+	changes := s.RefreshForeign(ctx)
+	if len(changes) != 1 || changes[0].Device != "gpu-1" || !slices.Equal(changes[0].PIDs, []int{1}) {
+		t.Fatalf("changes %+v; want gpu-1 foreign-busy with PID 1, whatever the tenant's socket says", changes)
+	}
+	if f := s.Foreign(); !slices.Equal(f["gpu-1"], []int{1}) {
+		t.Fatalf("foreign %v; want gpu-1: [1]", f)
 	}
 }
 

@@ -88,7 +88,8 @@ func parseUsage(f []string) (gpu.ProcessUsage, error) {
 // memory of 0 and SM of -1 removes it). capBytes > 0 is the process's MPS memory limit:
 // asking for more fails with ErrOutOfMemory and leaves the earlier line, as a failed
 // allocation leaves what a real process held. Writers on one GPU are serialised by a lock
-// on the file, so that several replaying processes may share it.
+// on the file, so that several replaying processes may share it. Only root may write it (the
+// replaying workloads run as root): what it says sizes claims, as NVML's readings would.
 func ReportUsage(devDir string, index, pid int, memoryBytes int64, smPercent int, capBytes int64) error {
 	if capBytes > 0 && memoryBytes > capBytes {
 		return fmt.Errorf("%w: %d bytes asked, %d allowed", ErrOutOfMemory, memoryBytes, capBytes)
@@ -97,7 +98,7 @@ func ReportUsage(devDir string, index, pid int, memoryBytes int64, smPercent int
 		return fmt.Errorf("fake GPU usage of process %d: %w", pid, err)
 	}
 	file := UsageFile(devDir, index)
-	lock, err := os.OpenFile(file+".lock", os.O_CREATE|os.O_RDWR, 0o666)
+	lock, err := os.OpenFile(file+".lock", os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return fmt.Errorf("lock fake GPU usage: %w", err)
 	}
@@ -120,7 +121,7 @@ func ReportUsage(devDir string, index, pid int, memoryBytes int64, smPercent int
 	}
 	// Written aside and renamed, so that the plugin never reads half a file.
 	tmp := file + ".tmp"
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o666); err != nil {
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("write fake GPU usage: %w", err)
 	}
 	if err := os.Rename(tmp, file); err != nil {

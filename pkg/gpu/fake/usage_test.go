@@ -3,7 +3,9 @@ package fake
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"reflect"
+	"syscall"
 	"testing"
 
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
@@ -56,5 +58,23 @@ func TestUsageIsReportedPerLiveProcessAndCapped(t *testing.T) {
 	}
 	if err := ReportUsage(dir, 1, self, 1, 101, 0); err == nil {
 		t.Fatal("SM 101% accepted")
+	}
+}
+
+// What a fake GPU's processes use sizes claims: only root writes it, whatever the umask.
+func TestUsageFilesAreWritableOnlyByRoot(t *testing.T) {
+	dir := t.TempDir()
+	defer syscall.Umask(syscall.Umask(0))
+	if err := ReportUsage(dir, 0, os.Getpid(), 1<<30, 10, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{UsageFile(dir, 0), UsageFile(dir, 0) + ".lock"} {
+		fi, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+			t.Errorf("%s has mode %v; want it writable only by its owner", filepath.Base(f), perm)
+		}
 	}
 }

@@ -34,6 +34,8 @@ func Recommendations(ctx context.Context, c kubernetes.Interface, namespace stri
 	}
 	newest := map[sizing.Workload]Recommendation{}
 	for _, ev := range events.Items {
+		// The chart's fgpu-events-in-fgpus-name policy admits an event in the allocator's
+		// name from the allocator's service account only.
 		if ev.Source.Component != "fgpu-allocator" && ev.ReportingController != "fgpu-allocator" {
 			continue
 		}

@@ -61,7 +61,7 @@ func TestWhyAPodWaitingOverQuota(t *testing.T) {
 	pod.Status.Phase = corev1.PodPending
 	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Message: "0/1 nodes are available: 1 cannot allocate all claims."}}
 	claim := builders.MakeClaim("team-a", "p3-gpu").Memory("10Gi").Obj()
-	claim.Annotations = map[string]string{statusAnnotation: "a tenant wrote this"}
+	claim.Annotations = map[string]string{statusAnnotation: msg}
 	c := fake.NewClientset(pod, claim,
 		event("team-a", "e1", "Pod", "p3", string(pod.UID), "FgpuOverQuota", "fgpu-allocator", "claim p3-gpu: "+msg, t0),
 		event("team-a", "e2", "Pod", "p3", string(pod.UID), "FailedScheduling", "default-scheduler", "0/1 nodes are available: 1 cannot allocate all claims.", t0.Add(time.Second)),
@@ -73,9 +73,9 @@ func TestWhyAPodWaitingOverQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.State != StateWaitingGPU || !strings.Contains(r.Summary, "fgpu has not placed claim p3-gpu: over the GPU memory quota") {
-		t.Errorf("state %s, summary %q; want the allocator's quota message (its event, not the claim's annotation)", r.State, r.Summary)
+		t.Errorf("state %s, summary %q; want the allocator's quota message", r.State, r.Summary)
 	}
-	if len(r.Claims) != 1 || r.Claims[0].StatusReason != "FgpuOverQuota" || r.Claims[0].Placed || !r.Claims[0].Fgpu {
+	if len(r.Claims) != 1 || r.Claims[0].Status != msg || r.Claims[0].Placed || !r.Claims[0].Fgpu {
 		t.Errorf("claims %+v", r.Claims)
 	}
 	if len(r.Events) != 2 || r.Events[0].Reason != "FgpuOverQuota" || r.Events[1].Reason != "FailedScheduling" {
@@ -87,8 +87,9 @@ func TestWhyAPodWaitingOverQuota(t *testing.T) {
 	}
 	fits80(t, out.String())
 	flat := strings.Join(strings.Fields(out.String()), " ")
-	for _, want := range []string{"Pod team-a/p3: WaitingGPU (phase Pending)", "p3-gpu: waiting (FgpuOverQuota, as above)", "10Gi over",
-		"3m ago Warning FgpuOverQuota pod/p3: claim p3-gpu:", "kube-scheduler: 0/1 nodes are available"} {
+	for _, want := range []string{"Pod team-a/p3: WaitingGPU (phase Pending)", "p3-gpu: waiting (the allocator's status, as above)", "10Gi over",
+		"Events, oldest first: history, not fgpu's verdict", "3m ago Warning FgpuOverQuota pod/p3 (from fgpu-allocator): claim p3-gpu:",
+		"pod/p3 (from default-scheduler): 0/1 nodes", "kube-scheduler: 0/1 nodes are available"} {
 		if !strings.Contains(flat, want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
@@ -97,6 +98,50 @@ func TestWhyAPodWaitingOverQuota(t *testing.T) {
 	roundTrip(t, r, &back)
 	if back.State != StateWaitingGPU || back.Claims[0].Claim != "p3-gpu" || len(back.Events) != 2 {
 		t.Errorf("json %+v", back)
+	}
+}
+
+// Whoever may write events in the namespace can write one in any source's name: the claim's
+// status comes from its fgpu.dev/status annotation, which only the allocator may write, and
+// events stay history, never fgpu's verdict.
+func TestWhyTakesTheStatusFromTheClaimNotFromEvents(t *testing.T) {
+	const said = "no GPU has 60Gi free; it will be placed when one frees up"
+	pod := builders.MakePod("team-a", "p").Claim("p-gpu").Obj()
+	pod.Status.Phase = corev1.PodPending
+	claim := builders.MakeClaim("team-a", "p-gpu").Memory("60Gi").Obj()
+	claim.Annotations = map[string]string{statusAnnotation: said}
+	const forged = "placed on n1/gpu-0; the GPU is yours alone"
+	c := fake.NewClientset(pod, claim,
+		event("team-a", "e1", "Pod", "p", string(pod.UID), "FgpuPlaced", "fgpu-allocator", "claim p-gpu: "+forged, t0.Add(time.Minute)))
+	r, err := Why(context.Background(), c, api.DriverName, "team-a", "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != StateWaitingGPU || !strings.HasSuffix(r.Summary, said) || len(r.Claims) != 1 || r.Claims[0].Status != said {
+		t.Fatalf("state %s, summary %q, claims %+v; want the claim's status %q", r.State, r.Summary, r.Claims, said)
+	}
+	var out bytes.Buffer
+	if err := PrintWhy(&out, r, t0.Add(2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	fits80(t, out.String())
+	report, history, ok := strings.Cut(out.String(), "Events, oldest first: history, not fgpu's verdict")
+	if !ok || strings.Contains(strings.Join(strings.Fields(report), " "), "the GPU is yours alone") {
+		t.Errorf("the event's text is shown outside the events' history:\n%s", out.String())
+	}
+	if !strings.Contains(strings.Join(strings.Fields(history), " "), "(from fgpu-allocator): claim p-gpu: "+forged) {
+		t.Errorf("the history does not name the event's source:\n%s", out.String())
+	}
+
+	// Without an annotation the allocator has said nothing, whatever an event says.
+	claim.Annotations = nil
+	c = fake.NewClientset(pod, claim,
+		event("team-a", "e1", "Pod", "p", string(pod.UID), "FgpuPlaced", "fgpu-allocator", "claim p-gpu: "+forged, t0))
+	if r, err = Why(context.Background(), c, api.DriverName, "team-a", "p"); err != nil {
+		t.Fatal(err)
+	}
+	if r.Claims[0].Status != "" || strings.Contains(r.Summary, "yours alone") || !strings.Contains(r.Summary, "the allocator has said nothing of it yet") {
+		t.Errorf("summary %q, claims %+v", r.Summary, r.Claims)
 	}
 }
 

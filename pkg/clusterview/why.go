@@ -28,11 +28,9 @@ const (
 	StateStarting   = "Starting"   // it is bound to a node and not running yet
 )
 
-// allocatorComponent is the event source of fgpu's allocator.
-const allocatorComponent = "fgpu-allocator"
-
 // statusAnnotation is where the allocator says in words where a claim stands
 // (controller.AnnotationStatus; not imported, which would pull the allocator into the CLI).
+// The chart's fgpu-claims-status-by-allocator policy lets no one else write it.
 const statusAnnotation = "fgpu.dev/status"
 
 // WhyReport is why a pod waits, or where it went.
@@ -59,10 +57,9 @@ type WhyClaim struct {
 	Placed bool   `json:"placed"`
 	// Shares are where it was placed: "node/gpu: 10Gi, 25% compute, mps".
 	Shares []string `json:"shares,omitempty"`
-	// Status is the allocator's latest word on it: from its events on the pod, else the
-	// claim's fgpu.dev/status annotation (which the claim's owner can also write).
-	Status       string `json:"status,omitempty"`
-	StatusReason string `json:"statusReason,omitempty"`
+	// Status is the allocator's latest word on it: the claim's fgpu.dev/status annotation.
+	// Never an event: whoever may write events in the namespace can write one in any name.
+	Status string `json:"status,omitempty"`
 }
 
 // WhyEvent is an event on the pod or one of its claims.
@@ -79,9 +76,10 @@ type WhyEvent struct {
 const whyEvents = 10
 
 // Why gathers why the pod namespace/name waits, or where it went: its phase and node, its
-// claims' allocations, the allocator's and kube-scheduler's word on them (events and the
-// claims' status), and the newest events on the pod and its claims. A pod that is gone is
-// told from the events it left (the API server keeps them an hour by default).
+// claims' allocations, the allocator's and kube-scheduler's word on them (the claims' status
+// annotation and the pod's PodScheduled condition), and, as history, the newest events on the
+// pod and its claims. A pod that is gone is told from the events it left (the API server
+// keeps them an hour by default).
 func Why(ctx context.Context, c kubernetes.Interface, driver, namespace, name string) (*WhyReport, error) {
 	r := &WhyReport{Namespace: namespace, Pod: name, Claims: []WhyClaim{}, Events: []WhyEvent{}}
 	pod, err := c.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
@@ -127,7 +125,6 @@ func Why(ctx context.Context, c kubernetes.Interface, driver, namespace, name st
 	if err := r.gatherEvents(ctx, c, pod, objects); err != nil {
 		return nil, err
 	}
-	r.latestWord()
 	r.summarize(pod)
 	return r, nil
 }
@@ -154,9 +151,7 @@ func describeClaim(wc *WhyClaim, cl *resourceapi.ResourceClaim, driver string) {
 			wc.Shares = append(wc.Shares, s)
 		}
 	}
-	if msg := cl.Annotations[statusAnnotation]; msg != "" {
-		wc.Status, wc.StatusReason = msg, "claim status"
-	}
+	wc.Status = cl.Annotations[statusAnnotation]
 }
 
 // fgpuClaim reports whether fgpu places the claim: it asks for one of fgpu's device classes,
@@ -218,23 +213,6 @@ func (r *WhyReport) gatherEvents(ctx context.Context, c kubernetes.Interface, po
 		r.Events = r.Events[len(r.Events)-whyEvents:]
 	}
 	return nil
-}
-
-// latestWord takes each claim's status from the allocator's newest event on the pod about
-// it ("claim NAME: ..."), which only the allocator writes, over the claim's annotation.
-func (r *WhyReport) latestWord() {
-	for i := range r.Claims {
-		wc := &r.Claims[i]
-		if wc.Claim == "" {
-			continue
-		}
-		prefix := "claim " + wc.Claim + ": "
-		for _, ev := range r.Events {
-			if ev.Source == allocatorComponent && ev.Object == "pod/"+r.Pod && strings.HasPrefix(ev.Message, prefix) {
-				wc.Status, wc.StatusReason = strings.TrimPrefix(ev.Message, prefix), ev.Reason
-			}
-		}
-	}
 }
 
 func (r *WhyReport) summarize(pod *corev1.Pod) {
@@ -336,23 +314,27 @@ func PrintWhy(w io.Writer, r *WhyReport, now time.Time) error {
 			line += ": placed on " + strings.Join(wc.Shares, "; ")
 		default:
 			line += ": waiting"
-			if wc.StatusReason != "" && strings.Contains(r.Summary, wc.Status) {
-				line += " (" + wc.StatusReason + ", as above)"
+			if wc.Status != "" && strings.Contains(r.Summary, wc.Status) {
+				line += " (the allocator's status, as above)"
 			}
 		}
 		wrap(&b, line, "  ", "    ")
 		if wc.Status != "" && !wc.Placed && !strings.Contains(r.Summary, wc.Status) {
-			wrap(&b, wc.StatusReason+": "+wc.Status, "    ", "      ")
+			wrap(&b, "the allocator's status: "+wc.Status, "    ", "      ")
 		}
 	}
 	if r.Scheduler != "" && r.State != StateScheduling {
 		wrap(&b, "kube-scheduler: "+r.Scheduler, "", "  ")
 	}
 	if len(r.Events) > 0 {
-		b.WriteString("Events (oldest first):\n")
+		wrap(&b, "Events, oldest first: history, not fgpu's verdict (anyone who may write events in the namespace can add to it):", "", "  ")
 	}
 	for _, ev := range r.Events {
-		wrap(&b, fmt.Sprintf("%s ago  %s %s  %s: %s", age(now.Sub(ev.Time)), ev.Type, ev.Reason, ev.Object, ev.Message), "  ", "      ")
+		src := ev.Source
+		if src == "" {
+			src = "no source"
+		}
+		wrap(&b, fmt.Sprintf("%s ago  %s %s  %s (from %s): %s", age(now.Sub(ev.Time)), ev.Type, ev.Reason, ev.Object, src, ev.Message), "  ", "      ")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

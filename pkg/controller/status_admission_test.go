@@ -1,0 +1,220 @@
+package controller
+
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// loadChartPolicy is a chart template holding one policy and its binding, rendered for release
+// namespace fgpu-system (lines with other template directives dropped).
+func loadChartPolicy(t *testing.T, template string) (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding) {
+	t.Helper()
+	raw, err := os.ReadFile("../../deployments/helm/fgpu/templates/" + template)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.ReplaceAll(string(raw), "{{ .Release.Namespace }}", "fgpu-system")
+	var lines []string
+	for _, l := range strings.Split(text, "\n") {
+		if !strings.Contains(l, "{{") {
+			lines = append(lines, l)
+		}
+	}
+	docs := strings.Split(strings.Join(lines, "\n"), "\n---\n")
+	if len(docs) != 2 {
+		t.Fatalf("%s: %d documents, want the policy and its binding", template, len(docs))
+	}
+	var p admissionv1.ValidatingAdmissionPolicy
+	var b admissionv1.ValidatingAdmissionPolicyBinding
+	if err := yaml.UnmarshalStrict([]byte(docs[0]), &p); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict([]byte(docs[1]), &b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Spec.PolicyName != p.Name || !slices.Equal(b.Spec.ValidationActions, []admissionv1.ValidationAction{admissionv1.Deny}) {
+		t.Errorf("%s: binding %+v does not deny with policy %s", template, b.Spec, p.Name)
+	}
+	if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
+		t.Errorf("%s: the policy does not fail closed", template)
+	}
+	return &p, &b
+}
+
+// review runs a policy on one request as the API server would (oldObject nil on CREATE); it
+// returns the refusal message or "".
+func review(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy, request map[string]any, object, oldObject map[string]any) string {
+	t.Helper()
+	vars := map[string]any{"object": object, "oldObject": oldObject, "request": request, "variables": map[string]any{}}
+	if oldObject == nil {
+		vars["oldObject"] = nil
+	}
+	for _, mc := range p.Spec.MatchConditions {
+		if evalCEL(t, mc.Expression, vars) != true {
+			return ""
+		}
+	}
+	v := map[string]any{}
+	for _, variable := range p.Spec.Variables {
+		vars["variables"] = v
+		v[variable.Name] = evalCEL(t, variable.Expression, vars)
+	}
+	vars["variables"] = v
+	for _, val := range p.Spec.Validations {
+		if evalCEL(t, val.Expression, vars) != true {
+			msg, ok := evalCEL(t, val.MessageExpression, vars).(string)
+			if !ok {
+				t.Fatalf("messageExpression %q is not a string", val.MessageExpression)
+			}
+			return msg
+		}
+	}
+	return ""
+}
+
+func matches(rules []admissionv1.NamedRuleWithOperations, groups, resources []string, ops ...admissionv1.OperationType) bool {
+	return len(rules) == 1 && slices.Equal(rules[0].APIGroups, groups) && slices.Equal(rules[0].Resources, resources) &&
+		slices.Equal(rules[0].Operations, ops) && slices.Equal(rules[0].APIVersions, []string{"*"})
+}
+
+const (
+	allocatorUser = "system:serviceaccount:fgpu-system:fgpu-allocator"
+	pluginUser    = "system:serviceaccount:fgpu-system:fgpu-kubelet-plugin"
+	tenantUser    = "system:serviceaccount:a:attacker"
+)
+
+// `kubectl fgpu why` shows a claim's fgpu.dev/status as the allocator's word: only the
+// allocator may set, change or remove it, on a claim or through a template; a tenant's own
+// annotations, fgpu.dev/ ones included, stay its own.
+func TestClaimStatusPolicy(t *testing.T) {
+	p, _ := loadChartPolicy(t, "claim-status-admission.yaml")
+	compilePolicy(t, p)
+	if !matches(p.Spec.MatchConstraints.ResourceRules, []string{"resource.k8s.io"}, []string{"resourceclaims", "resourceclaimtemplates"}, admissionv1.Create, admissionv1.Update) {
+		t.Errorf("match rules %+v: want CREATE and UPDATE of claims and templates", p.Spec.MatchConstraints.ResourceRules)
+	}
+	claim := func(annotations map[string]any) map[string]any {
+		meta := map[string]any{"name": "c", "namespace": "a", "labels": map[string]any{"app": "x"}}
+		if annotations != nil {
+			meta["annotations"] = annotations
+		}
+		return map[string]any{"metadata": meta, "spec": map[string]any{}}
+	}
+	template := func(annotations map[string]any) map[string]any {
+		inner := map[string]any{"spec": map[string]any{}}
+		if annotations != nil {
+			inner["metadata"] = map[string]any{"annotations": annotations}
+		}
+		return map[string]any{"metadata": map[string]any{"name": "c", "namespace": "a"}, "spec": inner}
+	}
+	status := func(msg string) map[string]any { return map[string]any{"fgpu.dev/status": msg} }
+	const said = "over the GPU memory quota of namespace a"
+	relabelled := claim(status(said))
+	relabelled["metadata"].(map[string]any)["labels"] = map[string]any{"app": "y"}
+	for _, tc := range []struct {
+		name, resource, operation, user string
+		old, cur                        map[string]any
+		refused                         bool
+	}{
+		{"tenant overwrites the allocator's status", "resourceclaims", "UPDATE", tenantUser, claim(status(said)), claim(status("placed: all is well")), true},
+		{"tenant adds a status", "resourceclaims", "UPDATE", tenantUser, claim(nil), claim(status("placed")), true},
+		{"tenant removes the status", "resourceclaims", "UPDATE", tenantUser, claim(status(said)), claim(map[string]any{}), true},
+		{"tenant creates a claim with a status", "resourceclaims", "CREATE", tenantUser, nil, claim(status("placed")), true},
+		{"tenant creates a template with a status", "resourceclaimtemplates", "CREATE", tenantUser, nil, template(status("placed")), true},
+		{"tenant adds a status to its template", "resourceclaimtemplates", "UPDATE", tenantUser, template(nil), template(status("placed")), true},
+		{"claim from a template that carried a status", "resourceclaims", "CREATE", "system:serviceaccount:kube-system:resource-claim-controller", nil, claim(status("placed")), true},
+		{"allocator of another release", "resourceclaims", "UPDATE", "system:serviceaccount:other:fgpu-allocator", claim(nil), claim(status("placed")), true},
+		{"tenant relabels, the status untouched", "resourceclaims", "UPDATE", tenantUser, claim(status(said)), relabelled, false},
+		{"tenant writes another annotation", "resourceclaims", "UPDATE", tenantUser, claim(nil), claim(map[string]any{"fgpu.dev/tenancy": "{}", "example.com/x": "y"}), false},
+		{"tenant creates a plain claim", "resourceclaims", "CREATE", tenantUser, nil, claim(nil), false},
+		{"tenant creates a plain template", "resourceclaimtemplates", "CREATE", tenantUser, nil, template(map[string]any{"example.com/x": "y"}), false},
+		{"allocator tells the status", "resourceclaims", "UPDATE", allocatorUser, claim(status(said)), claim(status("placed on n1/gpu-0")), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			request := map[string]any{"resource": map[string]any{"group": "resource.k8s.io", "version": "v1", "resource": tc.resource},
+				"operation": tc.operation, "namespace": "a", "userInfo": map[string]any{"username": tc.user}}
+			msg := review(t, p, request, tc.cur, tc.old)
+			if (msg != "") != tc.refused {
+				t.Fatalf("refused=%v (%q), want refused=%v", msg != "", msg, tc.refused)
+			}
+			if tc.refused && (!strings.Contains(msg, "a/c: the annotation fgpu.dev/status") || !strings.Contains(msg, "only the allocator may set, change or remove it")) {
+				t.Errorf("message %q", msg)
+			}
+		})
+	}
+}
+
+// `kubectl fgpu recommendations` trusts the allocator's events and `kubectl fgpu why` lists
+// events by source: no one but fgpu's own service accounts may write an event, of either
+// events API, in the name of fgpu's components.
+func TestEventSourcePolicy(t *testing.T) {
+	p, _ := loadChartPolicy(t, "event-admission.yaml")
+	compilePolicy(t, p)
+	if !matches(p.Spec.MatchConstraints.ResourceRules, []string{"", "events.k8s.io"}, []string{"events"}, admissionv1.Create, admissionv1.Update) {
+		t.Errorf("match rules %+v: want CREATE and UPDATE of events of both APIs", p.Spec.MatchConstraints.ResourceRules)
+	}
+	core := func(source, reporting string) map[string]any {
+		ev := map[string]any{"metadata": map[string]any{"name": "e", "namespace": "a"}, "reason": "FgpuSizingRecommendation", "message": "claim c: placed"}
+		if source != "" {
+			ev["source"] = map[string]any{"component": source}
+		}
+		if reporting != "" {
+			ev["reportingComponent"] = reporting
+		}
+		return ev
+	}
+	eventsV1 := func(deprecatedSource, reporting string) map[string]any {
+		ev := map[string]any{"metadata": map[string]any{"name": "e", "namespace": "a"}, "reason": "FgpuSizingRecommendation", "note": "claim c: placed"}
+		if deprecatedSource != "" {
+			ev["deprecatedSource"] = map[string]any{"component": deprecatedSource}
+		}
+		if reporting != "" {
+			ev["reportingController"] = reporting
+		}
+		return ev
+	}
+	for _, tc := range []struct {
+		name, group, user string
+		event             map[string]any
+		refused           string // the component named in the refusal; "" for allowed
+	}{
+		{"tenant as the allocator", "", tenantUser, core("fgpu-allocator", ""), "fgpu-allocator"},
+		{"tenant reporting as the allocator", "", tenantUser, core("mine", "fgpu-allocator"), "fgpu-allocator"},
+		{"tenant as the plugin", "", tenantUser, core("fgpu-kubelet-plugin", ""), "fgpu-kubelet-plugin"},
+		{"tenant as the allocator, events.k8s.io", "events.k8s.io", tenantUser, eventsV1("", "fgpu-allocator"), "fgpu-allocator"},
+		{"tenant as the plugin, events.k8s.io deprecatedSource", "events.k8s.io", tenantUser, eventsV1("fgpu-kubelet-plugin", "mine"), "fgpu-kubelet-plugin"},
+		{"the plugin as the allocator", "", pluginUser, core("fgpu-allocator", "fgpu-allocator"), "fgpu-allocator"},
+		{"allocator of another release", "", "system:serviceaccount:other:fgpu-allocator", core("fgpu-allocator", "fgpu-allocator"), "fgpu-allocator"},
+		{"tenant in its own name", "", tenantUser, core("mine", "mine"), ""},
+		{"tenant without a source", "", tenantUser, core("", ""), ""},
+		{"tenant in its own name, events.k8s.io", "events.k8s.io", tenantUser, eventsV1("", "mine"), ""},
+		{"the kubelet", "", "system:node:n1", core("kubelet", "kubelet"), ""},
+		{"the allocator", "", allocatorUser, core("fgpu-allocator", "fgpu-allocator"), ""},
+		{"the plugin", "", pluginUser, core("fgpu-kubelet-plugin", ""), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, op := range []string{"CREATE", "UPDATE"} {
+				request := map[string]any{"resource": map[string]any{"group": tc.group, "version": "v1", "resource": "events"},
+					"operation": op, "namespace": "a", "userInfo": map[string]any{"username": tc.user}}
+				old := map[string]any(nil)
+				if op == "UPDATE" {
+					old = core("", "")
+				}
+				msg := review(t, p, request, tc.event, old)
+				if tc.refused == "" {
+					if msg != "" {
+						t.Fatalf("%s refused: %q", op, msg)
+					}
+					continue
+				}
+				if !strings.Contains(msg, "only fgpu may write events in the name of "+tc.refused+" ") || !strings.Contains(msg, "event a/e") {
+					t.Fatalf("%s: message %q", op, msg)
+				}
+			}
+		})
+	}
+}

@@ -166,7 +166,7 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 		if pods[0].DeletionTimestamp != nil {
 			continue
 		}
-		in, ok := c.gather(claim)
+		in, ok := c.gather(ctx, claim)
 		if !ok {
 			return nil, false
 		}
@@ -244,7 +244,7 @@ func (c *Controller) recreated(ctx context.Context, in *input, request string) *
 			if a.name != request {
 				continue
 			}
-			rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(ctx))
+			rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(in))
 			if w != nil || !c.sizeBurst(in, rq) {
 				return nil
 			}

@@ -26,11 +26,11 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
-	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/klog/v2"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
+	"github.com/fgpu-dev/fgpu/pkg/selectors"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
@@ -62,6 +62,9 @@ type Config struct {
 	// lines up the shares' use per interval of this length, over SizingBurstWindow.
 	SizingReportInterval time.Duration
 	SizingBurstWindow    time.Duration
+	// Selectors bounds what evaluating claims' CEL selectors may cost (zero:
+	// selectors.DefaultOptions).
+	Selectors selectors.Options
 }
 
 // DefaultConfig is the allocator's default configuration.
@@ -106,7 +109,7 @@ type Controller struct {
 	// restores rate-limits restoring a claim's finalizer.
 	restores *finalizerRestores
 
-	cel        *cel.Cache
+	selectors  *selectors.Evaluator
 	recorder   record.EventRecorder
 	bcast      record.EventBroadcaster
 	requeueAll chan struct{}
@@ -129,9 +132,15 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		cfg.Now = time.Now
 	}
 	cfg.Workers = max(cfg.Workers, 1)
+	if cfg.Selectors.ClaimBudget == 0 {
+		cfg.Selectors = selectors.DefaultOptions(cfg.DriverName)
+	}
+	if cfg.Selectors.Now == nil {
+		cfg.Selectors.Now = cfg.Now
+	}
 	c := &Controller{cfg: cfg, client: client,
 		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(), refused: newRefusedGPUs(), gone: newGoneClaims(),
-		restores: newFinalizerRestores(), cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}), requeueAll: make(chan struct{}, 1), metrics: m}
+		restores: newFinalizerRestores(), selectors: selectors.New(cfg.Selectors), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
+	"github.com/fgpu-dev/fgpu/pkg/selectors"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
@@ -38,6 +39,11 @@ type input struct {
 	// policy's sizing mode is Initial and they stand on enough samples; sizedFor names it.
 	sized    map[string]sizing.Recommendation
 	sizedFor sizing.Workload
+	// selectors are where each alternative's selectors (its class's and its own) match,
+	// by alternative name, evaluated before the decision and outside the model's lock;
+	// selectorsWait is why they could not be (too costly, or the namespace's share spent).
+	selectors     map[string]selectors.Matches
+	selectorsWait *waitReason
 }
 
 // decision is where a claim goes: the node, and one result per device.
@@ -75,6 +81,9 @@ func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitRea
 	claim := in.claim
 	if in.conflict != nil {
 		return nil, in.conflict
+	}
+	if in.selectorsWait != nil {
+		return nil, in.selectorsWait
 	}
 	if len(claim.Spec.Devices.Constraints) > 0 {
 		return nil, &waitReason{reason: ReasonUnsupported, message: "the fgpu allocator does not support device constraints (spec.devices.constraints) yet"}
@@ -144,7 +153,7 @@ func (c *Controller) decideRequest(ctx context.Context, in *input, d *decision, 
 // is placed as Initial sizes it: a best-effort pod runs rather than wait for room to burst.
 // If neither fits, the claim waits for the burst's reason.
 func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt) ([]result, *waitReason) {
-	rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(ctx))
+	rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(in))
 	if w != nil {
 		return nil, w
 	}
@@ -203,13 +212,12 @@ func (c *Controller) placeRequest(ctx context.Context, in *input, d *decision, r
 // smallestGPU gives the memory of the smallest GPU the cluster publishes that a request's
 // class and selectors allow (0 where none does), for sizing a whole-GPU request: asked only
 // then, as it looks at every GPU. Caller holds the model's lock.
-func (c *Controller) smallestGPU(ctx context.Context) func(*request) int64 {
+func (c *Controller) smallestGPU(in *input) func(*request) int64 {
 	return func(rq *request) int64 {
-		sels := c.model.selectors.refs(rq.class.Spec.Selectors, rq.alt.selectors)
 		least := int64(0)
 		for _, gs := range c.model.coreGPU {
 			for _, g := range gs {
-				if ok, _ := c.selectorsMatch(ctx, g, sels); ok && g.memCap > 0 && (least == 0 || g.memCap < least) {
+				if ok, _, _ := in.selectors[rq.alt.name].At(g.key.String(), g.version); ok && g.memCap > 0 && (least == 0 || g.memCap < least) {
 					least = g.memCap
 				}
 			}
@@ -229,7 +237,6 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 	for _, r := range d.results {
 		used[r.gpu] = true
 	}
-	sels := c.model.selectors.refs(rq.class.Spec.Selectors, rq.alt.selectors)
 	own := d.use()
 	return func(ni, gi int) bool {
 		if gi < 0 || ni >= len(c.model.coreGPU) || gi >= len(c.model.coreGPU[ni]) {
@@ -252,7 +259,7 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 			rj.add("pod does not fit the node", err.Error())
 			return false
 		}
-		if why, ex := c.gpuFits(ctx, in, own, rq, sels, g); why != "" {
+		if why, ex := c.gpuFits(in, own, rq, g); why != "" {
 			rj.add(why, ex)
 			return false
 		}

@@ -1,26 +1,27 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"math"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/dynamic-resource-allocation/cel"
-	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
 // gpuFits says why GPU g cannot take one device of the request ("" if it can), with an
-// example for the waiting message; own is what the claim's earlier requests hold. Caller
-// holds the model's lock.
-func (c *Controller) gpuFits(ctx context.Context, in *input, own usage, rq *request, sels []selRef, g *gpu) (string, string) {
-	if ok, failed := c.selectorsMatch(ctx, g, sels); !ok {
-		if failed != "" {
-			return "device selector cannot be evaluated", fmt.Sprintf("%s: %s", g.key, failed)
-		}
+// example for the waiting message; own is what the claim's earlier requests hold. The
+// request's selectors were evaluated before (gather). Caller holds the model's lock.
+func (c *Controller) gpuFits(in *input, own usage, rq *request, g *gpu) (string, string) {
+	switch ok, failed, known := in.selectors[rq.alt.name].At(g.key.String(), g.version); {
+	case !known:
+		// Published or changed since the claim's selectors were evaluated: the change
+		// started a new pass, which evaluates them on it.
+		return "device selectors not evaluated on it yet", ""
+	case failed != "":
+		return "device selector cannot be evaluated", fmt.Sprintf("%s: %s", g.key, failed)
+	case !ok:
 		return "device selectors do not match", ""
 	}
 	for _, t := range g.taints {
@@ -142,96 +143,4 @@ func tolerated(tols []resourceapi.DeviceToleration, t resourceapi.DeviceTaint) b
 		}
 	}
 	return false
-}
-
-// selRef is a CEL selector interned for a decision: its expression and its index in
-// every GPU's memo.
-type selRef struct {
-	id   int
-	expr string
-}
-
-// selectorTable interns CEL selector expressions for the per-GPU memo; gen changes when it
-// starts over. It belongs to the model and shares its lock.
-type selectorTable struct {
-	ids  map[string]int
-	errs map[int]string // why a selector failed to evaluate: kept once per selector, not per GPU
-	gen  int
-}
-
-const maxSelectors = 1024
-
-// refs interns the class's and the request's CEL selectors, once per decision, so that the
-// per-GPU check is an index, not a string comparison per expression and GPU.
-func (t *selectorTable) refs(lists ...[]resourceapi.DeviceSelector) []selRef {
-	var out []selRef
-	for _, sels := range lists {
-		for _, s := range sels {
-			if s.CEL == nil {
-				continue
-			}
-			id, ok := t.ids[s.CEL.Expression]
-			if !ok {
-				if len(t.ids) >= maxSelectors {
-					// Many distinct per-request selectors: start over, and let every
-					// GPU's memo go stale with the old generation.
-					clear(t.ids)
-					clear(t.errs)
-					t.gen++
-				}
-				id = len(t.ids)
-				t.ids[s.CEL.Expression] = id
-			}
-			out = append(out, selRef{id: id, expr: s.CEL.Expression})
-		}
-	}
-	return out
-}
-
-// selectorsMatch evaluates interned selectors on a device, memoised per device. A selector
-// that fails to evaluate does not match; then failed is the selector and its error, as
-// kube-scheduler reports them. Caller holds the model's lock.
-func (c *Controller) selectorsMatch(ctx context.Context, g *gpu, sels []selRef) (ok bool, failed string) {
-	t := &c.model.selectors
-	if g.selGen != t.gen {
-		g.sel, g.selGen = g.sel[:0], t.gen
-	}
-	for _, s := range sels {
-		for len(g.sel) <= s.id {
-			g.sel = append(g.sel, selUnknown)
-		}
-		if g.sel[s.id] == selUnknown {
-			g.sel[s.id] = c.evalSelector(ctx, g, s)
-		}
-		switch g.sel[s.id] {
-		case selYes:
-		case selErr:
-			return false, fmt.Sprintf("selector `%s`: %s", s.expr, t.errs[s.id])
-		default:
-			return false, ""
-		}
-	}
-	return true, ""
-}
-
-func (c *Controller) evalSelector(ctx context.Context, g *gpu, s selRef) selVerdict {
-	res := c.cel.GetOrCompile(s.expr)
-	var err error
-	ok := false
-	if res.Error != nil {
-		err = fmt.Errorf("CEL compile error: %w", res.Error)
-	} else if ok, _, err = res.DeviceMatches(ctx, cel.Device{Driver: c.cfg.DriverName, Attributes: g.attrs, Capacity: g.capacity, AllowMultipleAllocations: ptr.To(true)}); err != nil {
-		err = fmt.Errorf("CEL runtime error: %w", err)
-	}
-	switch {
-	case err != nil:
-		t := &c.model.selectors
-		if _, seen := t.errs[s.id]; !seen {
-			t.errs[s.id] = err.Error()
-		}
-		return selErr
-	case ok:
-		return selYes
-	}
-	return selNo
 }

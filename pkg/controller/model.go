@@ -8,11 +8,13 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
+	"github.com/fgpu-dev/fgpu/pkg/selectors"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
@@ -36,8 +38,8 @@ type gpu struct {
 	tenants   map[types.UID]*tenant // by share ID
 	coreNode  int
 	coreIndex int
-	sel       []selVerdict // CEL selector verdicts by interned selector (selectorTable)
-	selGen    int          // the interning generation sel belongs to
+	// version changes with attrs and capacity: selector verdicts are kept per version.
+	version uint64
 }
 
 // tenant is one share of a GPU: what the co-tenancy rules need to know about it.
@@ -118,25 +120,20 @@ type model struct {
 	// takes of a quota before one is chosen.
 	minMem, minComp int64
 
-	selectors selectorTable
-	verdicts  nodeVerdicts
-	fit       fitMemo
+	verdicts nodeVerdicts
+	fit      fitMemo
+
+	// versions numbers the GPUs' attribute versions; devices is the snapshot of them that
+	// selectors are evaluated on, rebuilt after any GPU's attributes change (nil then).
+	versions uint64
+	devices  []selectors.Device
 }
-
-type selVerdict int8
-
-const (
-	selUnknown selVerdict = iota
-	selYes
-	selNo
-	selErr // failed to evaluate; the error is in selectorTable.errs
-)
 
 func newModel(driver string) *model {
 	return &model{driver: driver, gpus: map[gpuKey]*gpu{}, byPool: map[string]map[string]*gpu{}, claims: map[string]*claimRec{},
 		nsMem: map[string]int64{}, nsComp: map[string]int64{}, nsReserve: map[string]usage{}, dirty: true,
 		learn: placement.NewLearner(placement.DefaultWorkload(), placement.DefaultLearnOptions()), learned: map[types.UID]struct{}{},
-		selectors: selectorTable{ids: map[string]int{}, errs: map[int]string{}}, verdicts: nodeVerdicts{}}
+		verdicts: nodeVerdicts{}}
 }
 
 // Account brings the model in line with a claim seen by the informer; it reports whether
@@ -207,7 +204,7 @@ func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) 
 	for name, g := range m.byPool[node] {
 		if _, ok := devs[name]; !ok && g.known {
 			g.known = false
-			m.dirty = true
+			m.dirty, m.devices = true, nil
 			if len(g.tenants) == 0 {
 				m.dropGPU(g.key)
 			}
@@ -225,6 +222,10 @@ func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) 
 		if !g.known || g.memCap != memCap || g.compCap != compCap {
 			m.dirty = true
 		}
+		if !g.known || !equality.Semantic.DeepEqual(g.attrs, d.Attributes) || !equality.Semantic.DeepEqual(g.capacity, d.Capacity) {
+			m.versions++
+			g.version, m.devices = m.versions, nil
+		}
 		g.known, g.memCap, g.compCap = true, memCap, compCap
 		g.attrs, g.capacity = d.Attributes, d.Capacity
 		g.taints = g.taints[:0]
@@ -234,8 +235,23 @@ func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) 
 				g.taints = append(g.taints, t)
 			}
 		}
-		g.sel = g.sel[:0] // new attributes: evaluate again
 	}
+}
+
+// SelectorDevices is the published GPUs as CEL selectors see them. The slice is shared and
+// must not be changed; it is a new one after any GPU's attributes change.
+func (m *model) SelectorDevices() []selectors.Device {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.devices == nil {
+		m.devices = make([]selectors.Device, 0, len(m.gpus))
+		for _, g := range m.gpus {
+			if g.known {
+				m.devices = append(m.devices, selectors.Device{Key: g.key.String(), Version: g.version, Attributes: g.attrs, Capacity: g.capacity})
+			}
+		}
+	}
+	return m.devices
 }
 
 // decidedUnseen reports whether the model holds a decision on the claim that the informer has not
@@ -279,6 +295,7 @@ func (m *model) gpuFor(k gpuKey) *gpu {
 
 func (m *model) dropGPU(k gpuKey) {
 	delete(m.gpus, k)
+	m.devices = nil
 	if p := m.byPool[k.pool]; p != nil {
 		delete(p, k.device)
 		if len(p) == 0 {

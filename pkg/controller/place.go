@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -16,6 +17,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
+	"github.com/fgpu-dev/fgpu/pkg/selectors"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
@@ -48,6 +50,7 @@ func (c *Controller) Sync(ctx context.Context, key string) (time.Duration, error
 // forget takes a claim out of the queue; the claims of its namespace that queued behind it
 // for quota are looked at again.
 func (c *Controller) forget(key string) {
+	c.selectors.Forget(key)
 	if c.pending.Forget(key) {
 		ns, _, _ := strings.Cut(key, "/")
 		c.requeueNamespace(ns, key)
@@ -59,7 +62,7 @@ func (c *Controller) forget(key string) {
 func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim) (time.Duration, error) {
 	key := claimKey(claim)
 	c.pending.Add(key, claim.CreationTimestamp.Time, c.now())
-	in, hasPods := c.gather(claim)
+	in, hasPods := c.gather(ctx, claim)
 	c.pending.SetPodless(key, !hasPods)
 	if !hasPods {
 		// Placed once a pod uses it (pod events requeue the claim); until then it must not
@@ -84,6 +87,9 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 			msg += kueueHint(in.consumers)
 		}
 		c.setStatus(ctx, claim, in.consumers, "Pending: "+msg, w.reason)
+		if w.retryAfter > 0 {
+			return w.retryAfter, nil
+		}
 		// Requeued when quota frees up, or on any capacity, node or policy change; and when
 		// a GPU whose plugin refused the claim may be tried again.
 		return c.refused.Next(claim.UID, c.now(), c.cfg.BindTimeout), nil
@@ -93,7 +99,7 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 
 // gather collects what a decision on the claim depends on besides the model: its pods,
 // classes, policy and the nodes its pods must avoid. It reports whether any pod uses it.
-func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
+func (c *Controller) gather(ctx context.Context, claim *resourceapi.ResourceClaim) (*input, bool) {
 	in := &input{claim: claim, classes: map[string]*resourceapi.DeviceClass{}}
 	in.consumers = c.consumers(claim)
 	// A scheduling-gated pod may not run yet (Kueue gates the pods it has not admitted), and
@@ -155,7 +161,42 @@ func (c *Controller) gather(claim *resourceapi.ResourceClaim) (*input, bool) {
 		}
 	}
 	in.avoid = c.ledger.Avoided(in.consumers)
+	c.evaluateSelectors(ctx, in)
 	return in, true
+}
+
+// evaluateSelectors evaluates every alternative's selectors, its class's and its own, on the
+// published GPUs, outside the model's lock: what a tenant's selectors cost holds up no
+// other claim's decision (pkg/selectors bounds it per claim and per namespace).
+func (c *Controller) evaluateSelectors(ctx context.Context, in *input) {
+	claim := in.claim
+	var names []string
+	var lists [][]resourceapi.DeviceSelector
+	for _, r := range claim.Spec.Devices.Requests {
+		for _, a := range alternatives(r) {
+			var sels []resourceapi.DeviceSelector
+			if cl := in.classes[a.class]; cl != nil {
+				sels = append(sels, cl.Spec.Selectors...)
+			}
+			names, lists = append(names, a.name), append(lists, append(sels, a.selectors...))
+		}
+	}
+	matches, err := c.selectors.Claim(ctx, claim.Namespace, claimKey(claim), claim.UID, lists, c.model.SelectorDevices())
+	var costly *selectors.TooCostlyError
+	var throttled *selectors.ThrottledError
+	switch {
+	case errors.As(err, &costly):
+		in.selectorsWait = &waitReason{reason: ReasonSelectorsTooCostly, message: err.Error()}
+	case errors.As(err, &throttled):
+		in.selectorsWait = &waitReason{reason: ReasonWaiting, message: err.Error(), retryAfter: throttled.RetryAfter}
+	case err != nil:
+		in.selectorsWait = &waitReason{reason: ReasonWaiting, message: "device selectors not evaluated: " + err.Error(), retryAfter: time.Second}
+	default:
+		in.selectors = make(map[string]selectors.Matches, len(names))
+		for i, n := range names {
+			in.selectors[n] = matches[i]
+		}
+	}
 }
 
 // stillConsuming are the reservations whose pod is still a live consumer of the claim (same

@@ -142,7 +142,7 @@ func (c *Controller) claimQuotaCheck(ctx context.Context, in *input) *waitReason
 		alts := alternatives(req)
 		var low *usage
 		for _, a := range alts {
-			rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(ctx))
+			rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(in))
 			if w != nil {
 				continue // said when the request is decided
 			}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
@@ -47,6 +48,9 @@ const (
 	ReasonResizeEvicted   = "FgpuResizeEvicted"
 	ReasonResizeBlocked   = "FgpuResizeBlocked"
 	ReasonResizeAtRequest = "FgpuResizeAtRequest"
+	// ReasonSelectorsTooCostly: the claim's CEL selectors cost more to evaluate than the
+	// allocator spends on one claim; it is not placed.
+	ReasonSelectorsTooCostly = "FgpuSelectorsTooCostly"
 )
 
 // waitReason is why a claim is not placed now.
@@ -57,6 +61,8 @@ type waitReason struct {
 	// beyondQuota: more than the whole quota, so no quota freed lets it in; it must not
 	// hold the namespace's quota queue.
 	beyondQuota bool
+	// retryAfter > 0: look at the claim again after it (no capacity change is awaited).
+	retryAfter time.Duration
 }
 
 func (w *waitReason) Error() string { return w.message }

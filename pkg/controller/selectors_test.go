@@ -1,40 +1,97 @@
 package controller
 
 import (
-	"context"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/utils/ptr"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/selectors"
 )
 
 func celSelector(expr string) []resourceapi.DeviceSelector {
 	return []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}}
 }
 
-// The per-GPU selector memo is indexed by interned selector: when the interning starts
-// over, a new expression may reuse the index of an old one, and must not inherit its verdict.
-func TestSelectorMemoSurvivesInterningReset(t *testing.T) {
-	c := New(DefaultConfig(), fake.NewClientset(), nil, nil)
-	g := &gpu{attrs: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(3))}}}
-	ctx := context.Background()
-	no := c.model.selectors.refs(celSelector(`device.attributes["gpu.fgpu.dev"].index == 7`))
-	if ok, _ := c.selectorsMatch(ctx, g, no); ok {
-		t.Fatal("index 3 matched index == 7")
+// attackClaim is the claim of issue 24's attack: 8 subrequests of 32 selectors each, every
+// list ending in a selector no device matches (a GPU index of 99), with expressions no other
+// claim has (tag).
+func attackClaim(ns, name string, tag int) *resourceapi.ResourceClaim {
+	c := builders.MakeClaim(ns, name).Obj()
+	var subs []resourceapi.DeviceSubRequest
+	for i := range 8 {
+		var sels []resourceapi.DeviceSelector
+		for j := range 31 {
+			sels = append(sels, celSelector(fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index != %d`, 1000+tag*1000+i*32+j))...)
+		}
+		sels = append(sels, celSelector(`device.attributes["gpu.fgpu.dev"].index == 99`)...)
+		subs = append(subs, resourceapi.DeviceSubRequest{Name: fmt.Sprintf("s%d", i), DeviceClassName: c.Spec.Devices.Requests[0].Exactly.DeviceClassName,
+			Selectors: sels, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+			Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("1Gi")}}})
 	}
-	for i := 0; i < maxSelectors-1; i++ { // fills the table: the next one starts it over
-		c.model.selectors.refs(celSelector(fmt.Sprintf("device.attributes[\"gpu.fgpu.dev\"].index != %d", 100+i)))
+	c.Spec.Devices.Requests[0] = resourceapi.DeviceRequest{Name: "gpu", FirstAvailable: subs}
+	return c
+}
+
+// Claims with more distinct selectors than the memo holds are never placed on a device their
+// selectors exclude, and a victim's selector placed after them is its own.
+func TestSelectorsNeverMatchWhatTheyExclude(t *testing.T) {
+	var objs []runtime.Object
+	objs = append(objs, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"))
+	for i := range 3 {
+		name := fmt.Sprintf("c%d", i)
+		objs = append(objs, attackClaim("attacker", name, i), builders.MakePod("attacker", "p"+name).Claim(name).Obj())
 	}
-	yes := c.model.selectors.refs(celSelector(`device.attributes["gpu.fgpu.dev"].index == 3`))
-	if yes[0].id != no[0].id {
-		t.Fatalf("the test needs the new selector at the old one's index: %d vs %d", yes[0].id, no[0].id)
+	victim := builders.MakeClaim("victim", "c").Memory("10Gi").Created(10).Obj()
+	victim.Spec.Devices.Requests[0].Exactly.Selectors = celSelector(`device.attributes["gpu.fgpu.dev"].index == 2`)
+	objs = append(objs, victim, builders.MakePod("victim", "p").Claim("c").Obj())
+	e := newEnvWith(t, func(c *Config) {
+		c.Selectors = selectors.DefaultOptions(c.DriverName)
+		c.Selectors.MemoEntries, c.Selectors.NamespaceBurst = 16, time.Hour
+	}, nil, objs...)
+	e.run()
+	for i := range 3 {
+		if got := e.placedOn("attacker", fmt.Sprintf("c%d", i)); got != "" {
+			t.Errorf("attacker/c%d placed on %s, which its selectors exclude", i, got)
+		}
 	}
-	if ok, _ := c.selectorsMatch(ctx, g, yes); !ok {
-		t.Error("index 3 did not match index == 3: the memo kept the old selector's verdict")
+	if got := e.placedOn("victim", "c"); got != "n1/gpu-2" {
+		t.Errorf("victim placed on %q, want n1/gpu-2", got)
+	}
+}
+
+// A claim whose selectors cost more than the allocator evaluates for one claim is told so,
+// and is not placed; another namespace's claim is.
+func TestTooCostlySelectorsAreRefused(t *testing.T) {
+	var xs []string
+	for i := range 100 {
+		xs = append(xs, fmt.Sprint(i))
+	}
+	l := "[" + strings.Join(xs, ",") + "]"
+	costly := builders.MakeClaim("attacker", "c").Memory("1Gi").Obj()
+	costly.Spec.Devices.Requests[0].Exactly.Selectors = celSelector(l + ".all(x, " + l + ".all(y, x != -y - 1))")
+	e := newEnvWith(t, func(c *Config) {
+		c.Selectors = selectors.DefaultOptions(c.DriverName)
+		c.Selectors.ClaimBudget = 100_000
+	}, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 8, "80Gi"), costly, builders.MakePod("attacker", "p").Claim("c").Obj(),
+		builders.MakeClaim("victim", "c").Memory("1Gi").Created(10).Obj(), builders.MakePod("victim", "p").Claim("c").Obj())
+	e.run()
+	if got := e.placedOn("attacker", "c"); got != "" {
+		t.Errorf("the costly claim was placed on %s", got)
+	}
+	if st := e.claim("attacker", "c").Annotations[AnnotationStatus]; !strings.Contains(st, "device selectors cost more than the allocator evaluates for one claim") {
+		t.Errorf("status %q does not say why", st)
+	}
+	if len(e.events(ReasonSelectorsTooCostly)) == 0 {
+		t.Errorf("no %s event", ReasonSelectorsTooCostly)
+	}
+	if e.placedOn("victim", "c") == "" {
+		t.Error("the victim was not placed")
 	}
 }
 

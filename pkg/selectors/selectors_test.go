@@ -1,0 +1,226 @@
+package selectors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/utils/ptr"
+)
+
+const driver = "gpu.fgpu.dev"
+
+func sel(exprs ...string) []resourceapi.DeviceSelector {
+	out := make([]resourceapi.DeviceSelector, 0, len(exprs))
+	for _, x := range exprs {
+		out = append(out, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: x}})
+	}
+	return out
+}
+
+func devices(n int) []Device {
+	out := make([]Device, n)
+	for i := range out {
+		out[i] = Device{Key: fmt.Sprintf("n1/gpu-%d", i), Version: 1,
+			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(i))}}}
+	}
+	return out
+}
+
+func index(i int) string { return fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, i) }
+
+// clock is a settable clock for the namespaces' shares.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func newEvaluator(mod func(*Options)) (*Evaluator, *clock) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	o := DefaultOptions(driver)
+	o.Now = ck.now
+	if mod != nil {
+		mod(&o)
+	}
+	return New(o), ck
+}
+
+func matched(t *testing.T, m Matches, devs []Device) []string {
+	t.Helper()
+	var out []string
+	for _, d := range devs {
+		ok, _, known := m.At(d.Key, d.Version)
+		if !known {
+			t.Fatalf("%s not evaluated", d.Key)
+		}
+		if ok {
+			out = append(out, d.Key)
+		}
+	}
+	return out
+}
+
+// The attack of issue 24: claims of 8 subrequests × 32 distinct selectors, each list ending
+// in a selector no device matches, while the memo is far too small for them. A verdict must
+// never be read for another expression than the one it was evaluated for: no device matches.
+func TestFullMemoNeverLendsAVerdict(t *testing.T) {
+	e, _ := newEvaluator(func(o *Options) { o.MemoEntries = 16; o.NamespaceBurst = time.Hour })
+	devs := devices(4)
+	for c := range 3 {
+		lists := make([][]resourceapi.DeviceSelector, 8)
+		for i := range lists {
+			var xs []string
+			for j := range 31 {
+				xs = append(xs, fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index != %d`, 1000+c*1000+i*32+j))
+			}
+			lists[i] = sel(append(xs, index(99))...)
+		}
+		ms, err := e.Claim(context.Background(), "attacker", fmt.Sprintf("attacker/c%d", c), "uid", lists, devs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, m := range ms {
+			if got := matched(t, m, devs); len(got) > 0 {
+				t.Fatalf("claim %d list %d matched %v: a selector no device matches was not evaluated", c, i, got)
+			}
+		}
+	}
+	// A victim's selector evaluated after all that gets its own verdict.
+	ms, err := e.Claim(context.Background(), "victim", "victim/c", "uid", [][]resourceapi.DeviceSelector{sel(index(2))}, devs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := matched(t, ms[0], devs); len(got) != 1 || got[0] != "n1/gpu-2" {
+		t.Errorf("victim matched %v, want n1/gpu-2", got)
+	}
+	if e.entries > 16+4 {
+		t.Errorf("memo holds %d entries, bound 16 (+ one expression's devices)", e.entries)
+	}
+}
+
+// A device whose attributes changed (a new version) is evaluated again; a device the
+// snapshot did not hold is not known.
+func TestVerdictsFollowDeviceVersions(t *testing.T) {
+	e, _ := newEvaluator(nil)
+	devs := devices(2)
+	lists := [][]resourceapi.DeviceSelector{sel(index(0))}
+	ms, err := e.Claim(context.Background(), "a", "a/c", "u1", lists, devs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := matched(t, ms[0], devs); len(got) != 1 || got[0] != "n1/gpu-0" {
+		t.Fatalf("matched %v", got)
+	}
+	if _, _, known := ms[0].At("n1/gpu-0", 2); known {
+		t.Error("a verdict of version 1 was given for version 2")
+	}
+	if _, _, known := ms[0].At("n1/gpu-9", 1); known {
+		t.Error("a device outside the snapshot is known")
+	}
+	devs[0].Version, devs[0].Attributes = 2, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(5))}}
+	ms, err = e.Claim(context.Background(), "a", "a/c", "u1", lists, devs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := matched(t, ms[0], devs); len(got) != 0 {
+		t.Errorf("after the device's index changed to 5, index == 0 matched %v", got)
+	}
+}
+
+// Errors are shown as kube-scheduler shows them, per selector.
+func TestSelectorErrors(t *testing.T) {
+	e, _ := newEvaluator(nil)
+	devs := devices(1)
+	for _, tc := range []struct{ expr, want string }{
+		{`device.attributes["gpu.fgpu.dev"].missing == 1`, "selector `device.attributes[\"gpu.fgpu.dev\"].missing == 1`: CEL runtime error: no such key: missing"},
+		{`device.nonsense(`, "selector `device.nonsense(`: CEL compile error:"},
+	} {
+		ms, err := e.Claim(context.Background(), "a", "a/c", "u", [][]resourceapi.DeviceSelector{sel(tc.expr)}, devs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok, failed, _ := ms[0].At("n1/gpu-0", 1)
+		if ok || !strings.HasPrefix(failed, tc.want) {
+			t.Errorf("%s: ok %v, failed %q, want %q…", tc.expr, ok, failed, tc.want)
+		}
+	}
+}
+
+// costly is an expression the API server accepts whose evaluation costs about 30,000 CEL
+// cost units on any device.
+var costly = func() string {
+	var xs []string
+	for i := range 100 {
+		xs = append(xs, fmt.Sprint(i))
+	}
+	l := "[" + strings.Join(xs, ",") + "]"
+	return l + ".all(x, " + l + ".all(y, x != -y - 1))"
+}()
+
+// A claim whose selectors cost more than the claim budget is refused, and stays refused
+// without being evaluated again, until it is forgotten; the verdict is the same for any
+// claim with those selectors, whatever the memo holds.
+func TestTooCostlyClaimIsParked(t *testing.T) {
+	e, _ := newEvaluator(func(o *Options) { o.ClaimBudget = 100_000; o.NamespaceBurst = time.Hour })
+	devs := devices(8)
+	lists := [][]resourceapi.DeviceSelector{sel(costly)}
+	_, err := e.Claim(context.Background(), "a", "a/c", "u1", lists, devs)
+	var tc *TooCostlyError
+	if !errors.As(err, &tc) || tc.Devices != 8 || tc.Budget != 100_000 {
+		t.Fatalf("got %v, want too costly on 8 devices", err)
+	}
+	spent := e.spaces["a"].tokens
+	_, err2 := e.Claim(context.Background(), "a", "a/c", "u1", lists, devs)
+	if err2 != err {
+		t.Errorf("again: %v, want the parked refusal", err2)
+	}
+	if e.spaces["a"].tokens != spent {
+		t.Error("the parked claim was evaluated again: its namespace was charged")
+	}
+	// Another claim with the same selectors is as costly, though its verdicts are memoised.
+	if _, err := e.Claim(context.Background(), "b", "b/c", "u2", lists, devs); !errors.As(err, &tc) {
+		t.Errorf("a second claim with the same selectors: %v, want too costly", err)
+	}
+	// A new claim of the same name is evaluated anew; a cheap one passes.
+	if _, err := e.Claim(context.Background(), "a", "a/c", "u3", [][]resourceapi.DeviceSelector{sel(index(1))}, devs); err != nil {
+		t.Errorf("a new claim under the parked one's name: %v", err)
+	}
+}
+
+// A namespace that spent its share of evaluation time waits; another namespace does not,
+// and the first goes on once its share has come back.
+func TestNamespaceShare(t *testing.T) {
+	e, ck := newEvaluator(func(o *Options) { o.NamespaceBurst = time.Microsecond })
+	devs := devices(4)
+	lists := [][]resourceapi.DeviceSelector{sel(costly)}
+	if _, err := e.Claim(context.Background(), "greedy", "greedy/a", "u1", lists, devs); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.Claim(context.Background(), "greedy", "greedy/b", "u2", lists, devs)
+	var th *ThrottledError
+	if !errors.As(err, &th) || th.RetryAfter <= 0 {
+		t.Fatalf("greedy's second claim: %v, want throttled", err)
+	}
+	if _, err := e.Claim(context.Background(), "other", "other/a", "u3", [][]resourceapi.DeviceSelector{sel(index(1))}, devs); err != nil {
+		t.Errorf("another namespace: %v", err)
+	}
+	ck.t = ck.t.Add(th.RetryAfter)
+	if _, err := e.Claim(context.Background(), "greedy", "greedy/b", "u2", lists, devs); err != nil {
+		t.Errorf("after %s: %v", th.RetryAfter, err)
+	}
+}
+
+// Claims without selectors match every device and cost nothing.
+func TestNoSelectors(t *testing.T) {
+	e, _ := newEvaluator(nil)
+	ms, err := e.Claim(context.Background(), "a", "a/c", "u", [][]resourceapi.DeviceSelector{nil, nil}, devices(2))
+	if err != nil || len(ms) != 2 {
+		t.Fatal(ms, err)
+	}
+	if ok, _, known := ms[1].At("anything", 7); !ok || !known {
+		t.Error("no selectors did not match")
+	}
+}

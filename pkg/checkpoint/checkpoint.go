@@ -80,6 +80,9 @@ type ClaimEntry struct {
 type PodRef struct {
 	UID  string `json:"uid"`
 	Name string `json:"name"`
+	// DaemonSet says a DaemonSet controls the pod, as last seen: a drain leaves such a pod on
+	// the node, so it does not keep its MPS daemon from being evicted.
+	DaemonSet bool `json:"daemonSet,omitempty"`
 }
 
 // PreparedDevice is one allocated GPU share of a claim.

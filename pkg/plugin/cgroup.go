@@ -308,9 +308,16 @@ func (d *Driver) podsOf(ctx context.Context, claim *resourceapi.ResourceClaim) (
 		if pod.UID != ref.UID || pod.Spec.NodeName != d.cfg.NodeName {
 			continue
 		}
-		out = append(out, checkpoint.PodRef{UID: string(pod.UID), Name: pod.Name})
+		out = append(out, podRef(pod))
 	}
 	return out, nil
+}
+
+// podRef is how a claim's pod is recorded.
+func podRef(pod *corev1.Pod) checkpoint.PodRef {
+	owner := metav1.GetControllerOf(pod)
+	return checkpoint.PodRef{UID: string(pod.UID), Name: pod.Name,
+		DaemonSet: owner != nil && owner.Kind == "DaemonSet" && strings.HasPrefix(owner.APIVersion, "apps/")}
 }
 
 // podResync is how often every pod of the node is looked at again: a pod whose claim could not
@@ -320,7 +327,7 @@ const podResync = time.Minute
 // watchPods records (and caps) the pods that join a claim already prepared here. The kubelet
 // prepares a claim once, for the first of its pods on the node, and never again for a later
 // pod sharing it, so such pods are found by watching this node's pods. Run where a GPU is
-// cgroup-capped or GPU use is measured.
+// cgroup-capped, GPU use is measured or MPS daemons are guarded against eviction.
 func (d *Driver) watchPods(ctx context.Context) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(d.client, podResync, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", d.cfg.NodeName).String()
@@ -336,7 +343,8 @@ func (d *Driver) watchPods(ctx context.Context) error {
 	return nil
 }
 
-// podSeen caps a pod of this node in each prepared claim that is reserved for it. The claim
+// podSeen caps a pod of this node in each prepared claim that is reserved for it, and records
+// a recorded pod's change of controller (a DaemonSet's pod or not: see guardDaemon). The claim
 // names in the pod are only candidates (a tenant writes spec.resourceClaims): the claim read
 // from the API must be the prepared one and list the pod's UID in status.reservedFor, which
 // the scheduler writes.
@@ -357,7 +365,7 @@ func (d *Driver) podSeen(ctx context.Context, obj any) {
 		}
 	}
 	logger := klog.FromContext(ctx)
-	ref := checkpoint.PodRef{UID: string(pod.UID), Name: pod.Name}
+	ref := podRef(pod)
 	for _, name := range names {
 		uid, pods := d.state.preparedClaim(pod.Namespace, name)
 		if uid == "" || slices.Contains(pods, ref) {

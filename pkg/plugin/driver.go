@@ -89,11 +89,11 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		cancel(err)
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
-	if len(state.dmemRegions) > 0 || d.usage != nil {
+	if len(state.dmemRegions) > 0 || d.usage != nil || state.guardsDaemons() {
 		if err := d.watchPods(ctx); err != nil {
 			helper.Stop()
 			cancel(err)
-			return nil, fmt.Errorf("watch this node's pods for their GPU memory cgroup caps and measured use: %w", err)
+			return nil, fmt.Errorf("watch this node's pods for their GPU memory cgroup caps, measured use and MPS daemons' clients: %w", err)
 		}
 	}
 	go d.watchForeign(ctx)

@@ -10,8 +10,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
 
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/internal/testing/fakekubelet"
@@ -239,4 +244,114 @@ func TestReadoptionTime(t *testing.T) {
 		}
 	}
 	t.Logf("plugin start to ready with 100 prepared claims, %d daemon pods adopted: %v", created, times)
+}
+
+// budgetOf is daemon key's disruption budget, nil if none.
+func budgetOf(t *testing.T, client *k8sfake.Clientset, key string) *policyv1.PodDisruptionBudget {
+	t.Helper()
+	name := (&mps.PodLauncher{NodeName: node}).PodName(key)
+	b, err := client.PolicyV1().PodDisruptionBudgets(pluginNS).Get(context.Background(), name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A drain evicts the MPS daemon's pod as readily as its clients' pods, and a client whose
+// PodDisruptionBudget refuses its eviction would lose its server all the same: the daemon is
+// guarded by a budget of its own while a client that a drain evicts uses it, and not beyond.
+// A DaemonSet's pod does not hold it: a drain leaves such pods on the node and would wait for
+// the daemon forever.
+func TestDaemonIsGuardedWhileAClientADrainEvictsUsesIt(t *testing.T) {
+	e, client, _ := newPodEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	const podWeb, podAgent = "11111111-2222-3333-4444-000000000001", "11111111-2222-3333-4444-000000000002"
+	web := builders.MakeClaim("ns-a", "web").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.PrepareFor(ctx, web, []checkpoint.PodRef{{UID: podWeb, Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	key := s.cp.Claims[string(web.UID)].Devices[0].MPSKey
+	if budgetOf(t, client, key) == nil {
+		t.Fatal("the daemon of a Deployment's pod has no disruption budget")
+	}
+	agent := builders.MakeClaim("ns-a", "agent").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.PrepareFor(ctx, agent, []checkpoint.PodRef{{UID: podAgent, Name: "agent", DaemonSet: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if s.cp.Claims[string(agent.UID)].Devices[0].MPSKey != key {
+		t.Fatal("the two claims of one namespace use two daemons: nothing to test")
+	}
+	if err := s.Unprepare(ctx, string(web.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if len(daemonPodNames(t, client)) != 1 {
+		t.Fatal("the DaemonSet's pod lost its daemon")
+	}
+	if budgetOf(t, client, key) != nil {
+		t.Error("a daemon only a DaemonSet's pod uses keeps its budget: a drain would wait for it forever")
+	}
+
+	// The agent's pod is taken out of its DaemonSet: a drain evicts it now, and the daemon
+	// after it.
+	if _, err := client.ResourceV1().ResourceClaims("ns-a").Create(ctx, withReservedFor(agent, "agent", podAgent), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d := &Driver{state: s, client: client, cfg: e.cfg}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns-a", Name: "agent", UID: podAgent,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "agent", UID: "ds-uid", Controller: ptr.To(true)}}},
+		Spec:   corev1.PodSpec{NodeName: node, ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("agent")}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	d.podSeen(ctx, pod)
+	if budgetOf(t, client, key) != nil {
+		t.Fatal("the DaemonSet's pod, seen again, made its daemon guarded")
+	}
+	pod.OwnerReferences = nil
+	d.podSeen(ctx, pod)
+	if budgetOf(t, client, key) == nil {
+		t.Error("the daemon of a pod no DaemonSet controls any more has no budget")
+	}
+
+	if err := s.Unprepare(ctx, string(agent.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if pods := daemonPodNames(t, client); len(pods) != 0 || budgetOf(t, client, key) != nil {
+		t.Errorf("after the last client: daemon pods %v, budget %v", pods, budgetOf(t, client, key))
+	}
+}
+
+// Daemons started by a plugin without budgets (an upgrade), or whose budget was deleted, get
+// one when the plugin starts.
+func TestRestartGuardsTheDaemonsItAdopts(t *testing.T) {
+	e, client, kubelet := newPodEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns-a", "a").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.PrepareFor(ctx, claim, []checkpoint.PodRef{{UID: "11111111-2222-3333-4444-000000000001", Name: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	key := s.cp.Claims[string(claim.UID)].Devices[0].MPSKey
+	b := budgetOf(t, client, key)
+	if b == nil {
+		t.Fatal("no budget")
+	}
+	if err := client.PolicyV1().PodDisruptionBudgets(pluginNS).Delete(ctx, b.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.state()
+	if budgetOf(t, client, key) == nil || kubelet.Created() != 1 {
+		t.Errorf("after a restart: budget %v, %d daemon pods created; want the adopted daemon guarded", budgetOf(t, client, key), kubelet.Created())
+	}
+}
+
+// withReservedFor is claim as the API holds it once reserved for one pod.
+func withReservedFor(claim *resourceapi.ResourceClaim, pod, uid string) *resourceapi.ResourceClaim {
+	c := claim.DeepCopy()
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod, UID: types.UID(uid)}}
+	return c
 }

@@ -258,12 +258,18 @@ func (s *State) preparedClaim(ns, name string) (uid string, pods []checkpoint.Po
 
 func (s *State) addPods(ctx context.Context, e *checkpoint.ClaimEntry, pods []checkpoint.PodRef) error {
 	var added []checkpoint.PodRef
+	changed := false
 	for _, p := range pods {
-		if !hasPod(e, p.UID) {
+		i := slices.IndexFunc(e.Pods, func(q checkpoint.PodRef) bool { return q.UID == p.UID })
+		switch {
+		case i < 0:
 			added = append(added, p)
+		case e.Pods[i] != p:
+			// Its controller changed; saved with the next change if not now.
+			e.Pods[i], changed = p, true
 		}
 	}
-	if len(added) == 0 {
+	if len(added) == 0 && !changed {
 		return nil
 	}
 	e.Pods = append(e.Pods, added...)
@@ -272,6 +278,7 @@ func (s *State) addPods(ctx context.Context, e *checkpoint.ClaimEntry, pods []ch
 		return err
 	}
 	s.limitPods(ctx, e, added)
+	s.guardDaemons(ctx, e)
 	return nil
 }
 
@@ -324,7 +331,11 @@ func (s *State) apply(ctx context.Context, uid string, e *checkpoint.ClaimEntry,
 func (s *State) ensureDaemon(ctx context.Context, key, gpuUUID string, release bool) (started bool, err error) {
 	limits := s.domainLimits(key)
 	if !release {
-		return s.mps.Ensure(ctx, key, gpuUUID, limits)
+		started, err = s.mps.Ensure(ctx, key, gpuUUID, limits)
+		if err == nil {
+			s.guardDaemon(ctx, key)
+		}
+		return started, err
 	}
 	for {
 		s.mu.Unlock()
@@ -336,6 +347,7 @@ func (s *State) ensureDaemon(ctx context.Context, key, gpuUUID string, release b
 		}
 		now := s.domainLimits(key)
 		if now == limits {
+			s.guardDaemon(ctx, key)
 			return started, nil
 		}
 		limits = now
@@ -540,7 +552,10 @@ func (s *State) rollback(ctx context.Context, uid string, release bool) error {
 			s.unstopped[k] = true
 		}
 	}
-	return errors.Join(listErr, s.stopUnusedDaemons(ctx, own, release))
+	err := s.stopUnusedDaemons(ctx, own, release)
+	// Those it still uses may have lost their last client that a drain evicts.
+	s.guardDaemons(ctx, entry)
+	return errors.Join(listErr, err)
 }
 
 // stopUnusedDaemons stops those of the daemons keys that no claim uses. The caller holds

@@ -130,6 +130,9 @@ func newHealth(ctx context.Context, cfg Config, backend gpu.Backend, devices []g
 		return !slices.ContainsFunc(devices, func(d gpu.Device) bool { return d.UUID == uuid })
 	})
 	for uuid, rec := range h.records {
+		// An earlier version latched XIDs that are one context's.
+		rec.Latched = slices.DeleteFunc(rec.Latched, notTheGPUs)
+		rec.Active = slices.DeleteFunc(rec.Active, notTheGPUs)
 		if len(rec.Active) > 0 {
 			h.active[uuid] = rec.Active
 		}
@@ -172,7 +175,9 @@ func (h *health) refresh(ctx context.Context) []HealthChange {
 		var now2 []gpu.Fault
 		for _, f := range found[d.UUID] {
 			switch {
-			case f.Kind == gpu.FaultXID && gpu.ApplicationXID(f.XID):
+			case notTheGPUs(f):
+				// One context's fault (its recovery action is none): under MPS its server's
+				// FAULT moves that isolation domain (mpshealth.go); the GPU is everyone's.
 			case f.Latched:
 				if !slices.ContainsFunc(rec.Latched, sameFault(f)) {
 					rec.Latched = append(rec.Latched, f)
@@ -445,6 +450,8 @@ func (h *health) save() error {
 	defer dir.Close()
 	return dir.Sync()
 }
+
+func notTheGPUs(f gpu.Fault) bool { return f.Severity() == gpu.SeverityNone }
 
 func sameFault(f gpu.Fault) func(gpu.Fault) bool {
 	return func(o gpu.Fault) bool { return o.Reason() == f.Reason() }

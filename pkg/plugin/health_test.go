@@ -131,6 +131,38 @@ func TestFaultTaintsComeAndGo(t *testing.T) {
 	}
 }
 
+// An XID is the GPU's only where its driver says the GPU needs a recovery action: one that
+// a tenant provokes in its own context (a bad kernel, a killed channel) taints nothing, also
+// outside the few XIDs the catalog names; where the driver asks for a reset, the GPU is
+// fenced whatever the XID.
+func TestOneContextsXIDTaintsNoGPU(t *testing.T) {
+	e := newEnv(t)
+	e.client = namingClient()
+	s := e.state()
+	ctx := context.Background()
+	d := e.driver(s, e.backend())
+	e.inject(0, "xid 69 graphics engine class error of a tenant's kernel")
+	e.inject(0, "xid 31")
+	e.inject(0, "xid 79 action=none")
+	e.inject(1, "xid 13 action=gpu-reset")
+	d.reportHealth(ctx, d.health.refresh(ctx))
+	res := published(d)
+	if got := taints(res, "gpu-0"); len(got) != 0 {
+		t.Errorf("one context's faults taint gpu-0: %v", taintStrings(got))
+	}
+	if got := taintStrings(taints(res, "gpu-1")); !slices.Equal(got, []string{"fgpu.dev/gpu-fault=xid-13:NoExecute"}) {
+		t.Errorf("gpu-1, whose driver asks for a reset: %v", got)
+	}
+	if r := d.health.report(); r.Devices[0].Health != kubeletplugin.HealthStatusHealthy {
+		t.Errorf("the kubelet is told gpu-0 is %s: %s", r.Devices[0].Health, r.Devices[0].Message)
+	}
+	for _, ev := range events(t, e) {
+		if strings.Contains(ev.Message, "gpu-0") {
+			t.Errorf("an event about gpu-0: %s", ev.Message)
+		}
+	}
+}
+
 // stubMonitor stands for NVML: latched events it forgets on a restart, and conditions.
 type stubMonitor struct {
 	gpu.Backend
@@ -228,7 +260,7 @@ func TestFlappingGPUStaysFencedForTheBackoff(t *testing.T) {
 	d := newDriver()
 	var flapping []HealthChange
 	for i := range 3 {
-		e.inject(0, "xid 94")
+		e.inject(0, "xid 92")
 		d.health.refresh(ctx)
 		clock = clock.Add(10 * time.Second)
 		e.recoverGPU(0)

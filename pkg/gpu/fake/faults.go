@@ -17,8 +17,11 @@ var _ gpu.HealthMonitor = (*Backend)(nil)
 
 // FaultFile is where a fake GPU's faults are written, one a line: "xid <number>" or the
 // name of another kind ("ecc-dbe", "lost", "row-remap-failure", "thermal", "power"),
-// optionally followed by a detail. The GPU is in those conditions while the lines stand,
-// and healthy again once they are removed (or the file is): e.g.
+// optionally followed by a detail. An XID may name the recovery action its driver gives with
+// it ("xid 13 action=gpu-reset"), as NVML's recovery action field does; without one the fake
+// GPU is a driver that gives none, and the XID catalog decides. The GPU is in those
+// conditions while the lines stand, and healthy again once they are removed (or the file
+// is): e.g.
 //
 //	echo "xid 79" >> /var/run/fgpu/fake-dev/nvidia0.faults
 //	rm /var/run/fgpu/fake-dev/nvidia0.faults
@@ -44,11 +47,27 @@ func ParseFault(line string) (gpu.Fault, error) {
 			return gpu.Fault{}, fmt.Errorf("fault %q: %q is not an XID number", line, rest[0])
 		}
 		f.XID, rest = n, rest[1:]
+		if len(rest) > 0 {
+			if a, ok := strings.CutPrefix(rest[0], "action="); ok {
+				f.Action, rest = gpu.RecoveryAction(a), rest[1:]
+				if !slices.Contains(gpu.RecoveryActions, f.Action) {
+					return gpu.Fault{}, fmt.Errorf("fault %q: unknown recovery action %q (known: %s)", line, a, actionNames())
+				}
+			}
+		}
 	case !slices.Contains(gpu.FaultKinds, f.Kind):
-		return gpu.Fault{}, fmt.Errorf("fault %q: unknown kind %q (known: xid <n>, ecc-dbe, lost, row-remap-failure, thermal, power)", line, fields[0])
+		return gpu.Fault{}, fmt.Errorf("fault %q: unknown kind %q (known: xid <n> [action=<recovery action>], ecc-dbe, lost, row-remap-failure, thermal, power)", line, fields[0])
 	}
 	f.Detail = strings.Join(rest, " ")
 	return f, nil
+}
+
+func actionNames() string {
+	var names []string
+	for _, a := range gpu.RecoveryActions {
+		names = append(names, string(a))
+	}
+	return strings.Join(names, ", ")
 }
 
 // Faults implements gpu.HealthMonitor: the lines of each GPU's FaultFile. A GPU whose file

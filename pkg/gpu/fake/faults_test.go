@@ -59,6 +59,14 @@ func TestParseFaultRefusesWhatItDoesNotKnow(t *testing.T) {
 	if err := InjectFault(t.TempDir(), 0, "meltdown"); err == nil {
 		t.Error("an unknown fault was injected")
 	}
+	for _, l := range []string{"xid 13 action=explode", "xid 13 action="} {
+		if _, err := ParseFault(l); err == nil {
+			t.Errorf("%q accepted", l)
+		}
+	}
+	if f, err := ParseFault("xid 13 action=gpu-reset client A"); err != nil || f.Action != gpu.RecoveryGPUReset || f.Detail != "client A" || f.Severity() != gpu.SeverityFatal {
+		t.Errorf("an XID with its driver's recovery action: %+v, %v", f, err)
+	}
 	f, err := ParseFault("xid 31")
 	if err != nil || !gpu.ApplicationXID(f.XID) || f.Reason() != "xid-31" {
 		t.Errorf("xid 31: %+v %v", f, err)

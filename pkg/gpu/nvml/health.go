@@ -3,6 +3,7 @@
 package nvml
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -15,7 +16,8 @@ import (
 
 // healthEvents are the NVML events that latch a fault: critical XIDs and uncorrectable
 // ECC errors. They say something happened, not that it still holds, so the fault stands
-// until an admin clears it (ClearFaults, after a GPU reset).
+// until an admin clears it (ClearFaults, after a GPU reset). An XID latches only where the
+// GPU needs a recovery action: the driver's, read when it comes, else the XID catalog's.
 const healthEvents = gonvml.EventTypeXidCriticalError | gonvml.EventTypeDoubleBitEccError
 
 var _ gpu.HealthMonitor = (*Backend)(nil)
@@ -174,10 +176,11 @@ func (b *Backend) latch(data gonvml.EventData) {
 	f := gpu.Fault{Since: time.Now(), Latched: true}
 	switch {
 	case data.EventType&gonvml.EventTypeXidCriticalError != 0:
-		if gpu.ApplicationXID(data.EventData) {
-			return
-		}
 		f.Kind, f.XID = gpu.FaultXID, data.EventData
+		f.Action, f.Detail = recoveryAction(data.Device)
+		if f.Severity() == gpu.SeverityNone {
+			return // one context's fault, not the GPU's
+		}
 	case data.EventType&gonvml.EventTypeDoubleBitEccError != 0:
 		f.Kind, f.Detail = gpu.FaultECC, "double-bit ECC error"
 	default:
@@ -188,6 +191,39 @@ func (b *Backend) latch(data gonvml.EventData) {
 	if !slices.ContainsFunc(b.latched[uuid], func(o gpu.Fault) bool { return o.Reason() == f.Reason() }) {
 		b.latched[uuid] = append(b.latched[uuid], f)
 	}
+}
+
+// recoveryAction is what the driver says the GPU needs now, after an XID; empty where the
+// driver does not say (before the field existed), and the XID catalog decides. An action
+// this version does not know is taken for a reset, and named in detail.
+func recoveryAction(dev gonvml.Device) (action gpu.RecoveryAction, detail string) {
+	values := []gonvml.FieldValue{{FieldId: gonvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
+	if ret := dev.GetFieldValues(values); ret != gonvml.SUCCESS || gonvml.Return(values[0].NvmlReturn) != gonvml.SUCCESS {
+		return "", ""
+	}
+	var v uint64
+	switch gonvml.ValueType(values[0].ValueType) {
+	case gonvml.VALUE_TYPE_UNSIGNED_INT:
+		v = uint64(binary.NativeEndian.Uint32(values[0].Value[:4]))
+	case gonvml.VALUE_TYPE_UNSIGNED_LONG, gonvml.VALUE_TYPE_UNSIGNED_LONG_LONG:
+		v = binary.NativeEndian.Uint64(values[0].Value[:])
+	default:
+		return "", ""
+	}
+	switch gonvml.DeviceGpuRecoveryAction(v) {
+	case gonvml.GPU_RECOVERY_ACTION_NONE, gonvml.GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN:
+		// IMEX is the multi-node NVLink fabric: the GPU's own work goes on.
+		return gpu.RecoveryNone, ""
+	case gonvml.GPU_RECOVERY_ACTION_GPU_RESET, gonvml.GPU_RECOVERY_ACTION_BUS_RESET:
+		return gpu.RecoveryGPUReset, ""
+	case gonvml.GPU_RECOVERY_ACTION_NODE_REBOOT, gonvml.GPU_RECOVERY_ACTION_SYSTEM_REBOOT:
+		return gpu.RecoveryNodeReboot, ""
+	case gonvml.GPU_RECOVERY_ACTION_DRAIN_P2P:
+		return gpu.RecoveryDrainP2P, ""
+	case gonvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET:
+		return gpu.RecoveryDrainAndReset, ""
+	}
+	return gpu.RecoveryGPUReset, fmt.Sprintf("unknown NVML recovery action %d", v)
 }
 
 // ClearFaults implements gpu.HealthMonitor.

@@ -3,6 +3,9 @@
 package nvml
 
 import (
+	"encoding/binary"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -55,6 +58,8 @@ func TestFaultsFromEventsAndConditions(t *testing.T) {
 			defer mu.Unlock()
 			return 0, 1, false, idx == 3 && remapFailed, gonvml.SUCCESS
 		}
+		// A driver without the recovery action field: the XID catalog decides.
+		d.GetFieldValuesFunc = func([]gonvml.FieldValue) gonvml.Return { return gonvml.ERROR_NOT_SUPPORTED }
 	}
 	b := newBackend(t, s)
 	devs, err := b.Devices()
@@ -164,5 +169,92 @@ func TestFaultsNameTheGPUThatCannotBeRead(t *testing.T) {
 	}
 	if len(got) != 1 || len(got[devs[2].UUID]) != 1 {
 		t.Errorf("faults %v, want GPU 2's row-remap-failure only", got)
+	}
+}
+
+// Where the driver gives the GPU's recovery action with an XID, that action decides: an XID
+// outside the catalog's short list that the driver says needs nothing taints nothing, a
+// reset or a reboot is fatal, a drain degrades; an XID the catalog knows follows the driver
+// too, either way. A field the driver does not fill falls back to the catalog.
+func TestXIDsAreClassifiedByTheDriversRecoveryAction(t *testing.T) {
+	s := newMock(t)
+	events := make(chan gonvml.EventData, 16)
+	s.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) {
+		return &mock.EventSet{WaitFunc: func(uint32) (gonvml.EventData, gonvml.Return) {
+			select {
+			case e := <-events:
+				return e, gonvml.SUCCESS
+			case <-time.After(10 * time.Millisecond):
+				return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
+			}
+		}}, gonvml.SUCCESS
+	}
+	type field struct {
+		ret    gonvml.Return // of the field
+		action gonvml.DeviceGpuRecoveryAction
+	}
+	// By GPU: what its driver says now.
+	fields := []field{
+		{gonvml.SUCCESS, gonvml.GPU_RECOVERY_ACTION_NONE},
+		{gonvml.SUCCESS, gonvml.GPU_RECOVERY_ACTION_GPU_RESET},
+		{gonvml.SUCCESS, gonvml.GPU_RECOVERY_ACTION_NODE_REBOOT},
+		{gonvml.SUCCESS, gonvml.GPU_RECOVERY_ACTION_DRAIN_P2P},
+		{gonvml.SUCCESS, gonvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET},
+		{gonvml.SUCCESS, gonvml.DeviceGpuRecoveryAction(99)},
+		{gonvml.ERROR_NOT_SUPPORTED, 0},
+		{gonvml.SUCCESS, gonvml.GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN},
+	}
+	for i := range s.Devices {
+		d := mockDevice(t, s, i)
+		d.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return gonvml.EventTypeAll, gonvml.SUCCESS }
+		d.RegisterEventsFunc = func(uint64, gonvml.EventSet) gonvml.Return { return gonvml.SUCCESS }
+		d.GetCurrentClocksEventReasonsFunc = func() (uint64, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
+		d.GetRemappedRowsFunc = func() (int, int, bool, bool, gonvml.Return) { return 0, 0, false, false, gonvml.ERROR_NOT_SUPPORTED }
+		d.GetFieldValuesFunc = func(values []gonvml.FieldValue) gonvml.Return {
+			if len(values) != 1 || values[0].FieldId != gonvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
+				t.Errorf("GPU %d asked for fields %+v", i, values)
+				return gonvml.ERROR_INVALID_ARGUMENT
+			}
+			values[0].NvmlReturn = uint32(fields[i].ret)
+			values[0].ValueType = uint32(gonvml.VALUE_TYPE_UNSIGNED_INT)
+			binary.NativeEndian.PutUint32(values[0].Value[:4], uint32(fields[i].action))
+			return gonvml.SUCCESS
+		}
+	}
+	b := newBackend(t, s)
+	devs, err := b.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Faults() // starts the watch
+	xids := []uint64{79, 13, 69, 92, 92, 92, 69, 48}
+	for i, xid := range xids {
+		events <- gonvml.EventData{Device: s.Devices[i], EventType: gonvml.EventTypeXidCriticalError, EventData: xid}
+	}
+	// GPU 6 (the catalog's verdict on XID 69: none) and 7 (IMEX only) latch nothing; the
+	// last GPU with something to latch is 5.
+	var got map[string][]gpu.Fault
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if got, _ = b.Faults(); len(got[devs[5].UUID]) > 0 {
+			break
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // the events after GPU 5's
+	got, _ = b.Faults()
+	want := []gpu.Severity{gpu.SeverityNone, gpu.SeverityFatal, gpu.SeverityFatal, gpu.SeverityDegraded, gpu.SeverityDegraded, gpu.SeverityFatal, gpu.SeverityNone, gpu.SeverityNone}
+	for i, d := range devs {
+		fs := got[d.UUID]
+		if want[i] == gpu.SeverityNone {
+			if len(fs) != 0 {
+				t.Errorf("GPU %d (XID %d, %+v): latched %v, want nothing", i, xids[i], fields[i], fs)
+			}
+			continue
+		}
+		if len(fs) != 1 || fs[0].Severity() != want[i] || !fs[0].Latched || fs[0].Reason() != fmt.Sprintf("xid-%d", xids[i]) {
+			t.Errorf("GPU %d (XID %d, %+v): latched %v, want one %s XID", i, xids[i], fields[i], fs, want[i])
+		}
+	}
+	if fs := got[devs[5].UUID]; len(fs) == 1 && !strings.Contains(fs[0].String(), "unknown NVML recovery action 99") {
+		t.Errorf("an action this version does not know is not named: %s", fs[0])
 	}
 }

@@ -228,10 +228,10 @@ func TestExclusiveClass(t *testing.T) {
 
 func TestLatencyCritical(t *testing.T) {
 	pols := []*api.SharingPolicy{
-		builders.MakePolicy("crit").Latency(api.LatencyCritical).MaxCo(1).Isolation(api.IsolationNone).Pods("tier", "critical").Priority(10).Obj(),
+		builders.MakePolicy("crit").Latency(api.LatencyCritical).MaxCo(1).Isolation(api.IsolationNone).Namespaces("kubernetes.io/metadata.name", "a").Pods("tier", "critical").Priority(10).Obj(),
 		builders.MakePolicy("rest").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj(),
 	}
-	e := newEnv(t, pols, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"),
+	e := newEnv(t, pols, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"), namespaceObj("a"),
 		builders.MakeClaim("a", "be1").Memory("10Gi").Obj(), builders.MakePod("a", "be1").Claim("be1").Obj())
 	e.run()
 	// The critical claim takes the least-loaded GPU: the empty one.

@@ -73,9 +73,9 @@ func TestClaimQueueCriticalFirst(t *testing.T) {
 // critical claim gets it, though a standard one waited longer.
 func TestDisplacedClaimsPlacedCriticalFirst(t *testing.T) {
 	pols := []*api.SharingPolicy{
-		builders.MakePolicy("crit").Latency(api.LatencyCritical).Pods("tier", "critical").Priority(10).Obj(),
+		builders.MakePolicy("crit").Latency(api.LatencyCritical).Namespaces("kubernetes.io/metadata.name", "a").Pods("tier", "critical").Priority(10).Obj(),
 	}
-	e := newEnv(t, pols, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+	e := newEnv(t, pols, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"), namespaceObj("a"),
 		builders.MakeClaim("a", "old").Memory("60Gi").Obj(), builders.MakePod("a", "old").Claim("old").Obj())
 	e.run()
 	if e.placedOn("a", "old") != "n1/gpu-0" {

@@ -39,7 +39,11 @@ func (c *Controller) syncPolicy(ctx context.Context, name string) error {
 	if want.Status == metav1.ConditionFalse {
 		// A reference, not the object: the event recorder's scheme does not know fgpu's types.
 		ref := &corev1.ObjectReference{APIVersion: api.SchemeGroupVersion.String(), Kind: api.SharingPolicyKind, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion}
-		c.recorder.Event(ref, corev1.EventTypeWarning, ReasonInvalidPolicy, fmt.Sprintf("SharingPolicy %s is invalid: %s", p.Name, want.Message))
+		what := "is invalid"
+		if want.Reason == api.ReasonUnboundPrivileges {
+			what = "applies to no pod"
+		}
+		c.recorder.Event(ref, corev1.EventTypeWarning, ReasonInvalidPolicy, fmt.Sprintf("SharingPolicy %s %s: %s", p.Name, what, want.Message))
 	}
 	p = p.DeepCopy()
 	meta.SetStatusCondition(&p.Status.Conditions, want)

@@ -308,9 +308,9 @@ func TestComputeQuotaRefusesUncappedShares(t *testing.T) {
 func TestPodLabelsCannotLiftNamespaceQuota(t *testing.T) {
 	e := newEnv(t, []*api.SharingPolicy{
 		builders.MakePolicy("quota").Isolation(api.IsolationNone).QuotaMemory("40Gi").Obj(),
-		builders.MakePolicy("escape").Priority(100).Isolation(api.IsolationNone).Pods("fgpu.dev/escape", "yes").Obj(),
+		builders.MakePolicy("escape").Priority(100).Isolation(api.IsolationNone).Namespaces("kubernetes.io/metadata.name", "a").Pods("fgpu.dev/escape", "yes").Obj(),
 	},
-		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"),
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"), namespaceObj("a"),
 		builders.MakeClaim("a", "big").Memory("60Gi").Obj(), builders.MakePod("a", "big").Claim("big").Label("fgpu.dev/escape", "yes").Obj(),
 		builders.MakeClaim("a", "first").Memory("30Gi").Created(1).Obj(), builders.MakePod("a", "first").Claim("first").Label("fgpu.dev/escape", "yes").Obj(),
 		builders.MakeClaim("a", "second").Memory("30Gi").Created(2).Obj(), builders.MakePod("a", "second").Claim("second").Label("fgpu.dev/escape", "yes").Obj())

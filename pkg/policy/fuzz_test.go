@@ -10,7 +10,8 @@ import (
 
 // FuzzSharingPolicy decodes a SharingPolicy as the allocator's client does and resolves it
 // for a claim: an invalid policy never applies, a valid one keeps its verdict across a
-// re-encode, and a valid policy without selectors applies to every claim with its quota.
+// re-encode, a policy that pod labels alone select grants no privilege, and a valid policy
+// without selectors applies to every claim with its quota.
 func FuzzSharingPolicy(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte, nsKey, nsValue, podKey, podValue string) {
 		var p api.SharingPolicy
@@ -38,6 +39,9 @@ func FuzzSharingPolicy(f *testing.F) {
 				t.Fatalf("an invalid policy (%v) applies", verr)
 			}
 			return
+		}
+		if priv := p.Spec.UnboundPrivileges(); len(priv) > 0 && got.Name == p.Name {
+			t.Fatalf("a policy that pod labels alone select grants %v", priv)
 		}
 		if p.Spec.NamespaceSelector != nil || p.Spec.PodSelector != nil {
 			return

@@ -124,8 +124,11 @@ func FromSpec(name string, s *api.SharingPolicySpec) Effective {
 // has podLabels (nil when the claim has no pod yet: only policies without a podSelector
 // match). The highest priority wins; equal priorities go to the alphabetically first name.
 // A policy that does not validate (a bad selector, a negative quota) selects nothing: the
-// allocator says so in an event when it reads one (pkg/controller, onPolicy). The quota is
-// the namespace's (NamespaceQuota), whichever policy applies.
+// allocator says so in an event when it reads one (pkg/controller, onPolicy). Nor does one
+// that grants privileges to pods its podSelector alone selects (UnboundPrivileges): pod
+// labels, which tenants write, choose only among what an administrator bound to the
+// namespace, or what takes nothing from other namespaces. The quota is the namespace's
+// (NamespaceQuota), whichever policy applies.
 func Resolve(policies []*api.SharingPolicy, nsLabels, podLabels map[string]string) Effective {
 	e := resolve(policies, nsLabels, podLabels)
 	e.Quota = NamespaceQuota(policies, nsLabels)
@@ -141,7 +144,7 @@ func resolve(policies []*api.SharingPolicy, nsLabels, podLabels map[string]strin
 		return sorted[i].Name < sorted[j].Name
 	})
 	for _, p := range sorted {
-		if p.DeletionTimestamp != nil || p.Spec.Validate() != nil {
+		if p.DeletionTimestamp != nil || p.Spec.Validate() != nil || len(p.Spec.UnboundPrivileges()) > 0 {
 			continue
 		}
 		if !matches(p.Spec.NamespaceSelector, nsLabels, true) {

@@ -25,7 +25,7 @@ func TestResolve(t *testing.T) {
 	ps := []*api.SharingPolicy{
 		pol("default", -1000, nil, nil, api.IsolationNamespace),
 		pol("team", 0, map[string]string{"team": "ml"}, nil, api.IsolationNone),
-		pol("critical", 10, nil, map[string]string{"tier": "critical"}, api.IsolationExclusive),
+		pol("critical", 10, map[string]string{"team": "ml"}, map[string]string{"tier": "critical"}, api.IsolationExclusive),
 		pol("b-tie", 0, map[string]string{"team": "ml"}, nil, api.IsolationExclusive),
 	}
 	for _, tc := range []struct {
@@ -49,6 +49,58 @@ func TestResolve(t *testing.T) {
 	}
 	if e := FromSpec("x", &api.SharingPolicySpec{Isolation: api.IsolationExclusive}); e.MaxTenants != 1 {
 		t.Errorf("exclusive: maxTenants %d", e.MaxTenants)
+	}
+}
+
+// Pod labels, which tenants write, choose a policy that grants privileges only where its
+// namespaceSelector binds it to the pod's namespace (namespace labels are the admin's); a
+// policy that takes nothing from other namespaces may be chosen by labels alone.
+func TestResolvePodLabelsChooseNoPrivileges(t *testing.T) {
+	critical := map[string]string{"fgpu.dev/latency": "critical"}
+	serving := map[string]string{"tier": "serving"}
+	pol := func(name string, prio int32, ns, pod map[string]string, spec api.SharingPolicySpec) *api.SharingPolicy {
+		spec.Priority = prio
+		if ns != nil {
+			spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: ns}
+		}
+		if pod != nil {
+			spec.PodSelector = &metav1.LabelSelector{MatchLabels: pod}
+		}
+		return &api.SharingPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}
+	}
+	privileged := map[string]api.SharingPolicySpec{
+		"critical":       {LatencyClass: api.LatencyCritical, MaxCoTenants: ptr.To[int32](1)},
+		"maxTenants":     {MaxTenantsPerGPU: ptr.To[int32](2)},
+		"exclusive":      {Isolation: api.IsolationExclusive},
+		"none":           {Isolation: api.IsolationNone},
+		"allowSharedGPU": {AllowSharedGPU: true},
+	}
+	base := pol("team", 0, serving, nil, api.SharingPolicySpec{LatencyClass: api.LatencyBestEffort})
+	for name, spec := range privileged {
+		t.Run(name, func(t *testing.T) {
+			if got := Resolve([]*api.SharingPolicy{base, pol("labels-only", 100, nil, critical, spec)}, serving, critical); got.Name != "team" {
+				t.Errorf("a pod labelled into a podSelector-only %s policy got %q, want the namespace's own", name, got.Name)
+			}
+			empty := pol("empty-ns-selector", 100, nil, critical, spec)
+			empty.Spec.NamespaceSelector = &metav1.LabelSelector{}
+			if got := Resolve([]*api.SharingPolicy{base, empty}, serving, critical); got.Name != "team" {
+				t.Errorf("an empty namespaceSelector bound %s to every namespace: got %q", name, got.Name)
+			}
+			bound := pol("bound", 100, serving, critical, spec)
+			if got := Resolve([]*api.SharingPolicy{base, bound}, serving, critical); got.Name != "bound" {
+				t.Errorf("a policy bound to the namespace, chosen by label, got %q", got.Name)
+			}
+			if got := Resolve([]*api.SharingPolicy{bound}, map[string]string{"tier": "batch"}, critical); got.Name != "" {
+				t.Errorf("a pod of another namespace got %q by its label", got.Name)
+			}
+			if got := Resolve([]*api.SharingPolicy{pol("everyone", 100, nil, nil, spec)}, serving, critical); got.Name != "everyone" {
+				t.Errorf("a policy without selectors (the admin's, for every pod) got %q", got.Name)
+			}
+		})
+	}
+	free := pol("best-effort", 100, nil, map[string]string{"batch": "yes"}, api.SharingPolicySpec{LatencyClass: api.LatencyBestEffort, Mode: api.PolicyModeTimeSlicing})
+	if got := Resolve([]*api.SharingPolicy{free}, serving, map[string]string{"batch": "yes"}); got.Name != "best-effort" {
+		t.Errorf("a podSelector-only policy without privileges does not apply by label: got %q", got.Name)
 	}
 }
 

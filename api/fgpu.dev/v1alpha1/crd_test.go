@@ -132,6 +132,52 @@ func TestCRDIdleScaleDownAfter(t *testing.T) {
 	}
 }
 
+// The CRD refuses what UnboundPrivileges finds, and nothing else: a policy that grants a
+// privilege to the pods its podSelector alone selects. An admin learns it at apply time; the
+// allocator ignores such a policy stored before the rule (its Accepted condition says so).
+func TestCRDRefusesUnboundPrivileges(t *testing.T) {
+	s, v := crdValidator(t)
+	pods := &metav1.LabelSelector{MatchLabels: map[string]string{"fgpu.dev/latency": "critical"}}
+	byExpr := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "tier", Operator: metav1.LabelSelectorOpExists}}}
+	team := &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "serving"}}
+	two := int32(2)
+	grants := map[string]SharingPolicySpec{
+		"critical":       {LatencyClass: LatencyCritical},
+		"maxTenants":     {MaxTenantsPerGPU: &two},
+		"exclusive":      {Isolation: IsolationExclusive},
+		"none":           {Isolation: IsolationNone},
+		"allowSharedGPU": {AllowSharedGPU: true},
+		"nothing":        {LatencyClass: LatencyBestEffort, Isolation: IsolationNamespace, Mode: PolicyModeTimeSlicing},
+	}
+	for name, g := range grants {
+		for sel, tc := range map[string]struct{ ns, pod *metav1.LabelSelector }{
+			"pod labels alone":          {nil, pods},
+			"pod expressions alone":     {nil, byExpr},
+			"empty namespace selector":  {&metav1.LabelSelector{}, pods},
+			"bound to namespaces":       {team, pods},
+			"bound by expression":       {byExpr, pods},
+			"no selector":               {nil, nil},
+			"empty pod selector":        {nil, &metav1.LabelSelector{}},
+			"namespaces, no pod labels": {team, nil},
+		} {
+			t.Run(name+"/"+sel, func(t *testing.T) {
+				spec := g
+				spec.NamespaceSelector, spec.PodSelector = tc.ns, tc.pod
+				obj := toUnstructured(t, &SharingPolicy{TypeMeta: metav1.TypeMeta{APIVersion: SchemeGroupVersion.String(), Kind: SharingPolicyKind},
+					ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: spec})
+				errs, _ := v.Validate(context.Background(), field.NewPath(""), s, obj, nil, celconfig.RuntimeCELCostBudget)
+				want := len(spec.UnboundPrivileges()) > 0
+				if got := len(errs) > 0; got != want {
+					t.Errorf("schema refuses: %v (%v); UnboundPrivileges %v", got, errs.ToAggregate(), spec.UnboundPrivileges())
+				}
+				if want && len(errs) > 0 && !strings.Contains(errs.ToAggregate().Error(), "add a namespaceSelector") {
+					t.Errorf("refused without saying what to do: %v", errs.ToAggregate())
+				}
+			})
+		}
+	}
+}
+
 func toUnstructured(t *testing.T, p *SharingPolicy) map[string]any {
 	t.Helper()
 	raw, err := json.Marshal(p)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -116,7 +117,9 @@ type SharingPolicy struct {
 type SharingPolicyStatus struct {
 	// Conditions: Accepted is True (reason Valid) when the allocator enforces the policy,
 	// False (reason InvalidSelector or InvalidSpec, the error in the message) when it
-	// ignores it; claims that its quota may bind then wait until it is fixed.
+	// ignores it; claims that its quota may bind then wait until it is fixed. False with
+	// reason UnboundPrivileges: it grants privileges to pods its podSelector alone selects,
+	// and applies to no pod until a namespaceSelector binds it.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -129,6 +132,9 @@ const (
 	ReasonValid           = "Valid"
 	ReasonInvalidSelector = "InvalidSelector"
 	ReasonInvalidSpec     = "InvalidSpec"
+	// ReasonUnboundPrivileges: the policy grants privileges (Privileges) to pods that its
+	// podSelector alone selects, so it applies to no pod.
+	ReasonUnboundPrivileges = "UnboundPrivileges"
 )
 
 // SelectorError is Validate's error about a label selector.
@@ -154,8 +160,56 @@ func (p *SharingPolicy) Accepted() metav1.Condition {
 		} else {
 			c.Message += "; the policy is ignored until it is fixed"
 		}
+		return c
+	}
+	if priv := p.Spec.UnboundPrivileges(); len(priv) > 0 {
+		c.Status, c.Reason = metav1.ConditionFalse, ReasonUnboundPrivileges
+		c.Message = fmt.Sprintf("it grants %s to the pods its podSelector selects in any namespace, but tenants write their pods' labels: "+
+			"a policy that grants more than the built-in default applies only in the namespaces its namespaceSelector selects, "+
+			"so it applies to no pod; add a namespaceSelector that selects the namespaces it is for", strings.Join(priv, ", "))
+		if p.Spec.Quota != nil {
+			c.Message += " (its quota binds every namespace meanwhile)"
+		}
 	}
 	return c
+}
+
+// Privileges are what the policy grants beyond the built-in default at the expense of other
+// namespaces' claims: a GPU with fewer co-tenants (latencyClass critical, maxTenantsPerGPU,
+// isolation exclusive) or a place on GPUs that other isolation domains use (isolation none,
+// allowSharedGPU). A quota is no privilege: the smallest that selects a namespace binds.
+func (s *SharingPolicySpec) Privileges() []string {
+	var out []string
+	if s.LatencyClass == LatencyCritical {
+		out = append(out, "latencyClass critical")
+	}
+	if s.MaxTenantsPerGPU != nil {
+		out = append(out, "maxTenantsPerGPU")
+	}
+	if s.Isolation == IsolationExclusive || s.Isolation == IsolationNone {
+		out = append(out, "isolation "+string(s.Isolation))
+	}
+	if s.AllowSharedGPU {
+		out = append(out, "allowSharedGPU")
+	}
+	return out
+}
+
+// UnboundPrivileges are the Privileges of a policy that pod labels alone select: a podSelector
+// that selects by labels, and no namespaceSelector (or one that selects by nothing). Tenants
+// write their pods' labels but not their namespace's, so such a policy would let any tenant
+// choose its privileges; the allocator applies it to no pod.
+func (s *SharingPolicySpec) UnboundPrivileges() []string {
+	if selectsNothingBy(s.PodSelector) || !selectsNothingBy(s.NamespaceSelector) {
+		return nil
+	}
+	return s.Privileges()
+}
+
+// selectsNothingBy reports whether a selector names no label: unset or empty, it selects
+// every object.
+func selectsNothingBy(sel *metav1.LabelSelector) bool {
+	return sel == nil || (len(sel.MatchLabels) == 0 && len(sel.MatchExpressions) == 0)
 }
 
 // SharingPolicySpec is the policy.
@@ -163,6 +217,7 @@ func (p *SharingPolicy) Accepted() metav1.Condition {
 // +kubebuilder:validation:XValidation:rule="!has(self.maxCoTenants) || !has(self.latencyClass) || self.latencyClass == 'critical'",message="maxCoTenants applies only to latencyClass critical"
 // +kubebuilder:validation:XValidation:rule="!has(self.allowSharedGPU) || !self.allowSharedGPU || !has(self.isolation) || self.isolation == 'namespace'",message="allowSharedGPU applies only to isolation namespace"
 // +kubebuilder:validation:XValidation:rule="!has(self.isolation) || self.isolation != 'exclusive' || !has(self.maxTenantsPerGPU) || self.maxTenantsPerGPU == 1",message="isolation exclusive means one tenant per GPU: maxTenantsPerGPU must be 1 or unset"
+// +kubebuilder:validation:XValidation:rule="!has(self.podSelector) || ((!has(self.podSelector.matchLabels) || size(self.podSelector.matchLabels) == 0) && (!has(self.podSelector.matchExpressions) || size(self.podSelector.matchExpressions) == 0)) || (has(self.namespaceSelector) && ((has(self.namespaceSelector.matchLabels) && size(self.namespaceSelector.matchLabels) > 0) || (has(self.namespaceSelector.matchExpressions) && size(self.namespaceSelector.matchExpressions) > 0))) || !((has(self.latencyClass) && self.latencyClass == 'critical') || has(self.maxTenantsPerGPU) || (has(self.isolation) && self.isolation != 'namespace') || (has(self.allowSharedGPU) && self.allowSharedGPU))",message="a policy that pods' labels alone select cannot grant latencyClass critical, maxTenantsPerGPU, isolation exclusive or none, or allowSharedGPU: tenants write their pods' labels; add a namespaceSelector that selects the namespaces it is for"
 type SharingPolicySpec struct {
 	// NamespaceSelector selects the namespaces of the claims this policy applies to; unset
 	// selects every namespace.
@@ -171,7 +226,10 @@ type SharingPolicySpec struct {
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
 	// PodSelector selects, by the labels of the claim's pod, the claims this policy applies
 	// to; unset selects every pod. Tenants write their pods' labels: it chooses co-tenancy
-	// rules, not the quota (see Quota).
+	// rules, not the quota (see Quota), and a policy that grants privileges (latencyClass
+	// critical, maxTenantsPerGPU, isolation exclusive or none, allowSharedGPU) needs a
+	// namespaceSelector too, which only an administrator can satisfy (tenants cannot label
+	// their namespace): pod labels choose among what their namespace was granted.
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn'] ? (has(e.values) && size(e.values) > 0) : (e.operator in ['Exists', 'DoesNotExist'] && (!has(e.values) || size(e.values) == 0)))",message="matchExpressions: operators In and NotIn need values, Exists and DoesNotExist take none; there is no other operator"
 	// +optional
 	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`

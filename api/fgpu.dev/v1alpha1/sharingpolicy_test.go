@@ -65,6 +65,27 @@ func TestAcceptedMessageDeterministic(t *testing.T) {
 	}
 }
 
+// A policy stored before the CRD refused it, that grants privileges to pods its podSelector
+// alone selects, is not accepted, and its condition says what grants what and how to fix it.
+func TestAcceptedRefusesUnboundPrivileges(t *testing.T) {
+	p := &SharingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "critical-serving", Generation: 3}}
+	p.Spec.PodSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"fgpu.dev/latency": "critical"}}
+	p.Spec.LatencyClass, p.Spec.AllowSharedGPU = LatencyCritical, true
+	c := p.Accepted()
+	if c.Status != metav1.ConditionFalse || c.Reason != ReasonUnboundPrivileges || c.ObservedGeneration != 3 {
+		t.Fatalf("condition %+v", c)
+	}
+	for _, want := range []string{"latencyClass critical, allowSharedGPU", "applies to no pod", "add a namespaceSelector"} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("message %q does not say %q", c.Message, want)
+		}
+	}
+	p.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "serving"}}
+	if c := p.Accepted(); c.Status != metav1.ConditionTrue {
+		t.Errorf("bound to namespaces: %+v", c)
+	}
+}
+
 // The CRD's rule on quota.memory, evaluated as the API server would: the value is an int or
 // a string (x-kubernetes-int-or-string).
 func TestCRDRefusesNegativeMemoryQuota(t *testing.T) {

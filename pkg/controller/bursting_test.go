@@ -241,14 +241,13 @@ func TestAWorkloadBackAfterTheWindowDoesNotBurst(t *testing.T) {
 // namespaces, and shares guaranteed little must not hold GPU after GPU under a small quota.
 // A share whose cap the quota does not take runs as Initial sizes it.
 func TestQuotaChargesABurstingShareItsCap(t *testing.T) {
-	web, webPod := placedTemplatePod("web", "web-7c9d5-a", "gpu-0")
-	web.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory] = resource.MustParse("10Gi")
+	web, webPod := placedBurster("web", "web-7c9d5-a", "gpu-0", "10Gi", "40Gi")
 	objs := []runtime.Object{web, webPod, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 3, "80Gi")}
 	e := newEnvWith(t, func(c *Config) {
 		c.Sizing = sizing.DefaultOptions()
 		c.Sizing.MinSamples = 90
 		c.SizingShrinkAfter = 24 * time.Hour
-	}, []*api.SharingPolicy{builders.MakePolicy("auto").Sizing(api.SizingAuto).Latency(api.LatencyBestEffort).QuotaMemory("80Gi").Obj()}, objs...)
+	}, []*api.SharingPolicy{builders.MakePolicy("auto").Sizing(api.SizingAuto).Latency(api.LatencyBestEffort).QuotaMemory("110Gi").Obj()}, objs...)
 	reportPeaks(e, web.Name, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 20)
 	next, pod := templatePod("web", "web-7c9d5-b", "")
 	e.create(next, pod)
@@ -257,14 +256,14 @@ func TestQuotaChargesABurstingShareItsCap(t *testing.T) {
 	if capBytes != 40<<30 {
 		t.Fatalf("burst cap %s on %s; want 40Gi (twice the 20Gi peak)", fmtBytes(capBytes), r.Device)
 	}
-	// 10Gi + a 40Gi cap charged: a third pod's 40Gi cap would pass the 80Gi quota, though
-	// its guarantee (about 2Gi) would not. It runs, as Initial sizes it, and is told why it
+	// Two 40Gi caps charged: a third pod's 40Gi cap would pass the 110Gi quota, though the
+	// size Initial gives it (about 24Gi) would not. It runs at that size, and is told why it
 	// does not burst.
 	third, pod3 := templatePod("web", "web-7c9d5-c", "")
 	e.create(third, pod3)
 	e.run()
 	if r, capBytes := burstOf(t, e, third.Name); capBytes != 0 {
-		t.Fatalf("a third pod bursts on %s: 10Gi and two 40Gi caps charged against an 80Gi quota", r.Device)
+		t.Fatalf("a third pod bursts on %s: three 40Gi caps charged against a 110Gi quota", r.Device)
 	}
 	if ev := e.events("does not burst, for now"); len(ev) == 0 || !strings.Contains(ev[0], "quota") {
 		t.Errorf("the third pod is not told the quota keeps it from bursting: %q", e.events(""))

@@ -291,9 +291,13 @@ func (c *Controller) unplaceable(in *input, rq *request, err error, rj *rejects)
 	case rj.onlyQuota():
 		return &waitReason{reason: ReasonOverQuota, message: msg + "; it will be placed when quota frees up", quota: true}
 	case rj.onlyBeyondQuota():
+		example := ""
+		if e := rj.example[reasonBeyondQuota]; e != "" {
+			example = " (" + e + ")"
+		}
 		return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
-			"larger than the GPU quota of namespace %s (%s): %s would take more than the whole quota on %d GPU(s), and no other GPU can take it; it will not be placed unless the quota is raised or smaller GPUs can take it",
-			in.claim.Namespace, quotaText(in.pol.Quota), what, rj.counts[reasonBeyondQuota])}
+			"larger than the GPU quota of namespace %s (%s): %s would take more than the whole quota on %d GPU(s)%s, and no other GPU can take it; it will not be placed unless the quota is raised or smaller GPUs can take it",
+			in.claim.Namespace, quotaText(in.pol.Quota), what, rj.counts[reasonBeyondQuota], example)}
 	}
 	return &waitReason{reason: ReasonWaiting, message: msg}
 }

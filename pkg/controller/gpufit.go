@@ -50,8 +50,8 @@ func (c *Controller) gpuFits(in *input, own usage, rq *request, g *gpu) (string,
 	if g.usedComp+comp > g.compCap {
 		return "not enough free compute", fmt.Sprintf("%s has %d%% free", g.key, g.compCap-g.usedComp)
 	}
-	if why := c.quotaFits(in, own, rq, max(mem, rq.capOn(g, mem)), comp); why != "" {
-		return why, ""
+	if why, ex := c.quotaFits(in, own, rq, g, mem, max(mem, rq.capOn(g, mem)), comp); why != "" {
+		return why, ex
 	}
 	if why, ex := coTenancy(in, rq, g); why != "" {
 		return why, ex

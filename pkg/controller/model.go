@@ -101,6 +101,11 @@ type model struct {
 	nsMem, nsComp map[string]int64
 	// nsReserve is what the namespace's workloads scaled to zero keep of its quota.
 	nsReserve map[string]usage
+	// nsGPUs counts each namespace's tenants per GPU; heldMemo is each namespace's held room
+	// (held.go) at generation gen, which every change to a GPU's tenants or size moves on.
+	nsGPUs   map[string]map[*gpu]int
+	heldMemo map[string]heldRoom
+	gen      int
 
 	dirty   bool // the GPU set changed: rebuild the placement core
 	core    *placement.Cluster
@@ -132,6 +137,7 @@ type model struct {
 func newModel(driver string) *model {
 	return &model{driver: driver, gpus: map[gpuKey]*gpu{}, byPool: map[string]map[string]*gpu{}, claims: map[string]*claimRec{},
 		nsMem: map[string]int64{}, nsComp: map[string]int64{}, nsReserve: map[string]usage{}, dirty: true,
+		nsGPUs: map[string]map[*gpu]int{}, heldMemo: map[string]heldRoom{},
 		learn: placement.NewLearner(placement.DefaultWorkload(), placement.DefaultLearnOptions()), learned: map[types.UID]struct{}{},
 		verdicts: nodeVerdicts{}}
 }
@@ -221,6 +227,7 @@ func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) 
 		}
 		if !g.known || g.memCap != memCap || g.compCap != compCap {
 			m.dirty = true
+			m.gen++
 		}
 		if !g.known || !equality.Semantic.DeepEqual(g.attrs, d.Attributes) || !equality.Semantic.DeepEqual(g.capacity, d.Capacity) {
 			m.versions++
@@ -328,7 +335,12 @@ func (m *model) add(rec *claimRec) {
 		m.coreAssign(g, t.milli, +1)
 		m.nsMem[rec.namespace] += t.charge()
 		m.nsComp[rec.namespace] += t.comp
+		if m.nsGPUs[rec.namespace] == nil {
+			m.nsGPUs[rec.namespace] = map[*gpu]int{}
+		}
+		m.nsGPUs[rec.namespace][g]++
 	}
+	m.gen++
 }
 
 // remove forgets a claim's shares. Caller holds mu.
@@ -346,10 +358,20 @@ func (m *model) remove(key string) *claimRec {
 		m.coreAssign(g, t.milli, -1)
 		m.nsMem[rec.namespace] -= t.charge()
 		m.nsComp[rec.namespace] -= t.comp
+		if gs := m.nsGPUs[rec.namespace]; gs != nil {
+			if gs[g]--; gs[g] <= 0 {
+				delete(gs, g)
+			}
+			if len(gs) == 0 {
+				delete(m.nsGPUs, rec.namespace)
+				delete(m.heldMemo, rec.namespace)
+			}
+		}
 		if !g.known && len(g.tenants) == 0 {
 			m.dropGPU(g.key)
 		}
 	}
+	m.gen++
 	return rec
 }
 
@@ -575,7 +597,8 @@ func sameShares(a, b *claimRec) bool {
 type nsUse struct {
 	claims    int
 	mem, comp int64
-	// charged is the memory the quota counts (tenant.charge).
+	// charged is the memory the quota counts: tenant.charge, and the room the namespace
+	// keeps from others (held.go).
 	charged int64
 }
 
@@ -600,6 +623,10 @@ func (m *model) ByNamespace() map[string]nsUse {
 			u.comp += sh.t.comp
 		}
 		out[rec.namespace] = u
+	}
+	for ns, u := range out {
+		u.charged += m.held(ns).charge().mem
+		out[ns] = u
 	}
 	return out
 }

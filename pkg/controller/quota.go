@@ -18,6 +18,9 @@ const (
 	// reasonBeyondQuota is the rejection of a GPU on which the claim's shares would exceed
 	// the quota even with nothing else of the namespace in use.
 	reasonBeyondQuota = "more than the namespace's whole quota"
+	// reasonOverQuotaHeld is reasonOverQuota once the free room that the namespace's claims
+	// keep from other namespaces counts (held.go).
+	reasonOverQuotaHeld = "over quota with the free room its namespace would keep from other namespaces, which counts on every GPU it keeps to itself but its roomiest"
 )
 
 // kueuePodSetLabel is what Kueue sets on the pods of a workload it admitted.
@@ -210,22 +213,72 @@ func uncappedCompute(p policy.Effective, rq *request) bool {
 }
 
 // quotaFits says whether the request's devices keep the namespace within quota if each
-// takes what GPU g would give it (mem and comp): "" if they do, else reasonOverQuota or
-// reasonBeyondQuota. Counting every device at g's size keeps the claim within quota
-// whichever GPUs the placement core picks for it: each passed with its own size times the
-// count, so the sum of their sizes fits too. Caller holds the model's lock.
-func (c *Controller) quotaFits(in *input, own usage, rq *request, mem, comp int64) string {
+// takes what GPU g would give it (mem, and its burst cap limit, and comp): "" if they do,
+// else reasonOverQuota, reasonOverQuotaHeld or reasonBeyondQuota. Counting every device at
+// g's size keeps the claim within quota whichever GPUs the placement core picks for it: each
+// passed with its own size times the count, so the sum of their sizes fits too. The room a
+// device would keep from other namespaces on g counts too (held.go): exactly for one
+// device; for several, as if each kept g's room, as each GPU picked passed that way. The
+// example says what the held room adds. Caller holds the model's lock.
+func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, limit, comp int64) (string, string) {
 	q, ns := in.pol.Quota, in.claim.Namespace
-	mem, comp = mem*rq.count, comp*rq.count
-	if (q.Memory != nil && overBy(own.mem, mem, q.Memory.Value()) > 0) || (q.Compute != nil && overBy(own.comp, comp, *q.Compute) > 0) {
-		return reasonBeyondQuota
+	if !q.Binds() {
+		return "", ""
 	}
-	r := c.model.nsReserve[ns]
-	if (q.Memory != nil && overBy(addSat(c.model.nsMem[ns], r.mem), mem, q.Memory.Value()) > 0) ||
-		(q.Compute != nil && overBy(addSat(c.model.nsComp[ns], r.comp), comp, *q.Compute) > 0) {
-		return reasonOverQuota
+	t := quotaTenant(in, rq, mem, limit, comp)
+	kept := g.keptBy(ns, t)
+	r := g.room()
+	r = usage{max(r.mem-limit, 0), max(r.comp-comp, 0)}
+	take := usage{limit * rq.count, comp * rq.count}
+	if over(q, own, take) {
+		return reasonBeyondQuota, ""
 	}
-	return ""
+	if kept && rq.count > 1 {
+		// Alone, its devices keep the room of every GPU they get but one.
+		keep := usage{(rq.count - 1) * r.mem, (rq.count - 1) * r.comp}
+		if over(q, own, usage{addSat(take.mem, keep.mem), addSat(take.comp, keep.comp)}) {
+			return reasonBeyondQuota, fmt.Sprintf("on %s its %d devices would keep %s and %d%% free from other namespaces on every GPU but one",
+				g.key, rq.count, fmtBytes(r.mem), r.comp)
+		}
+	}
+	h := c.model.held(ns)
+	held := h.charge()
+	switch _, was := h.rooms[g]; {
+	case rq.count == 1:
+		held = h.chargeWith(g, r, kept)
+	case kept && !was:
+		held.mem, held.comp = addSat(held.mem, rq.count*r.mem), addSat(held.comp, rq.count*r.comp)
+	}
+	res := c.model.nsReserve[ns]
+	used := usage{addSat(c.model.nsMem[ns], res.mem), addSat(c.model.nsComp[ns], res.comp)}
+	if over(q, used, take) {
+		return reasonOverQuota, ""
+	}
+	if over(q, usage{addSat(used.mem, held.mem), addSat(used.comp, held.comp)}, take) {
+		if q.Memory != nil && overBy(addSat(used.mem, held.mem), take.mem, q.Memory.Value()) > 0 {
+			return reasonOverQuotaHeld, fmt.Sprintf("%s: namespace %s would hold %s and keep %s more free from others, over its %s quota",
+				g.key, ns, fmtBytes(addSat(used.mem, take.mem)), fmtBytes(held.mem), q.Memory.String())
+		}
+		return reasonOverQuotaHeld, fmt.Sprintf("%s: namespace %s would hold %d%% compute and keep %d%% more free from others, over its %d%% quota",
+			g.key, ns, addSat(used.comp, take.comp), held.comp, *q.Compute)
+	}
+	return "", ""
+}
+
+// over reports whether need on top of used goes past the quota, in memory or compute.
+func over(q policy.Quota, used, need usage) bool {
+	return (q.Memory != nil && overBy(used.mem, need.mem, q.Memory.Value()) > 0) || (q.Compute != nil && overBy(used.comp, need.comp, *q.Compute) > 0)
+}
+
+// quotaTenant is what a device of the request would be on a GPU, for keptBy: the co-tenancy
+// rules its policy gives it.
+func quotaTenant(in *input, rq *request, mem, limit, comp int64) *tenant {
+	t := &tenant{namespace: in.claim.Namespace, mem: mem, comp: comp, whole: rq.whole, domain: rq.domain, mode: rq.mode,
+		latency: in.pol.Latency, maxCo: in.pol.MaxCoTenants, maxTenants: in.pol.MaxTenants, allowShare: in.pol.AllowSharedGPU}
+	if limit > mem {
+		t.burstCap = limit
+	}
+	return t
 }
 
 // quotaText is a namespace's quota in words, with the policies it comes from:

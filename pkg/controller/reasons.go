@@ -86,7 +86,8 @@ func (r *rejects) add(cat, example string) {
 // onlyQuota reports whether every GPU turned down was turned down for quota, and some of
 // them only for what the namespace uses now.
 func (r *rejects) onlyQuota() bool {
-	return r.counts[reasonOverQuota] > 0 && r.counts[reasonOverQuota]+r.counts[reasonBeyondQuota] == r.total()
+	now := r.counts[reasonOverQuota] + r.counts[reasonOverQuotaHeld]
+	return now > 0 && now+r.counts[reasonBeyondQuota] == r.total()
 }
 
 // onlyBeyondQuota reports whether every GPU turned down would have put the claim over the

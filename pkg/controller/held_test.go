@@ -1,0 +1,159 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+)
+
+const gi = int64(1) << 30
+
+// The held room's arithmetic: every GPU kept but the roomiest is charged, per resource; a
+// GPU's room changing or its keeping ending moves the charge, ties included.
+func TestHeldRoomCharge(t *testing.T) {
+	g := func(name string) *gpu { return &gpu{key: gpuKey{"n1", name}} }
+	a, b, c, d := g("a"), g("b"), g("c"), g("d")
+	h := heldRoom{rooms: map[*gpu]usage{}}
+	h.add(a, usage{70 * gi, 90})
+	h.add(b, usage{70 * gi, 10})
+	h.add(c, usage{20 * gi, 50})
+	if got, want := h.charge(), (usage{90 * gi, 60}); got != want {
+		t.Fatalf("charge %v, want %v", got, want)
+	}
+	for name, tc := range map[string]struct {
+		g    *gpu
+		r    usage
+		kept bool
+		want usage
+	}{
+		"a tie for the roomiest loses room":  {a, usage{60 * gi, 90}, true, usage{80 * gi, 60}},
+		"the roomiest in compute fills":      {a, usage{70 * gi, 0}, true, usage{90 * gi, 10}},
+		"a GPU no longer kept":               {c, usage{20 * gi, 50}, false, usage{70 * gi, 10}},
+		"a new GPU with less room":           {d, usage{10 * gi, 5}, true, usage{100 * gi, 65}},
+		"a new roomier GPU frees the last":   {d, usage{80 * gi, 100}, true, usage{160 * gi, 150}},
+		"a GPU not kept changes nothing":     {d, usage{80 * gi, 100}, false, usage{90 * gi, 60}},
+		"the only roomiest GPU fills up":     {c, usage{0, 0}, true, usage{70 * gi, 10}},
+		"the GPU with least compute leaves":  {b, usage{}, false, usage{20 * gi, 50}},
+		"unchanged room, unchanged charge":   {b, usage{70 * gi, 10}, true, usage{90 * gi, 60}},
+		"a kept GPU takes the whole of room": {b, usage{0, 0}, true, usage{20 * gi, 50}},
+	} {
+		if got := h.chargeWith(tc.g, tc.r, tc.kept); got != tc.want {
+			t.Errorf("%s: charge %v, want %v", name, got, tc.want)
+		}
+	}
+}
+
+// Who keeps a GPU from other namespaces: an isolated domain, time-slicing, a whole GPU, a
+// burst, and the co-tenant limits once reached; not a share that allows others in.
+func TestKeptBy(t *testing.T) {
+	shared := func(ns string) *tenant {
+		return &tenant{namespace: ns, allowShare: true, mode: api.SharingModeMPS, latency: api.LatencyStandard}
+	}
+	with := func(f func(*tenant)) *tenant { t := shared("a"); f(t); return t }
+	for name, tc := range map[string]struct {
+		tenants []*tenant
+		kept    bool
+	}{
+		"shared MPS":                     {[]*tenant{shared("a")}, false},
+		"isolated":                       {[]*tenant{with(func(t *tenant) { t.allowShare = false })}, true},
+		"time-sliced":                    {[]*tenant{with(func(t *tenant) { t.mode = api.SharingModeTimeSlicing })}, true},
+		"whole":                          {[]*tenant{with(func(t *tenant) { t.whole = true })}, true},
+		"bursting":                       {[]*tenant{with(func(t *tenant) { t.burstCap = gi })}, true},
+		"critical with room":             {[]*tenant{with(func(t *tenant) { t.latency, t.maxCo = api.LatencyCritical, 1 })}, false},
+		"critical at maxCoTenants":       {[]*tenant{with(func(t *tenant) { t.latency, t.maxCo = api.LatencyCritical, 1 }), shared("b")}, true},
+		"maxTenantsPerGPU with room":     {[]*tenant{with(func(t *tenant) { t.maxTenants = 3 }), shared("b")}, false},
+		"maxTenantsPerGPU reached":       {[]*tenant{with(func(t *tenant) { t.maxTenants = 2 }), shared("b")}, true},
+		"another namespace's time-slice": {[]*tenant{shared("a"), func() *tenant { t := shared("b"); t.mode = api.SharingModeTimeSlicing; return t }()}, false},
+	} {
+		g := &gpu{tenants: map[types.UID]*tenant{}}
+		for i, t := range tc.tenants {
+			g.tenants[types.UID(rune('0'+i))] = t
+		}
+		if got := g.keptBy("a", nil); got != tc.kept {
+			t.Errorf("%s: kept by a %v, want %v", name, got, tc.kept)
+		}
+	}
+}
+
+func subDomainClaim(name, domain string, created int) []runtime.Object {
+	return []runtime.Object{builders.MakeClaim("a", name).Memory("256Mi").Config(map[string]any{"isolationDomain": domain}).Created(created).Obj(),
+		builders.MakePod("a", name).Claim(name).Obj()}
+}
+
+// Finding 3 of issue #24: four 256Mi claims in four isolation sub-domains held four whole
+// GPUs under a 2Gi quota. A sub-domain keeps every other domain off its GPU, so a second one
+// pays for the room it keeps: over the quota, it waits, saying why; claims of a domain that
+// already holds a GPU go there at no extra charge; once the first domain leaves, the
+// second is placed.
+func TestSubDomainsPayForTheGPUsTheyHold(t *testing.T) {
+	objs := []runtime.Object{builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi")}
+	objs = append(objs, subDomainClaim("d0", "d0", 0)...)
+	objs = append(objs, subDomainClaim("d1", "d1", 1)...)
+	objs = append(objs, subDomainClaim("d0b", "d0", 2)...)
+	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("q").QuotaMemory("2Gi").Obj()}, objs...)
+	e.run()
+	first := e.placedOn("a", "d0")
+	if first == "" || e.placedOn("a", "d0b") != first {
+		t.Fatalf("the first domain's claims on %q and %q, want one GPU", first, e.placedOn("a", "d0b"))
+	}
+	if got := e.placedOn("a", "d1"); got != "" {
+		t.Fatalf("a second sub-domain took %s for 256Mi of a 2Gi quota", got)
+	}
+	st := e.claim("a", "d1").Annotations[AnnotationStatus]
+	for _, want := range []string{reasonOverQuotaHeld, "n1/gpu-", "more free from others, over its 2Gi quota", "isolation"} {
+		if !strings.Contains(st, want) {
+			t.Errorf("status of d1 %q does not say %q", st, want)
+		}
+	}
+	e.c.model.mu.Lock()
+	charged := e.c.model.held("a").charge()
+	e.c.model.mu.Unlock()
+	if charged != (usage{}) {
+		t.Errorf("one GPU held, charged %v for its room", charged)
+	}
+	if u := e.c.model.ByNamespace()["a"]; u.charged != 512<<20 {
+		t.Errorf("quota used %d, want 512Mi", u.charged)
+	}
+	for _, name := range []string{"d0", "d0b"} {
+		_ = e.client.CoreV1().Pods("a").Delete(e.ctx, name, metav1.DeleteOptions{})
+		_ = e.client.ResourceV1().ResourceClaims("a").Delete(e.ctx, name, metav1.DeleteOptions{})
+	}
+	e.run()
+	if got := e.placedOn("a", "d1"); got == "" {
+		t.Errorf("d1 not placed once the other domain left: %s", e.claim("a", "d1").Annotations[AnnotationStatus])
+	}
+}
+
+// Finding 3 of issue #24: time-sliced claims kept every other namespace's MPS claims off the
+// GPUs they were on, for 1Gi of quota. A time-sliced claim of two GPUs keeps the room of
+// both: beyond a 10Gi quota, it is refused at once, and another namespace's MPS claim gets
+// the GPU the tenant's time-sliced claims leave alone.
+func TestTimeSlicedClaimsPayForTheRoomTheyKeep(t *testing.T) {
+	pols := []*api.SharingPolicy{
+		builders.MakePolicy("shared").Isolation(api.IsolationNone).Obj(),
+		builders.MakePolicy("q").Namespaces("kubernetes.io/metadata.name", "a").QuotaMemory("10Gi").Obj(),
+	}
+	ts := map[string]any{"mode": "timeSlicing"}
+	pair := builders.MakeClaim("a", "pair").Memory("512Mi").Config(ts).Created(1).Obj()
+	pair.Spec.Devices.Requests[0].Exactly.Count = 2
+	e := newEnv(t, pols, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"), namespaceObj("a"), namespaceObj("b"),
+		builders.MakeClaim("a", "ts").Memory("1Gi").Config(ts).Obj(), builders.MakePod("a", "ts").Claim("ts").Obj(),
+		pair, builders.MakePod("a", "pair").Claim("pair").Obj())
+	e.run()
+	sliced := e.placedOn("a", "ts")
+	if sliced == "" {
+		t.Fatalf("ts not placed: %s", e.claim("a", "ts").Annotations[AnnotationStatus])
+	}
+	e.refusedForQuota("a", "pair", "larger than the GPU quota of namespace a", "devices would keep", "free from other namespaces on every GPU but one")
+	e.create(builders.MakeClaim("b", "mps").Memory("10Gi").Created(2).Obj(), builders.MakePod("b", "mps").Claim("mps").Obj())
+	e.run()
+	if got := e.placedOn("b", "mps"); got == "" || got == sliced {
+		t.Errorf("another namespace's MPS claim on %q (the time-sliced GPU is %s): %s", got, sliced, e.claim("b", "mps").Annotations[AnnotationStatus])
+	}
+}

@@ -80,11 +80,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		nsQuotaMemDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_memory_bytes",
 			"The namespace's GPU memory quota, and the SharingPolicy that sets it.", quotaLabels, nil),
 		nsQuotaMemUsedDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_used_memory_bytes",
-			"GPU memory the namespace holds against its quota: its claims' and what its workloads scaled to zero keep.", quotaLabels, nil),
+			"GPU memory the namespace holds against its quota: its claims', the free room they keep from other namespaces on every GPU but one, and what its workloads scaled to zero keep.", quotaLabels, nil),
 		nsQuotaCompDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_compute_percent",
 			"The namespace's GPU compute quota, and the SharingPolicy that sets it.", quotaLabels, nil),
 		nsQuotaCompUsedDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_used_compute_percent",
-			"GPU compute the namespace holds against its quota: its claims' and what its workloads scaled to zero keep.", quotaLabels, nil),
+			"GPU compute the namespace holds against its quota: its claims', the free room they keep from other namespaces on every GPU but one, and what its workloads scaled to zero keep.", quotaLabels, nil),
 	}
 	if reg != nil {
 		reg.MustRegister(m.decision, m.latency, m.placed, m.writes, m.nsPlaced, m.refused, m.evicted, m)
@@ -203,7 +203,8 @@ func (m *Metrics) collectNamespaces(c *Controller, gauge func(*prometheus.Desc, 
 	}
 	for ns := range known {
 		q := policy.NamespaceQuota(policies, nsLabels[ns])
-		// What the quota check counts: the claims and the reserves of workloads scaled to zero.
+		// What the quota check counts: the claims, the room they keep from other namespaces,
+		// and the reserves of workloads scaled to zero.
 		u, r := use[ns], reserve[ns]
 		if q.Memory != nil {
 			gauge(m.nsQuotaMemDesc, float64(q.Memory.Value()), ns, q.MemoryFrom)
@@ -211,7 +212,7 @@ func (m *Metrics) collectNamespaces(c *Controller, gauge func(*prometheus.Desc, 
 		}
 		if q.Compute != nil {
 			gauge(m.nsQuotaCompDesc, float64(*q.Compute), ns, q.ComputeFrom)
-			gauge(m.nsQuotaCompUsedDesc, float64(addSat(u.comp, r.comp)), ns, q.ComputeFrom)
+			gauge(m.nsQuotaCompUsedDesc, float64(addSat(u.chargedComp, r.comp)), ns, q.ComputeFrom)
 		}
 	}
 }

@@ -106,7 +106,7 @@ fgpu_allocator_namespace_oldest_pending_claim_age_seconds{namespace="a"} %[2]v
 # TYPE fgpu_allocator_namespace_quota_memory_bytes gauge
 fgpu_allocator_namespace_quota_memory_bytes{namespace="a",policy="q"} 2.147483648e+10
 fgpu_allocator_namespace_quota_memory_bytes{namespace="b",policy="q"} 2.147483648e+10
-# HELP fgpu_allocator_namespace_quota_used_memory_bytes GPU memory the namespace holds against its quota: its claims' and what its workloads scaled to zero keep.
+# HELP fgpu_allocator_namespace_quota_used_memory_bytes GPU memory the namespace holds against its quota: its claims', the free room they keep from other namespaces on every GPU but one, and what its workloads scaled to zero keep.
 # TYPE fgpu_allocator_namespace_quota_used_memory_bytes gauge
 fgpu_allocator_namespace_quota_used_memory_bytes{namespace="a",policy="q"} 2.147483648e+10
 fgpu_allocator_namespace_quota_used_memory_bytes{namespace="b",policy="q"} 5.36870912e+09
@@ -165,10 +165,10 @@ func TestQuotaUsedCountsIdleReserve(t *testing.T) {
 	e.waitWorkload("a", 0)
 	e.run()
 	want := `
-# HELP fgpu_allocator_namespace_quota_used_memory_bytes GPU memory the namespace holds against its quota: its claims' and what its workloads scaled to zero keep.
+# HELP fgpu_allocator_namespace_quota_used_memory_bytes GPU memory the namespace holds against its quota: its claims', the free room they keep from other namespaces on every GPU but one, and what its workloads scaled to zero keep.
 # TYPE fgpu_allocator_namespace_quota_used_memory_bytes gauge
 fgpu_allocator_namespace_quota_used_memory_bytes{namespace="a",policy="q"} 3.758096384e+10
-# HELP fgpu_allocator_namespace_quota_used_compute_percent GPU compute the namespace holds against its quota: its claims' and what its workloads scaled to zero keep.
+# HELP fgpu_allocator_namespace_quota_used_compute_percent GPU compute the namespace holds against its quota: its claims', the free room they keep from other namespaces on every GPU but one, and what its workloads scaled to zero keep.
 # TYPE fgpu_allocator_namespace_quota_used_compute_percent gauge
 fgpu_allocator_namespace_quota_used_compute_percent{namespace="a",policy="q"} 45
 `

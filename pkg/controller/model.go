@@ -597,9 +597,9 @@ func sameShares(a, b *claimRec) bool {
 type nsUse struct {
 	claims    int
 	mem, comp int64
-	// charged is the memory the quota counts: tenant.charge, and the room the namespace
-	// keeps from others (held.go).
-	charged int64
+	// charged and chargedComp are what the quota counts: tenant.charge and compute, and the
+	// room the namespace keeps from others (held.go).
+	charged, chargedComp int64
 }
 
 // Reserves is a copy of what each namespace's workloads scaled to zero keep of its quota.
@@ -625,7 +625,8 @@ func (m *model) ByNamespace() map[string]nsUse {
 		out[rec.namespace] = u
 	}
 	for ns, u := range out {
-		u.charged += m.held(ns).charge().mem
+		h := m.held(ns).charge()
+		u.charged, u.chargedComp = u.charged+h.mem, u.comp+h.comp
 		out[ns] = u
 	}
 	return out

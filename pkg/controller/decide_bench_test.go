@@ -79,9 +79,19 @@ func decider(tb testing.TB, nodes int) func() {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	// The slice handlers run after the informers report synced: wait until the model
+	// holds every GPU, and evaluate the claim's selectors on them, as gather does before
+	// the decision takes the lock.
+	sel := &input{claim: claim, classes: map[string]*resourceapi.DeviceClass{o.Class: class}}
+	for deadline := time.Now().Add(time.Minute); len(c.model.SelectorDevices()) < nodes*o.GPUsPerNode; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			tb.Fatalf("the model holds %d of %d GPUs", len(c.model.SelectorDevices()), nodes*o.GPUsPerNode)
+		}
+	}
+	c.evaluateSelectors(ctx, sel)
 	once := func() {
 		in := &input{claim: claim, consumers: pods, pods: pods, pol: policy.Resolve(nil, nil, nil), avoid: map[string]bool{},
-			classes: map[string]*resourceapi.DeviceClass{o.Class: class}}
+			classes: sel.classes, selectors: sel.selectors}
 		d, w := c.decide(ctx, in)
 		if w != nil {
 			tb.Fatal(w.message)
@@ -90,19 +100,9 @@ func decider(tb testing.TB, nodes int) func() {
 	}
 	c.model.mu.Lock() // as the worker holds it while deciding
 	tb.Cleanup(c.model.mu.Unlock)
-	// The slice handlers run after the informers report synced: wait until the
-	// model holds every node.
-	for deadline := time.Now().Add(time.Minute); ; {
-		once()
-		if len(c.model.coreGPU) == nodes {
-			break
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("the model holds %d of %d nodes", len(c.model.coreGPU), nodes)
-		}
-		c.model.mu.Unlock()
-		time.Sleep(10 * time.Millisecond)
-		c.model.mu.Lock()
+	once()
+	if len(c.model.coreGPU) != nodes {
+		tb.Fatalf("the model holds %d of %d nodes", len(c.model.coreGPU), nodes)
 	}
 	return once
 }

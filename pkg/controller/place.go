@@ -72,6 +72,9 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 		}
 		return 0, nil
 	}
+	if w := in.selectorsWait; w != nil && w.quiet {
+		return w.retryAfter, nil
+	}
 	c.pending.SetClass(key, in.pol.Latency)
 	start := c.now()
 	d, w, retry := c.decideInQueue(ctx, in)
@@ -172,23 +175,29 @@ func (c *Controller) evaluateSelectors(ctx context.Context, in *input) {
 	claim := in.claim
 	var names []string
 	var lists [][]resourceapi.DeviceSelector
+	hasSelectors := false
 	for _, r := range claim.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {
 			var sels []resourceapi.DeviceSelector
 			if cl := in.classes[a.class]; cl != nil {
 				sels = append(sels, cl.Spec.Selectors...)
 			}
-			names, lists = append(names, a.name), append(lists, append(sels, a.selectors...))
+			sels = append(sels, a.selectors...)
+			names, lists, hasSelectors = append(names, a.name), append(lists, sels), hasSelectors || len(sels) > 0
 		}
 	}
-	matches, err := c.selectors.Claim(ctx, claim.Namespace, claimKey(claim), claim.UID, lists, c.model.SelectorDevices())
+	var devs []selectors.Device
+	if hasSelectors {
+		devs = c.model.SelectorDevices()
+	}
+	matches, err := c.selectors.Claim(ctx, claim.Namespace, claimKey(claim), claim.UID, lists, devs)
 	var costly *selectors.TooCostlyError
 	var throttled *selectors.ThrottledError
 	switch {
 	case errors.As(err, &costly):
 		in.selectorsWait = &waitReason{reason: ReasonSelectorsTooCostly, message: err.Error()}
 	case errors.As(err, &throttled):
-		in.selectorsWait = &waitReason{reason: ReasonWaiting, message: err.Error(), retryAfter: throttled.RetryAfter}
+		in.selectorsWait = &waitReason{reason: ReasonWaiting, message: err.Error(), retryAfter: throttled.RetryAfter, quiet: throttled.Busy}
 	case err != nil:
 		in.selectorsWait = &waitReason{reason: ReasonWaiting, message: "device selectors not evaluated: " + err.Error(), retryAfter: time.Second}
 	default:

@@ -61,8 +61,10 @@ type waitReason struct {
 	// beyondQuota: more than the whole quota, so no quota freed lets it in; it must not
 	// hold the namespace's quota queue.
 	beyondQuota bool
-	// retryAfter > 0: look at the claim again after it (no capacity change is awaited).
+	// retryAfter > 0: look at the claim again after it (no capacity change is awaited);
+	// quiet: so soon that there is nothing to tell the user.
 	retryAfter time.Duration
+	quiet      bool
 }
 
 func (w *waitReason) Error() string { return w.message }

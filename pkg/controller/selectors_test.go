@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -52,7 +51,7 @@ func TestSelectorsNeverMatchWhatTheyExclude(t *testing.T) {
 	objs = append(objs, victim, builders.MakePod("victim", "p").Claim("c").Obj())
 	e := newEnvWith(t, func(c *Config) {
 		c.Selectors = selectors.DefaultOptions(c.DriverName)
-		c.Selectors.MemoEntries, c.Selectors.NamespaceBurst = 16, time.Hour
+		c.Selectors.MemoEntries, c.Selectors.NamespaceBurst = 16, 1<<40
 	}, nil, objs...)
 	e.run()
 	for i := range 3 {

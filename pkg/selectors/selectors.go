@@ -6,8 +6,8 @@
 // snapshot of the devices; its verdicts are memoised by expression and device version (no
 // interned ids that another claim's expression could inherit); and what it costs is bounded
 // per claim (a claim whose selectors cost more than Options.ClaimBudget over the cluster's
-// devices is refused for good) and per namespace (a namespace whose evaluations took more
-// than its share of the allocator's time waits; other namespaces do not).
+// devices is refused for good) and per namespace (a namespace whose new evaluations took
+// more than its share waits; other namespaces do not).
 package selectors
 
 import (
@@ -41,10 +41,11 @@ type Options struct {
 	// limit counts them) that one claim's selectors may take over all devices, memoised or
 	// not. Past it the claim is refused until it is deleted.
 	ClaimBudget uint64
-	// NamespaceShare is the share of one CPU that a namespace's evaluations may take on
-	// average; NamespaceBurst is how much evaluation time it may take at once.
-	NamespaceShare float64
-	NamespaceBurst time.Duration
+	// NamespaceRate is the CEL cost per second that a namespace's new evaluations (not
+	// memoised) may take on average; NamespaceBurst is how much they may take at once.
+	// Compiling an expression counts as its length.
+	NamespaceRate  uint64
+	NamespaceBurst uint64
 	// MemoEntries bounds the memo (one entry per expression and device).
 	MemoEntries int
 	// Now is the clock (time.Now where nil).
@@ -52,13 +53,15 @@ type Options struct {
 }
 
 // DefaultOptions: a claim may cost ten times what the API server lets one expression cost on
-// one device (about a second of CPU), and a namespace a tenth of a CPU on average.
+// one device (about a second of CPU), and a namespace's new evaluations as much as one
+// expression at that limit per second (about a tenth of a CPU) on average, and one claim's
+// budget at once.
 func DefaultOptions(driver string) Options {
 	return Options{
 		Driver:         driver,
 		ClaimBudget:    10 * resourceapi.CELSelectorExpressionMaxCost,
-		NamespaceShare: 0.1,
-		NamespaceBurst: time.Second,
+		NamespaceRate:  resourceapi.CELSelectorExpressionMaxCost,
+		NamespaceBurst: 10 * resourceapi.CELSelectorExpressionMaxCost,
 		MemoEntries:    1 << 18,
 	}
 }
@@ -75,14 +78,19 @@ func (e *TooCostlyError) Error() string {
 }
 
 // ThrottledError asks to evaluate a claim's selectors again after RetryAfter: its namespace
-// has spent its share of evaluation time, or another of its claims is being evaluated.
+// has spent its share of evaluation, or (Busy) as many of its claims as may be are being
+// evaluated now.
 type ThrottledError struct {
 	Namespace  string
 	RetryAfter time.Duration
+	Busy       bool
 }
 
 func (e *ThrottledError) Error() string {
-	return fmt.Sprintf("the device selectors of namespace %s's claims took their share of the allocator's time; this claim's are evaluated again in %s",
+	if e.Busy {
+		return fmt.Sprintf("%d claims of namespace %s are having their device selectors evaluated; this one waits for them", maxInFlight, e.Namespace)
+	}
+	return fmt.Sprintf("the device selectors of namespace %s's claims took their share of the allocator's time; this claim's are evaluated in %s",
 		e.Namespace, e.RetryAfter.Round(time.Millisecond))
 }
 
@@ -142,12 +150,17 @@ type parkedClaim struct {
 	err error
 }
 
-// bucket is a namespace's evaluation time: tokens are seconds it may still spend now.
+// bucket is a namespace's share: tokens are the CEL cost it may still spend now; inFlight
+// counts its claims being evaluated.
 type bucket struct {
-	tokens float64
-	at     time.Time
-	busy   bool
+	tokens   float64
+	at       time.Time
+	inFlight int
 }
+
+// maxInFlight bounds a namespace's claims evaluated at once: what they cost is charged
+// after, so this bounds how far past its share a namespace can go.
+const maxInFlight = 4
 
 // New makes an Evaluator.
 func New(opts Options) *Evaluator {
@@ -182,15 +195,14 @@ func (e *Evaluator) Claim(ctx context.Context, ns, key string, uid types.UID, li
 	if err := e.enter(ns, key, uid); err != nil {
 		return nil, err
 	}
-	start := time.Now()
-	var spent uint64
+	var spent cost
 	var err error
 	for i := range exprs {
 		if out[i], err = e.list(ctx, exprs[i], devs, &spent); err != nil {
 			break
 		}
 	}
-	e.leave(ns, time.Since(start))
+	e.leave(ns, spent.fresh)
 	if tc, ok := err.(*TooCostlyError); ok {
 		tc.Devices = len(devs)
 		e.mu.Lock()
@@ -211,7 +223,7 @@ func (e *Evaluator) Forget(key string) {
 }
 
 // enter refuses a parked claim, or starts an evaluation for namespace ns where its share
-// allows: one claim of a namespace at a time, and only while it has time left.
+// allows: while it has some left, and for at most maxInFlight of its claims at once.
 func (e *Evaluator) enter(ns, key string, uid types.UID) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -223,34 +235,39 @@ func (e *Evaluator) enter(ns, key string, uid types.UID) error {
 	}
 	b := e.spaces[ns]
 	now := e.opts.Now()
-	burst := e.opts.NamespaceBurst.Seconds()
+	burst, rate := float64(e.opts.NamespaceBurst), float64(e.opts.NamespaceRate)
 	if b == nil {
 		b = &bucket{tokens: burst, at: now}
 		e.spaces[ns] = b
 	}
-	b.tokens = math.Min(burst, b.tokens+now.Sub(b.at).Seconds()*e.opts.NamespaceShare)
+	b.tokens = math.Min(burst, b.tokens+now.Sub(b.at).Seconds()*rate)
 	b.at = now
 	switch {
-	case b.busy:
-		return &ThrottledError{Namespace: ns, RetryAfter: 100 * time.Millisecond}
+	case b.inFlight >= maxInFlight:
+		return &ThrottledError{Namespace: ns, RetryAfter: 20 * time.Millisecond, Busy: true}
 	case b.tokens <= 0:
-		return &ThrottledError{Namespace: ns, RetryAfter: time.Duration((-b.tokens/e.opts.NamespaceShare + 0.01) * float64(time.Second))}
+		return &ThrottledError{Namespace: ns, RetryAfter: time.Duration((-b.tokens/rate + 0.01) * float64(time.Second))}
 	}
-	b.busy = true
+	b.inFlight++
 	return nil
 }
 
-func (e *Evaluator) leave(ns string, took time.Duration) {
+// leave ends a namespace's evaluation, which cost it fresh.
+func (e *Evaluator) leave(ns string, fresh uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	b := e.spaces[ns]
-	b.busy = false
-	b.tokens -= took.Seconds()
+	b.inFlight--
+	b.tokens -= float64(fresh)
 }
+
+// cost is what a claim's evaluation cost: all, memoised or not, for the claim budget; fresh,
+// what was evaluated or compiled now, for its namespace's share.
+type cost struct{ all, fresh uint64 }
 
 // list evaluates one list of selectors on every device, adding their cost to spent. A
 // device's selectors stop at the first that does not match, as kube-scheduler's do.
-func (e *Evaluator) list(ctx context.Context, exprs []string, devs []Device, spent *uint64) (Matches, error) {
+func (e *Evaluator) list(ctx context.Context, exprs []string, devs []Device, spent *cost) (Matches, error) {
 	m := Matches{byKey: make(map[string]match, len(devs))}
 	if len(exprs) == 0 {
 		m.all = true
@@ -259,10 +276,9 @@ func (e *Evaluator) list(ctx context.Context, exprs []string, devs []Device, spe
 	for _, d := range devs {
 		r := match{version: d.Version, ok: true}
 		for _, x := range exprs {
-			v := e.verdict(ctx, x, d)
-			*spent += v.cost
-			if *spent > e.opts.ClaimBudget {
-				return Matches{}, &TooCostlyError{Spent: *spent, Budget: e.opts.ClaimBudget}
+			v := e.verdict(ctx, x, d, spent)
+			if spent.all += v.cost; spent.all > e.opts.ClaimBudget {
+				return Matches{}, &TooCostlyError{Spent: spent.all, Budget: e.opts.ClaimBudget}
 			}
 			if v.err != "" {
 				r.ok, r.failed = false, fmt.Sprintf("selector `%s`: %s", x, v.err)
@@ -278,14 +294,20 @@ func (e *Evaluator) list(ctx context.Context, exprs []string, devs []Device, spe
 	return m, nil
 }
 
-// verdict is expression x's verdict on device d, from the memo or evaluated now.
-func (e *Evaluator) verdict(ctx context.Context, x string, d Device) verdict {
-	if v, ok := e.lookup(x, d); ok {
+// verdict is expression x's verdict on device d, from the memo or evaluated now; what it
+// evaluates or compiles now is added to spent.fresh.
+func (e *Evaluator) verdict(ctx context.Context, x string, d Device, spent *cost) verdict {
+	v, hit, seen := e.lookup(x, d)
+	if hit {
 		return v
 	}
+	if !seen {
+		spent.fresh += uint64(len(x))
+	}
+	defer func() { spent.fresh += v.cost }()
 	// Without details (an evaluation that did not start) it counts as the most one
 	// expression may cost.
-	v := verdict{version: d.Version, cost: resourceapi.CELSelectorExpressionMaxCost}
+	v = verdict{version: d.Version, cost: resourceapi.CELSelectorExpressionMaxCost}
 	res := e.cel.GetOrCompile(x)
 	if res.Error != nil {
 		v.err, v.cost = fmt.Sprintf("CEL compile error: %v", res.Error), 0
@@ -307,19 +329,17 @@ func (e *Evaluator) verdict(ctx context.Context, x string, d Device) verdict {
 	return v
 }
 
-func (e *Evaluator) lookup(x string, d Device) (verdict, bool) {
+// lookup is the memo's verdict of x on d (hit); seen says whether the memo holds x at all.
+func (e *Evaluator) lookup(x string, d Device) (v verdict, hit, seen bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	el, ok := e.exprs[x]
 	if !ok {
-		return verdict{}, false
+		return verdict{}, false, false
 	}
 	e.lru.MoveToFront(el)
-	v, ok := el.Value.(*exprMemo).byDevice[d.Key]
-	if !ok || v.version != d.Version {
-		return verdict{}, false
-	}
-	return v, true
+	v, ok = el.Value.(*exprMemo).byDevice[d.Key]
+	return v, ok && v.version == d.Version, true
 }
 
 func (e *Evaluator) store(x, device string, v verdict) {

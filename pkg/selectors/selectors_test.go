@@ -67,7 +67,7 @@ func matched(t *testing.T, m Matches, devs []Device) []string {
 // in a selector no device matches, while the memo is far too small for them. A verdict must
 // never be read for another expression than the one it was evaluated for: no device matches.
 func TestFullMemoNeverLendsAVerdict(t *testing.T) {
-	e, _ := newEvaluator(func(o *Options) { o.MemoEntries = 16; o.NamespaceBurst = time.Hour })
+	e, _ := newEvaluator(func(o *Options) { o.MemoEntries = 16; o.NamespaceBurst = 1 << 40 })
 	devs := devices(4)
 	for c := range 3 {
 		lists := make([][]resourceapi.DeviceSelector, 8)
@@ -164,7 +164,7 @@ var costly = func() string {
 // without being evaluated again, until it is forgotten; the verdict is the same for any
 // claim with those selectors, whatever the memo holds.
 func TestTooCostlyClaimIsParked(t *testing.T) {
-	e, _ := newEvaluator(func(o *Options) { o.ClaimBudget = 100_000; o.NamespaceBurst = time.Hour })
+	e, _ := newEvaluator(func(o *Options) { o.ClaimBudget = 100_000; o.NamespaceBurst = 1 << 40 })
 	devs := devices(8)
 	lists := [][]resourceapi.DeviceSelector{sel(costly)}
 	_, err := e.Claim(context.Background(), "a", "a/c", "u1", lists, devs)
@@ -193,7 +193,7 @@ func TestTooCostlyClaimIsParked(t *testing.T) {
 // A namespace that spent its share of evaluation time waits; another namespace does not,
 // and the first goes on once its share has come back.
 func TestNamespaceShare(t *testing.T) {
-	e, ck := newEvaluator(func(o *Options) { o.NamespaceBurst = time.Microsecond })
+	e, ck := newEvaluator(func(o *Options) { o.NamespaceBurst = 1 })
 	devs := devices(4)
 	lists := [][]resourceapi.DeviceSelector{sel(costly)}
 	if _, err := e.Claim(context.Background(), "greedy", "greedy/a", "u1", lists, devs); err != nil {
@@ -222,5 +222,29 @@ func TestNoSelectors(t *testing.T) {
 	}
 	if ok, _, known := ms[1].At("anything", 7); !ok || !known {
 		t.Error("no selectors did not match")
+	}
+}
+
+// A namespace has at most maxInFlight claims evaluated at once; the next one is asked to
+// come back soon, and another namespace is not held up.
+func TestNamespaceInFlight(t *testing.T) {
+	e, _ := newEvaluator(nil)
+	for i := range maxInFlight {
+		if err := e.enter("busy", fmt.Sprintf("busy/c%d", i), "u"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lists := [][]resourceapi.DeviceSelector{sel(index(1))}
+	_, err := e.Claim(context.Background(), "busy", "busy/next", "u", lists, devices(2))
+	var th *ThrottledError
+	if !errors.As(err, &th) || !th.Busy {
+		t.Fatalf("got %v, want busy", err)
+	}
+	if _, err := e.Claim(context.Background(), "other", "other/c", "u", lists, devices(2)); err != nil {
+		t.Errorf("another namespace: %v", err)
+	}
+	e.leave("busy", 0)
+	if _, err := e.Claim(context.Background(), "busy", "busy/next", "u", lists, devices(2)); err != nil {
+		t.Errorf("after one ended: %v", err)
 	}
 }

@@ -102,6 +102,9 @@ func (m *model) held(ns string) heldRoom {
 		return h
 	}
 	h := heldRoom{gen: m.gen, rooms: map[*gpu]usage{}}
+	if len(m.nsGPUs[ns]) == 0 {
+		return h // not memoised: only a namespace with tenants has an entry to drop
+	}
 	for g := range m.nsGPUs[ns] {
 		if g.keptBy(ns, nil) {
 			h.add(g, g.room())

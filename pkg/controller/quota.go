@@ -225,8 +225,11 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 	if !q.Binds() {
 		return "", ""
 	}
-	t := quotaTenant(in, rq, mem, limit, comp)
-	kept := g.keptBy(ns, t)
+	device := result{mem: mem, comp: comp, whole: rq.whole, mode: rq.mode, domain: rq.domain}
+	if limit > mem {
+		device.burstCap = limit
+	}
+	kept := g.keptBy(ns, tenantOf(in, device))
 	r := g.room()
 	r = usage{max(r.mem-limit, 0), max(r.comp-comp, 0)}
 	take := usage{limit * rq.count, comp * rq.count}
@@ -268,17 +271,6 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 // over reports whether need on top of used goes past the quota, in memory or compute.
 func over(q policy.Quota, used, need usage) bool {
 	return (q.Memory != nil && overBy(used.mem, need.mem, q.Memory.Value()) > 0) || (q.Compute != nil && overBy(used.comp, need.comp, *q.Compute) > 0)
-}
-
-// quotaTenant is what a device of the request would be on a GPU, for keptBy: the co-tenancy
-// rules its policy gives it.
-func quotaTenant(in *input, rq *request, mem, limit, comp int64) *tenant {
-	t := &tenant{namespace: in.claim.Namespace, mem: mem, comp: comp, whole: rq.whole, domain: rq.domain, mode: rq.mode,
-		latency: in.pol.Latency, maxCo: in.pol.MaxCoTenants, maxTenants: in.pol.MaxTenants, allowShare: in.pol.AllowSharedGPU}
-	if limit > mem {
-		t.burstCap = limit
-	}
-	return t
 }
 
 // quotaText is a namespace's quota in words, with the policies it comes from:

@@ -39,7 +39,11 @@ func (m *Manager) daemonPID(ctx context.Context, key string) (int, error) {
 		return 0, fmt.Errorf("MPS daemon %s: %w", key, err)
 	}
 	defer conn.Close()
-	raw, err := conn.(*net.UnixConn).SyscallConn()
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return 0, fmt.Errorf("MPS daemon %s: a unix dial gave a %T", key, conn)
+	}
+	raw, err := uc.SyscallConn()
 	if err != nil {
 		return 0, err
 	}

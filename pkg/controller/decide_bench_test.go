@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -55,6 +58,100 @@ func TestDecideMemoryDoesNotGrowWithNodes(t *testing.T) {
 // a 10Gi claim there (undone after it), to be called as the worker calls decide: the model's
 // lock is held from here to the end of the test.
 func decider(tb testing.TB, nodes int) func() {
+	ctx := context.Background()
+	c, claim, pods, class := benchController(tb, nodes)
+	sel := &input{claim: claim, classes: map[string]*resourceapi.DeviceClass{class.Name: class}}
+	c.evaluateSelectors(ctx, sel)
+	once := func() {
+		in := &input{claim: claim, consumers: pods, pods: pods, pol: policy.Resolve(nil, nil, nil), avoid: map[string]bool{},
+			classes: sel.classes, selectors: sel.selectors}
+		d, w := c.decide(ctx, in)
+		if w != nil {
+			tb.Fatal(w.message)
+		}
+		c.model.remove(d.rec.key)
+	}
+	c.model.mu.Lock() // as the worker holds it while deciding
+	tb.Cleanup(c.model.mu.Unlock)
+	once()
+	if len(c.model.coreGPU) != nodes {
+		tb.Fatalf("the model holds %d of %d nodes", len(c.model.coreGPU), nodes)
+	}
+	return once
+}
+
+// BenchmarkDecideBesideSelectorAttack times one claim's way through a worker (its selectors
+// evaluated, then the decision under the model's lock) on 50 nodes × 8 GPUs: alone, and
+// while another namespace's new claims, each with the most selectors a request may have,
+// every one of them costly and new to the memo, go the same way without pause on two more
+// goroutines (waiting only where the allocator tells them to). The attack's claims are
+// refused as too costly or wait for their namespace's share; the other namespace's decision
+// should take about as long as alone (issue 24: within 2×).
+func BenchmarkDecideBesideSelectorAttack(b *testing.B) {
+	for _, attackers := range []int{0, 2} {
+		b.Run(fmt.Sprintf("attackers=%d", attackers), func(b *testing.B) {
+			c, claim, pods, class := benchController(b, 50)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			classes := map[string]*resourceapi.DeviceClass{class.Name: class}
+			decideOnce := func(in *input) {
+				in.consumers, in.pods, in.pol, in.avoid = pods, pods, policy.Resolve(nil, nil, nil), map[string]bool{}
+				c.evaluateSelectors(ctx, in)
+				c.model.mu.Lock()
+				defer c.model.mu.Unlock()
+				if d, w := c.decide(ctx, in); w == nil {
+					c.model.remove(d.rec.key)
+				}
+			}
+			var done sync.WaitGroup
+			for a := range attackers {
+				done.Add(1)
+				go func() {
+					defer done.Done()
+					for i := 0; ctx.Err() == nil; i++ {
+						in := &input{claim: costlyClaim("attacker", fmt.Sprintf("a%d-%d", a, i), a*1_000_000+i*300), classes: classes}
+						decideOnce(in)
+						if w := in.selectorsWait; w != nil && w.retryAfter > 0 {
+							// The worker's queue looks at it again then.
+							select {
+							case <-ctx.Done():
+							case <-time.After(w.retryAfter):
+							}
+						}
+					}
+				}()
+			}
+			b.ResetTimer()
+			for range b.N {
+				in := &input{claim: claim, classes: classes}
+				decideOnce(in)
+				if in.selectorsWait != nil {
+					b.Fatal(in.selectorsWait.message)
+				}
+			}
+			b.StopTimer()
+			cancel()
+			done.Wait()
+		})
+	}
+}
+
+// costlyClaim has 8 subrequests of 32 selectors, each a comprehension the API server accepts
+// that costs about 30,000 CEL units per GPU, distinct from every other claim's (tag).
+func costlyClaim(ns, name string, tag int) *resourceapi.ResourceClaim {
+	c := attackClaim(ns, name, tag)
+	l := "[" + strings.Repeat("1,", 99) + "1]"
+	for i := range c.Spec.Devices.Requests[0].FirstAvailable {
+		for j := range c.Spec.Devices.Requests[0].FirstAvailable[i].Selectors {
+			c.Spec.Devices.Requests[0].FirstAvailable[i].Selectors[j].CEL.Expression = fmt.Sprintf("%s.all(x, %s.all(y, x != -y - %d))", l, l, tag+i*32+j)
+		}
+	}
+	return c
+}
+
+// benchController is a controller over nodes empty nodes × 8 GPUs with one claim and its
+// pod, once its model holds every GPU.
+func benchController(tb testing.TB, nodes int) (*Controller, *resourceapi.ResourceClaim, []*corev1.Pod, *resourceapi.DeviceClass) {
 	ctx, cancel := context.WithCancel(context.Background())
 	tb.Cleanup(cancel)
 	o := loadgen.Defaults()
@@ -80,29 +177,11 @@ func decider(tb testing.TB, nodes int) func() {
 		tb.Fatal(err)
 	}
 	// The slice handlers run after the informers report synced: wait until the model
-	// holds every GPU, and evaluate the claim's selectors on them, as gather does before
-	// the decision takes the lock.
-	sel := &input{claim: claim, classes: map[string]*resourceapi.DeviceClass{o.Class: class}}
+	// holds every GPU.
 	for deadline := time.Now().Add(time.Minute); len(c.model.SelectorDevices()) < nodes*o.GPUsPerNode; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			tb.Fatalf("the model holds %d of %d GPUs", len(c.model.SelectorDevices()), nodes*o.GPUsPerNode)
 		}
 	}
-	c.evaluateSelectors(ctx, sel)
-	once := func() {
-		in := &input{claim: claim, consumers: pods, pods: pods, pol: policy.Resolve(nil, nil, nil), avoid: map[string]bool{},
-			classes: sel.classes, selectors: sel.selectors}
-		d, w := c.decide(ctx, in)
-		if w != nil {
-			tb.Fatal(w.message)
-		}
-		c.model.remove(d.rec.key)
-	}
-	c.model.mu.Lock() // as the worker holds it while deciding
-	tb.Cleanup(c.model.mu.Unlock)
-	once()
-	if len(c.model.coreGPU) != nodes {
-		tb.Fatalf("the model holds %d of %d nodes", len(c.model.coreGPU), nodes)
-	}
-	return once
+	return c, claim, pods, class
 }

@@ -217,7 +217,7 @@ func (c *Controller) smallestGPU(in *input) func(*request) int64 {
 		least := int64(0)
 		for _, gs := range c.model.coreGPU {
 			for _, g := range gs {
-				if ok, _, _ := in.selectors[rq.alt.name].At(g.key.String(), g.version); ok && g.memCap > 0 && (least == 0 || g.memCap < least) {
+				if ok, _, _ := in.selectors[rq.alt.name].At(g.snapIndex, c.model.selectorGen()); ok && g.memCap > 0 && (least == 0 || g.memCap < least) {
 					least = g.memCap
 				}
 			}

@@ -178,9 +178,9 @@ func benchController(tb testing.TB, nodes int) (*Controller, *resourceapi.Resour
 	}
 	// The slice handlers run after the informers report synced: wait until the model
 	// holds every GPU.
-	for deadline := time.Now().Add(time.Minute); len(c.model.SelectorDevices()) < nodes*o.GPUsPerNode; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); len(c.model.SelectorSnapshot().Devices) < nodes*o.GPUsPerNode; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			tb.Fatalf("the model holds %d of %d GPUs", len(c.model.SelectorDevices()), nodes*o.GPUsPerNode)
+			tb.Fatalf("the model holds %d of %d GPUs", len(c.model.SelectorSnapshot().Devices), nodes*o.GPUsPerNode)
 		}
 	}
 	return c, claim, pods, class

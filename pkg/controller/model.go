@@ -38,8 +38,10 @@ type gpu struct {
 	tenants   map[types.UID]*tenant // by share ID
 	coreNode  int
 	coreIndex int
-	// version changes with attrs and capacity: selector verdicts are kept per version.
-	version uint64
+	// version changes with attrs and capacity: selector verdicts are kept per version;
+	// snapIndex is the GPU's index in the model's selector snapshot.
+	version   uint64
+	snapIndex int
 }
 
 // tenant is one share of a GPU: what the co-tenancy rules need to know about it.
@@ -128,10 +130,12 @@ type model struct {
 	verdicts nodeVerdicts
 	fit      fitMemo
 
-	// versions numbers the GPUs' attribute versions; devices is the snapshot of them that
-	// selectors are evaluated on, rebuilt after any GPU's attributes change (nil then).
-	versions uint64
-	devices  []selectors.Device
+	// versions numbers the GPUs' attribute versions; snap is the published GPUs that
+	// selectors are evaluated on, rebuilt (with a new Gen) after any GPU's attributes
+	// change or a GPU comes or goes (snapStale until then).
+	versions  uint64
+	snap      selectors.Snapshot
+	snapStale bool
 }
 
 func newModel(driver string) *model {
@@ -210,7 +214,7 @@ func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) 
 	for name, g := range m.byPool[node] {
 		if _, ok := devs[name]; !ok && g.known {
 			g.known = false
-			m.dirty, m.devices = true, nil
+			m.dirty, m.snapStale = true, true
 			if len(g.tenants) == 0 {
 				m.dropGPU(g.key)
 			}
@@ -231,7 +235,7 @@ func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) 
 		}
 		if !g.known || !equality.Semantic.DeepEqual(g.attrs, d.Attributes) || !equality.Semantic.DeepEqual(g.capacity, d.Capacity) {
 			m.versions++
-			g.version, m.devices = m.versions, nil
+			g.version, m.snapStale = m.versions, true
 		}
 		g.known, g.memCap, g.compCap = true, memCap, compCap
 		g.attrs, g.capacity = d.Attributes, d.Capacity
@@ -245,20 +249,31 @@ func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) 
 	}
 }
 
-// SelectorDevices is the published GPUs as CEL selectors see them. The slice is shared and
-// must not be changed; it is a new one after any GPU's attributes change.
-func (m *model) SelectorDevices() []selectors.Device {
+// SelectorSnapshot is the published GPUs as CEL selectors see them. Its Devices are shared
+// and must not be changed; a GPU's index there is its snapIndex.
+func (m *model) SelectorSnapshot() selectors.Snapshot {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.devices == nil {
-		m.devices = make([]selectors.Device, 0, len(m.gpus))
+	if m.snapStale || m.snap.Gen == 0 {
+		devs := make([]selectors.Device, 0, len(m.gpus))
 		for _, g := range m.gpus {
 			if g.known {
-				m.devices = append(m.devices, selectors.Device{Key: g.key.String(), Version: g.version, Attributes: g.attrs, Capacity: g.capacity})
+				g.snapIndex = len(devs)
+				devs = append(devs, selectors.Device{Key: g.key.String(), Version: g.version, Attributes: g.attrs, Capacity: g.capacity})
 			}
 		}
+		m.snap, m.snapStale = selectors.Snapshot{Gen: m.snap.Gen + 1, Devices: devs}, false
 	}
-	return m.devices
+	return m.snap
+}
+
+// selectorGen is the snapshot a GPU's snapIndex belongs to, or 0 where it is stale: then no
+// claim's selectors are known to match. Caller holds mu.
+func (m *model) selectorGen() uint64 {
+	if m.snapStale {
+		return 0
+	}
+	return m.snap.Gen
 }
 
 // decidedUnseen reports whether the model holds a decision on the claim that the informer has not
@@ -302,7 +317,7 @@ func (m *model) gpuFor(k gpuKey) *gpu {
 
 func (m *model) dropGPU(k gpuKey) {
 	delete(m.gpus, k)
-	m.devices = nil
+	m.snapStale = true
 	if p := m.byPool[k.pool]; p != nil {
 		delete(p, k.device)
 		if len(p) == 0 {

@@ -72,10 +72,13 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 		}
 		return 0, nil
 	}
+	c.pending.SetClass(key, in.pol.Latency)
 	if w := in.selectorsWait; w != nil && w.quiet {
+		// Its namespace's other claims go first; it counts as looked at in this pass, so
+		// that it holds no less critical claim back.
+		c.pending.Decided(key)
 		return w.retryAfter, nil
 	}
-	c.pending.SetClass(key, in.pol.Latency)
 	start := c.now()
 	d, w, retry := c.decideInQueue(ctx, in)
 	if retry > 0 {
@@ -186,11 +189,11 @@ func (c *Controller) evaluateSelectors(ctx context.Context, in *input) {
 			names, lists, hasSelectors = append(names, a.name), append(lists, sels), hasSelectors || len(sels) > 0
 		}
 	}
-	var devs []selectors.Device
+	var snap selectors.Snapshot
 	if hasSelectors {
-		devs = c.model.SelectorDevices()
+		snap = c.model.SelectorSnapshot()
 	}
-	matches, err := c.selectors.Claim(ctx, claim.Namespace, claimKey(claim), claim.UID, lists, devs)
+	matches, err := c.selectors.Claim(ctx, claim.Namespace, claimKey(claim), claim.UID, lists, snap)
 	var costly *selectors.TooCostlyError
 	var throttled *selectors.ThrottledError
 	switch {

@@ -51,7 +51,7 @@ func TestSelectorsNeverMatchWhatTheyExclude(t *testing.T) {
 	objs = append(objs, victim, builders.MakePod("victim", "p").Claim("c").Obj())
 	e := newEnvWith(t, func(c *Config) {
 		c.Selectors = selectors.DefaultOptions(c.DriverName)
-		c.Selectors.MemoEntries, c.Selectors.NamespaceBurst = 16, 1<<40
+		c.Selectors.MemoBytes, c.Selectors.NamespaceBurst = 4<<10, 1<<40
 	}, nil, objs...)
 	e.run()
 	for i := range 3 {

@@ -4,17 +4,20 @@
 // selectors, each costing up to about 0.1 s per device. So the evaluation is kept away from
 // everything that protects other tenants: it runs outside the allocator's model lock, on a
 // snapshot of the devices; its verdicts are memoised by expression and device version (no
-// interned ids that another claim's expression could inherit); and what it costs is bounded
+// interned ids that another claim's expression could inherit), and a claim's are kept until
+// the snapshot changes, so passes over pending claims cost nothing; what it costs is bounded
 // per claim (a claim whose selectors cost more than Options.ClaimBudget over the cluster's
 // devices is refused for good) and per namespace (a namespace whose new evaluations took
-// more than its share waits; other namespaces do not).
+// more than its share waits; other namespaces do not); and what it keeps is bounded in bytes.
 package selectors
 
 import (
 	"container/list"
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,7 +28,7 @@ import (
 )
 
 // Device is what a selector sees of one device. Version changes whenever its attributes or
-// capacity do, so that a verdict is never read for attributes it was not evaluated on.
+// capacity do, so that a memoised verdict is never read for attributes it was not evaluated on.
 type Device struct {
 	Key        string
 	Version    uint64
@@ -33,38 +36,56 @@ type Device struct {
 	Capacity   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity
 }
 
-// Options bound what evaluations may cost.
+// Snapshot is the devices selectors are evaluated on; Gen names it: a new snapshot after any
+// device changed has a new Gen, and Matches are read by a device's index in it.
+type Snapshot struct {
+	Gen     uint64
+	Devices []Device
+}
+
+// Options bound what evaluations may cost and keep.
 type Options struct {
 	// Driver is the domain of attributes named without one.
 	Driver string
 	// ClaimBudget is the CEL cost (in CEL's cost units, as the API server's per-expression
-	// limit counts them) that one claim's selectors may take over all devices, memoised or
-	// not. Past it the claim is refused until it is deleted.
+	// limit counts them, plus evalOverhead per evaluation) that one claim's selectors may
+	// take over all devices, memoised or not. Past it the claim is refused until it is
+	// deleted.
 	ClaimBudget uint64
-	// NamespaceRate is the CEL cost per second that a namespace's new evaluations (not
-	// memoised) may take on average; NamespaceBurst is how much they may take at once.
-	// Compiling an expression counts as its length.
+	// NamespaceRate is the cost per second that a namespace's new work (evaluations and
+	// compilations not memoised, memo look-ups) may take on average; NamespaceBurst is how
+	// much it may take at once.
 	NamespaceRate  uint64
 	NamespaceBurst uint64
-	// MemoEntries bounds the memo (one entry per expression and device).
-	MemoEntries int
+	// MemoBytes bounds the memo: expressions' text and one entry per device evaluated.
+	MemoBytes int
 	// Now is the clock (time.Now where nil).
 	Now func() time.Time
 }
 
 // DefaultOptions: a claim may cost ten times what the API server lets one expression cost on
-// one device (about a second of CPU), and a namespace's new evaluations as much as one
-// expression at that limit per second (about a tenth of a CPU) on average, and one claim's
-// budget at once.
+// one device (about a second of CPU), and a namespace's new work as much as one expression at
+// that limit per second (about a tenth of a CPU) on average, one claim's budget at once.
 func DefaultOptions(driver string) Options {
 	return Options{
 		Driver:         driver,
 		ClaimBudget:    10 * resourceapi.CELSelectorExpressionMaxCost,
 		NamespaceRate:  resourceapi.CELSelectorExpressionMaxCost,
 		NamespaceBurst: 10 * resourceapi.CELSelectorExpressionMaxCost,
-		MemoEntries:    1 << 18,
+		MemoBytes:      64 << 20,
 	}
 }
+
+// What work costs besides CEL's own units, in those units (about 0.1 µs each on the machines
+// the tests run on): building one evaluation's input, and one memo look-up.
+const (
+	evalOverhead = 100
+	lookupCost   = 5
+	// entryBytes is what one memoised verdict takes, with its map's share.
+	entryBytes = 64
+	// maxText bounds the expression and error text a failure shows.
+	maxText = 200
+)
 
 // TooCostlyError refuses a claim whose selectors cost more than the claim budget.
 type TooCostlyError struct {
@@ -79,7 +100,8 @@ func (e *TooCostlyError) Error() string {
 
 // ThrottledError asks to evaluate a claim's selectors again after RetryAfter: its namespace
 // has spent its share of evaluation, or (Busy) as many of its claims as may be are being
-// evaluated now.
+// evaluated now. The message does not change with RetryAfter, so that a status that shows
+// it is not written again at each retry.
 type ThrottledError struct {
 	Namespace  string
 	RetryAfter time.Duration
@@ -90,33 +112,35 @@ func (e *ThrottledError) Error() string {
 	if e.Busy {
 		return fmt.Sprintf("%d claims of namespace %s are having their device selectors evaluated; this one waits for them", maxInFlight, e.Namespace)
 	}
-	return fmt.Sprintf("the device selectors of namespace %s's claims took their share of the allocator's time; this claim's are evaluated in %s",
-		e.Namespace, e.RetryAfter.Round(time.Millisecond))
+	return fmt.Sprintf("the device selectors of namespace %s's claims took their share of the allocator's time; this claim's wait for it to come back", e.Namespace)
 }
 
-// Matches says, per device, whether one list of selectors matched it.
+// Matches says, for each device of one snapshot, whether one list of selectors matched it.
 type Matches struct {
-	all   bool // no selectors: every device matches
-	byKey map[string]match
+	gen  uint64
+	all  bool    // no selectors: every device matches
+	v    []uint8 // by device index: noMatch, match, or failedBase+i for errs[i]
+	errs []string
 }
 
-type match struct {
-	version uint64
-	ok      bool
-	failed  string // the selector that could not be evaluated, and why
-}
+const (
+	noMatch uint8 = iota
+	match
+	failedBase
+)
 
-// At says whether the selectors matched device key at version; known is false where the
-// device was not evaluated at that version (it appeared or changed after the snapshot).
-func (m Matches) At(key string, version uint64) (ok bool, failed string, known bool) {
-	if m.all {
+// At says whether the selectors matched the device at index i of snapshot gen; known is
+// false where they were evaluated on another snapshot.
+func (m Matches) At(i int, gen uint64) (ok bool, failed string, known bool) {
+	switch {
+	case m.all:
 		return true, "", true
-	}
-	r, found := m.byKey[key]
-	if !found || r.version != version {
+	case m.gen != gen || i < 0 || i >= len(m.v):
 		return false, "", false
+	case m.v[i] >= failedBase:
+		return false, m.errs[m.v[i]-failedBase], true
 	}
-	return r.ok, r.failed, true
+	return m.v[i] == match, "", true
 }
 
 // Evaluator evaluates and memoises selectors. It is safe for concurrent use; its lock is
@@ -125,32 +149,35 @@ type Evaluator struct {
 	opts Options
 	cel  *cel.Cache
 
-	mu      sync.Mutex
-	exprs   map[string]*list.Element // of *exprMemo, most recently used first
-	lru     list.List
-	entries int
-	parked  map[string]parkedClaim // claim key → why it is refused
-	spaces  map[string]*bucket     // namespace → its evaluation time
+	mu     sync.Mutex
+	exprs  map[string]*list.Element // of *exprMemo, most recently used first
+	lru    list.List
+	bytes  int
+	claims map[string]claimResult // claim key → its last result
+	spaces map[string]*bucket     // namespace → its share
 }
 
 type exprMemo struct {
 	expr     string
 	byDevice map[string]verdict
+	err      string // the first error it gave, cut to maxText: one per expression
 }
 
 type verdict struct {
 	version uint64
-	ok      bool
 	cost    uint64
-	err     string
+	result  uint8 // noMatch, match, or failedBase (the error is the expression's)
 }
 
-type parkedClaim struct {
-	uid types.UID
-	err error
+// claimResult is a claim's last result: its Matches on snapshot gen, or why it is refused.
+type claimResult struct {
+	uid     types.UID
+	gen     uint64
+	matches []Matches
+	err     error
 }
 
-// bucket is a namespace's share: tokens are the CEL cost it may still spend now; inFlight
+// bucket is a namespace's share: tokens are the cost it may still spend now; inFlight
 // counts its claims being evaluated.
 type bucket struct {
 	tokens   float64
@@ -168,13 +195,14 @@ func New(opts Options) *Evaluator {
 		opts.Now = time.Now
 	}
 	return &Evaluator{opts: opts, cel: cel.NewCache(1024, cel.Features{EnableConsumableCapacity: true}),
-		exprs: map[string]*list.Element{}, parked: map[string]parkedClaim{}, spaces: map[string]*bucket{}}
+		exprs: map[string]*list.Element{}, claims: map[string]claimResult{}, spaces: map[string]*bucket{}}
 }
 
 // Claim evaluates each list of selectors (a list matches a device where all its selectors
-// do) on devs, for the claim key of namespace ns with uid. It returns one Matches per list,
-// a *TooCostlyError, or a *ThrottledError.
-func (e *Evaluator) Claim(ctx context.Context, ns, key string, uid types.UID, lists [][]resourceapi.DeviceSelector, devs []Device) ([]Matches, error) {
+// do) on snap, for the claim key of namespace ns with uid. It returns one Matches per list,
+// a *TooCostlyError, or a *ThrottledError. A claim's result on one snapshot is kept, and
+// given again at no cost, until the snapshot or the claim changes or Forget.
+func (e *Evaluator) Claim(ctx context.Context, ns, key string, uid types.UID, lists [][]resourceapi.DeviceSelector, snap Snapshot) ([]Matches, error) {
 	exprs := make([][]string, len(lists))
 	n := 0
 	for i, sels := range lists {
@@ -185,33 +213,38 @@ func (e *Evaluator) Claim(ctx context.Context, ns, key string, uid types.UID, li
 			}
 		}
 	}
-	out := make([]Matches, len(lists))
 	if n == 0 {
+		out := make([]Matches, len(lists))
 		for i := range out {
 			out[i].all = true
 		}
 		return out, nil
 	}
-	if err := e.enter(ns, key, uid); err != nil {
+	if r, ok := e.kept(key, uid, snap.Gen); ok {
+		return r.matches, r.err
+	}
+	if err := e.enter(ns); err != nil {
 		return nil, err
 	}
 	var spent cost
+	out := make([]Matches, len(lists))
 	var err error
 	for i := range exprs {
-		if out[i], err = e.list(ctx, exprs[i], devs, &spent); err != nil {
+		if out[i], err = e.list(ctx, exprs[i], snap, &spent); err != nil {
 			break
 		}
 	}
 	e.leave(ns, spent.fresh)
-	if tc, ok := err.(*TooCostlyError); ok {
-		tc.Devices = len(devs)
-		e.mu.Lock()
-		e.parked[key] = parkedClaim{uid: uid, err: tc}
-		e.mu.Unlock()
-	}
-	if err != nil {
+	var tc *TooCostlyError
+	switch {
+	case errors.As(err, &tc):
+		tc.Devices = len(snap.Devices)
+		e.keep(key, claimResult{uid: uid, err: tc})
+		return nil, tc
+	case err != nil:
 		return nil, err
 	}
+	e.keep(key, claimResult{uid: uid, gen: snap.Gen, matches: out})
 	return out, nil
 }
 
@@ -219,20 +252,32 @@ func (e *Evaluator) Claim(ctx context.Context, ns, key string, uid types.UID, li
 func (e *Evaluator) Forget(key string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	delete(e.parked, key)
+	delete(e.claims, key)
 }
 
-// enter refuses a parked claim, or starts an evaluation for namespace ns where its share
-// allows: while it has some left, and for at most maxInFlight of its claims at once.
-func (e *Evaluator) enter(ns, key string, uid types.UID) error {
+// kept is the claim's kept result: a refusal whatever the snapshot (its cost only grows with
+// devices), or its matches on snapshot gen.
+func (e *Evaluator) kept(key string, uid types.UID, gen uint64) (claimResult, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if p, ok := e.parked[key]; ok {
-		if p.uid == uid {
-			return p.err
-		}
-		delete(e.parked, key) // a new claim of the same name
+	r, ok := e.claims[key]
+	if !ok || r.uid != uid || (r.err == nil && r.gen != gen) {
+		return claimResult{}, false
 	}
+	return r, true
+}
+
+func (e *Evaluator) keep(key string, r claimResult) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.claims[key] = r
+}
+
+// enter starts an evaluation for namespace ns where its share allows: while it has some
+// left, and for at most maxInFlight of its claims at once.
+func (e *Evaluator) enter(ns string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	b := e.spaces[ns]
 	now := e.opts.Now()
 	burst, rate := float64(e.opts.NamespaceBurst), float64(e.opts.NamespaceRate)
@@ -246,7 +291,8 @@ func (e *Evaluator) enter(ns, key string, uid types.UID) error {
 	case b.inFlight >= maxInFlight:
 		return &ThrottledError{Namespace: ns, RetryAfter: 20 * time.Millisecond, Busy: true}
 	case b.tokens <= 0:
-		return &ThrottledError{Namespace: ns, RetryAfter: time.Duration((-b.tokens/rate + 0.01) * float64(time.Second))}
+		// At least a second: each retry may write the claim's status.
+		return &ThrottledError{Namespace: ns, RetryAfter: max(time.Second, time.Duration(-b.tokens/rate*float64(time.Second)))}
 	}
 	b.inFlight++
 	return nil
@@ -262,103 +308,168 @@ func (e *Evaluator) leave(ns string, fresh uint64) {
 }
 
 // cost is what a claim's evaluation cost: all, memoised or not, for the claim budget; fresh,
-// what was evaluated or compiled now, for its namespace's share.
+// the work done now, for its namespace's share.
 type cost struct{ all, fresh uint64 }
 
-// list evaluates one list of selectors on every device, adding their cost to spent. A
-// device's selectors stop at the first that does not match, as kube-scheduler's do.
-func (e *Evaluator) list(ctx context.Context, exprs []string, devs []Device, spent *cost) (Matches, error) {
-	m := Matches{byKey: make(map[string]match, len(devs))}
-	if len(exprs) == 0 {
-		m.all = true
-		return m, nil
+// list evaluates one list of selectors on every device of snap, adding their cost to spent.
+// A device's selectors stop at the first that does not match, as kube-scheduler's do.
+func (e *Evaluator) list(ctx context.Context, exprs []string, snap Snapshot, spent *cost) (Matches, error) {
+	m := Matches{gen: snap.Gen, v: make([]uint8, len(snap.Devices))}
+	alive := make([]int, len(snap.Devices))
+	for i := range alive {
+		alive[i] = i
+		m.v[i] = match
 	}
-	for _, d := range devs {
-		r := match{version: d.Version, ok: true}
-		for _, x := range exprs {
-			v := e.verdict(ctx, x, d, spent)
-			if spent.all += v.cost; spent.all > e.opts.ClaimBudget {
-				return Matches{}, &TooCostlyError{Spent: spent.all, Budget: e.opts.ClaimBudget}
-			}
-			if v.err != "" {
-				r.ok, r.failed = false, fmt.Sprintf("selector `%s`: %s", x, v.err)
-				break
-			}
-			if !v.ok {
-				r.ok = false
-				break
+	for _, x := range exprs {
+		verdicts, errText, err := e.expression(ctx, x, snap, alive, spent)
+		if err != nil {
+			return Matches{}, err
+		}
+		next := alive[:0]
+		failed := uint8(0) // this expression's failure in m.errs, once one device needs it
+		for k, i := range alive {
+			switch verdicts[k] {
+			case match:
+				next = append(next, i)
+			case noMatch:
+				m.v[i] = noMatch
+			default:
+				if failed == 0 {
+					if len(m.errs) < 256-int(failedBase) {
+						m.errs = append(m.errs, fmt.Sprintf("selector `%s`: %s", cut(x), errText))
+					}
+					failed = failedBase + uint8(len(m.errs)-1)
+				}
+				m.v[i] = failed
 			}
 		}
-		m.byKey[d.Key] = r
+		alive = next
+		if len(alive) == 0 {
+			break
+		}
 	}
 	return m, nil
 }
 
-// verdict is expression x's verdict on device d, from the memo or evaluated now; what it
-// evaluates or compiles now is added to spent.fresh.
-func (e *Evaluator) verdict(ctx context.Context, x string, d Device, spent *cost) verdict {
-	v, hit, seen := e.lookup(x, d)
-	if hit {
-		return v
+// expression is x's verdict on the devices at indexes at of snap, from the memo or evaluated
+// now, and its error text where it failed.
+func (e *Evaluator) expression(ctx context.Context, x string, snap Snapshot, at []int, spent *cost) ([]uint8, string, error) {
+	out := make([]uint8, len(at))
+	missing := make([]int, 0, len(at)) // positions in at
+	e.mu.Lock()
+	var memo *exprMemo
+	if el, ok := e.exprs[x]; ok {
+		e.lru.MoveToFront(el)
+		memo = el.Value.(*exprMemo)
+	} else {
+		spent.fresh += uint64(len(x)) // compiled anew
 	}
-	if !seen {
-		spent.fresh += uint64(len(x))
+	for k, i := range at {
+		d := snap.Devices[i]
+		spent.fresh += lookupCost
+		if memo != nil {
+			if v, ok := memo.byDevice[d.Key]; ok && v.version == d.Version {
+				out[k] = v.result
+				spent.all += v.cost
+				continue
+			}
+		}
+		missing = append(missing, k)
 	}
-	defer func() { spent.fresh += v.cost }()
+	errText := ""
+	if memo != nil {
+		errText = memo.err
+	}
+	e.mu.Unlock()
+	if spent.all > e.opts.ClaimBudget {
+		return nil, "", &TooCostlyError{Spent: spent.all, Budget: e.opts.ClaimBudget}
+	}
+	if len(missing) == 0 {
+		return out, errText, nil
+	}
+	res := e.cel.GetOrCompile(x)
+	fresh := make([]verdict, 0, len(missing))
+	for _, k := range missing {
+		d := snap.Devices[at[k]]
+		v, err := e.evaluate(ctx, res, d)
+		if ctx.Err() != nil {
+			return nil, "", ctx.Err() // cancelled, not a verdict
+		}
+		if err != "" && errText == "" {
+			errText = err
+		}
+		spent.all += v.cost
+		spent.fresh += v.cost
+		out[k] = v.result
+		fresh = append(fresh, v)
+		if spent.all > e.opts.ClaimBudget {
+			e.store(x, snap, at, missing[:len(fresh)], fresh, errText)
+			return nil, "", &TooCostlyError{Spent: spent.all, Budget: e.opts.ClaimBudget}
+		}
+	}
+	e.store(x, snap, at, missing, fresh, errText)
+	return out, errText, nil
+}
+
+// evaluate is compiled expression res's verdict on device d, and its error, cut to maxText.
+func (e *Evaluator) evaluate(ctx context.Context, res cel.CompilationResult, d Device) (verdict, string) {
 	// Without details (an evaluation that did not start) it counts as the most one
 	// expression may cost.
-	v = verdict{version: d.Version, cost: resourceapi.CELSelectorExpressionMaxCost}
-	res := e.cel.GetOrCompile(x)
+	v := verdict{version: d.Version, cost: evalOverhead + resourceapi.CELSelectorExpressionMaxCost}
 	if res.Error != nil {
-		v.err, v.cost = fmt.Sprintf("CEL compile error: %v", res.Error), 0
-	} else {
-		ok, details, err := res.DeviceMatches(ctx, cel.Device{Driver: e.opts.Driver, Attributes: d.Attributes, Capacity: d.Capacity, AllowMultipleAllocations: ptr.To(true)})
-		if c := details.ActualCost(); c != nil {
-			v.cost = *c
-		}
-		switch {
-		case ctx.Err() != nil:
-			return v // cancelled, not a verdict: not memoised
-		case err != nil:
-			v.err = fmt.Sprintf("CEL runtime error: %v", err)
-		default:
-			v.ok = ok
-		}
+		v.cost, v.result = evalOverhead, failedBase
+		return v, cut(fmt.Sprintf("CEL compile error: %v", res.Error))
 	}
-	e.store(x, d.Key, v)
-	return v
+	ok, details, err := res.DeviceMatches(ctx, cel.Device{Driver: e.opts.Driver, Attributes: d.Attributes, Capacity: d.Capacity, AllowMultipleAllocations: ptr.To(true)})
+	if c := details.ActualCost(); c != nil {
+		v.cost = evalOverhead + *c
+	}
+	switch {
+	case err != nil:
+		v.result = failedBase
+		return v, cut(fmt.Sprintf("CEL runtime error: %v", err))
+	case ok:
+		v.result = match
+	}
+	return v, ""
 }
 
-// lookup is the memo's verdict of x on d (hit); seen says whether the memo holds x at all.
-func (e *Evaluator) lookup(x string, d Device) (v verdict, hit, seen bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	el, ok := e.exprs[x]
-	if !ok {
-		return verdict{}, false, false
-	}
-	e.lru.MoveToFront(el)
-	v, ok = el.Value.(*exprMemo).byDevice[d.Key]
-	return v, ok && v.version == d.Version, true
-}
-
-func (e *Evaluator) store(x, device string, v verdict) {
+// store memoises x's fresh verdicts (for the devices at positions missing of at), and its
+// first error, then evicts the least recently used expressions past the memo's bytes.
+func (e *Evaluator) store(x string, snap Snapshot, at, missing []int, fresh []verdict, errText string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	el, ok := e.exprs[x]
 	if !ok {
 		el = e.lru.PushFront(&exprMemo{expr: x, byDevice: map[string]verdict{}})
 		e.exprs[x] = el
+		e.bytes += len(x)
 	}
 	m := el.Value.(*exprMemo)
-	if _, had := m.byDevice[device]; !had {
-		e.entries++
+	if m.err == "" {
+		m.err = errText
 	}
-	m.byDevice[device] = v
-	// Evict the least recently used expressions, never the one just stored.
-	for e.entries > e.opts.MemoEntries && e.lru.Back() != el {
+	for j, v := range fresh {
+		key := snap.Devices[at[missing[j]]].Key
+		if _, had := m.byDevice[key]; !had {
+			e.bytes += entryBytes + len(key)
+		}
+		m.byDevice[key] = v
+	}
+	for e.bytes > e.opts.MemoBytes && e.lru.Back() != el {
 		old := e.lru.Remove(e.lru.Back()).(*exprMemo)
 		delete(e.exprs, old.expr)
-		e.entries -= len(old.byDevice)
+		e.bytes -= len(old.expr)
+		for key := range old.byDevice {
+			e.bytes -= entryBytes + len(key)
+		}
 	}
+}
+
+// cut shortens text a tenant wrote to what a message shows.
+func cut(s string) string {
+	if len(s) <= maxText {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxText], "") + "…"
 }

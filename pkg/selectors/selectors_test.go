@@ -22,13 +22,13 @@ func sel(exprs ...string) []resourceapi.DeviceSelector {
 	return out
 }
 
-func devices(n int) []Device {
+func devices(n int) Snapshot {
 	out := make([]Device, n)
 	for i := range out {
 		out[i] = Device{Key: fmt.Sprintf("n1/gpu-%d", i), Version: 1,
 			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(i))}}}
 	}
-	return out
+	return Snapshot{Gen: 1, Devices: out}
 }
 
 func index(i int) string { return fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, i) }
@@ -48,11 +48,11 @@ func newEvaluator(mod func(*Options)) (*Evaluator, *clock) {
 	return New(o), ck
 }
 
-func matched(t *testing.T, m Matches, devs []Device) []string {
+func matched(t *testing.T, m Matches, snap Snapshot) []string {
 	t.Helper()
 	var out []string
-	for _, d := range devs {
-		ok, _, known := m.At(d.Key, d.Version)
+	for i, d := range snap.Devices {
+		ok, _, known := m.At(i, snap.Gen)
 		if !known {
 			t.Fatalf("%s not evaluated", d.Key)
 		}
@@ -67,7 +67,7 @@ func matched(t *testing.T, m Matches, devs []Device) []string {
 // in a selector no device matches, while the memo is far too small for them. A verdict must
 // never be read for another expression than the one it was evaluated for: no device matches.
 func TestFullMemoNeverLendsAVerdict(t *testing.T) {
-	e, _ := newEvaluator(func(o *Options) { o.MemoEntries = 16; o.NamespaceBurst = 1 << 40 })
+	e, _ := newEvaluator(func(o *Options) { o.MemoBytes = 4 << 10; o.NamespaceBurst = 1 << 40 })
 	devs := devices(4)
 	for c := range 3 {
 		lists := make([][]resourceapi.DeviceSelector, 8)
@@ -96,14 +96,14 @@ func TestFullMemoNeverLendsAVerdict(t *testing.T) {
 	if got := matched(t, ms[0], devs); len(got) != 1 || got[0] != "n1/gpu-2" {
 		t.Errorf("victim matched %v, want n1/gpu-2", got)
 	}
-	if e.entries > 16+4 {
-		t.Errorf("memo holds %d entries, bound 16 (+ one expression's devices)", e.entries)
+	if e.bytes > 4<<10+len(index(2))+4*(entryBytes+len("n1/gpu-0")) {
+		t.Errorf("memo holds %d bytes, bound 4 KiB (+ one expression's)", e.bytes)
 	}
 }
 
-// A device whose attributes changed (a new version) is evaluated again; a device the
-// snapshot did not hold is not known.
-func TestVerdictsFollowDeviceVersions(t *testing.T) {
+// A claim's result is kept for its snapshot and costs its namespace nothing again; on a new
+// snapshot a device whose attributes changed (a new version) is evaluated again.
+func TestVerdictsFollowSnapshotsAndVersions(t *testing.T) {
 	e, _ := newEvaluator(nil)
 	devs := devices(2)
 	lists := [][]resourceapi.DeviceSelector{sel(index(0))}
@@ -114,13 +114,18 @@ func TestVerdictsFollowDeviceVersions(t *testing.T) {
 	if got := matched(t, ms[0], devs); len(got) != 1 || got[0] != "n1/gpu-0" {
 		t.Fatalf("matched %v", got)
 	}
-	if _, _, known := ms[0].At("n1/gpu-0", 2); known {
-		t.Error("a verdict of version 1 was given for version 2")
+	if _, _, known := ms[0].At(0, 2); known {
+		t.Error("a verdict of snapshot 1 was given for snapshot 2")
 	}
-	if _, _, known := ms[0].At("n1/gpu-9", 1); known {
+	if _, _, known := ms[0].At(9, 1); known {
 		t.Error("a device outside the snapshot is known")
 	}
-	devs[0].Version, devs[0].Attributes = 2, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(5))}}
+	tokens := e.spaces["a"].tokens
+	if _, err := e.Claim(context.Background(), "a", "a/c", "u1", lists, devs); err != nil || e.spaces["a"].tokens != tokens {
+		t.Errorf("the same claim on the same snapshot: %v, charged %v", err, tokens-e.spaces["a"].tokens)
+	}
+	devs = Snapshot{Gen: 2, Devices: append([]Device(nil), devs.Devices...)}
+	devs.Devices[0].Version, devs.Devices[0].Attributes = 2, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(5))}}
 	ms, err = e.Claim(context.Background(), "a", "a/c", "u1", lists, devs)
 	if err != nil {
 		t.Fatal(err)
@@ -138,11 +143,11 @@ func TestSelectorErrors(t *testing.T) {
 		{`device.attributes["gpu.fgpu.dev"].missing == 1`, "selector `device.attributes[\"gpu.fgpu.dev\"].missing == 1`: CEL runtime error: no such key: missing"},
 		{`device.nonsense(`, "selector `device.nonsense(`: CEL compile error:"},
 	} {
-		ms, err := e.Claim(context.Background(), "a", "a/c", "u", [][]resourceapi.DeviceSelector{sel(tc.expr)}, devs)
+		ms, err := e.Claim(context.Background(), "a", "a/"+tc.expr, "u", [][]resourceapi.DeviceSelector{sel(tc.expr)}, devs)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ok, failed, _ := ms[0].At("n1/gpu-0", 1)
+		ok, failed, _ := ms[0].At(0, 1)
 		if ok || !strings.HasPrefix(failed, tc.want) {
 			t.Errorf("%s: ok %v, failed %q, want %q…", tc.expr, ok, failed, tc.want)
 		}
@@ -220,7 +225,7 @@ func TestNoSelectors(t *testing.T) {
 	if err != nil || len(ms) != 2 {
 		t.Fatal(ms, err)
 	}
-	if ok, _, known := ms[1].At("anything", 7); !ok || !known {
+	if ok, _, known := ms[1].At(3, 7); !ok || !known {
 		t.Error("no selectors did not match")
 	}
 }
@@ -229,8 +234,8 @@ func TestNoSelectors(t *testing.T) {
 // come back soon, and another namespace is not held up.
 func TestNamespaceInFlight(t *testing.T) {
 	e, _ := newEvaluator(nil)
-	for i := range maxInFlight {
-		if err := e.enter("busy", fmt.Sprintf("busy/c%d", i), "u"); err != nil {
+	for range maxInFlight {
+		if err := e.enter("busy"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -244,7 +249,33 @@ func TestNamespaceInFlight(t *testing.T) {
 		t.Errorf("another namespace: %v", err)
 	}
 	e.leave("busy", 0)
+	e.Forget("busy/next")
 	if _, err := e.Claim(context.Background(), "busy", "busy/next", "u", lists, devices(2)); err != nil {
 		t.Errorf("after one ended: %v", err)
+	}
+}
+
+// A failing selector the API server accepts can be 10 KiB long, on every GPU: what the
+// evaluator keeps and shows of it is its first error, once, cut short; not a copy per GPU.
+func TestLongFailingSelectorsKeepLittle(t *testing.T) {
+	e, _ := newEvaluator(func(o *Options) { o.NamespaceBurst = 1 << 40 })
+	snap := devices(64)
+	long := `device.attributes["fgpu.dev"]["` + strings.Repeat("a", 9000) + `"] == 1`
+	ms, err := e.Claim(context.Background(), "a", "a/c", "u", [][]resourceapi.DeviceSelector{sel(long)}, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, failed, known := ms[0].At(5, snap.Gen)
+	if ok || !known || !strings.Contains(failed, "CEL runtime error") || len(failed) > 3*maxText {
+		t.Errorf("failed %d bytes: %.300q", len(failed), failed)
+	}
+	if len(ms[0].errs) != 1 {
+		t.Errorf("%d error texts for one selector", len(ms[0].errs))
+	}
+	if want := len(long) + 64*(entryBytes+len("n1/gpu-00")); e.bytes > want {
+		t.Errorf("memo holds %d bytes, want at most %d", e.bytes, want)
+	}
+	if m := e.exprs[long].Value.(*exprMemo); len(m.err) > 2*maxText {
+		t.Errorf("memo keeps a %d-byte error", len(m.err))
 	}
 }

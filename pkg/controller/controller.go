@@ -110,6 +110,7 @@ type Controller struct {
 	restores *finalizerRestores
 
 	selectors  *selectors.Evaluator
+	shares     *decisionShare
 	recorder   record.EventRecorder
 	bcast      record.EventBroadcaster
 	requeueAll chan struct{}
@@ -140,7 +141,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	}
 	c := &Controller{cfg: cfg, client: client,
 		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(), refused: newRefusedGPUs(), gone: newGoneClaims(),
-		restores: newFinalizerRestores(), selectors: selectors.New(cfg.Selectors), requeueAll: make(chan struct{}, 1), metrics: m}
+		restores: newFinalizerRestores(), selectors: selectors.New(cfg.Selectors), shares: newDecisionShare(), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
 	}

@@ -44,6 +44,8 @@ type input struct {
 	// selectorsWait is why they could not be (too costly, or the namespace's share spent).
 	selectors     map[string]selectors.Matches
 	selectorsWait *waitReason
+	// checks counts the GPUs the decision looked at: its cost to its namespace's share.
+	checks int
 }
 
 // decision is where a claim goes: the node, and one result per device.
@@ -216,6 +218,7 @@ func (c *Controller) smallestGPU(in *input) func(*request) int64 {
 	return func(rq *request) int64 {
 		least := int64(0)
 		for _, gs := range c.model.coreGPU {
+			in.checks += len(gs)
 			for _, g := range gs {
 				if ok, _, _ := in.selectors[rq.alt.name].At(g.snapIndex, c.model.selectorGen()); ok && g.memCap > 0 && (least == 0 || g.memCap < least) {
 					least = g.memCap
@@ -239,6 +242,7 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 	}
 	own := d.use()
 	return func(ni, gi int) bool {
+		in.checks++
 		if gi < 0 || ni >= len(c.model.coreGPU) || gi >= len(c.model.coreGPU[ni]) {
 			return false
 		}

@@ -79,6 +79,13 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 		c.pending.Decided(key)
 		return w.retryAfter, nil
 	}
+	if wait := c.shares.Wait(claim.Namespace, c.now()); wait > 0 {
+		// Its namespace's decisions took their share of the model's lock: others' go
+		// first. Its status keeps the reason its last decision gave.
+		klog.FromContext(ctx).V(4).Info("Claim waits for its namespace's share of decisions", "after", wait)
+		c.pending.Decided(key)
+		return wait, nil
+	}
 	start := c.now()
 	d, w, retry := c.decideInQueue(ctx, in)
 	if retry > 0 {
@@ -283,6 +290,7 @@ func (c *Controller) decideInQueue(ctx context.Context, in *input) (d *decision,
 	}
 	if w == nil {
 		d, w = c.decide(ctx, in)
+		c.shares.Charge(claim.Namespace, in.checks, c.now())
 	}
 	c.pending.Decided(key)
 	// Placed, or waiting for something else than quota: claims queued behind it go on.

@@ -84,6 +84,10 @@ func (c *Controller) nodeFits(in *input, nodeName string, ni int) error {
 		return nil
 	}
 	requested := c.ledger.Requested(nodeName, in.pods)
+	// The claim's share may need an MPS daemon pod of its own on the node, which requests
+	// nothing but takes a pod slot: keep one free, or a tenant that filled the node's pod
+	// slots would leave the pod waiting in ContainerCreating for a daemon the kubelet refuses.
+	requested.Pods++
 	f := &in.fit
 	if f.checkers == nil {
 		f.checkers = make([]*podfit.Checker, len(in.pods))

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,5 +48,39 @@ func TestDecisionShareHoldsBackANamespaceThatChecksTooMuch(t *testing.T) {
 	e.run()
 	if after := decided(); after <= before {
 		t.Errorf("%d greedy claims decided once the share came back, %d before", after, before)
+	}
+}
+
+// Finding 5 of issue 24 through the pod count: a tenant that fills a node's pod slots with
+// pods bound to it leaves no slot for the MPS daemon another namespace's share needs, so the
+// allocator keeps one free: the share goes to a node with room, and waits where none has.
+func TestAShareKeepsAPodSlotForItsMPSDaemon(t *testing.T) {
+	objs := []runtime.Object{builders.MakeNode("full").Pods(3).Obj(), builders.MakeSlice("full", 1, "80Gi")}
+	for i := range 2 {
+		objs = append(objs, builders.MakePod("tenant", fmt.Sprintf("filler%d", i)).Bound("full").Obj())
+	}
+	objs = append(objs, builders.MakeClaim("victim", "c").Memory("10Gi").Obj(), builders.MakePod("victim", "p").Claim("c").Obj())
+	e := newEnv(t, nil, objs...)
+	e.run()
+	if got := e.placedOn("victim", "c"); got != "" {
+		t.Fatalf("placed on %s, a node with one pod slot left for the pod and its MPS daemon", got)
+	}
+	if st := e.claim("victim", "c").Annotations[AnnotationStatus]; !strings.Contains(st, "too many pods") {
+		t.Errorf("status %q does not say the node has too many pods", st)
+	}
+	e.create(builders.MakeNode("roomy").Pods(2).Obj(), builders.MakeSlice("roomy", 1, "80Gi"))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		gpus := 0
+		e.c.model.EachGPU(func(*gpu) { gpus++ })
+		if _, err := e.c.nodes.Get("roomy"); err == nil && gpus == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the allocator did not see node roomy and its GPU")
+		}
+	}
+	e.run()
+	if got := e.placedOn("victim", "c"); got != "roomy/gpu-0" {
+		t.Errorf("placed on %q, want roomy/gpu-0", got)
 	}
 }

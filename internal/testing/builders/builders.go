@@ -43,6 +43,12 @@ func (b *NodeBuilder) CPU(q string) *NodeBuilder {
 // Label sets a node label.
 func (b *NodeBuilder) Label(k, v string) *NodeBuilder { b.n.Labels[k] = v; return b }
 
+// Pods sets how many pods the node takes.
+func (b *NodeBuilder) Pods(n int64) *NodeBuilder {
+	b.n.Status.Allocatable[corev1.ResourcePods] = *resource.NewQuantity(n, resource.DecimalSI)
+	return b
+}
+
 // Taint adds a NoSchedule taint.
 func (b *NodeBuilder) Taint(k, v string) *NodeBuilder {
 	b.n.Spec.Taints = append(b.n.Spec.Taints, corev1.Taint{Key: k, Value: v, Effect: corev1.TaintEffectNoSchedule})

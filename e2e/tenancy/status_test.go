@@ -95,7 +95,7 @@ func TestTenantCannotForgeFgpusWord(t *testing.T) {
 	_, err = tenant.Client.ResourceV1().ResourceClaims(ns).Create(ctx, preset, metav1.CreateOptions{})
 	refused("a claim created with a status", err, statusRefusal)
 	tmpl := framework.MakeGPUPod(ns, "preset").Memory("10Gi").Template()
-	tmpl.Spec.ObjectMeta.Annotations = map[string]string{controller.AnnotationStatus: forged}
+	tmpl.Spec.Annotations = map[string]string{controller.AnnotationStatus: forged}
 	_, err = tenant.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{})
 	refused("a template with a status", err, statusRefusal)
 

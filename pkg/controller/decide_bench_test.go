@@ -112,7 +112,7 @@ func BenchmarkDecideBeside(b *testing.B) {
 				if d, w := c.decide(ctx, in); w == nil {
 					c.model.remove(d.rec.key)
 				}
-				c.shares.Charge(in.claim.Namespace, in.checks, time.Now())
+				c.shares.Charge(in.claim.Namespace, decisionFloor+in.checks, time.Now())
 				return 0
 			}
 			var done sync.WaitGroup

@@ -72,6 +72,9 @@ func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	c.forgetUsage(claim)
 	c.forgetIdle(claim)
 	c.forget(key)
+	// A worker may be deciding on the claim now and keep state for it after this: its
+	// next Sync finds the claim gone and forgets it again.
+	c.queue.Add(key)
 }
 
 func (c *Controller) onSlice(s *resourceapi.ResourceSlice) {

@@ -260,6 +260,7 @@ func (c *Controller) decideInQueue(ctx context.Context, in *input) (d *decision,
 	claim, key := in.claim, claimKey(in.claim)
 	leftQuotaQueue := false
 	defer func() { // after the unlock below
+		c.shares.Charge(claim.Namespace, decisionFloor+in.checks, c.now())
 		if leftQuotaQueue {
 			c.requeueNamespace(claim.Namespace, key)
 		}
@@ -290,7 +291,6 @@ func (c *Controller) decideInQueue(ctx context.Context, in *input) (d *decision,
 	}
 	if w == nil {
 		d, w = c.decide(ctx, in)
-		c.shares.Charge(claim.Namespace, in.checks, c.now())
 	}
 	c.pending.Decided(key)
 	// Placed, or waiting for something else than quota: claims queued behind it go on.

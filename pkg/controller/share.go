@@ -24,6 +24,11 @@ type shareBucket struct {
 	at     time.Time
 }
 
+// decisionFloor is what any decision costs, in GPU checks, however early it ends: the
+// queue's checks under the model's lock are work too, and a claim that never reaches a GPU
+// (constraints, a missing class, its quota) must not be free to decide at every pass.
+const decisionFloor = 100
+
 // Decision shares: about 200,000 GPU checks a second per namespace (a tenth of the lock's
 // time on the machines the benchmarks ran on: BenchmarkDecide), and a million at once, which
 // is 250 claims' decisions on 4,000 GPUs.
@@ -36,7 +41,8 @@ func newDecisionShare() *decisionShare {
 	return &decisionShare{rate: decisionRate, burst: decisionBurst, spaces: map[string]*shareBucket{}}
 }
 
-// Wait says how long namespace ns must wait before its next decision (0: none).
+// Wait says how long namespace ns must wait before its next decision (0: none): until its
+// share is back, which writes nothing.
 func (s *decisionShare) Wait(ns string, now time.Time) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -44,8 +50,7 @@ func (s *decisionShare) Wait(ns string, now time.Time) time.Duration {
 	if b.tokens > 0 {
 		return 0
 	}
-	// At least a second: each retry of a waiting claim may write its status.
-	return max(time.Second, time.Duration(-b.tokens/s.rate*float64(time.Second)))
+	return max(20*time.Millisecond, time.Duration(-b.tokens/s.rate*float64(time.Second)))
 }
 
 // Charge counts checks GPU checks against namespace ns.

@@ -22,7 +22,7 @@ func TestDecisionShareHoldsBackANamespaceThatChecksTooMuch(t *testing.T) {
 	}
 	objs = append(objs, builders.MakeClaim("victim", "c").Memory("10Gi").Created(20).Obj(), builders.MakePod("victim", "p").Claim("c").Obj())
 	e := newEnv(t, nil, objs...)
-	e.c.shares = &decisionShare{rate: 1, burst: 8, spaces: map[string]*shareBucket{}}
+	e.c.shares = &decisionShare{rate: 1, burst: 3 * decisionFloor, spaces: map[string]*shareBucket{}}
 	e.run()
 	if e.placedOn("victim", "c") == "" {
 		t.Fatal("the victim was not placed")
@@ -44,10 +44,16 @@ func TestDecisionShareHoldsBackANamespaceThatChecksTooMuch(t *testing.T) {
 	if before == 0 || before == 10 {
 		t.Errorf("%d of 10 greedy claims decided; want some, until the share ran out", before)
 	}
-	e.clock.Step(wait + time.Minute)
+	e.clock.Step(wait + time.Hour)
+	if e.c.shares.Wait("greedy", e.clock.Now()) > 0 {
+		t.Fatal("the share did not come back")
+	}
 	e.run()
-	if after := decided(); after <= before {
-		t.Errorf("%d greedy claims decided once the share came back, %d before", after, before)
+	if e.c.shares.Wait("greedy", e.clock.Now()) == 0 {
+		t.Error("the greedy namespace decided nothing once its share came back")
+	}
+	if after := decided(); after < before {
+		t.Errorf("%d greedy claims decided, %d before", after, before)
 	}
 }
 

@@ -122,9 +122,16 @@ func TestBudgetPolicyAdmitsOnlyTheBudgetsOfItsNodesDaemons(t *testing.T) {
 			t.Errorf("%s of node %s's daemon budget by node-b's plugin is admitted", op, testNode)
 		}
 	}
+	object := func(m map[string]any, key string) map[string]any {
+		o, ok := m[key].(map[string]any)
+		if !ok {
+			t.Fatalf("the budget has no object %q: %v", key, m)
+		}
+		return o
+	}
 	forged := func(mutate func(spec map[string]any)) map[string]any {
 		b := runtime.DeepCopyJSON(budget)
-		mutate(b["spec"].(map[string]any))
+		mutate(object(b, "spec"))
 		return b
 	}
 	for name, b := range map[string]map[string]any{
@@ -135,10 +142,10 @@ func TestBudgetPolicyAdmitsOnlyTheBudgetsOfItsNodesDaemons(t *testing.T) {
 			spec["selector"] = map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/component": "mps-daemon"}}
 		}),
 		"another node's daemons": forged(func(spec map[string]any) {
-			spec["selector"].(map[string]any)["matchLabels"].(map[string]any)[NodeLabel] = "node-b"
+			object(object(spec, "selector"), "matchLabels")[NodeLabel] = "node-b"
 		}),
 		"a daemon and more": forged(func(spec map[string]any) {
-			spec["selector"].(map[string]any)["matchExpressions"] = []any{map[string]any{"key": "app", "operator": "Exists"}}
+			object(spec, "selector")["matchExpressions"] = []any{map[string]any{"key": "app", "operator": "Exists"}}
 		}),
 	} {
 		if !refused("CREATE", testNode, b) {

@@ -12,8 +12,9 @@
 package selectors
 
 import (
-	"container/list"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -150,17 +151,52 @@ type Evaluator struct {
 	cel  *cel.Cache
 
 	mu     sync.Mutex
-	exprs  map[string]*list.Element // of *exprMemo, most recently used first
-	lru    list.List
+	exprs  map[string]*exprMemo
+	lru    memoList // most recently used first
 	bytes  int
 	claims map[string]claimResult // claim key → its last result
 	spaces map[string]*bucket     // namespace → its share
 }
 
 type exprMemo struct {
-	expr     string
-	byDevice map[string]verdict
-	err      string // the first error it gave, cut to maxText: one per expression
+	expr       string
+	byDevice   map[string]verdict
+	err        string // the first error it gave, cut to maxText: one per expression
+	prev, next *exprMemo
+}
+
+// memoList orders the memo's expressions by their last use.
+type memoList struct{ front, back *exprMemo }
+
+func (l *memoList) remove(m *exprMemo) {
+	if m.prev != nil {
+		m.prev.next = m.next
+	} else {
+		l.front = m.next
+	}
+	if m.next != nil {
+		m.next.prev = m.prev
+	} else {
+		l.back = m.prev
+	}
+	m.prev, m.next = nil, nil
+}
+
+func (l *memoList) pushFront(m *exprMemo) {
+	m.next = l.front
+	if l.front != nil {
+		l.front.prev = m
+	} else {
+		l.back = m
+	}
+	l.front = m
+}
+
+func (l *memoList) moveToFront(m *exprMemo) {
+	if l.front != m {
+		l.remove(m)
+		l.pushFront(m)
+	}
 }
 
 type verdict struct {
@@ -169,9 +205,11 @@ type verdict struct {
 	result  uint8 // noMatch, match, or failedBase (the error is the expression's)
 }
 
-// claimResult is a claim's last result: its Matches on snapshot gen, or why it is refused.
+// claimResult is a claim's last result: its Matches on snapshot gen, or why it is refused,
+// for the lists of expressions whose hash is lists (a class's selectors may change).
 type claimResult struct {
 	uid     types.UID
+	lists   [sha256.Size]byte
 	gen     uint64
 	matches []Matches
 	err     error
@@ -195,7 +233,7 @@ func New(opts Options) *Evaluator {
 		opts.Now = time.Now
 	}
 	return &Evaluator{opts: opts, cel: cel.NewCache(1024, cel.Features{EnableConsumableCapacity: true}),
-		exprs: map[string]*list.Element{}, claims: map[string]claimResult{}, spaces: map[string]*bucket{}}
+		exprs: map[string]*exprMemo{}, claims: map[string]claimResult{}, spaces: map[string]*bucket{}}
 }
 
 // Claim evaluates each list of selectors (a list matches a device where all its selectors
@@ -220,7 +258,8 @@ func (e *Evaluator) Claim(ctx context.Context, ns, key string, uid types.UID, li
 		}
 		return out, nil
 	}
-	if r, ok := e.kept(key, uid, snap.Gen); ok {
+	sum := listsHash(exprs)
+	if r, ok := e.kept(key, uid, sum, snap.Gen); ok {
 		return r.matches, r.err
 	}
 	if err := e.enter(ns); err != nil {
@@ -239,12 +278,12 @@ func (e *Evaluator) Claim(ctx context.Context, ns, key string, uid types.UID, li
 	switch {
 	case errors.As(err, &tc):
 		tc.Devices = len(snap.Devices)
-		e.keep(key, claimResult{uid: uid, err: tc})
+		e.keep(key, claimResult{uid: uid, lists: sum, err: tc})
 		return nil, tc
 	case err != nil:
 		return nil, err
 	}
-	e.keep(key, claimResult{uid: uid, gen: snap.Gen, matches: out})
+	e.keep(key, claimResult{uid: uid, lists: sum, gen: snap.Gen, matches: out})
 	return out, nil
 }
 
@@ -255,16 +294,34 @@ func (e *Evaluator) Forget(key string) {
 	delete(e.claims, key)
 }
 
-// kept is the claim's kept result: a refusal whatever the snapshot (its cost only grows with
-// devices), or its matches on snapshot gen.
-func (e *Evaluator) kept(key string, uid types.UID, gen uint64) (claimResult, bool) {
+// kept is the claim's kept result for the same lists of expressions: a refusal whatever the
+// snapshot (its cost only grows with devices), or its matches on snapshot gen.
+func (e *Evaluator) kept(key string, uid types.UID, lists [sha256.Size]byte, gen uint64) (claimResult, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	r, ok := e.claims[key]
-	if !ok || r.uid != uid || (r.err == nil && r.gen != gen) {
+	if !ok || r.uid != uid || r.lists != lists || (r.err == nil && r.gen != gen) {
 		return claimResult{}, false
 	}
 	return r, true
+}
+
+// listsHash identifies lists of expressions, their order and where each list ends.
+func listsHash(exprs [][]string) [sha256.Size]byte {
+	h := sha256.New()
+	var n [8]byte
+	for _, l := range exprs {
+		binary.LittleEndian.PutUint64(n[:], uint64(len(l)))
+		h.Write(n[:])
+		for _, x := range l {
+			binary.LittleEndian.PutUint64(n[:], uint64(len(x)))
+			h.Write(n[:])
+			h.Write([]byte(x))
+		}
+	}
+	var out [sha256.Size]byte
+	h.Sum(out[:0])
+	return out
 }
 
 func (e *Evaluator) keep(key string, r claimResult) {
@@ -358,9 +415,9 @@ func (e *Evaluator) expression(ctx context.Context, x string, snap Snapshot, at 
 	missing := make([]int, 0, len(at)) // positions in at
 	e.mu.Lock()
 	var memo *exprMemo
-	if el, ok := e.exprs[x]; ok {
-		e.lru.MoveToFront(el)
-		memo = el.Value.(*exprMemo)
+	if m, ok := e.exprs[x]; ok {
+		e.lru.moveToFront(m)
+		memo = m
 	} else {
 		spent.fresh += uint64(len(x)) // compiled anew
 	}
@@ -439,13 +496,13 @@ func (e *Evaluator) evaluate(ctx context.Context, res cel.CompilationResult, d D
 func (e *Evaluator) store(x string, snap Snapshot, at, missing []int, fresh []verdict, errText string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	el, ok := e.exprs[x]
+	m, ok := e.exprs[x]
 	if !ok {
-		el = e.lru.PushFront(&exprMemo{expr: x, byDevice: map[string]verdict{}})
-		e.exprs[x] = el
+		m = &exprMemo{expr: x, byDevice: map[string]verdict{}}
+		e.lru.pushFront(m)
+		e.exprs[x] = m
 		e.bytes += len(x)
 	}
-	m := el.Value.(*exprMemo)
 	if m.err == "" {
 		m.err = errText
 	}
@@ -456,8 +513,9 @@ func (e *Evaluator) store(x string, snap Snapshot, at, missing []int, fresh []ve
 		}
 		m.byDevice[key] = v
 	}
-	for e.bytes > e.opts.MemoBytes && e.lru.Back() != el {
-		old := e.lru.Remove(e.lru.Back()).(*exprMemo)
+	for e.bytes > e.opts.MemoBytes && e.lru.back != m {
+		old := e.lru.back
+		e.lru.remove(old)
 		delete(e.exprs, old.expr)
 		e.bytes -= len(old.expr)
 		for key := range old.byDevice {

@@ -275,7 +275,24 @@ func TestLongFailingSelectorsKeepLittle(t *testing.T) {
 	if want := len(long) + 64*(entryBytes+len("n1/gpu-00")); e.bytes > want {
 		t.Errorf("memo holds %d bytes, want at most %d", e.bytes, want)
 	}
-	if m := e.exprs[long].Value.(*exprMemo); len(m.err) > 2*maxText {
+	if m := e.exprs[long]; len(m.err) > 2*maxText {
 		t.Errorf("memo keeps a %d-byte error", len(m.err))
+	}
+}
+
+// A claim's kept result holds for the lists it was evaluated for only: the class's selectors
+// come with the claim's, and a class may be created or changed while the devices do not.
+func TestKeptResultFollowsTheLists(t *testing.T) {
+	e, _ := newEvaluator(nil)
+	snap := devices(2)
+	if _, err := e.Claim(context.Background(), "a", "a/c", "u", [][]resourceapi.DeviceSelector{sel("true")}, snap); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := e.Claim(context.Background(), "a", "a/c", "u", [][]resourceapi.DeviceSelector{sel("true", index(1))}, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := matched(t, ms[0], snap); len(got) != 1 || got[0] != "n1/gpu-1" {
+		t.Errorf("with the class's selector added, matched %v, want n1/gpu-1", got)
 	}
 }

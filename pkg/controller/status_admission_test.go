@@ -114,7 +114,7 @@ func TestClaimStatusPolicy(t *testing.T) {
 	status := func(msg string) map[string]any { return map[string]any{"fgpu.dev/status": msg} }
 	const said = "over the GPU memory quota of namespace a"
 	relabelled := claim(status(said))
-	relabelled["metadata"].(map[string]any)["labels"] = map[string]any{"app": "y"}
+	relabelled["metadata"] = map[string]any{"name": "c", "namespace": "a", "labels": map[string]any{"app": "y"}, "annotations": status(said)}
 	for _, tc := range []struct {
 		name, resource, operation, user string
 		old, cur                        map[string]any

@@ -124,9 +124,13 @@ func (k *Kubelet) admit(pod *corev1.Pod) (reason, msg string) {
 	if err != nil {
 		k.t.Fatalf("fake kubelet: list pods: %v", err)
 	}
+	pods, ok := list.(*corev1.PodList)
+	if !ok {
+		k.t.Fatalf("fake kubelet: list pods gave a %T", list)
+	}
 	one := corev1.ResourceList{corev1.ResourcePods: *resource.NewQuantity(1, resource.DecimalSI)}
 	used := corev1.ResourceList{}
-	for _, p := range list.(*corev1.PodList).Items {
+	for _, p := range pods.Items {
 		if p.Spec.NodeName == node.Name && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
 			add(used, requests(&p))
 			add(used, one)

@@ -1,133 +1,30 @@
 package controller
 
 import (
-	"os"
-	"regexp"
 	"strings"
 	"testing"
 
-	"github.com/google/cel-go/cel"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
-	"k8s.io/apimachinery/pkg/util/version"
-	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
-	"k8s.io/apiserver/pkg/cel/environment"
-	"sigs.k8s.io/yaml"
+
+	"github.com/fgpu-dev/fgpu/internal/testing/admission"
 )
 
-// The chart's ValidatingAdmissionPolicy, its template directives stripped, evaluated with
-// Kubernetes' CEL environment on claims and templates of each API version.
+// TestClaimAdmissionPolicyCompiles compiles the policy as the API server does.
+func TestClaimAdmissionPolicyCompiles(t *testing.T) {
+	admission.Compile(t, loadClaimPolicy(t))
+}
+
+// loadClaimPolicy is the chart's fence-toleration policy.
 func loadClaimPolicy(t *testing.T) *admissionv1.ValidatingAdmissionPolicy {
-	raw, err := os.ReadFile("../../deployments/helm/fgpu/templates/claim-admission.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := regexp.MustCompile(`\{\{ \.Values\.allocator\.fenceTaintKey \| squote \}\}`).ReplaceAllString(string(raw), "'fgpu.dev/allocator'")
-	var lines []string
-	for _, l := range strings.Split(text, "\n") {
-		if strings.Contains(l, "{{") {
-			continue
-		}
-		lines = append(lines, l)
-	}
-	doc := strings.Split(strings.Join(lines, "\n"), "\n---\n")[0]
-	var p admissionv1.ValidatingAdmissionPolicy
-	if err := yaml.Unmarshal([]byte(doc), &p); err != nil {
-		t.Fatal(err)
-	}
-	return &p
+	p, _ := admission.Only(t, "claim-admission.yaml")
+	return p
 }
 
-func evalCEL(t *testing.T, expr string, vars map[string]any) any {
-	t.Helper()
-	env, err := environment.MustBaseEnvSet(version.MajorMinor(1, 37)).NewExpressionsEnv().Extend(
-		cel.Variable("object", cel.DynType), cel.Variable("oldObject", cel.DynType), cel.Variable("request", cel.DynType), cel.Variable("variables", cel.DynType))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ast, iss := env.Compile(expr)
-	if iss.Err() != nil {
-		t.Fatalf("compile %q: %v", expr, iss.Err())
-	}
-	prg, err := env.Program(ast)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, _, err := prg.Eval(vars)
-	if err != nil {
-		t.Fatalf("eval %q: %v", expr, err)
-	}
-	return out.Value()
-}
-
-// admit runs the policy as the API server would and returns the refusal message or "".
+// admit runs the policy on a claim or template of resource, created by user.
 func admit(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy, resource, user string, object map[string]any) string {
 	request := map[string]any{"resource": map[string]any{"group": "resource.k8s.io", "version": "v1", "resource": resource},
 		"namespace": "a", "userInfo": map[string]any{"username": user}}
-	vars := map[string]any{"object": object, "request": request, "variables": map[string]any{}}
-	for _, mc := range p.Spec.MatchConditions {
-		if evalCEL(t, mc.Expression, vars) != true {
-			return ""
-		}
-	}
-	v := map[string]any{}
-	for _, variable := range p.Spec.Variables {
-		vars["variables"] = v
-		v[variable.Name] = evalCEL(t, variable.Expression, vars)
-	}
-	vars["variables"] = v
-	for _, val := range p.Spec.Validations {
-		if evalCEL(t, val.Expression, vars) != true {
-			msg, ok := evalCEL(t, val.MessageExpression, vars).(string)
-			if !ok {
-				t.Fatalf("messageExpression %q is not a string", val.MessageExpression)
-			}
-			return msg
-		}
-	}
-	return ""
-}
-
-type expr struct {
-	name, expression string
-	types            []*cel.Type
-}
-
-func (e expr) GetExpression() string    { return e.expression }
-func (e expr) ReturnTypes() []*cel.Type { return e.types }
-func (e expr) GetName() string          { return e.name }
-
-// TestClaimAdmissionPolicyCompiles compiles the policy as the API server does: request
-// typed (a dyn model would accept request.resource == 'x', which the API server refuses).
-func TestClaimAdmissionPolicyCompiles(t *testing.T) {
-	compilePolicy(t, loadClaimPolicy(t))
-}
-
-// compilePolicy compiles every expression of an admission policy as the API server does,
-// with its variables typed.
-func compilePolicy(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy) {
-	t.Helper()
-	cc, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(version.MajorMinor(1, 37)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := plugincel.OptionalVariableDeclarations{}
-	for _, v := range p.Spec.Variables {
-		if r := cc.CompileAndStoreVariable(expr{name: v.Name, expression: v.Expression, types: []*cel.Type{cel.AnyType}}, opts, environment.StoredExpressions); r.Error != nil {
-			t.Errorf("variable %s: %v", v.Name, r.Error)
-		}
-	}
-	check := func(what, e string, typ *cel.Type) {
-		if r := cc.CompileCELExpression(expr{expression: e, types: []*cel.Type{typ}}, opts, environment.StoredExpressions); r.Error != nil {
-			t.Errorf("%s: %v", what, r.Error)
-		}
-	}
-	for _, mc := range p.Spec.MatchConditions {
-		check("matchCondition "+mc.Name, mc.Expression, cel.BoolType)
-	}
-	for _, v := range p.Spec.Validations {
-		check("validation", v.Expression, cel.BoolType)
-		check("messageExpression", v.MessageExpression, cel.StringType)
-	}
+	return admission.Review(t, p, request, object, nil)
 }
 
 func TestClaimAdmissionPolicy(t *testing.T) {

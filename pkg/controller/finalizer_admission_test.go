@@ -1,47 +1,17 @@
 package controller
 
 import (
-	"os"
 	"strings"
 	"testing"
 
+	"github.com/fgpu-dev/fgpu/internal/testing/admission"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
-	"sigs.k8s.io/yaml"
 )
-
-// loadFinalizerPolicy is the chart's finalizer policy, rendered for release namespace
-// fgpu-system and driver gpu.fgpu.dev (lines with other template directives dropped).
-func loadFinalizerPolicy(t *testing.T) (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding) {
-	raw, err := os.ReadFile("../../deployments/helm/fgpu/templates/claim-finalizer-admission.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.NewReplacer("{{ .Release.Namespace }}", "fgpu-system", "{{ .Values.driverName | squote }}", "'gpu.fgpu.dev'").Replace(string(raw))
-	var lines []string
-	for _, l := range strings.Split(text, "\n") {
-		if !strings.Contains(l, "{{") {
-			lines = append(lines, l)
-		}
-	}
-	docs := strings.Split(strings.Join(lines, "\n"), "\n---\n")
-	if len(docs) != 2 {
-		t.Fatalf("%d documents, want the policy and its binding", len(docs))
-	}
-	var p admissionv1.ValidatingAdmissionPolicy
-	var b admissionv1.ValidatingAdmissionPolicyBinding
-	if err := yaml.UnmarshalStrict([]byte(docs[0]), &p); err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.UnmarshalStrict([]byte(docs[1]), &b); err != nil {
-		t.Fatal(err)
-	}
-	return &p, &b
-}
 
 // TestFinalizerPolicyRenders checks what the API server needs beyond the CEL: the binding
 // names the policy and denies, and the policy fails closed on UPDATE of claims only.
 func TestFinalizerPolicyRenders(t *testing.T) {
-	p, b := loadFinalizerPolicy(t)
+	p, b := admission.Only(t, "claim-finalizer-admission.yaml")
 	if b.Spec.PolicyName != p.Name || len(b.Spec.ValidationActions) != 1 || b.Spec.ValidationActions[0] != admissionv1.Deny {
 		t.Errorf("binding %+v does not deny with policy %s", b.Spec, p.Name)
 	}
@@ -56,43 +26,22 @@ func TestFinalizerPolicyRenders(t *testing.T) {
 
 // TestFinalizerPolicyCompiles compiles every expression as the API server does.
 func TestFinalizerPolicyCompiles(t *testing.T) {
-	p, _ := loadFinalizerPolicy(t)
-	compilePolicy(t, p)
+	p, _ := admission.Only(t, "claim-finalizer-admission.yaml")
+	admission.Compile(t, p)
 }
 
-// admitUpdate runs the policy on an UPDATE as the API server would; it returns the refusal
+// admitUpdate runs the policy on an UPDATE of a claim by user; it returns the refusal
 // message or "".
 func admitUpdate(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy, user string, old, cur map[string]any) string {
 	request := map[string]any{"resource": map[string]any{"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
 		"operation": "UPDATE", "namespace": "a", "userInfo": map[string]any{"username": user}}
-	vars := map[string]any{"object": cur, "oldObject": old, "request": request, "variables": map[string]any{}}
-	for _, mc := range p.Spec.MatchConditions {
-		if evalCEL(t, mc.Expression, vars) != true {
-			return ""
-		}
-	}
-	v := map[string]any{}
-	for _, variable := range p.Spec.Variables {
-		vars["variables"] = v
-		v[variable.Name] = evalCEL(t, variable.Expression, vars)
-	}
-	vars["variables"] = v
-	for _, val := range p.Spec.Validations {
-		if evalCEL(t, val.Expression, vars) != true {
-			msg, ok := evalCEL(t, val.MessageExpression, vars).(string)
-			if !ok {
-				t.Fatalf("messageExpression %q is not a string", val.MessageExpression)
-			}
-			return msg
-		}
-	}
-	return ""
+	return admission.Review(t, p, request, cur, old)
 }
 
 // A tenant may not remove the finalizers that keep an allocated fgpu claim until its shares
 // are released; the components that release them may, and anything else stays allowed.
 func TestFinalizerPolicy(t *testing.T) {
-	p, _ := loadFinalizerPolicy(t)
+	p, _ := admission.Only(t, "claim-finalizer-admission.yaml")
 	both := []any{"fgpu.dev/allocator", "resource.kubernetes.io/delete-protection"}
 	fgpuAlloc := map[string]any{"devices": map[string]any{"results": []any{map[string]any{"driver": "gpu.fgpu.dev", "pool": "n1", "device": "gpu-0", "request": "gpu"}}}}
 	otherAlloc := map[string]any{"devices": map[string]any{"results": []any{map[string]any{"driver": "example.com", "pool": "n1", "device": "d", "request": "r"}}}}

@@ -1,12 +1,9 @@
 package controller
 
 import (
-	"os"
-	"strings"
 	"testing"
 
-	admissionv1 "k8s.io/api/admissionregistration/v1"
-	"sigs.k8s.io/yaml"
+	"github.com/fgpu-dev/fgpu/internal/testing/admission"
 )
 
 // The chart's fgpu-mps-daemon-pods-own-node pins what a daemon pod the plugin creates may
@@ -14,25 +11,11 @@ import (
 // own node, a pod labelled mps-daemon that runs as the allocator's service account (same
 // namespace), and so obtain its cluster-wide token, or mount the namespace's Secrets.
 func TestMPSDaemonPolicyPinsWhatADaemonPodCarries(t *testing.T) {
-	raw, err := os.ReadFile("../../deployments/helm/fgpu/templates/mps-daemon-admission.yaml")
-	if err != nil {
-		t.Fatal(err)
+	p := admission.Load(t, "mps-daemon-admission.yaml").Policies["fgpu-mps-daemon-pods-own-node"]
+	if p == nil {
+		t.Fatal("no fgpu-mps-daemon-pods-own-node in the chart")
 	}
-	const pluginUser = "system:serviceaccount:fgpu-system:fgpu-kubelet-plugin"
-	var lines []string
-	for _, l := range strings.Split(string(raw), "\n") {
-		if strings.Contains(l, "include \"fgpu.pluginServiceAccount\"") {
-			l = strings.Replace(l, `{{ include "fgpu.pluginServiceAccount" . | quote }}`, `"`+pluginUser+`"`, 1)
-		}
-		if strings.Contains(l, "{{") {
-			continue
-		}
-		lines = append(lines, l)
-	}
-	var p admissionv1.ValidatingAdmissionPolicy
-	if err := yaml.Unmarshal([]byte(strings.Split(strings.Join(lines, "\n"), "\n---\n")[0]), &p); err != nil {
-		t.Fatal(err)
-	}
+	const pluginUser = admission.PluginUser
 	pod := map[string]any{
 		"metadata": map[string]any{"name": "fgpu-mps-x", "namespace": "fgpu-system", "labels": map[string]any{"app.kubernetes.io/component": "mps-daemon"}},
 		"spec": map[string]any{"nodeName": "n1", "serviceAccountName": "fgpu-allocator", "automountServiceAccountToken": true,
@@ -42,24 +25,10 @@ func TestMPSDaemonPolicyPinsWhatADaemonPodCarries(t *testing.T) {
 	request := map[string]any{"operation": "CREATE", "userInfo": map[string]any{"username": pluginUser,
 		"extra": map[string]any{"authentication.kubernetes.io/node-name": []any{"n1"}}}}
 	refused := func(pod map[string]any) bool {
-		vars := map[string]any{"object": pod, "oldObject": nil, "request": request, "variables": map[string]any{}}
-		for _, mc := range p.Spec.MatchConditions {
-			if evalCEL(t, mc.Expression, vars) != true {
-				t.Fatal("the policy does not apply to the plugin")
-			}
+		if !admission.Matches(t, p, request, pod, nil) {
+			t.Fatal("the policy does not apply to the plugin")
 		}
-		v := map[string]any{}
-		for _, variable := range p.Spec.Variables {
-			vars["variables"] = v
-			v[variable.Name] = evalCEL(t, variable.Expression, vars)
-		}
-		vars["variables"] = v
-		for _, val := range p.Spec.Validations {
-			if evalCEL(t, val.Expression, vars) != true {
-				return true
-			}
-		}
-		return false
+		return admission.Validate(t, p, request, pod, nil) != ""
 	}
 	// The evaluation works: the same pod on another node is refused.
 	other := map[string]any{"metadata": pod["metadata"], "spec": map[string]any{"nodeName": "n2", "containers": []any{}}}
@@ -100,15 +69,7 @@ func TestMPSDaemonPolicyPinsWhatADaemonPodCarries(t *testing.T) {
 	// A daemon pod created by an earlier version (default service account) may still be deleted.
 	request["operation"] = "DELETE"
 	old := daemon(func(s map[string]any) { delete(s, "serviceAccountName") })
-	vars := map[string]any{"object": nil, "oldObject": old, "request": request, "variables": map[string]any{}}
-	v := map[string]any{}
-	for _, variable := range p.Spec.Variables {
-		vars["variables"] = v
-		v[variable.Name] = evalCEL(t, variable.Expression, vars)
-	}
-	for _, val := range p.Spec.Validations {
-		if evalCEL(t, val.Expression, vars) != true {
-			t.Errorf("the deletion of an earlier daemon pod is refused by %q", val.Expression)
-		}
+	if msg := admission.Validate(t, p, request, nil, old); msg != "" {
+		t.Errorf("the deletion of an earlier daemon pod is refused: %s", msg)
 	}
 }

@@ -1,81 +1,13 @@
 package controller
 
 import (
-	"os"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/fgpu-dev/fgpu/internal/testing/admission"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
-	"sigs.k8s.io/yaml"
 )
-
-// loadChartPolicy is a chart template holding one policy and its binding, rendered for release
-// namespace fgpu-system (lines with other template directives dropped).
-func loadChartPolicy(t *testing.T, template string) (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding) {
-	t.Helper()
-	raw, err := os.ReadFile("../../deployments/helm/fgpu/templates/" + template)
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.ReplaceAll(string(raw), "{{ .Release.Namespace }}", "fgpu-system")
-	var lines []string
-	for _, l := range strings.Split(text, "\n") {
-		if !strings.Contains(l, "{{") {
-			lines = append(lines, l)
-		}
-	}
-	docs := strings.Split(strings.Join(lines, "\n"), "\n---\n")
-	if len(docs) != 2 {
-		t.Fatalf("%s: %d documents, want the policy and its binding", template, len(docs))
-	}
-	var p admissionv1.ValidatingAdmissionPolicy
-	var b admissionv1.ValidatingAdmissionPolicyBinding
-	if err := yaml.UnmarshalStrict([]byte(docs[0]), &p); err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.UnmarshalStrict([]byte(docs[1]), &b); err != nil {
-		t.Fatal(err)
-	}
-	if b.Spec.PolicyName != p.Name || !slices.Equal(b.Spec.ValidationActions, []admissionv1.ValidationAction{admissionv1.Deny}) {
-		t.Errorf("%s: binding %+v does not deny with policy %s", template, b.Spec, p.Name)
-	}
-	if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
-		t.Errorf("%s: the policy does not fail closed", template)
-	}
-	return &p, &b
-}
-
-// review runs a policy on one request as the API server would (oldObject nil on CREATE); it
-// returns the refusal message or "".
-func review(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy, request map[string]any, object, oldObject map[string]any) string {
-	t.Helper()
-	vars := map[string]any{"object": object, "oldObject": oldObject, "request": request, "variables": map[string]any{}}
-	if oldObject == nil {
-		vars["oldObject"] = nil
-	}
-	for _, mc := range p.Spec.MatchConditions {
-		if evalCEL(t, mc.Expression, vars) != true {
-			return ""
-		}
-	}
-	v := map[string]any{}
-	for _, variable := range p.Spec.Variables {
-		vars["variables"] = v
-		v[variable.Name] = evalCEL(t, variable.Expression, vars)
-	}
-	vars["variables"] = v
-	for _, val := range p.Spec.Validations {
-		if evalCEL(t, val.Expression, vars) != true {
-			msg, ok := evalCEL(t, val.MessageExpression, vars).(string)
-			if !ok {
-				t.Fatalf("messageExpression %q is not a string", val.MessageExpression)
-			}
-			return msg
-		}
-	}
-	return ""
-}
 
 func matches(rules []admissionv1.NamedRuleWithOperations, groups, resources []string, ops ...admissionv1.OperationType) bool {
 	return len(rules) == 1 && slices.Equal(rules[0].APIGroups, groups) && slices.Equal(rules[0].Resources, resources) &&
@@ -83,8 +15,8 @@ func matches(rules []admissionv1.NamedRuleWithOperations, groups, resources []st
 }
 
 const (
-	allocatorUser = "system:serviceaccount:fgpu-system:fgpu-allocator"
-	pluginUser    = "system:serviceaccount:fgpu-system:fgpu-kubelet-plugin"
+	allocatorUser = admission.AllocatorUser
+	pluginUser    = admission.PluginUser
 	tenantUser    = "system:serviceaccount:a:attacker"
 )
 
@@ -92,8 +24,8 @@ const (
 // allocator may set, change or remove it, on a claim or through a template; a tenant's own
 // annotations, fgpu.dev/ ones included, stay its own.
 func TestClaimStatusPolicy(t *testing.T) {
-	p, _ := loadChartPolicy(t, "claim-status-admission.yaml")
-	compilePolicy(t, p)
+	p, _ := admission.Only(t, "claim-status-admission.yaml")
+	admission.Compile(t, p)
 	if !matches(p.Spec.MatchConstraints.ResourceRules, []string{"resource.k8s.io"}, []string{"resourceclaims", "resourceclaimtemplates"}, admissionv1.Create, admissionv1.Update) {
 		t.Errorf("match rules %+v: want CREATE and UPDATE of claims and templates", p.Spec.MatchConstraints.ResourceRules)
 	}
@@ -137,7 +69,7 @@ func TestClaimStatusPolicy(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			request := map[string]any{"resource": map[string]any{"group": "resource.k8s.io", "version": "v1", "resource": tc.resource},
 				"operation": tc.operation, "namespace": "a", "userInfo": map[string]any{"username": tc.user}}
-			msg := review(t, p, request, tc.cur, tc.old)
+			msg := admission.Review(t, p, request, tc.cur, tc.old)
 			if (msg != "") != tc.refused {
 				t.Fatalf("refused=%v (%q), want refused=%v", msg != "", msg, tc.refused)
 			}
@@ -152,8 +84,8 @@ func TestClaimStatusPolicy(t *testing.T) {
 // events by source: no one but fgpu's own service accounts may write an event, of either
 // events API, in the name of fgpu's components.
 func TestEventSourcePolicy(t *testing.T) {
-	p, _ := loadChartPolicy(t, "event-admission.yaml")
-	compilePolicy(t, p)
+	p, _ := admission.Only(t, "event-admission.yaml")
+	admission.Compile(t, p)
 	if !matches(p.Spec.MatchConstraints.ResourceRules, []string{"", "events.k8s.io"}, []string{"events"}, admissionv1.Create, admissionv1.Update) {
 		t.Errorf("match rules %+v: want CREATE and UPDATE of events of both APIs", p.Spec.MatchConstraints.ResourceRules)
 	}
@@ -204,7 +136,7 @@ func TestEventSourcePolicy(t *testing.T) {
 				if op == "UPDATE" {
 					old = core("", "")
 				}
-				msg := review(t, p, request, tc.event, old)
+				msg := admission.Review(t, p, request, tc.event, old)
 				if tc.refused == "" {
 					if msg != "" {
 						t.Fatalf("%s refused: %q", op, msg)

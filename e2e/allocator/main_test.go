@@ -5,10 +5,7 @@ package allocator
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
@@ -23,47 +20,31 @@ var (
 const bindTimeout = "20s"
 
 func TestMain(m *testing.M) {
-	c, err := framework.Setup(
-		"allocationMode=allocator",
-		"kubeletPlugin.gpus=fake:2xH100-80GB",
-		"allocator.hostNetwork=true",
-		"allocator.bindTimeout="+bindTimeout,
-		"allocator.orphanGrace=10s",
-		"allocator.verbosity=4",
-		// Sizing within a test's time: measure every second, report every 5 s, recommend
-		// after 20 samples.
-		"kubeletPlugin.usage.pollInterval=1s",
-		"kubeletPlugin.usage.reportInterval=5s",
-		// Steady use is reported only at the heartbeat: within the test, not after 30 minutes.
-		"kubeletPlugin.usage.heartbeat=5s",
-		"allocator.sizing.minSamples=20",
-		// Burst admission compares the last 10 minutes of 5 s reports.
-		"allocator.sizing.burstWindow=10m",
-	)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-		os.Exit(1)
-	}
-	if c == nil {
-		os.Exit(0)
-	}
-	cluster = c
-	if fgpuClient, err = versioned.NewForConfig(c.Config); err == nil {
-		err = cluster.WaitAllocatorReady(context.Background())
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-		_ = c.Uninstall(context.Background())
-		os.Exit(1)
-	}
-	code := m.Run()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	deletePolicies(ctx)
-	err = c.Uninstall(ctx)
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
-		code = 1
-	}
-	os.Exit(code)
+	framework.Main(m, framework.Suite{
+		Values: []string{
+			"allocationMode=allocator",
+			"kubeletPlugin.gpus=fake:2xH100-80GB",
+			"allocator.hostNetwork=true",
+			"allocator.bindTimeout=" + bindTimeout,
+			"allocator.orphanGrace=10s",
+			"allocator.verbosity=4",
+			// Sizing within a test's time: measure every second, report every 5 s, recommend
+			// after 20 samples.
+			"kubeletPlugin.usage.pollInterval=1s",
+			"kubeletPlugin.usage.reportInterval=5s",
+			// Steady use is reported only at the heartbeat: within the test, not after 30 minutes.
+			"kubeletPlugin.usage.heartbeat=5s",
+			"allocator.sizing.minSamples=20",
+			// Burst admission compares the last 10 minutes of 5 s reports.
+			"allocator.sizing.burstWindow=10m",
+		},
+		Ready: func(ctx context.Context, c *framework.Cluster) (err error) {
+			cluster = c
+			if fgpuClient, err = versioned.NewForConfig(c.Config); err != nil {
+				return err
+			}
+			return c.WaitAllocatorReady(ctx)
+		},
+		Teardown: func(ctx context.Context) error { deletePolicies(ctx); return nil },
+	})
 }

@@ -48,47 +48,31 @@ func buildCLI(dir string) (string, error) {
 }
 
 func TestMain(m *testing.M) {
-	c, err := framework.Setup(
-		"allocationMode=allocator",
-		"kubeletPlugin.gpus=fake:2xH100-80GB",
-		"allocator.hostNetwork=true",
-	)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-		os.Exit(1)
-	}
-	if c == nil {
-		os.Exit(0)
-	}
-	cluster = c
-	dir, err := os.MkdirTemp("", "fgpu-e2e-faults-")
-	if err == nil {
-		fgpuBin, err = buildCLI(dir)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-		_ = c.Uninstall(context.Background())
-		os.Exit(1)
-	}
-	if err := cluster.WaitAllocatorReady(context.Background()); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-		_ = c.Uninstall(context.Background())
-		os.Exit(1)
-	}
-	code := m.Run()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	// A fault's fence outlives the plugin (its health record on the node), so that a restart
-	// keeps it: the next suite must not inherit one a failed test left.
-	if err := clearAll(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
-		code = 1
-	}
-	err = c.Uninstall(ctx)
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
-		code = 1
-	}
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	var dir string
+	framework.Main(m, framework.Suite{
+		Values: []string{
+			"allocationMode=allocator",
+			"kubeletPlugin.gpus=fake:2xH100-80GB",
+			"allocator.hostNetwork=true",
+		},
+		Ready: func(ctx context.Context, c *framework.Cluster) (err error) {
+			cluster = c
+			if dir, err = os.MkdirTemp("", "fgpu-e2e-faults-"); err != nil {
+				return err
+			}
+			if fgpuBin, err = buildCLI(dir); err != nil {
+				return err
+			}
+			return c.WaitAllocatorReady(ctx)
+		},
+		// A fault's fence outlives the plugin (its health record on the node), so that a
+		// restart keeps it: the next suite must not inherit one a failed test left.
+		Teardown: func(ctx context.Context) error {
+			defer os.RemoveAll(dir)
+			if fgpuBin == "" {
+				return nil
+			}
+			return clearAll(ctx)
+		},
+	})
 }

@@ -79,40 +79,22 @@ resources:
 `
 
 func TestMain(m *testing.M) {
-	c, err := framework.Setup("allocationMode=allocator", "kubeletPlugin.gpus=fake:2xH100-80GB", "allocator.verbosity=4")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-		os.Exit(1)
-	}
-	if c == nil {
-		os.Exit(0)
-	}
-	cluster = c
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	var stop func()
-	if dynClient, err = dynamic.NewForConfig(c.Config); err == nil {
-		if err = cluster.WaitAllocatorReady(ctx); err == nil {
+	framework.Main(m, framework.Suite{
+		Values: []string{"allocationMode=allocator", "kubeletPlugin.gpus=fake:2xH100-80GB", "allocator.verbosity=4"},
+		Ready: func(ctx context.Context, c *framework.Cluster) (err error) {
+			cluster = c
+			if dynClient, err = dynamic.NewForConfig(c.Config); err != nil {
+				return err
+			}
+			if err = c.WaitAllocatorReady(ctx); err != nil {
+				return err
+			}
 			stop, err = startKueue(ctx)
-		}
-	}
-	cancel()
-	code := 1
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-	} else {
-		code = m.Run()
-	}
-	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Minute)
-	if err := removeKueue(ctx, stop); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
-		code = 1
-	}
-	if err := c.Uninstall(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
-		code = 1
-	}
-	cancel()
-	os.Exit(code)
+			return err
+		},
+		Teardown: func(ctx context.Context) error { return removeKueue(ctx, stop) },
+	})
 }
 
 // kueueModule is Kueue's module directory in the Go module cache (config/components).

@@ -6,10 +6,7 @@ package platform
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
@@ -21,38 +18,20 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	c, err := framework.Setup(
-		"allocationMode=allocator",
-		"kubeletPlugin.gpus=fake:2xH100-80GB",
-		"allocator.hostNetwork=true",
-		// Claims' measured use within the test's time.
-		"kubeletPlugin.usage.pollInterval=1s",
-	)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-		os.Exit(1)
-	}
-	if c == nil {
-		os.Exit(0)
-	}
-	cluster = c
-	if fgpuClient, err = versioned.NewForConfig(c.Config); err == nil {
-		err = cluster.WaitAllocatorReady(context.Background())
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-		_ = c.Uninstall(context.Background())
-		os.Exit(1)
-	}
-	code := m.Run()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	err = c.Uninstall(ctx)
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	os.Exit(code)
+	framework.Main(m, framework.Suite{
+		Values: []string{
+			"allocationMode=allocator",
+			"kubeletPlugin.gpus=fake:2xH100-80GB",
+			"allocator.hostNetwork=true",
+			// Claims' measured use within the test's time.
+			"kubeletPlugin.usage.pollInterval=1s",
+		},
+		Ready: func(ctx context.Context, c *framework.Cluster) (err error) {
+			cluster = c
+			if fgpuClient, err = versioned.NewForConfig(c.Config); err != nil {
+				return err
+			}
+			return c.WaitAllocatorReady(ctx)
+		},
+	})
 }

@@ -5,10 +5,7 @@ package plugin
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 )
@@ -19,22 +16,8 @@ var cluster *framework.Cluster
 var suiteValues = []string{"allocationMode=scheduler", "kubeletPlugin.gpus=fake:1xH100-80GB"}
 
 func TestMain(m *testing.M) {
-	c, err := framework.Setup(suiteValues...)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-		os.Exit(1)
-	}
-	if c == nil {
-		os.Exit(0)
-	}
-	cluster = c
-	code := m.Run()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	err = c.Uninstall(ctx)
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
-		code = 1
-	}
-	os.Exit(code)
+	framework.Main(m, framework.Suite{Values: suiteValues, Ready: func(_ context.Context, c *framework.Cluster) error {
+		cluster = c
+		return nil
+	}})
 }

@@ -7,8 +7,6 @@ package tenancy
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -48,35 +46,20 @@ var modeValues = map[string][]string{
 }
 
 func TestMain(m *testing.M) {
-	c, err := framework.Setup(modeValues[allocatorMode]...)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-		os.Exit(1)
-	}
-	if c == nil {
-		os.Exit(0)
-	}
-	cluster, mode = c, allocatorMode
-	if fgpuClient, err = versioned.NewForConfig(c.Config); err == nil {
-		if dynClient, err = dynamic.NewForConfig(c.Config); err == nil {
-			err = cluster.WaitAllocatorReady(context.Background())
-		}
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e setup:", err)
-		_ = c.Uninstall(context.Background())
-		os.Exit(1)
-	}
-	code := m.Run()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	deletePolicies(ctx)
-	err = c.Uninstall(ctx)
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e teardown:", err)
-		code = 1
-	}
-	os.Exit(code)
+	framework.Main(m, framework.Suite{
+		Values: modeValues[allocatorMode],
+		Ready: func(ctx context.Context, c *framework.Cluster) (err error) {
+			cluster, mode = c, allocatorMode
+			if fgpuClient, err = versioned.NewForConfig(c.Config); err != nil {
+				return err
+			}
+			if dynClient, err = dynamic.NewForConfig(c.Config); err != nil {
+				return err
+			}
+			return c.WaitAllocatorReady(ctx)
+		},
+		Teardown: func(ctx context.Context) error { deletePolicies(ctx); return nil },
+	})
 }
 
 // useMode reinstalls the chart in the given allocation mode unless it runs in it already.

@@ -99,7 +99,7 @@ bench-e2e:
 	go run ./e2e/cmd/podbench --mode allocator --claims 0
 
 ## plot: GPU allocation vs arrived demand on the openb default trace for random, bestfit, fgd
-## and fgpu (seeds 42-51), the README's figure; the traces sit in ../shared/traces/openb.
+## and fgpu (seeds 42-51), docs/performance.md's figure; the traces sit in ../shared/traces/openb.
 TRACES ?= ../shared/traces/openb
 plot:
 	$(GO) run ./cmd/fgpu plot --nodes $(TRACES)/openb_node_list_gpu_node.csv \

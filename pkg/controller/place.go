@@ -74,16 +74,15 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	c.pending.SetClass(key, in.pol.Latency)
 	if w := in.selectorsWait; w != nil && w.quiet {
-		// Its namespace's other claims go first; it counts as looked at in this pass, so
-		// that it holds no less critical claim back.
-		c.pending.Decided(key)
+		// Its namespace's other claims go first.
+		c.pending.Deferred(key)
 		return w.retryAfter, nil
 	}
 	if wait := c.shares.Wait(claim.Namespace, c.now()); wait > 0 {
 		// Its namespace's decisions took their share of the model's lock: others' go
 		// first. Its status keeps the reason its last decision gave.
 		klog.FromContext(ctx).V(4).Info("Claim waits for its namespace's share of decisions", "after", wait)
-		c.pending.Decided(key)
+		c.pending.Deferred(key)
 		return wait, nil
 	}
 	start := c.now()

@@ -34,8 +34,10 @@ type pendingClaim struct {
 	// rank is the claim's latency class's place (classRank); ranked once its policy is known.
 	rank   int
 	ranked bool
-	// triedIn is the pass in which the allocator last decided on the claim.
-	triedIn uint64
+	// triedIn is the pass in which the allocator last decided on the claim, or deferred it
+	// (deferred: it left it for later, for its namespace's share).
+	triedIn  uint64
+	deferred bool
 	// podless: no pod may use the claim yet (none, or all scheduling-gated): it waits for a
 	// pod, not for a GPU, and is not counted as waiting for one.
 	podless bool
@@ -70,7 +72,21 @@ func (q *claimQueue) Decided(key string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if p := q.pending[key]; p != nil {
-		p.decided = true
+		p.decided, p.deferred = true, false
+		p.triedIn = q.pass
+	}
+}
+
+// Deferred records that the allocator looked at a claim in this pass and left it for later:
+// its namespace's evaluations or decisions took their share. It then holds back no less
+// critical claim of the pass, as one decided on would not; but a claim never decided on still
+// goes before the younger claims of its namespace (AnyUndecided), which their shared share
+// defers as well.
+func (q *claimQueue) Deferred(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if p := q.pending[key]; p != nil {
+		p.deferred = true
 		p.triedIn = q.pass
 	}
 }
@@ -108,7 +124,7 @@ func (q *claimQueue) MoreCriticalFirst(key string, quotaBinds bool, now time.Tim
 	ns, _, _ := strings.Cut(key, "/")
 	first, found := "", false
 	for k, p := range q.pending {
-		if !p.ranked || p.rank >= me.rank || p.triedIn >= q.pass && p.decided {
+		if !p.ranked || p.rank >= me.rank || p.triedIn >= q.pass && (p.decided || p.deferred) {
 			continue
 		}
 		start := p.firstLook

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 )
 
@@ -84,5 +85,28 @@ func TestClaimQueueAnyUndecided(t *testing.T) {
 	q.Decided("a/c")
 	if q.AnyUndecided([]string{"a/c"}, t0) {
 		t.Error("a decided claim holds its namespace")
+	}
+}
+
+// A claim left for later for its namespace's share holds no less critical claim of another
+// namespace back in the pass, but, never decided, still goes before its namespace's younger
+// claims.
+func TestClaimQueueDeferred(t *testing.T) {
+	q := newClaimQueue()
+	t0 := builders.Created.Time
+	q.NewPass(t0)
+	q.Add("greedy/c", t0, t0)
+	q.SetClass("greedy/c", api.LatencyStandard)
+	q.Add("other/c", t0, t0)
+	q.SetClass("other/c", api.LatencyBestEffort)
+	if _, held := q.MoreCriticalFirst("other/c", false, t0); !held {
+		t.Fatal("the test needs the standard claim to go first while undecided")
+	}
+	q.Deferred("greedy/c")
+	if first, held := q.MoreCriticalFirst("other/c", false, t0); held {
+		t.Errorf("a deferred claim (%s) holds a less critical one back", first)
+	}
+	if !q.AnyUndecided([]string{"greedy/c"}, t0) {
+		t.Error("a deferred claim never decided on lets its namespace's younger claims go first")
 	}
 }

@@ -220,7 +220,7 @@ func (c *Controller) smallestGPU(in *input) func(*request) int64 {
 		for _, gs := range c.model.coreGPU {
 			in.checks += len(gs)
 			for _, g := range gs {
-				if ok, _, _ := in.selectors[rq.alt.name].At(g.snapIndex, c.model.selectorGen()); ok && g.memCap > 0 && (least == 0 || g.memCap < least) {
+				if ok, _, _ := in.selectors[rq.alt.name].At(g.keyText, g.version); ok && g.memCap > 0 && (least == 0 || g.memCap < least) {
 					least = g.memCap
 				}
 			}

@@ -14,7 +14,7 @@ import (
 // example for the waiting message; own is what the claim's earlier requests hold. The
 // request's selectors were evaluated before (gather). Caller holds the model's lock.
 func (c *Controller) gpuFits(in *input, own usage, rq *request, g *gpu) (string, string) {
-	switch ok, failed, known := in.selectors[rq.alt.name].At(g.snapIndex, c.model.selectorGen()); {
+	switch ok, failed, known := in.selectors[rq.alt.name].At(g.keyText, g.version); {
 	case !known:
 		// Published or changed since the claim's selectors were evaluated: the change
 		// started a new pass, which evaluates them on it.

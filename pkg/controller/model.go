@@ -39,9 +39,9 @@ type gpu struct {
 	coreNode  int
 	coreIndex int
 	// version changes with attrs and capacity: selector verdicts are kept per version;
-	// snapIndex is the GPU's index in the model's selector snapshot.
-	version   uint64
-	snapIndex int
+	// keyText is key.String(), which they are kept by.
+	version uint64
+	keyText string
 }
 
 // tenant is one share of a GPU: what the co-tenancy rules need to know about it.
@@ -250,7 +250,7 @@ func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) 
 }
 
 // SelectorSnapshot is the published GPUs as CEL selectors see them. Its Devices are shared
-// and must not be changed; a GPU's index there is its snapIndex.
+// and must not be changed.
 func (m *model) SelectorSnapshot() selectors.Snapshot {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -258,22 +258,12 @@ func (m *model) SelectorSnapshot() selectors.Snapshot {
 		devs := make([]selectors.Device, 0, len(m.gpus))
 		for _, g := range m.gpus {
 			if g.known {
-				g.snapIndex = len(devs)
-				devs = append(devs, selectors.Device{Key: g.key.String(), Version: g.version, Attributes: g.attrs, Capacity: g.capacity})
+				devs = append(devs, selectors.Device{Key: g.keyText, Version: g.version, Attributes: g.attrs, Capacity: g.capacity})
 			}
 		}
-		m.snap, m.snapStale = selectors.Snapshot{Gen: m.snap.Gen + 1, Devices: devs}, false
+		m.snap, m.snapStale = selectors.NewSnapshot(m.snap.Gen+1, devs), false
 	}
 	return m.snap
-}
-
-// selectorGen is the snapshot a GPU's snapIndex belongs to, or 0 where it is stale: then no
-// claim's selectors are known to match. Caller holds mu.
-func (m *model) selectorGen() uint64 {
-	if m.snapStale {
-		return 0
-	}
-	return m.snap.Gen
 }
 
 // decidedUnseen reports whether the model holds a decision on the claim that the informer has not
@@ -305,7 +295,7 @@ func (m *model) EachGPU(fn func(g *gpu)) {
 func (m *model) gpuFor(k gpuKey) *gpu {
 	g, ok := m.gpus[k]
 	if !ok {
-		g = &gpu{key: k, node: k.pool, tenants: map[types.UID]*tenant{}, compCap: 100}
+		g = &gpu{key: k, keyText: k.String(), node: k.pool, tenants: map[types.UID]*tenant{}, compCap: 100}
 		m.gpus[k] = g
 		if m.byPool[k.pool] == nil {
 			m.byPool[k.pool] = map[string]*gpu{}

@@ -38,10 +38,21 @@ type Device struct {
 }
 
 // Snapshot is the devices selectors are evaluated on; Gen names it: a new snapshot after any
-// device changed has a new Gen, and Matches are read by a device's index in it.
+// device changed has a new Gen. It is shared, never changed: Matches keep it to read a
+// device's verdict.
 type Snapshot struct {
 	Gen     uint64
 	Devices []Device
+	index   map[string]int // device key → its index in Devices
+}
+
+// NewSnapshot makes snapshot gen of devs, which it keeps: the caller must not change them.
+func NewSnapshot(gen uint64, devs []Device) Snapshot {
+	index := make(map[string]int, len(devs))
+	for i, d := range devs {
+		index[d.Key] = i
+	}
+	return Snapshot{Gen: gen, Devices: devs, index: index}
 }
 
 // Options bound what evaluations may cost and keep.
@@ -118,7 +129,7 @@ func (e *ThrottledError) Error() string {
 
 // Matches says, for each device of one snapshot, whether one list of selectors matched it.
 type Matches struct {
-	gen  uint64
+	snap Snapshot
 	all  bool    // no selectors: every device matches
 	v    []uint8 // by device index: noMatch, match, or failedBase+i for errs[i]
 	errs []string
@@ -130,13 +141,15 @@ const (
 	failedBase
 )
 
-// At says whether the selectors matched the device at index i of snapshot gen; known is
-// false where they were evaluated on another snapshot.
-func (m Matches) At(i int, gen uint64) (ok bool, failed string, known bool) {
-	switch {
-	case m.all:
+// At says whether the selectors matched device key at version; known is false where they
+// were not evaluated on it at that version (it came or changed after the snapshot).
+func (m Matches) At(key string, version uint64) (ok bool, failed string, known bool) {
+	if m.all {
 		return true, "", true
-	case m.gen != gen || i < 0 || i >= len(m.v):
+	}
+	i, found := m.snap.index[key]
+	switch {
+	case !found || i >= len(m.v) || m.snap.Devices[i].Version != version:
 		return false, "", false
 	case m.v[i] >= failedBase:
 		return false, m.errs[m.v[i]-failedBase], true
@@ -371,7 +384,7 @@ type cost struct{ all, fresh uint64 }
 // list evaluates one list of selectors on every device of snap, adding their cost to spent.
 // A device's selectors stop at the first that does not match, as kube-scheduler's do.
 func (e *Evaluator) list(ctx context.Context, exprs []string, snap Snapshot, spent *cost) (Matches, error) {
-	m := Matches{gen: snap.Gen, v: make([]uint8, len(snap.Devices))}
+	m := Matches{snap: snap, v: make([]uint8, len(snap.Devices))}
 	alive := make([]int, len(snap.Devices))
 	for i := range alive {
 		alive[i] = i

@@ -28,7 +28,7 @@ func devices(n int) Snapshot {
 		out[i] = Device{Key: fmt.Sprintf("n1/gpu-%d", i), Version: 1,
 			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(i))}}}
 	}
-	return Snapshot{Gen: 1, Devices: out}
+	return NewSnapshot(1, out)
 }
 
 func index(i int) string { return fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, i) }
@@ -51,8 +51,8 @@ func newEvaluator(mod func(*Options)) (*Evaluator, *clock) {
 func matched(t *testing.T, m Matches, snap Snapshot) []string {
 	t.Helper()
 	var out []string
-	for i, d := range snap.Devices {
-		ok, _, known := m.At(i, snap.Gen)
+	for _, d := range snap.Devices {
+		ok, _, known := m.At(d.Key, d.Version)
 		if !known {
 			t.Fatalf("%s not evaluated", d.Key)
 		}
@@ -114,18 +114,19 @@ func TestVerdictsFollowSnapshotsAndVersions(t *testing.T) {
 	if got := matched(t, ms[0], devs); len(got) != 1 || got[0] != "n1/gpu-0" {
 		t.Fatalf("matched %v", got)
 	}
-	if _, _, known := ms[0].At(0, 2); known {
-		t.Error("a verdict of snapshot 1 was given for snapshot 2")
+	if _, _, known := ms[0].At("n1/gpu-0", 2); known {
+		t.Error("a verdict of version 1 was given for version 2")
 	}
-	if _, _, known := ms[0].At(9, 1); known {
+	if _, _, known := ms[0].At("n1/gpu-9", 1); known {
 		t.Error("a device outside the snapshot is known")
 	}
 	tokens := e.spaces["a"].tokens
 	if _, err := e.Claim(context.Background(), "a", "a/c", "u1", lists, devs); err != nil || e.spaces["a"].tokens != tokens {
 		t.Errorf("the same claim on the same snapshot: %v, charged %v", err, tokens-e.spaces["a"].tokens)
 	}
-	devs = Snapshot{Gen: 2, Devices: append([]Device(nil), devs.Devices...)}
-	devs.Devices[0].Version, devs.Devices[0].Attributes = 2, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(5))}}
+	changed := append([]Device(nil), devs.Devices...)
+	changed[0].Version, changed[0].Attributes = 2, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(5))}}
+	devs = NewSnapshot(2, changed)
 	ms, err = e.Claim(context.Background(), "a", "a/c", "u1", lists, devs)
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +148,7 @@ func TestSelectorErrors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ok, failed, _ := ms[0].At(0, 1)
+		ok, failed, _ := ms[0].At("n1/gpu-0", 1)
 		if ok || !strings.HasPrefix(failed, tc.want) {
 			t.Errorf("%s: ok %v, failed %q, want %q…", tc.expr, ok, failed, tc.want)
 		}
@@ -225,7 +226,7 @@ func TestNoSelectors(t *testing.T) {
 	if err != nil || len(ms) != 2 {
 		t.Fatal(ms, err)
 	}
-	if ok, _, known := ms[1].At(3, 7); !ok || !known {
+	if ok, _, known := ms[1].At("anything", 7); !ok || !known {
 		t.Error("no selectors did not match")
 	}
 }
@@ -265,7 +266,7 @@ func TestLongFailingSelectorsKeepLittle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ok, failed, known := ms[0].At(5, snap.Gen)
+	ok, failed, known := ms[0].At("n1/gpu-5", 1)
 	if ok || !known || !strings.Contains(failed, "CEL runtime error") || len(failed) > 3*maxText {
 		t.Errorf("failed %d bytes: %.300q", len(failed), failed)
 	}

@@ -44,7 +44,6 @@ func Main(m *testing.M, s Suite) {
 		code = m.Run()
 	}
 	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
 	if s.Teardown != nil {
 		if err := s.Teardown(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e teardown:", err)

@@ -53,9 +53,11 @@ func comprehension(tag int) string {
 
 // Findings 1 and 2 of the third round, as the edit-only tenant: claims with the most
 // selectors a request may have, more distinct expressions than any memo holds, every list
-// ending in a selector no GPU matches, some of them with costly selectors. None is placed on
-// a GPU its selectors exclude, the costly ones are told why they are refused, and another
-// namespace's ordinary pod still runs.
+// ending in a selector no GPU matches, one of them with costly selectors. None is placed on
+// a GPU its selectors exclude, the costly one is told why it is refused, and another
+// namespace's ordinary pod still runs. (kube-scheduler evaluates the same selectors for the
+// tenant's pods, on its own time: more costly claims slow it, whatever fgpu does; see
+// docs/threat-model.md.)
 func TestSelectorsNeitherStallNorMislead(t *testing.T) {
 	useMode(t, allocatorMode)
 	ctx := context.Background()
@@ -72,7 +74,7 @@ func TestSelectorsNeitherStallNorMislead(t *testing.T) {
 
 	var pods []*corev1.Pod
 	for i := range 12 {
-		costly := i%3 == 0
+		costly := i == 0
 		tmpl, pod := selectorAttack(ns, fmt.Sprintf("a%d", i), i, costly)
 		if _, err := tenant.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("template %s: %v", tmpl.Name, err)
@@ -92,7 +94,7 @@ func TestSelectorsNeitherStallNorMislead(t *testing.T) {
 	t.Logf("another namespace's 4Gi pod: created to running in %s on an idle allocator, %s beside the attack", idle.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 
 	for i, p := range pods {
-		if i%3 == 0 {
+		if i == 0 {
 			waitClaimStatus(t, p, podTimeout, "device selectors cost more than the allocator evaluates for one claim")
 		} else {
 			waitClaimStatus(t, p, podTimeout, "no GPU can take 1Gi now", "device selectors do not match")

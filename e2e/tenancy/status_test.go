@@ -72,7 +72,7 @@ func TestTenantCannotForgeFgpusWord(t *testing.T) {
 	_, err = tenant.Client.CoreV1().Events(ns).Create(ctx, rec, metav1.CreateOptions{})
 	refused("a sizing recommendation", err, "only fgpu may write events in the name of fgpu-allocator")
 	_, err = tenant.Client.EventsV1().Events(ns).Create(ctx, &eventsv1.Event{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: pod.Name + ".", Namespace: ns}, EventTime: metav1.NowMicro(),
+		ObjectMeta: metav1.ObjectMeta{Name: pod.Name + ".forged", Namespace: ns}, EventTime: metav1.NowMicro(),
 		ReportingController: "fgpu-allocator", ReportingInstance: "fgpu-allocator-0", Action: "Place", Reason: "FgpuPlaced",
 		Regarding: podRef, Note: "claim " + claim.Name + ": " + forged, Type: corev1.EventTypeNormal,
 	}, metav1.CreateOptions{})

@@ -46,7 +46,8 @@ func TestFaultFigures(t *testing.T) {
 	deployment(t, ns, "app", 3, 0)
 	cur := waitPlaced(t, ns, "app", 3, time.Minute, "gpu-0")
 	recoverGPU(t, 1)
-	waitTaints(t, "gpu-1", 5*time.Second)
+	// A slowdown's end is damped like its start (SlowdownPolls readings): up to 6 s here.
+	waitTaints(t, "gpu-1", slowdownWait)
 
 	// A non-fatal condition on the GPU they run on: NoSchedule only, and they stay.
 	inject(t, 0, "row-remap-failure")

@@ -70,14 +70,18 @@ func (g *goneClaims) drop(key string) {
 	delete(g.byKey, key)
 }
 
-// holdsShare reports whether a pod may still run on a claim's devices: not finished, and not
-// a deleted pod that never reached a node (kube-controller-manager keeps a reservation by the
-// same rule).
+// holdsShare reports whether a pod may still run on a claim's devices, or still have them
+// prepared: not finished, and not a deleted pod that never reached a node
+// (kube-controller-manager keeps a reservation by the same rule). A deleted pod on a node
+// holds them until its object is gone, finished or not: the kubelet unprepares a pod's claims
+// after its phase turns final, and removes the object only after that. Placing another
+// isolation domain on the GPU before then has its plugin refuse the prepare (a claim
+// generated for the pod is deleted as soon as the pod is done).
 func holdsShare(p *corev1.Pod) bool {
-	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-		return false
+	if p.DeletionTimestamp != nil {
+		return p.Spec.NodeName != ""
 	}
-	return p.DeletionTimestamp == nil || p.Spec.NodeName != ""
+	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 
 // runningOn returns the pods that may still run on a claim's devices: those in its

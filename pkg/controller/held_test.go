@@ -157,3 +157,69 @@ func TestTimeSlicedClaimsPayForTheRoomTheyKeep(t *testing.T) {
 		t.Errorf("another namespace's MPS claim on %q (the time-sliced GPU is %s): %s", got, sliced, e.claim("b", "mps").Annotations[AnnotationStatus])
 	}
 }
+
+// Issue #24: where Kueue owns a namespace's quota it charges what the claims ask, not the
+// room they keep; quota.heldRoom: Refuse makes fgpu's placement agree. The namespace's
+// time-sliced claims are packed onto the GPU it already keeps; a second sub-domain, which
+// would keep another GPU, waits, saying why, with no memory or compute quota at all; a
+// claim of two time-sliced devices is never placed across two GPUs; another namespace gets
+// the GPU left alone; once the first domain leaves, the second is placed.
+func TestRefusedHeldRoomKeepsANamespaceToOneGPU(t *testing.T) {
+	pols := []*api.SharingPolicy{
+		builders.MakePolicy("shared").Isolation(api.IsolationNone).Obj(),
+		builders.MakePolicy("kueue-owns-a").Namespaces("kubernetes.io/metadata.name", "a").RefuseHeldRoom().Obj(),
+	}
+	ts := map[string]any{"mode": "timeSlicing"}
+	pair := builders.MakeClaim("a", "pair").Memory("512Mi").Config(ts).Created(3).Obj()
+	pair.Spec.Devices.Requests[0].Exactly.Count = 2
+	e := newEnv(t, pols, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"), namespaceObj("a"), namespaceObj("b"),
+		builders.MakeClaim("a", "ts0").Memory("1Gi").Config(ts).Created(0).Obj(), builders.MakePod("a", "ts0").Claim("ts0").Obj(),
+		builders.MakeClaim("a", "ts1").Memory("1Gi").Config(ts).Created(1).Obj(), builders.MakePod("a", "ts1").Claim("ts1").Obj(),
+		builders.MakeClaim("a", "ts2").Memory("1Gi").Config(ts).Created(2).Obj(), builders.MakePod("a", "ts2").Claim("ts2").Obj(),
+		pair, builders.MakePod("a", "pair").Claim("pair").Obj())
+	e.run()
+	sliced := e.placedOn("a", "ts0")
+	if sliced == "" {
+		t.Fatalf("ts0 not placed: %s", e.claim("a", "ts0").Annotations[AnnotationStatus])
+	}
+	for _, name := range []string{"ts1", "ts2"} {
+		if got := e.placedOn("a", name); got != sliced {
+			t.Errorf("%s on %q, want packed onto %s, the GPU its namespace keeps: %s", name, got, sliced, e.claim("a", name).Annotations[AnnotationStatus])
+		}
+	}
+	if got := e.placedOn("a", "pair"); got != "" {
+		t.Errorf("a two-device time-sliced claim placed on %s: it keeps a second GPU", got)
+	}
+	st := e.claim("a", "pair").Annotations[AnnotationStatus]
+	for _, want := range []string{reasonHeldRoomRefused, "SharingPolicy kueue-owns-a"} {
+		if !strings.Contains(st, want) {
+			t.Errorf("status of pair %q does not say %q", st, want)
+		}
+	}
+	e.c.model.mu.Lock()
+	charged := e.c.model.held("a").charge()
+	e.c.model.mu.Unlock()
+	if charged != (usage{}) {
+		t.Errorf("room kept beyond one GPU: %v", charged)
+	}
+	e.create(builders.MakeClaim("b", "mps").Memory("10Gi").Created(4).Obj(), builders.MakePod("b", "mps").Claim("mps").Obj())
+	e.create(subDomainClaim("d1", "d1", 5)...)
+	e.run()
+	if got := e.placedOn("b", "mps"); got == "" || got == sliced {
+		t.Errorf("another namespace's MPS claim on %q (the time-sliced GPU is %s): %s", got, sliced, e.claim("b", "mps").Annotations[AnnotationStatus])
+	}
+	if got := e.placedOn("a", "d1"); got != "" {
+		t.Fatalf("a sub-domain claim took %s beside the time-sliced GPU %s", got, sliced)
+	}
+	if st := e.claim("a", "d1").Annotations[AnnotationStatus]; !strings.Contains(st, reasonHeldRoomRefused) {
+		t.Errorf("status of d1 %q does not say %q", st, reasonHeldRoomRefused)
+	}
+	for _, name := range []string{"ts0", "ts1", "ts2", "pair"} {
+		_ = e.client.CoreV1().Pods("a").Delete(e.ctx, name, metav1.DeleteOptions{})
+		_ = e.client.ResourceV1().ResourceClaims("a").Delete(e.ctx, name, metav1.DeleteOptions{})
+	}
+	e.run()
+	if got := e.placedOn("a", "d1"); got == "" {
+		t.Errorf("d1 not placed once the time-sliced claims left: %s", e.claim("a", "d1").Annotations[AnnotationStatus])
+	}
+}

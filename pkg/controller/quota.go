@@ -21,6 +21,10 @@ const (
 	// reasonOverQuotaHeld is reasonOverQuota once the free room that the namespace's claims
 	// keep from other namespaces counts (held.go).
 	reasonOverQuotaHeld = "over quota with the free room its namespace would keep from other namespaces, which counts on every GPU it keeps to itself but its roomiest"
+	// reasonHeldRoomRefused is the rejection of a GPU on which the claim would make its
+	// namespace keep free room from other namespaces on a GPU beyond its roomiest, which its
+	// quota refuses (quota.heldRoom: Refuse).
+	reasonHeldRoomRefused = "its namespace would keep free room from other namespaces on one more GPU, which its quota refuses (heldRoom: Refuse)"
 )
 
 // kueuePodSetLabel is what Kueue sets on the pods of a workload it admitted.
@@ -214,15 +218,15 @@ func uncappedCompute(p policy.Effective, rq *request) bool {
 
 // quotaFits says whether the request's devices keep the namespace within quota if each
 // takes what GPU g would give it (mem, and its burst cap limit, and comp): "" if they do,
-// else reasonOverQuota, reasonOverQuotaHeld or reasonBeyondQuota. Counting every device at
-// g's size keeps the claim within quota whichever GPUs the placement core picks for it: each
+// else reasonOverQuota, reasonOverQuotaHeld, reasonHeldRoomRefused or reasonBeyondQuota.
+// Counting every device at g's size keeps the claim within quota whichever GPUs the placement core picks for it: each
 // passed with its own size times the count, so the sum of their sizes fits too. The room a
 // device would keep from other namespaces on g counts too (held.go): exactly for one
 // device; for several, as if each kept g's room, as each GPU picked passed that way. The
 // example says what the held room adds. Caller holds the model's lock.
 func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, limit, comp int64) (string, string) {
 	q, ns := in.pol.Quota, in.claim.Namespace
-	if !q.Binds() {
+	if !q.Binds() && !q.RefuseHeldRoom {
 		return "", ""
 	}
 	device := result{mem: mem, comp: comp, whole: rq.whole, mode: rq.mode, domain: rq.domain}
@@ -251,6 +255,17 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 		held = h.chargeWith(g, r, kept)
 	case kept && !was:
 		held.mem, held.comp = addSat(held.mem, rq.count*r.mem), addSat(held.comp, rq.count*r.comp)
+	}
+	if q.RefuseHeldRoom {
+		before := h.charge()
+		if kept && rq.count > 1 && (r.mem > 0 || r.comp > 0) {
+			return reasonHeldRoomRefused, fmt.Sprintf("on %s its %d devices would keep %s and %d%% free from other namespaces on every GPU but one (SharingPolicy %s)",
+				g.key, rq.count, fmtBytes(r.mem), r.comp, q.RefuseHeldRoomFrom)
+		}
+		if held.mem > before.mem || held.comp > before.comp {
+			return reasonHeldRoomRefused, fmt.Sprintf("%s: namespace %s would keep %s and %d%% more free from others (SharingPolicy %s)",
+				g.key, ns, fmtBytes(held.mem-before.mem), held.comp-before.comp, q.RefuseHeldRoomFrom)
+		}
 	}
 	res := c.model.nsReserve[ns]
 	used := usage{addSat(c.model.nsMem[ns], res.mem), addSat(c.model.nsComp[ns], res.comp)}

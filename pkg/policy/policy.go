@@ -47,6 +47,10 @@ type Quota struct {
 	Compute    *int64
 	// ComputeFrom names the policy whose compute limit binds.
 	ComputeFrom string
+	// RefuseHeldRoom: the namespace may not keep free room from other namespaces on more
+	// than one GPU (a policy's quota.heldRoom: Refuse), named by RefuseHeldRoomFrom.
+	RefuseHeldRoom     bool
+	RefuseHeldRoomFrom string
 	// Invalid is set when a policy that sets a quota does not validate and may select the
 	// namespace: its quota cannot be enforced, so the namespace's claims must wait.
 	Invalid *InvalidQuota
@@ -169,7 +173,7 @@ func NamespaceQuota(policies []*api.SharingPolicy, nsLabels map[string]string) Q
 	var q Quota
 	for _, p := range sorted {
 		sq := p.Spec.Quota
-		if p.DeletionTimestamp != nil || sq == nil || (sq.Memory == nil && sq.Compute == nil) {
+		if p.DeletionTimestamp != nil || sq == nil || (sq.Memory == nil && sq.Compute == nil && sq.HeldRoom == "") {
 			continue
 		}
 		if err := p.Spec.Validate(); err != nil {
@@ -186,6 +190,9 @@ func NamespaceQuota(policies []*api.SharingPolicy, nsLabels map[string]string) Q
 		}
 		if sq.Compute != nil && (q.Compute == nil || *sq.Compute < *q.Compute) {
 			q.Compute, q.ComputeFrom = sq.Compute, p.Name
+		}
+		if sq.HeldRoom == api.HeldRoomRefuse && !q.RefuseHeldRoom {
+			q.RefuseHeldRoom, q.RefuseHeldRoomFrom = true, p.Name
 		}
 	}
 	return q

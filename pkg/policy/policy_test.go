@@ -213,3 +213,37 @@ func TestNamespaceQuota(t *testing.T) {
 		})
 	}
 }
+
+// quota.heldRoom: Refuse binds on its own, with no memory or compute limit, in every
+// namespace the policy's namespaceSelector selects; the alphabetically first such policy is
+// named; Charge, or a policy of other namespaces, refuses nothing.
+func TestNamespaceQuotaRefusesHeldRoom(t *testing.T) {
+	mk := func(name string, ns map[string]string, rule api.HeldRoomRule) *api.SharingPolicy {
+		p := &api.SharingPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: api.SharingPolicySpec{Quota: &api.Quota{HeldRoom: rule}}}
+		if ns != nil {
+			p.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: ns}
+		}
+		return p
+	}
+	ml, other := map[string]string{"team": "ml"}, map[string]string{"team": "other"}
+	for name, tc := range map[string]struct {
+		pols []*api.SharingPolicy
+		from string // "" when held room is charged
+	}{
+		"charge":                  {[]*api.SharingPolicy{mk("c", ml, api.HeldRoomCharge)}, ""},
+		"refuse alone":            {[]*api.SharingPolicy{mk("r", ml, api.HeldRoomRefuse)}, "r"},
+		"refuse for all":          {[]*api.SharingPolicy{mk("r", nil, api.HeldRoomRefuse)}, "r"},
+		"refuse elsewhere":        {[]*api.SharingPolicy{mk("r", other, api.HeldRoomRefuse)}, ""},
+		"first refusing name":     {[]*api.SharingPolicy{mk("z", ml, api.HeldRoomRefuse), mk("c", ml, api.HeldRoomCharge), mk("b", nil, api.HeldRoomRefuse)}, "b"},
+		"charge does not lift":    {[]*api.SharingPolicy{mk("a", ml, api.HeldRoomCharge), mk("r", ml, api.HeldRoomRefuse)}, "r"},
+		"unknown rule is skipped": {[]*api.SharingPolicy{mk("x", ml, "Ignore")}, ""},
+	} {
+		q := NamespaceQuota(tc.pols, ml)
+		if q.RefuseHeldRoom != (tc.from != "") || q.RefuseHeldRoomFrom != tc.from {
+			t.Errorf("%s: refuse %v from %q, want from %q", name, q.RefuseHeldRoom, q.RefuseHeldRoomFrom, tc.from)
+		}
+		if q.Binds() {
+			t.Errorf("%s: binds memory or compute: %+v", name, q)
+		}
+	}
+}

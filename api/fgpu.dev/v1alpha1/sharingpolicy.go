@@ -384,6 +384,9 @@ func (s *SharingPolicySpec) Validate() error {
 		if q.Compute != nil && *q.Compute < 0 {
 			return fmt.Errorf("quota.compute %d must not be negative", *q.Compute)
 		}
+		if q.HeldRoom != "" && q.HeldRoom != HeldRoomCharge && q.HeldRoom != HeldRoomRefuse {
+			return fmt.Errorf("quota.heldRoom %q must be %q or %q", q.HeldRoom, HeldRoomCharge, HeldRoomRefuse)
+		}
 	}
 	if s.IdleScaleDown != nil {
 		i := *s.IdleScaleDown
@@ -413,7 +416,7 @@ func validateSelector(ls *metav1.LabelSelector) error {
 
 // Quota is a per-namespace cap on allocated GPU memory and compute.
 // +kubebuilder:object:generate=true
-// +kubebuilder:validation:XValidation:rule="has(self.memory) || has(self.compute)",message="a quota caps memory, compute or both"
+// +kubebuilder:validation:XValidation:rule="has(self.memory) || has(self.compute) || has(self.heldRoom)",message="a quota caps memory, compute or both, or sets heldRoom"
 type Quota struct {
 	// Memory is the GPU memory the namespace's claims may hold together.
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="memory must not be negative"
@@ -423,7 +426,28 @@ type Quota struct {
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	Compute *int64 `json:"compute,omitempty"`
+	// HeldRoom is what the free room the namespace's claims keep from other namespaces
+	// costs it (an isolation domain, time-slicing, a whole GPU, a burst or a co-tenant
+	// limit keeps a GPU's room to the namespace). Charge (the default): the room of every
+	// GPU it keeps but its roomiest counts against Memory and Compute. Refuse: the namespace
+	// may keep room on one GPU only; a placement that would keep room on another is not
+	// made, and the claim waits for a GPU where it keeps nothing more. Use Refuse where
+	// Kueue owns the namespace's quota: Kueue charges what the claims ask, and under Refuse
+	// that is what the namespace holds, but for one GPU's room.
+	// +optional
+	HeldRoom HeldRoomRule `json:"heldRoom,omitempty"`
 }
+
+// HeldRoomRule is what a quota does with the free room a namespace keeps from others.
+// +kubebuilder:validation:Enum=Charge;Refuse
+type HeldRoomRule string
+
+const (
+	// HeldRoomCharge counts the room kept on every GPU but the roomiest against the quota.
+	HeldRoomCharge HeldRoomRule = "Charge"
+	// HeldRoomRefuse never lets the namespace keep room on more than one GPU.
+	HeldRoomRefuse HeldRoomRule = "Refuse"
+)
 
 // +kubebuilder:object:root=true
 

@@ -26,6 +26,8 @@ func TestSharingPolicySpecValidate(t *testing.T) {
 		"valid selectors and quota": {SharingPolicySpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}}, Quota: &Quota{Memory: ptr.To(resource.MustParse("80Gi"))}}, ""},
 		"negative memory quota":     {SharingPolicySpec{Quota: &Quota{Memory: ptr.To(resource.MustParse("-1Gi"))}}, "quota.memory -1Gi must not be negative"},
 		"negative compute quota":    {SharingPolicySpec{Quota: &Quota{Compute: ptr.To[int64](-5)}}, "quota.compute -5 must not be negative"},
+		"held room refused alone":   {SharingPolicySpec{Quota: &Quota{HeldRoom: HeldRoomRefuse}}, ""},
+		"unknown held room rule":    {SharingPolicySpec{Quota: &Quota{HeldRoom: "Ignore"}}, `quota.heldRoom "Ignore" must be "Charge" or "Refuse"`},
 		"In without values":         {SharingPolicySpec{NamespaceSelector: bad}, "namespaceSelector: "},
 		"invalid pod selector":      {SharingPolicySpec{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"bad key!": "x"}}}, "podSelector: "},
 		"idle after 10m, SM unset":  {SharingPolicySpec{IdleScaleDown: &IdleScaleDown{After: metav1.Duration{Duration: 10 * time.Minute}}}, ""},

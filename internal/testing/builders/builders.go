@@ -318,6 +318,15 @@ func (b *PolicyBuilder) QuotaCompute(percent int64) *PolicyBuilder {
 	return b
 }
 
+// RefuseHeldRoom sets the quota's heldRoom to Refuse.
+func (b *PolicyBuilder) RefuseHeldRoom() *PolicyBuilder {
+	if b.p.Spec.Quota == nil {
+		b.p.Spec.Quota = &api.Quota{}
+	}
+	b.p.Spec.Quota.HeldRoom = api.HeldRoomRefuse
+	return b
+}
+
 // DefaultCompute sets the compute a share that asks none gets.
 func (b *PolicyBuilder) DefaultCompute(percent int32) *PolicyBuilder {
 	b.p.Spec.DefaultCompute = &percent

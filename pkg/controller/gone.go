@@ -127,6 +127,26 @@ func (c *Controller) holdGone(claim *resourceapi.ResourceClaim) bool {
 	return true
 }
 
+// holdCleared keeps the shares of a claim whose allocation kube-controller-manager cleared
+// (it does once no pod is reserved, i.e. its pods are done) while a deleted pod on a node may
+// still have it prepared: the kubelet unprepares after the pod's phase turns final and
+// removes the object only after that. It reports whether it did.
+func (c *Controller) holdCleared(claim *resourceapi.ResourceClaim) bool {
+	pods := map[types.UID]podRef{}
+	for _, p := range c.claimPods(claim) {
+		if p.DeletionTimestamp != nil && p.Spec.NodeName != "" {
+			pods[p.UID] = podRef{p.Namespace, p.Name}
+		}
+	}
+	if len(pods) == 0 || !c.model.RekeyCleared(claimKey(claim), heldKey(claim), c.now()) {
+		return false
+	}
+	c.gone.hold(heldKey(claim), pods)
+	klog.Background().V(2).Info("Claim deallocated while its deleted pods may still have it prepared; keeping its shares until they are gone",
+		"claim", klog.KObj(claim))
+	return true
+}
+
 // recheckGone releases the shares of gone claims none of whose pods run any more; only
 // those pod (nil: every gone claim) is looked at.
 func (c *Controller) recheckGone(pod *corev1.Pod) {

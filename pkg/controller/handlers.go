@@ -49,6 +49,9 @@ func (c *Controller) onClaim(claim *resourceapi.ResourceClaim) {
 	if !ours && claim.Status.Allocation == nil {
 		return
 	}
+	if claim.Status.Allocation == nil && c.holdCleared(claim) {
+		c.kick()
+	}
 	if c.model.Account(claim, c.now()) {
 		c.kick()
 	}

@@ -17,7 +17,8 @@ import (
 	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
-// The allocator, not kube-scheduler, places three shares; the pods run and say where.
+// The allocator, not kube-scheduler, places three shares (the suite leaves allocationMode to
+// the chart's default); the pods run and say where.
 func TestAllocatorPlacesShares(t *testing.T) {
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "alloc")

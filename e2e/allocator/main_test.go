@@ -21,8 +21,10 @@ const bindTimeout = "20s"
 
 func TestMain(m *testing.M) {
 	framework.Main(m, framework.Suite{
+		// allocationMode and sizing are the chart's defaults (allocator, Recommend):
+		// TestAllocatorPlacesShares and TestSizingRecommendChangesNothing show what a plain
+		// install gives.
 		Values: []string{
-			"allocationMode=allocator",
 			"kubeletPlugin.gpus=fake:2xH100-80GB",
 			"allocator.hostNetwork=true",
 			"allocator.bindTimeout=" + bindTimeout,

@@ -22,6 +22,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
+	"github.com/fgpu-dev/fgpu/pkg/controller"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/clusterview"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
@@ -55,12 +56,14 @@ func sizedDeployment(t *testing.T, prefix string, mode api.SizingMode, latency a
 	t.Helper()
 	ctx := context.Background()
 	ns := cluster.Namespace(t, prefix)
-	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
-	pol := builders.MakePolicy("sizing-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(mode)
-	if latency != "" {
-		pol = pol.Latency(latency)
+	if mode != "" {
+		cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
+		pol := builders.MakePolicy("sizing-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(mode)
+		if latency != "" {
+			pol = pol.Latency(latency)
+		}
+		createPolicy(t, pol.Obj())
 	}
-	createPolicy(t, pol.Obj())
 	gp := framework.MakeGPUPod(ns, "web")
 	if memory != "" {
 		gp = gp.Memory(memory)
@@ -187,11 +190,12 @@ func TestMeasuredUsageSizesNewPods(t *testing.T) {
 	}
 }
 
-// Under sizing Recommend the recommendation is told and nothing changes: a new pod of the
-// measured Deployment gets what its claim asks, not the recommendation.
+// What a plain install gives (no sizing value, no policy for the namespace: the chart's
+// default policy, whose sizing the CRD defaults to Recommend): the recommendation is told
+// and nothing changes: a new pod of the measured Deployment gets what its claim asks.
 func TestSizingRecommendChangesNothing(t *testing.T) {
 	ctx := context.Background()
-	ns := sizedDeployment(t, "sizing-rec", api.SizingRecommend, "", "20Gi", "0:2Gi:30")
+	ns := sizedDeployment(t, "sizing-rec", "", "", "20Gi", "0:2Gi:30")
 	// running waits for a running pod of the Deployment other than not.
 	running := func(not string) *corev1.Pod {
 		t.Helper()
@@ -223,6 +227,9 @@ func TestSizingRecommendChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log(ev)
+	if st := claim.Annotations[controller.AnnotationStatus]; !strings.Contains(st, "[SharingPolicy default]") {
+		t.Errorf("the claim was not placed under the chart's default policy: %s", st)
+	}
 	if _, err := cluster.Client.AppsV1().Deployments(ns).UpdateScale(ctx, "web", &autoscalingv1.Scale{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 2}}, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)

@@ -80,7 +80,7 @@ func (e Effective) DisplayName() string {
 // Default is what applies when no SharingPolicy selects a claim: namespaces isolated,
 // standard latency, mode auto, no quota.
 func Default() Effective {
-	return Effective{Isolation: api.IsolationNamespace, Latency: api.LatencyStandard, Mode: api.PolicyModeAuto, MaxCoTenants: 1, Sizing: api.SizingOff}
+	return Effective{Isolation: api.IsolationNamespace, Latency: api.LatencyStandard, Mode: api.PolicyModeAuto, MaxCoTenants: 1, Sizing: api.SizingRecommend}
 }
 
 // FromSpec applies defaults to a policy's spec.

@@ -291,10 +291,11 @@ type SharingPolicySpec struct {
 
 	// Sizing is what the allocator does with the sizes it recommends for the workloads (a
 	// Deployment, StatefulSet, CronJob, Job or bare pod, and the claim's request) of the pods
-	// this policy applies to, from their claims' measured use: Off (the default), Recommend,
-	// Initial or Auto. Pod labels choose the policy, so a tenant can choose its own workloads' mode;
-	// a workload is only ever sized from its own pods' use.
-	// +kubebuilder:default=Off
+	// this policy applies to, from their claims' measured use: Off, Recommend (the default:
+	// recommendations are told from the first minute, nothing is changed), Initial or Auto.
+	// Pod labels choose the policy, so a tenant can choose its own workloads' mode; a workload
+	// is only ever sized from its own pods' use.
+	// +kubebuilder:default=Recommend
 	// +optional
 	Sizing SizingMode `json:"sizing,omitempty"`
 

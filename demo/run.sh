@@ -12,7 +12,7 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 step "Installing prerequisites and building the cluster's binaries (cached after the first run)"
 hack/install-prereqs.sh
-e2e/cluster/build.sh
+e2e/cluster/build.sh --cluster-only
 
 step "Starting the local cluster"
 if ! e2e/cluster/status.sh >/dev/null 2>&1; then

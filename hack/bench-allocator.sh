@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 NODES=${NODES:-500} CLAIMS=${CLAIMS:-2000}
 hack/install-prereqs.sh >/dev/null
-e2e/cluster/build.sh >/dev/null
+e2e/cluster/build.sh --cluster-only >/dev/null
 e2e/cluster/down.sh >/dev/null 2>&1 || true
 rm -rf /var/run/fgpu
 trap 'e2e/cluster/down.sh >/dev/null 2>&1; rm -rf /var/run/fgpu' EXIT

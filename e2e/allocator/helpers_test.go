@@ -47,7 +47,7 @@ func gpuOf(t *testing.T, pod *corev1.Pod) (string, *resourceapi.ResourceClaim) {
 		t.Fatal(err)
 	}
 	if !controller.PlacedByAllocator(framework.Driver, claim) {
-		t.Fatalf("claim %s not placed by the allocator: %v", claim.Name, claim.Annotations[controller.AnnotationStatus])
+		t.Fatalf("claim %s not placed by the allocator: %v", claim.Name, claim.Annotations[api.AnnotationStatus])
 	}
 	return claim.Status.Allocation.Devices.Results[0].Device, claim
 }

@@ -130,9 +130,9 @@ func TestIdleDeploymentScaledToZeroKeepsItsQuota(t *testing.T) {
 		if err == nil {
 			claim = c
 		}
-		return strings.Contains(claim.Annotations[controller.AnnotationStatus], "kept for workloads scaled to zero"), nil
+		return strings.Contains(claim.Annotations[api.AnnotationStatus], "kept for workloads scaled to zero"), nil
 	}); err != nil {
-		t.Errorf("claim %s's status %q does not say the quota is kept for a workload scaled to zero", claim.Name, claim.Annotations[controller.AnnotationStatus])
+		t.Errorf("claim %s's status %q does not say the quota is kept for a workload scaled to zero", claim.Name, claim.Annotations[api.AnnotationStatus])
 	}
 	waitPending(t, ns, "late", 2*time.Second)
 

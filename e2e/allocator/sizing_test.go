@@ -22,10 +22,8 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
-	"github.com/fgpu-dev/fgpu/pkg/controller"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/clusterview"
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // fakeDevDir is where the chart's plugin keeps its fake device nodes and their usage files.
@@ -109,16 +107,14 @@ func TestMeasuredUsageSizesNewPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The measured peak reaches the claim's status.
-	var usage sizing.Usage
+	var usage api.ShareUsage
 	if err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
 		c, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, claim.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
 		for _, st := range c.Status.Devices {
-			var data struct {
-				Usage *sizing.Usage `json:"usage"`
-			}
+			var data api.DeviceStatusData
 			if st.Data != nil && json.Unmarshal(st.Data.Raw, &data) == nil && data.Usage != nil && data.Usage.MemoryMaxBytes == 6<<30 {
 				usage = *data.Usage
 				return true, nil
@@ -227,7 +223,7 @@ func TestSizingRecommendChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log(ev)
-	if st := claim.Annotations[controller.AnnotationStatus]; !strings.Contains(st, "[SharingPolicy default]") {
+	if st := claim.Annotations[api.AnnotationStatus]; !strings.Contains(st, "[SharingPolicy default]") {
 		t.Errorf("the claim was not placed under the chart's default policy: %s", st)
 	}
 	if _, err := cluster.Client.AppsV1().Deployments(ns).UpdateScale(ctx, "web", &autoscalingv1.Scale{

@@ -17,7 +17,6 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
-	"github.com/fgpu-dev/fgpu/pkg/plugin"
 )
 
 var devDir = filepath.Join(framework.StateDir, "fake-dev")
@@ -81,7 +80,7 @@ func deployment(t *testing.T, ns, name string, n int32, tolerate int64) {
 	p := framework.MakeGPUPod(ns, name).Memory("10Gi").Label("app", name)
 	tmpl := p.Template()
 	tmpl.Spec.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{
-		Key: plugin.FaultTaintKey, Operator: resourceapi.DeviceTolerationOpExists,
+		Key: api.FaultTaintKey, Operator: resourceapi.DeviceTolerationOpExists,
 		Effect: resourceapi.DeviceTaintEffectNoExecute, TolerationSeconds: ptr.To(tolerate)}}
 	if _, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -172,7 +171,7 @@ func TestFaultsEndToEnd(t *testing.T) {
 
 	// Non-fatal: NoSchedule only; new pods go elsewhere.
 	inject(t, 1, "thermal")
-	waitTaints(t, "gpu-1", slowdownWait, plugin.DegradedTaintKey+"=thermal:NoSchedule")
+	waitTaints(t, "gpu-1", slowdownWait, api.DegradedTaintKey+"=thermal:NoSchedule")
 	deployment(t, ns, "app", 3, 5)
 	before := waitPlaced(t, ns, "app", 3, time.Minute, "gpu-0")
 	recoverGPU(t, 1)
@@ -180,7 +179,7 @@ func TestFaultsEndToEnd(t *testing.T) {
 
 	// Fatal: NoExecute within 5 s, unhealthy in the pods' status, evicted, replaced.
 	injected := inject(t, 0, "xid 79")
-	toTaint := waitTaints(t, "gpu-0", 5*time.Second, plugin.FaultTaintKey+"=xid-79:NoExecute")
+	toTaint := waitTaints(t, "gpu-0", 5*time.Second, api.FaultTaintKey+"=xid-79:NoExecute")
 	seen := false
 	var toEvicted time.Duration
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -217,9 +216,9 @@ func TestFaultsEndToEnd(t *testing.T) {
 	// A restart keeps an active fault's taint (and is no new onset), and drops it once the
 	// fault cleared.
 	inject(t, 0, "power")
-	waitTaints(t, "gpu-0", slowdownWait, plugin.DegradedTaintKey+"=power:NoSchedule")
+	waitTaints(t, "gpu-0", slowdownWait, api.DegradedTaintKey+"=power:NoSchedule")
 	restartPlugin(t)
-	waitTaints(t, "gpu-0", 5*time.Second, plugin.DegradedTaintKey+"=power:NoSchedule")
+	waitTaints(t, "gpu-0", 5*time.Second, api.DegradedTaintKey+"=power:NoSchedule")
 	recoverGPU(t, 0)
 	restartPlugin(t)
 	waitTaints(t, "gpu-0", 30*time.Second)
@@ -228,11 +227,11 @@ func TestFaultsEndToEnd(t *testing.T) {
 	// until an admin clears it. (Its first two faults were the xid and power above; the
 	// restarts were none.)
 	inject(t, 0, "thermal")
-	waitTaints(t, "gpu-0", slowdownWait, plugin.DegradedTaintKey+"=thermal:NoSchedule", plugin.FlappingTaintKey+"=backoff:NoSchedule")
+	waitTaints(t, "gpu-0", slowdownWait, api.DegradedTaintKey+"=thermal:NoSchedule", api.FlappingTaintKey+"=backoff:NoSchedule")
 	recoverGPU(t, 0)
-	waitTaints(t, "gpu-0", slowdownWait, plugin.FlappingTaintKey+"=backoff:NoSchedule")
+	waitTaints(t, "gpu-0", slowdownWait, api.FlappingTaintKey+"=backoff:NoSchedule")
 	time.Sleep(5 * time.Second)
-	if got := deviceTaints(ctx, "gpu-0"); !slices.Equal(got, []string{plugin.FlappingTaintKey + "=backoff:NoSchedule"}) {
+	if got := deviceTaints(ctx, "gpu-0"); !slices.Equal(got, []string{api.FlappingTaintKey + "=backoff:NoSchedule"}) {
 		t.Fatalf("the back-off did not hold: %v", got)
 	}
 	if out, err := framework.Run(ctx, fgpuBin, "faults", "clear", "gpu-0"); err != nil {

@@ -14,7 +14,6 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
-	"github.com/fgpu-dev/fgpu/pkg/plugin"
 	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
@@ -42,7 +41,7 @@ func TestFaultFigures(t *testing.T) {
 	ns := cluster.Namespace(t, "figures")
 	// The replicas start together on gpu-0: gpu-1 is fenced while they are placed.
 	inject(t, 1, "thermal")
-	waitTaints(t, "gpu-1", slowdownWait, plugin.DegradedTaintKey+"=thermal:NoSchedule")
+	waitTaints(t, "gpu-1", slowdownWait, api.DegradedTaintKey+"=thermal:NoSchedule")
 	deployment(t, ns, "app", 3, 0)
 	cur := waitPlaced(t, ns, "app", 3, time.Minute, "gpu-0")
 	recoverGPU(t, 1)
@@ -51,7 +50,7 @@ func TestFaultFigures(t *testing.T) {
 
 	// A non-fatal condition on the GPU they run on: NoSchedule only, and they stay.
 	inject(t, 0, "row-remap-failure")
-	waitTaints(t, "gpu-0", 5*time.Second, plugin.DegradedTaintKey+"=row-remap-failure:NoSchedule")
+	waitTaints(t, "gpu-0", 5*time.Second, api.DegradedTaintKey+"=row-remap-failure:NoSchedule")
 	time.Sleep(10 * time.Second) // time for a wrong eviction to show
 	if stayed := waitPlaced(t, ns, "app", 3, 5*time.Second, "gpu-0"); !maps.Equal(stayed, cur) {
 		t.Fatalf("running pods did not stay on a GPU with a non-fatal fault: %v, before %v", stayed, cur)
@@ -69,7 +68,7 @@ func TestFaultFigures(t *testing.T) {
 			other = "gpu-1"
 		}
 		injected := inject(t, idx, "xid 79")
-		waitTaints(t, on, 5*time.Second, plugin.FaultTaintKey+"=xid-79:NoExecute")
+		waitTaints(t, on, 5*time.Second, api.FaultTaintKey+"=xid-79:NoExecute")
 		tTaint := time.Since(injected)
 		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			for name := range cur {

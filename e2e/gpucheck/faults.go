@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 	"github.com/fgpu-dev/fgpu/pkg/mps"
@@ -476,9 +477,9 @@ func faultClass(f gpu.Fault) string {
 		return "an application's XID: taints nothing"
 	}
 	if f.Severity() == gpu.SeverityFatal {
-		return "the GPU's, fatal: taints it " + plugin.FaultTaintKey + ":NoExecute"
+		return "the GPU's, fatal: taints it " + api.FaultTaintKey + ":NoExecute"
 	}
-	return "the GPU's, degraded: taints it " + plugin.DegradedTaintKey + ":NoSchedule"
+	return "the GPU's, degraded: taints it " + api.DegradedTaintKey + ":NoSchedule"
 }
 
 func xidClass(xid uint64) string {

@@ -293,8 +293,8 @@ func truthName(smNote, v string) string {
 
 func gib(b int64) string { return fmt.Sprintf("%.2fGiB", float64(b)/(1<<30)) }
 
-func usageWorkload(t *usageTenant) sizing.Workload {
-	return sizing.Workload{Namespace: usageNamespace, Kind: "Pod", Name: "pod-" + t.name, Request: "gpu"}
+func usageWorkload(t *usageTenant) api.SizingWorkload {
+	return api.SizingWorkload{Namespace: usageNamespace, Kind: "Pod", Name: "pod-" + t.name, Request: "gpu"}
 }
 
 // usageObjects are the tenant's pod and its claim, allocated on GPU 0 and reserved for the
@@ -336,7 +336,7 @@ func feed(ctx context.Context, client *k8sfake.Clientset, rec *sizing.Recommende
 			continue
 		}
 		for _, st := range c.Status.Devices {
-			var data plugin.DeviceStatusData
+			var data api.DeviceStatusData
 			if st.Data == nil || st.ShareID == nil || json.Unmarshal(st.Data.Raw, &data) != nil || data.Usage == nil {
 				continue
 			}

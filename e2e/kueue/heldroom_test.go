@@ -1,7 +1,6 @@
 package kueue
 
 import (
-	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"context"
 	"strings"
 	"testing"
@@ -10,10 +9,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
-	"github.com/fgpu-dev/fgpu/pkg/controller"
 )
 
 // Issue #24: Kueue charges what claims ask, not the free room they keep from other

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 	"github.com/fgpu-dev/fgpu/pkg/plugin"
@@ -127,7 +128,7 @@ func waitTaint(t *testing.T, want bool) {
 				}
 				has := false
 				for _, tt := range d.Taints {
-					has = has || (tt.Key == plugin.ForeignTaintKey && tt.Effect == resourceapi.DeviceTaintEffectNoSchedule)
+					has = has || (tt.Key == api.ForeignTaintKey && tt.Effect == resourceapi.DeviceTaintEffectNoSchedule)
 				}
 				return has == want, nil
 			}
@@ -135,7 +136,7 @@ func waitTaint(t *testing.T, want bool) {
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("gpu-0's taint %s never became %v", plugin.ForeignTaintKey, want)
+		t.Fatalf("gpu-0's taint %s never became %v", api.ForeignTaintKey, want)
 	}
 }
 

@@ -19,7 +19,6 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
-	"github.com/fgpu-dev/fgpu/pkg/controller"
 )
 
 // Findings 1 and 2, allocator mode: under a policy with isolation none, which a tenant can
@@ -140,10 +139,10 @@ func TestTamperedClaimMetadataSurvivesRestart(t *testing.T) {
 	}
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		c, err := cluster.Client.ResourceV1().ResourceClaims(attackerNS).Get(ctx, claim.Name, metav1.GetOptions{})
-		return err == nil && hasFinalizer(c, controller.Finalizer), nil
+		return err == nil && hasFinalizer(c, api.FinalizerAllocator), nil
 	})
 	if err != nil {
-		t.Errorf("the allocator's finalizer %s is not on %s/%s after the restart", controller.Finalizer, attackerNS, claim.Name)
+		t.Errorf("the allocator's finalizer %s is not on %s/%s after the restart", api.FinalizerAllocator, attackerNS, claim.Name)
 	}
 	healthy(t, attackerNS, victimNS, filler)
 }
@@ -319,7 +318,7 @@ func TestForcedOverCommitEndsRunning(t *testing.T) {
 	// first claim's, on the same GPU, with a share of its own.
 	forged.Annotations = map[string]string{}
 	for k, v := range first.Annotations {
-		if strings.HasPrefix(k, "fgpu.dev/") && k != controller.AnnotationStatus {
+		if strings.HasPrefix(k, "fgpu.dev/") && k != api.AnnotationStatus {
 			forged.Annotations[k] = v
 		}
 	}

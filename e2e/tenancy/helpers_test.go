@@ -14,7 +14,6 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
-	"github.com/fgpu-dev/fgpu/pkg/controller"
 	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
@@ -124,7 +123,7 @@ func waitClaimStatus(t *testing.T, pod *corev1.Pod, timeout time.Duration, subst
 		if err != nil {
 			return false, nil
 		}
-		msg = c.Annotations[controller.AnnotationStatus]
+		msg = c.Annotations[api.AnnotationStatus]
 		for _, s := range substrs {
 			if !strings.Contains(msg, s) {
 				return false, nil

@@ -13,11 +13,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/clusterview"
-	"github.com/fgpu-dev/fgpu/pkg/controller"
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // Finding 4 of issue #24: a tenant cannot put words in fgpu's mouth. It writes events in the
@@ -63,12 +62,12 @@ func TestTenantCannotForgeFgpusWord(t *testing.T) {
 		refused("event from "+ev.Source.Component+"/"+ev.ReportingController, err, "only fgpu may write events in the name of fgpu-")
 	}
 	rec := coreEvent("fgpu-allocator", "fgpu-allocator", "FgpuSizingRecommendation", forged)
-	raw, err := json.Marshal(sizing.Record{Workload: sizing.Workload{Namespace: ns, Kind: "Deployment", Name: "web", Request: "gpu"},
-		Recommendation: sizing.Recommendation{MemoryBytes: 1 << 30, ComputePercent: 5, Samples: 1000}})
+	raw, err := json.Marshal(api.SizingRecord{Workload: api.SizingWorkload{Namespace: ns, Kind: "Deployment", Name: "web", Request: "gpu"},
+		Recommendation: api.SizingRecommendation{MemoryBytes: 1 << 30, ComputePercent: 5, Samples: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec.Annotations = map[string]string{sizing.RecordAnnotation: string(raw)}
+	rec.Annotations = map[string]string{api.AnnotationSizingRecord: string(raw)}
 	_, err = tenant.Client.CoreV1().Events(ns).Create(ctx, rec, metav1.CreateOptions{})
 	refused("a sizing recommendation", err, "only fgpu may write events in the name of fgpu-allocator")
 	_, err = tenant.Client.EventsV1().Events(ns).Create(ctx, &eventsv1.Event{
@@ -84,18 +83,18 @@ func TestTenantCannotForgeFgpusWord(t *testing.T) {
 
 	const statusRefusal = "only the allocator may set, change or remove it"
 	for what, patch := range map[string]string{
-		"overwrite": `{"metadata":{"annotations":{"` + controller.AnnotationStatus + `":"` + forged + `"}}}`,
-		"remove":    `{"metadata":{"annotations":{"` + controller.AnnotationStatus + `":null}}}`,
+		"overwrite": `{"metadata":{"annotations":{"` + api.AnnotationStatus + `":"` + forged + `"}}}`,
+		"remove":    `{"metadata":{"annotations":{"` + api.AnnotationStatus + `":null}}}`,
 	} {
 		_, err := tenant.Client.ResourceV1().ResourceClaims(ns).Patch(ctx, claim.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		refused(what+" the claim's status", err, statusRefusal)
 	}
 	preset := builders.MakeClaim(ns, "preset").Memory("10Gi").Obj()
-	preset.Annotations = map[string]string{controller.AnnotationStatus: forged}
+	preset.Annotations = map[string]string{api.AnnotationStatus: forged}
 	_, err = tenant.Client.ResourceV1().ResourceClaims(ns).Create(ctx, preset, metav1.CreateOptions{})
 	refused("a claim created with a status", err, statusRefusal)
 	tmpl := framework.MakeGPUPod(ns, "preset").Memory("10Gi").Template()
-	tmpl.Spec.Annotations = map[string]string{controller.AnnotationStatus: forged}
+	tmpl.Spec.Annotations = map[string]string{api.AnnotationStatus: forged}
 	_, err = tenant.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{})
 	refused("a template with a status", err, statusRefusal)
 

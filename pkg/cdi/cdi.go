@@ -9,16 +9,14 @@ import (
 	"path/filepath"
 	"strings"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
-const (
-	// Vendor and Class make up the CDI kind fgpu.dev/gpu.
-	Vendor = "fgpu.dev"
-	Class  = "gpu"
-	kind   = Vendor + "/" + Class
-)
+// kind is the CDI kind of fgpu's devices: fgpu.dev/gpu.
+const kind = api.CDIVendor + "/" + api.CDIClass
 
 // DeviceNode is a host device node and where the container sees it.
 type DeviceNode struct {
@@ -64,7 +62,7 @@ func NewWriter(dir string, common ...Mount) (*Writer, error) {
 // specName is keyed by the claim UID, never reused, so a runtime's cached spec cannot be
 // mistaken for a new claim's.
 func specName(claimUID string) string {
-	return cdiapi.GenerateTransientSpecName(Vendor, Class, claimUID)
+	return cdiapi.GenerateTransientSpecName(api.CDIVendor, api.CDIClass, claimUID)
 }
 
 // DeviceID is the fully qualified CDI device ID of a claim's device.
@@ -112,7 +110,7 @@ func (w *Writer) Remove(claimUID string) error {
 // ClaimUIDs lists the claims that have a spec on disk, so a restarted plugin can remove
 // specs that no checkpoint entry accounts for.
 func (w *Writer) ClaimUIDs() ([]string, error) {
-	prefix := cdiapi.GenerateSpecName(Vendor, Class) + "_"
+	prefix := cdiapi.GenerateSpecName(api.CDIVendor, api.CDIClass) + "_"
 	entries, err := os.ReadDir(w.dir)
 	if err != nil {
 		return nil, err

@@ -69,7 +69,7 @@ func Gather(ctx context.Context, c kubernetes.Interface, driver string) ([]GPU, 
 		for _, d := range s.Spec.Devices {
 			key := s.Spec.Pool.Name + "/" + d.Name
 			g := &GPU{Node: s.Spec.Pool.Name, Device: d.Name}
-			if a, ok := d.Attributes["productName"]; ok && a.StringValue != nil {
+			if a, ok := d.Attributes[api.AttributeProductName]; ok && a.StringValue != nil {
 				g.Product = *a.StringValue
 			}
 			if m, ok := d.Capacity[api.CapacityMemory]; ok {
@@ -134,9 +134,7 @@ func Gather(ctx context.Context, c kubernetes.Interface, driver string) ([]GPU, 
 func modeOf(cl resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) string {
 	for _, d := range cl.Status.Devices {
 		if d.Driver == r.Driver && d.Pool == r.Pool && d.Device == r.Device && d.Data != nil {
-			var data struct {
-				Mode string `json:"mode"`
-			}
+			var data api.DeviceStatusData
 			if json.Unmarshal(d.Data.Raw, &data) == nil {
 				return data.Mode
 			}

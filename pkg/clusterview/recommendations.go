@@ -9,17 +9,17 @@ import (
 	"text/tabwriter"
 	"time"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // Recommendation is a workload's newest recommendation, as the allocator last told it.
 type Recommendation struct {
-	sizing.Record
+	api.SizingRecord
 	At time.Time
 }
 
@@ -32,22 +32,22 @@ func Recommendations(ctx context.Context, c kubernetes.Interface, namespace stri
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}
-	newest := map[sizing.Workload]Recommendation{}
+	newest := map[api.SizingWorkload]Recommendation{}
 	for _, ev := range events.Items {
 		// The chart's fgpu-events-in-fgpus-name policy admits an event in the allocator's
 		// name from the allocator's service account only.
 		if ev.Source.Component != "fgpu-allocator" && ev.ReportingController != "fgpu-allocator" {
 			continue
 		}
-		var r sizing.Record
-		if json.Unmarshal([]byte(ev.Annotations[sizing.RecordAnnotation]), &r) != nil {
+		var r api.SizingRecord
+		if json.Unmarshal([]byte(ev.Annotations[api.AnnotationSizingRecord]), &r) != nil {
 			continue
 		}
 		// The workload is in the event's namespace, whatever the annotation says.
 		r.Workload.Namespace = ev.Namespace
 		at := eventTime(ev)
 		if cur, ok := newest[r.Workload]; !ok || at.After(cur.At) {
-			newest[r.Workload] = Recommendation{Record: r, At: at}
+			newest[r.Workload] = Recommendation{SizingRecord: r, At: at}
 		}
 	}
 	out := make([]Recommendation, 0, len(newest))

@@ -8,26 +8,26 @@ import (
 	"testing"
 	"time"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
-func recEvent(t *testing.T, ns, name, component string, at time.Time, w sizing.Workload, memGiB int64) *corev1.Event {
+func recEvent(t *testing.T, ns, name, component string, at time.Time, w api.SizingWorkload, memGiB int64) *corev1.Event {
 	t.Helper()
-	raw, err := json.Marshal(sizing.Record{Workload: w, Recommendation: sizing.Recommendation{MemoryBytes: memGiB << 30, ComputePercent: 40, Samples: 400, PeakBytes: (memGiB - 1) << 30}})
+	raw, err := json.Marshal(api.SizingRecord{Workload: w, Recommendation: api.SizingRecommendation{MemoryBytes: memGiB << 30, ComputePercent: 40, Samples: 400, PeakBytes: (memGiB - 1) << 30}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{sizing.RecordAnnotation: string(raw)}},
+	return &corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{api.AnnotationSizingRecord: string(raw)}},
 		Reason: "FgpuSizingRecommendation", Source: corev1.EventSource{Component: component}, LastTimestamp: metav1.NewTime(at)}
 }
 
 func TestRecommendationsKeepsTheNewestPerWorkload(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	web := sizing.Workload{Namespace: "a", Kind: "Deployment", Name: "web", Request: "gpu"}
+	web := api.SizingWorkload{Namespace: "a", Kind: "Deployment", Name: "web", Request: "gpu"}
 	forged := web
 	forged.Namespace = "b" // an event in a claims to be about b's workload
 	c := fake.NewClientset(

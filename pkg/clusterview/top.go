@@ -13,7 +13,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // ShareUse is one placed share against its caps: what the allocator gave it (its
@@ -31,7 +30,7 @@ type ShareUse struct {
 	MemoryGuaranteed int64 `json:"memoryGuaranteedBytes,omitempty"`
 	ComputeCap       int64 `json:"computeCapPercent"`
 	// Usage is nil until the plugin has measured the share for a report interval.
-	Usage *sizing.Usage `json:"usage,omitempty"`
+	Usage *api.ShareUsage `json:"usage,omitempty"`
 }
 
 // Top lists the placed shares of the driver's claims in namespace ("" for all), with their
@@ -74,11 +73,7 @@ func Top(ctx context.Context, c kubernetes.Interface, driver, namespace string) 
 				if res.ShareID != nil && (st.ShareID == nil || *st.ShareID != string(*res.ShareID)) {
 					continue // the status of an earlier allocation
 				}
-				var data struct {
-					Mode        string        `json:"mode"`
-					MemoryLimit string        `json:"memoryLimit"`
-					Usage       *sizing.Usage `json:"usage"`
-				}
+				var data api.DeviceStatusData
 				if json.Unmarshal(st.Data.Raw, &data) != nil {
 					continue
 				}

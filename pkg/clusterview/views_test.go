@@ -61,7 +61,7 @@ func TestWhyAPodWaitingOverQuota(t *testing.T) {
 	pod.Status.Phase = corev1.PodPending
 	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Message: "0/1 nodes are available: 1 cannot allocate all claims."}}
 	claim := builders.MakeClaim("team-a", "p3-gpu").Memory("10Gi").Obj()
-	claim.Annotations = map[string]string{statusAnnotation: msg}
+	claim.Annotations = map[string]string{api.AnnotationStatus: msg}
 	c := fake.NewClientset(pod, claim,
 		event("team-a", "e1", "Pod", "p3", string(pod.UID), "FgpuOverQuota", "fgpu-allocator", "claim p3-gpu: "+msg, t0),
 		event("team-a", "e2", "Pod", "p3", string(pod.UID), "FailedScheduling", "default-scheduler", "0/1 nodes are available: 1 cannot allocate all claims.", t0.Add(time.Second)),
@@ -109,7 +109,7 @@ func TestWhyTakesTheStatusFromTheClaimNotFromEvents(t *testing.T) {
 	pod := builders.MakePod("team-a", "p").Claim("p-gpu").Obj()
 	pod.Status.Phase = corev1.PodPending
 	claim := builders.MakeClaim("team-a", "p-gpu").Memory("60Gi").Obj()
-	claim.Annotations = map[string]string{statusAnnotation: said}
+	claim.Annotations = map[string]string{api.AnnotationStatus: said}
 	const forged = "placed on n1/gpu-0; the GPU is yours alone"
 	c := fake.NewClientset(pod, claim,
 		event("team-a", "e1", "Pod", "p", string(pod.UID), "FgpuPlaced", "fgpu-allocator", "claim p-gpu: "+forged, t0.Add(time.Minute)))

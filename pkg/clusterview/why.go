@@ -28,11 +28,6 @@ const (
 	StateStarting   = "Starting"   // it is bound to a node and not running yet
 )
 
-// statusAnnotation is where the allocator says in words where a claim stands
-// (controller.AnnotationStatus; not imported, which would pull the allocator into the CLI).
-// The chart's fgpu-claims-status-by-allocator policy lets no one else write it.
-const statusAnnotation = "fgpu.dev/status"
-
 // WhyReport is why a pod waits, or where it went.
 type WhyReport struct {
 	Namespace string `json:"namespace"`
@@ -151,7 +146,7 @@ func describeClaim(wc *WhyClaim, cl *resourceapi.ResourceClaim, driver string) {
 			wc.Shares = append(wc.Shares, s)
 		}
 	}
-	wc.Status = cl.Annotations[statusAnnotation]
+	wc.Status = cl.Annotations[api.AnnotationStatus]
 }
 
 // fgpuClaim reports whether fgpu places the claim: it asks for one of fgpu's device classes,

@@ -20,7 +20,7 @@ import (
 func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim, d *decision, status string) error {
 	cl := claim.DeepCopy()
 	changed := false
-	for _, f := range []string{Finalizer, resourceapi.Finalizer} {
+	for _, f := range []string{api.FinalizerAllocator, resourceapi.Finalizer} {
 		if !hasFinalizer(cl, f) {
 			cl.Finalizers = append(cl.Finalizers, f)
 			changed = true
@@ -29,9 +29,9 @@ func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim
 	if cl.Annotations == nil {
 		cl.Annotations = map[string]string{}
 	}
-	if cl.Annotations[AnnotationStatus] != status {
+	if cl.Annotations[api.AnnotationStatus] != status {
 		// Written with the finalizer, in the same request: setStatus then has nothing to patch.
-		cl.Annotations[AnnotationStatus] = status
+		cl.Annotations[api.AnnotationStatus] = status
 		changed = true
 	}
 	if err := c.fenced(); err != nil {

@@ -44,7 +44,7 @@ const (
 type resizeWant struct {
 	pod   types.NamespacedName
 	uid   types.UID
-	w     sizing.Workload
+	w     api.SizingWorkload
 	claim string // the pod's own claim
 	share string
 	// grow: recreated larger, to at least the workload's floor; move: moved off GPU move,
@@ -92,10 +92,10 @@ type autoState struct {
 	wants map[types.UID]*resizeWant
 	// lowSince: since when each share's reports stayed far below its cap.
 	lowSince map[string]time.Time
-	last     map[sizing.Workload]autoEvicted
+	last     map[api.SizingWorkload]autoEvicted
 	// floor: a workload evicted to grow gets at least this much memory in its next pods,
 	// whatever its percentile says.
-	floor map[sizing.Workload]int64
+	floor map[api.SizingWorkload]int64
 	// toldAtRequest: shares told that their use nears a cap that is all their claim asks.
 	toldAtRequest map[string]bool
 	lastEviction  time.Time
@@ -105,16 +105,16 @@ type autoState struct {
 }
 
 func newAutoState() *autoState {
-	return &autoState{wants: map[types.UID]*resizeWant{}, lowSince: map[string]time.Time{}, last: map[sizing.Workload]autoEvicted{},
-		floor: map[sizing.Workload]int64{}, toldAtRequest: map[string]bool{}}
+	return &autoState{wants: map[types.UID]*resizeWant{}, lowSince: map[string]time.Time{}, last: map[api.SizingWorkload]autoEvicted{},
+		floor: map[api.SizingWorkload]int64{}, toldAtRequest: map[string]bool{}}
 }
 
 // autoReport is one usage summary of a share under sizing Auto, for considerResize.
 type autoReport struct {
-	w      sizing.Workload
+	w      api.SizingWorkload
 	share  string
 	result resourceapi.DeviceRequestAllocationResult
-	u      sizing.Usage
+	u      api.ShareUsage
 	// burstable: the claim's policy lets its shares burst (best-effort, no shared GPU).
 	burstable bool
 }

@@ -76,7 +76,7 @@ func (e *autoEnv) report(claimName string, i int, peakMiB int64) {
 	e.t.Helper()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	cur := e.claim("team-a", claimName)
-	cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, string(*cur.Status.Allocation.Devices.Results[0].ShareID), sizing.Usage{
+	cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, string(*cur.Status.Allocation.Devices.Results[0].ShareID), api.ShareUsage{
 		From: t0.Add(time.Duration(i-1) * 5 * time.Minute), To: t0.Add(time.Duration(i) * 5 * time.Minute), Samples: 30,
 		MemoryMaxBytes: peakMiB << 20, SMSamples: 30, SMP95Percent: 35})}
 	if _, err := e.client.ResourceV1().ResourceClaims("team-a").UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil {
@@ -106,7 +106,7 @@ func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
 	if ev := e.events(ReasonResizeEvicted); len(ev) != 1 || !strings.Contains(ev[0], "reached 9900Mi of its 10Gi cap") || !strings.Contains(ev[0], "MPS fixes") {
 		t.Errorf("events %q", ev)
 	}
-	rec, ok := e.c.Recommendation(sizing.Workload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"})
+	rec, ok := e.c.Recommendation(api.SizingWorkload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"})
 	if !ok || float64(rec.MemoryBytes) < 9900*(1<<20)*1.15 {
 		t.Errorf("recommendation %+v after the eviction; want at least the peak plus headroom", rec)
 	}
@@ -215,7 +215,7 @@ func TestSizingAutoSizesNewClaims(t *testing.T) {
 // wantGrow queues the pod of claimOf(name) in namespace ns for a larger size, as a report
 // near its cap does.
 func (e *autoEnv) wantGrow(claim *resourceapi.ResourceClaim, pod *corev1.Pod) {
-	w := sizing.Workload{Namespace: pod.Namespace, Kind: "Deployment", Name: "web", Request: "gpu"}
+	w := api.SizingWorkload{Namespace: pod.Namespace, Kind: "Deployment", Name: "web", Request: "gpu"}
 	e.c.sizer.mu.Lock()
 	defer e.c.sizer.mu.Unlock()
 	a := e.c.sizer.auto
@@ -282,7 +282,7 @@ func TestSizingAutoRechecksAQueuedWant(t *testing.T) {
 	}
 	// Nothing keeps share "low" in lowSince: a report since was not far below its cap.
 	e.c.sizer.mu.Lock()
-	e.c.wantResize(e.c.sizer.auto, small, other, autoReport{w: sizing.Workload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}, share: "low"},
+	e.c.wantResize(e.c.sizer.auto, small, other, autoReport{w: api.SizingWorkload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}, share: "low"},
 		40<<30, false, "far below")
 	e.c.sizer.mu.Unlock()
 	e.c.evictForResize(e.ctx)

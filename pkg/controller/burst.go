@@ -36,9 +36,9 @@ type burstHistory struct {
 	mu        sync.Mutex
 	clock     sizing.Clock
 	shares    map[string]*sizing.Maxima
-	workloads map[sizing.Workload]*sizing.Maxima
+	workloads map[api.SizingWorkload]*sizing.Maxima
 	// since is when each workload first had burstMinIntervals recorded.
-	since map[sizing.Workload]time.Time
+	since map[api.SizingWorkload]time.Time
 	// drain is the GPU consolidation empties, since drainSince (zero key: none): no bursting
 	// share is placed there.
 	drain      gpuKey
@@ -98,12 +98,12 @@ func (h *burstHistory) resting(k gpuKey, now time.Time) bool {
 }
 
 func newBurstHistory(clock sizing.Clock) *burstHistory {
-	return &burstHistory{clock: clock, shares: map[string]*sizing.Maxima{}, workloads: map[sizing.Workload]*sizing.Maxima{}, since: map[sizing.Workload]time.Time{}}
+	return &burstHistory{clock: clock, shares: map[string]*sizing.Maxima{}, workloads: map[api.SizingWorkload]*sizing.Maxima{}, since: map[api.SizingWorkload]time.Time{}}
 }
 
 // record takes a share's usage summary for it and for its workload, at now on the
 // allocator's clock.
-func (h *burstHistory) record(w sizing.Workload, share string, u sizing.Usage, now time.Time) {
+func (h *burstHistory) record(w api.SizingWorkload, share string, u api.ShareUsage, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if newest, _, ok := h.workloads[w].Newest(); ok && h.clock.Interval(u.From)-newest > int64(h.clock.Window) {
@@ -118,7 +118,7 @@ func (h *burstHistory) record(w sizing.Workload, share string, u sizing.Usage, n
 }
 
 // measuredSince is when w first had burstMinIntervals recorded (zero: not yet).
-func (h *burstHistory) measuredSince(w sizing.Workload) time.Time {
+func (h *burstHistory) measuredSince(w api.SizingWorkload) time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.since[w]
@@ -133,7 +133,7 @@ func (h *burstHistory) shareMaxima(share string) *sizing.Maxima {
 	return m
 }
 
-func (h *burstHistory) workloadMaxima(w sizing.Workload) *sizing.Maxima {
+func (h *burstHistory) workloadMaxima(w api.SizingWorkload) *sizing.Maxima {
 	m := h.workloads[w]
 	if m == nil {
 		m = &sizing.Maxima{}
@@ -149,7 +149,7 @@ func (h *burstHistory) forgetShare(share string) {
 }
 
 // keepWorkloads forgets the workloads keep says no.
-func (h *burstHistory) keepWorkloads(keep func(sizing.Workload) bool) {
+func (h *burstHistory) keepWorkloads(keep func(api.SizingWorkload) bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for w := range h.workloads {
@@ -169,7 +169,7 @@ const burstMinIntervals = 6
 // measured says whether w's use is recorded for burstMinIntervals, the newest within the
 // window before now: a workload back after a longer pause, or switched to Auto, is placed per
 // claim until it has reported again.
-func (h *burstHistory) measured(w sizing.Workload, now time.Time) bool {
+func (h *burstHistory) measured(w api.SizingWorkload, now time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	m := h.workloads[w]
@@ -181,7 +181,7 @@ func (h *burstHistory) measured(w sizing.Workload, now time.Time) bool {
 // The newcomer counts as sizing.Expected says, the tenants as sizing.Counted says, with all
 // they may use (their caps) where nothing is known: a tenant the allocator knows nothing of
 // since a restart counts whole. Caller holds the model's lock.
-func (h *burstHistory) admits(g *gpu, w sizing.Workload, headroom float64, now time.Time) (string, string) {
+func (h *burstHistory) admits(g *gpu, w api.SizingWorkload, headroom float64, now time.Time) (string, string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	to := h.clock.Interval(now)
@@ -240,7 +240,7 @@ func (t *tenant) charge() int64 { return t.limit() }
 // its own, in a pod its controller recreates (the only way a GPU that fills is relieved).
 // guaranteed is what it consumes; capBytes what MPS lets it use, never more than the claim
 // asks; zero where it does not burst.
-func (c *Controller) burstSize(in *input, rq *request, w sizing.Workload, measured sizing.Recommendation, asked int64) (guaranteed, capBytes int64) {
+func (c *Controller) burstSize(in *input, rq *request, w api.SizingWorkload, measured api.SizingRecommendation, asked int64) (guaranteed, capBytes int64) {
 	p := in.pol
 	if p.Sizing != api.SizingAuto || p.Latency != api.LatencyBestEffort || p.AllowSharedGPU || p.Isolation == api.IsolationExclusive ||
 		rq.mode != api.SharingModeMPS || rq.count != 1 || rq.userCfg.MemoryLimit != nil || c.cfg.isExclusiveClass(rq.alt.class) ||
@@ -333,7 +333,7 @@ func (c *Controller) sizeBurst(in *input, rq *request) bool {
 	if q, has := rq.alt.capacity[api.CapacityMemory]; has {
 		asked = q.Value()
 	}
-	w := sizing.Workload{Namespace: in.sizedFor.Namespace, Kind: in.sizedFor.Kind, Name: in.sizedFor.Name, Request: rq.alt.name}
+	w := api.SizingWorkload{Namespace: in.sizedFor.Namespace, Kind: in.sizedFor.Kind, Name: in.sizedFor.Name, Request: rq.alt.name}
 	guaranteed, capBytes := c.burstSize(in, rq, w, measured, asked)
 	if capBytes == 0 {
 		return false
@@ -380,7 +380,7 @@ func (c *Controller) relieve(key gpuKey) {
 	for _, res := range claim.Status.Allocation.Devices.Results {
 		if res.ShareID != nil && string(*res.ShareID) == share {
 			a.wants[pod.UID] = &resizeWant{pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, uid: pod.UID,
-				w: sizing.Workload{Namespace: claim.Namespace, Kind: top.Kind, Name: top.Name, Request: res.Request}, claim: claim.Name, share: share,
+				w: api.SizingWorkload{Namespace: claim.Namespace, Kind: top.Kind, Name: top.Name, Request: res.Request}, claim: claim.Name, share: share,
 				move: key, why: why, since: c.now()}
 		}
 	}
@@ -391,7 +391,7 @@ func (c *Controller) relieve(key gpuKey) {
 // GPU it asked for, with no memory limit of its own, and its workload's use is neither busy
 // (it keeps its whole GPU) nor idle (time-slicing). A pod placed since, that still does not
 // burst, had a reason not to: it is never recreated for this. Caller holds the sizer's lock.
-func (c *Controller) shouldBurst(claim *resourceapi.ResourceClaim, r autoReport, rec sizing.Recommendation, capBytes, gpuMem int64) bool {
+func (c *Controller) shouldBurst(claim *resourceapi.ResourceClaim, r autoReport, rec api.SizingRecommendation, capBytes, gpuMem int64) bool {
 	since := c.burst.measuredSince(r.w)
 	at := claim.Status.Allocation.AllocationTimestamp
 	if since.IsZero() || at == nil || !at.Time.Before(since) || !c.burst.measured(r.w, c.now()) {

@@ -66,7 +66,7 @@ func reportPeaks(e *env, claimName string, first int, peaks ...int64) {
 	for j, p := range peaks {
 		i := first + j
 		cur := e.claim("team-a", claimName)
-		cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, string(*cur.Status.Allocation.Devices.Results[0].ShareID), sizing.Usage{
+		cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, string(*cur.Status.Allocation.Devices.Results[0].ShareID), api.ShareUsage{
 			From: burstT0.Add(time.Duration(i)*5*time.Minute + time.Second), To: burstT0.Add(time.Duration(i+1)*5*time.Minute - time.Second), Samples: 30,
 			MemoryMaxBytes: p << 30, SMSamples: 30, SMP95Percent: 15})}
 		if _, err := e.client.ResourceV1().ResourceClaims("team-a").UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil {

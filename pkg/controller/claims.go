@@ -11,16 +11,6 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
-const (
-	// Finalizer keeps a claim the allocator placed until it has released its shares. It is
-	// a convenience, not what the allocator trusts: a tenant can remove it, and the
-	// allocator adds it back (PlacedByAllocator says which claims are its own).
-	Finalizer = "fgpu.dev/allocator"
-	// AnnotationStatus says in words where the claim stands (ResourceClaim status has no
-	// conditions). It only informs: the allocator never reads it back.
-	AnnotationStatus = "fgpu.dev/status"
-)
-
 // placementOf is the Placement the allocator records for a claim placed under p.
 func placementOf(p policy.Effective) *api.Placement {
 	return &api.Placement{Policy: p.Name, LatencyClass: p.Latency, MaxCoTenants: int32(p.MaxCoTenants),

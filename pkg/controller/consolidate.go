@@ -8,13 +8,13 @@ import (
 	"strings"
 	"time"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
-
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // Consolidation (sizing Auto, the burst model). A bursting share is placed where its
@@ -41,7 +41,7 @@ type drainMove struct {
 	pod   *corev1.Pod
 	claim string
 	share string
-	w     sizing.Workload
+	w     api.SizingWorkload
 	to    gpuKey
 }
 
@@ -221,7 +221,7 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 		taken[to] = true
 		top := topOwner(s.pod)
 		moves = append(moves, drainMove{pod: s.pod, claim: s.claim.Name, share: string(s.shareID), to: to,
-			w: sizing.Workload{Namespace: s.claim.Namespace, Kind: top.Kind, Name: top.Name, Request: s.request}})
+			w: api.SizingWorkload{Namespace: s.claim.Namespace, Kind: top.Kind, Name: top.Name, Request: s.request}})
 	}
 	return moves, true
 }

@@ -29,7 +29,7 @@ func TestPlacementWritesValidAllocation(t *testing.T) {
 	c := e.claim("a", "c")
 	a := c.Status.Allocation
 	if a == nil {
-		t.Fatalf("not allocated; status annotation %q", c.Annotations[AnnotationStatus])
+		t.Fatalf("not allocated; status annotation %q", c.Annotations[api.AnnotationStatus])
 	}
 	if a.AllocationTimestamp == nil {
 		t.Error("no allocationTimestamp: the pod would never bind")
@@ -72,10 +72,10 @@ func TestPlacementWritesValidAllocation(t *testing.T) {
 		got.Placement == nil || got.Placement.AllowSharedGPU {
 		t.Errorf("allocator config %+v", got)
 	}
-	if !hasFinalizer(c, Finalizer) || !hasFinalizer(c, resourceapi.Finalizer) {
+	if !hasFinalizer(c, api.FinalizerAllocator) || !hasFinalizer(c, resourceapi.Finalizer) {
 		t.Errorf("finalizers %v", c.Finalizers)
 	}
-	if !PlacedByAllocator(api.DriverName, c) || !strings.Contains(c.Annotations[AnnotationStatus], "placed on n1/gpu-") {
+	if !PlacedByAllocator(api.DriverName, c) || !strings.Contains(c.Annotations[api.AnnotationStatus], "placed on n1/gpu-") {
 		t.Errorf("annotations %v", c.Annotations)
 	}
 	// One event, on the pod (it names the claim); the claim carries the annotation.
@@ -311,7 +311,7 @@ func TestQuotaFIFO(t *testing.T) {
 	if len(ev) == 0 || !strings.Contains(ev[0], "20Gi") || !strings.Contains(ev[0], "10Gi over") {
 		t.Errorf("over-quota events %v", ev)
 	}
-	if st := e.claim("a", "c3").Annotations[AnnotationStatus]; !strings.Contains(st, "quota") {
+	if st := e.claim("a", "c3").Annotations[api.AnnotationStatus]; !strings.Contains(st, "quota") {
 		t.Errorf("status annotation %q", st)
 	}
 	// Free quota: c3 goes first, then small.
@@ -343,7 +343,7 @@ func TestQuotaQueueReleasedByClaimWithoutPod(t *testing.T) {
 	}
 	e.run()
 	if e.placedOn("a", "small") == "" {
-		t.Fatalf("small still waits behind a claim no pod uses: %s", e.claim("a", "small").Annotations[AnnotationStatus])
+		t.Fatalf("small still waits behind a claim no pod uses: %s", e.claim("a", "small").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -397,7 +397,7 @@ func TestDeletedClaimReleased(t *testing.T) {
 	}
 	e.run()
 	c = e.claim("a", "c")
-	if c.Status.Allocation != nil || hasFinalizer(c, Finalizer) {
+	if c.Status.Allocation != nil || hasFinalizer(c, api.FinalizerAllocator) {
 		t.Fatalf("deleted claim still allocated (%v) or holds the finalizer %v", c.Status.Allocation != nil, c.Finalizers)
 	}
 }
@@ -518,7 +518,7 @@ func TestFirstAvailableAndWholeGPUs(t *testing.T) {
 	e.run()
 	got := e.claim("a", "c")
 	if got.Status.Allocation == nil {
-		t.Fatalf("not placed: %s", got.Annotations[AnnotationStatus])
+		t.Fatalf("not placed: %s", got.Annotations[api.AnnotationStatus])
 	}
 	res := got.Status.Allocation.Devices.Results
 	if len(res) != 2 || res[0].Request != "gpu/two" || res[0].Device == res[1].Device {
@@ -544,7 +544,7 @@ func TestClassConfigCopiedAndUserModeKept(t *testing.T) {
 	e.run()
 	cl := e.claim("a", "c")
 	if cl.Status.Allocation == nil {
-		t.Fatalf("not placed: %s", cl.Annotations[AnnotationStatus])
+		t.Fatalf("not placed: %s", cl.Annotations[api.AnnotationStatus])
 	}
 	cfgs := cl.Status.Allocation.Devices.Config
 	if len(cfgs) != 3 || cfgs[0].Source != resourceapi.AllocationConfigSourceClass {
@@ -641,7 +641,7 @@ func TestFaultTaintedGPUTakesNoClaimAndTheReasonSaysWhy(t *testing.T) {
 	if got.Status.Allocation != nil {
 		t.Fatal("placed on a GPU tainted for a fault")
 	}
-	if msg := got.Annotations[AnnotationStatus]; !strings.Contains(msg, "fgpu.dev/gpu-fault=xid-79:NoExecute") {
+	if msg := got.Annotations[api.AnnotationStatus]; !strings.Contains(msg, "fgpu.dev/gpu-fault=xid-79:NoExecute") {
 		t.Errorf("the wait reason does not name the taint: %q", msg)
 	}
 }

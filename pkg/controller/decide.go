@@ -15,7 +15,6 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 	"github.com/fgpu-dev/fgpu/pkg/selectors"
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // input is everything a decision depends on besides the model.
@@ -37,8 +36,8 @@ type input struct {
 	conflict *waitReason
 	// sized are the recommendations (by request name) of the claim's workload, where its
 	// policy's sizing mode is Initial and they stand on enough samples; sizedFor names it.
-	sized    map[string]sizing.Recommendation
-	sizedFor sizing.Workload
+	sized    map[string]api.SizingRecommendation
+	sizedFor api.SizingWorkload
 	// selectors are where each alternative's selectors (its class's and its own) match,
 	// by alternative name, evaluated before the decision and outside the model's lock;
 	// selectorsWait is why they could not be (too costly, or the namespace's share spent).
@@ -313,7 +312,7 @@ func tenantOf(in *input, r result) *tenant {
 		latency: in.pol.Latency, maxCo: in.pol.MaxCoTenants, allowCrit: in.pol.AllowCriticalCoTenants,
 		maxTenants: in.pol.MaxTenants, allowShare: in.pol.AllowSharedGPU, byUs: true, burstCap: r.burstCap}
 	if r.burstCap > 0 {
-		t.workload = sizing.Workload{Namespace: in.sizedFor.Namespace, Kind: in.sizedFor.Kind, Name: in.sizedFor.Name, Request: r.request}
+		t.workload = api.SizingWorkload{Namespace: in.sizedFor.Namespace, Kind: in.sizedFor.Kind, Name: in.sizedFor.Name, Request: r.request}
 	}
 	return t
 }

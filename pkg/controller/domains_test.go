@@ -168,7 +168,7 @@ func TestMemoryNotEnforcedIsTold(t *testing.T) {
 			if len(ev) != 2 || !strings.Contains(ev[0], tc.want) || !strings.Contains(ev[1], tc.want) || !strings.Contains(ev[0]+ev[1], "claim c: ") {
 				t.Errorf("events %v, want two saying %q", ev, tc.want)
 			}
-			if st := e.claim("a", "c").Annotations[AnnotationStatus]; !strings.Contains(st, "not enforced") {
+			if st := e.claim("a", "c").Annotations[api.AnnotationStatus]; !strings.Contains(st, "not enforced") {
 				t.Errorf("status annotation %q does not say memory is not enforced", st)
 			}
 		})

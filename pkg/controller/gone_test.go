@@ -8,6 +8,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 )
 
@@ -108,7 +109,7 @@ func TestDeletedPodHoldsItsShareUntilItsObjectIsGone(t *testing.T) {
 			e.settle()
 			e.run()
 			if got := e.placedOn("b", "next"); got != "n1/gpu-0" {
-				t.Errorf("once the pod's object is gone the claim is on %q: %s", got, e.claim("b", "next").Annotations[AnnotationStatus])
+				t.Errorf("once the pod's object is gone the claim is on %q: %s", got, e.claim("b", "next").Annotations[api.AnnotationStatus])
 			}
 		})
 	}

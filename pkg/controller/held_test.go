@@ -105,7 +105,7 @@ func TestSubDomainsPayForTheGPUsTheyHold(t *testing.T) {
 	if got := e.placedOn("a", "d1"); got != "" {
 		t.Fatalf("a second sub-domain took %s for 256Mi of a 2Gi quota", got)
 	}
-	st := e.claim("a", "d1").Annotations[AnnotationStatus]
+	st := e.claim("a", "d1").Annotations[api.AnnotationStatus]
 	for _, want := range []string{reasonOverQuotaHeld, "n1/gpu-", "more free from others, over its 2Gi quota", "isolation"} {
 		if !strings.Contains(st, want) {
 			t.Errorf("status of d1 %q does not say %q", st, want)
@@ -126,7 +126,7 @@ func TestSubDomainsPayForTheGPUsTheyHold(t *testing.T) {
 	}
 	e.run()
 	if got := e.placedOn("a", "d1"); got == "" {
-		t.Errorf("d1 not placed once the other domain left: %s", e.claim("a", "d1").Annotations[AnnotationStatus])
+		t.Errorf("d1 not placed once the other domain left: %s", e.claim("a", "d1").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -148,13 +148,13 @@ func TestTimeSlicedClaimsPayForTheRoomTheyKeep(t *testing.T) {
 	e.run()
 	sliced := e.placedOn("a", "ts")
 	if sliced == "" {
-		t.Fatalf("ts not placed: %s", e.claim("a", "ts").Annotations[AnnotationStatus])
+		t.Fatalf("ts not placed: %s", e.claim("a", "ts").Annotations[api.AnnotationStatus])
 	}
 	e.refusedForQuota("a", "pair", "larger than the GPU quota of namespace a", "devices would keep", "free from other namespaces on every GPU but one")
 	e.create(builders.MakeClaim("b", "mps").Memory("10Gi").Created(2).Obj(), builders.MakePod("b", "mps").Claim("mps").Obj())
 	e.run()
 	if got := e.placedOn("b", "mps"); got == "" || got == sliced {
-		t.Errorf("another namespace's MPS claim on %q (the time-sliced GPU is %s): %s", got, sliced, e.claim("b", "mps").Annotations[AnnotationStatus])
+		t.Errorf("another namespace's MPS claim on %q (the time-sliced GPU is %s): %s", got, sliced, e.claim("b", "mps").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -180,17 +180,17 @@ func TestRefusedHeldRoomKeepsANamespaceToOneGPU(t *testing.T) {
 	e.run()
 	sliced := e.placedOn("a", "ts0")
 	if sliced == "" {
-		t.Fatalf("ts0 not placed: %s", e.claim("a", "ts0").Annotations[AnnotationStatus])
+		t.Fatalf("ts0 not placed: %s", e.claim("a", "ts0").Annotations[api.AnnotationStatus])
 	}
 	for _, name := range []string{"ts1", "ts2"} {
 		if got := e.placedOn("a", name); got != sliced {
-			t.Errorf("%s on %q, want packed onto %s, the GPU its namespace keeps: %s", name, got, sliced, e.claim("a", name).Annotations[AnnotationStatus])
+			t.Errorf("%s on %q, want packed onto %s, the GPU its namespace keeps: %s", name, got, sliced, e.claim("a", name).Annotations[api.AnnotationStatus])
 		}
 	}
 	if got := e.placedOn("a", "pair"); got != "" {
 		t.Errorf("a two-device time-sliced claim placed on %s: it keeps a second GPU", got)
 	}
-	st := e.claim("a", "pair").Annotations[AnnotationStatus]
+	st := e.claim("a", "pair").Annotations[api.AnnotationStatus]
 	for _, want := range []string{reasonHeldRoomRefused, "SharingPolicy kueue-owns-a"} {
 		if !strings.Contains(st, want) {
 			t.Errorf("status of pair %q does not say %q", st, want)
@@ -206,12 +206,12 @@ func TestRefusedHeldRoomKeepsANamespaceToOneGPU(t *testing.T) {
 	e.create(subDomainClaim("d1", "d1", 5)...)
 	e.run()
 	if got := e.placedOn("b", "mps"); got == "" || got == sliced {
-		t.Errorf("another namespace's MPS claim on %q (the time-sliced GPU is %s): %s", got, sliced, e.claim("b", "mps").Annotations[AnnotationStatus])
+		t.Errorf("another namespace's MPS claim on %q (the time-sliced GPU is %s): %s", got, sliced, e.claim("b", "mps").Annotations[api.AnnotationStatus])
 	}
 	if got := e.placedOn("a", "d1"); got != "" {
 		t.Fatalf("a sub-domain claim took %s beside the time-sliced GPU %s", got, sliced)
 	}
-	if st := e.claim("a", "d1").Annotations[AnnotationStatus]; !strings.Contains(st, reasonHeldRoomRefused) {
+	if st := e.claim("a", "d1").Annotations[api.AnnotationStatus]; !strings.Contains(st, reasonHeldRoomRefused) {
 		t.Errorf("status of d1 %q does not say %q", st, reasonHeldRoomRefused)
 	}
 	for _, name := range []string{"ts0", "ts1", "ts2", "pair"} {
@@ -220,6 +220,6 @@ func TestRefusedHeldRoomKeepsANamespaceToOneGPU(t *testing.T) {
 	}
 	e.run()
 	if got := e.placedOn("a", "d1"); got == "" {
-		t.Errorf("d1 not placed once the time-sliced claims left: %s", e.claim("a", "d1").Annotations[AnnotationStatus])
+		t.Errorf("d1 not placed once the time-sliced claims left: %s", e.claim("a", "d1").Annotations[api.AnnotationStatus])
 	}
 }

@@ -19,7 +19,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 const (
@@ -76,9 +75,7 @@ func (c *Controller) observeIdle(claim *resourceapi.ResourceClaim) {
 			delete(c.idle.spans, id)
 			continue
 		}
-		var data struct {
-			Usage *sizing.Usage `json:"usage"`
-		}
+		var data api.DeviceStatusData
 		if json.Unmarshal(st.Data.Raw, &data) != nil || data.Usage == nil {
 			continue
 		}

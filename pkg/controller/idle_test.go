@@ -19,7 +19,6 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // deployment is a Deployment of ns with replicas and annotations (nil: none).
@@ -60,7 +59,7 @@ func (e *idleEnv) report(claimName string, i, smMax, smSamples int) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	cur := e.claim("team-a", claimName)
 	share := string(*cur.Status.Allocation.Devices.Results[0].ShareID)
-	cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, share, sizing.Usage{
+	cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, share, api.ShareUsage{
 		From: t0.Add(time.Duration(i-1)*5*time.Minute + time.Second), To: t0.Add(time.Duration(i) * 5 * time.Minute), Samples: 30,
 		MemoryMaxBytes: 8 << 30, SMSamples: smSamples, SMMaxPercent: smMax})}
 	if _, err := e.client.ResourceV1().ResourceClaims("team-a").UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil {
@@ -224,16 +223,16 @@ func TestIdleReserveHoldsOwnNamespaceQuota(t *testing.T) {
 	e.waitWorkload("team-a", 0)
 	e.run()
 	if e.placedOn("team-a", "small") == "" {
-		t.Fatalf("small (10Gi next to a 30Gi reserve, 40Gi quota) not placed: %s", e.claim("team-a", "small").Annotations[AnnotationStatus])
+		t.Fatalf("small (10Gi next to a 30Gi reserve, 40Gi quota) not placed: %s", e.claim("team-a", "small").Annotations[api.AnnotationStatus])
 	}
 	if e.placedOn("team-a", "next") != "" {
 		t.Fatal("next placed into the quota that web, scaled to zero, keeps")
 	}
-	if st := e.claim("team-a", "next").Annotations[AnnotationStatus]; !strings.Contains(st, "40Gi in use (30Gi of it kept for workloads scaled to zero)") {
+	if st := e.claim("team-a", "next").Annotations[api.AnnotationStatus]; !strings.Contains(st, "40Gi in use (30Gi of it kept for workloads scaled to zero)") {
 		t.Errorf("next's status %q does not say the reserve holds the quota", st)
 	}
 	if e.placedOn("team-b", "other") == "" {
-		t.Fatalf("team-a's reserve held team-b's claim: %s", e.claim("team-b", "other").Annotations[AnnotationStatus])
+		t.Fatalf("team-a's reserve held team-b's claim: %s", e.claim("team-b", "other").Annotations[api.AnnotationStatus])
 	}
 	web := deployment("team-a", "web", 1, reserveAnnotations("30Gi", 40))
 	if _, err := e.client.AppsV1().Deployments("team-a").Update(e.ctx, web, metav1.UpdateOptions{}); err != nil {
@@ -242,7 +241,7 @@ func TestIdleReserveHoldsOwnNamespaceQuota(t *testing.T) {
 	e.waitWorkload("team-a", 1)
 	e.run()
 	if e.placedOn("team-a", "next") == "" {
-		t.Fatalf("next still waits once web has replicas again: %s", e.claim("team-a", "next").Annotations[AnnotationStatus])
+		t.Fatalf("next still waits once web has replicas again: %s", e.claim("team-a", "next").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -263,17 +262,17 @@ func TestIdleReserveCannotRaiseQuota(t *testing.T) {
 	e.waitWorkload("team-b", 0)
 	e.run()
 	e.checkWithinQuota("team-a", "40Gi")
-	if st := e.claim("team-a", "big").Annotations[AnnotationStatus]; e.placedOn("team-a", "big") != "" || !strings.Contains(st, "unless the quota is raised") {
+	if st := e.claim("team-a", "big").Annotations[api.AnnotationStatus]; e.placedOn("team-a", "big") != "" || !strings.Contains(st, "unless the quota is raised") {
 		t.Fatalf("big (50Gi, quota 40Gi) placed or not refused: %q", st)
 	}
 	if e.placedOn("team-a", "full") == "" {
-		t.Fatalf("full not placed: %s", e.claim("team-a", "full").Annotations[AnnotationStatus])
+		t.Fatalf("full not placed: %s", e.claim("team-a", "full").Annotations[api.AnnotationStatus])
 	}
 	if e.placedOn("team-a", "more") != "" {
 		t.Fatal("a negative reserve let more past team-a's 40Gi quota")
 	}
 	if e.placedOn("team-c", "c") == "" {
-		t.Fatalf("team-b's 1Ti reserve held team-c's claim: %s", e.claim("team-c", "c").Annotations[AnnotationStatus])
+		t.Fatalf("team-b's 1Ti reserve held team-c's claim: %s", e.claim("team-c", "c").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -297,7 +296,7 @@ func TestIdleReserveOverflowKeepsQuota(t *testing.T) {
 		if e.placedOn(c.ns, c.name) != "" {
 			t.Errorf("%s/%s placed next to a MaxInt64 reserve under a 40Gi, 100%% quota", c.ns, c.name)
 		}
-		if st := e.claim(c.ns, c.name).Annotations[AnnotationStatus]; c.name != "c2" && !strings.Contains(st, "kept for workloads scaled to zero") {
+		if st := e.claim(c.ns, c.name).Annotations[api.AnnotationStatus]; c.name != "c2" && !strings.Contains(st, "kept for workloads scaled to zero") {
 			t.Errorf("%s/%s: status %q does not say the reserve holds the quota", c.ns, c.name, st)
 		}
 	}

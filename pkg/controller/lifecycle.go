@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,7 +24,7 @@ func (c *Controller) checkAllocated(ctx context.Context, claim *resourceapi.Reso
 	if !PlacedByAllocator(c.cfg.DriverName, claim) {
 		return 0, nil // kube-scheduler's: only accounted
 	}
-	if !hasFinalizer(claim, Finalizer) {
+	if !hasFinalizer(claim, api.FinalizerAllocator) {
 		restored, err := c.restoreFinalizer(ctx, claim)
 		if err != nil {
 			return 0, err
@@ -109,7 +111,7 @@ const restoreInterval = time.Minute
 func (c *Controller) restoreFinalizer(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error) {
 	logger := klog.FromContext(ctx)
 	if wait := c.restores.wait(claim.UID, c.now()); wait > 0 {
-		logger.Info("The allocator's finalizer was removed again; restoring it later", "finalizer", Finalizer, "after", wait)
+		logger.Info("The allocator's finalizer was removed again; restoring it later", "finalizer", api.FinalizerAllocator, "after", wait)
 		c.queue.AddAfter(claimKey(claim), wait)
 		return claim, nil
 	}
@@ -117,14 +119,14 @@ func (c *Controller) restoreFinalizer(ctx context.Context, claim *resourceapi.Re
 		return nil, err
 	}
 	cl := claim.DeepCopy()
-	cl.Finalizers = append(cl.Finalizers, Finalizer)
+	cl.Finalizers = append(cl.Finalizers, api.FinalizerAllocator)
 	updated, err := c.client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("restore finalizer: %w", err)
 	}
 	c.restores.done(claim.UID, c.now())
-	msg := fmt.Sprintf("the allocator's finalizer %s was removed from a claim it placed; added it back (it keeps the claim until its GPU shares are released)", Finalizer)
-	logger.Info("Restored the allocator's finalizer", "finalizer", Finalizer)
+	msg := fmt.Sprintf("the allocator's finalizer %s was removed from a claim it placed; added it back (it keeps the claim until its GPU shares are released)", api.FinalizerAllocator)
+	logger.Info("Restored the allocator's finalizer", "finalizer", api.FinalizerAllocator)
 	c.recorder.Event(claim, corev1.EventTypeWarning, ReasonFinalizerRestored, msg)
 	return updated, nil
 }
@@ -165,7 +167,7 @@ func (r *finalizerRestores) forget(uid types.UID) {
 // the allocator's finalizer. A claim the allocator placed is released even when its
 // finalizer was removed (kube-controller-manager's may still hold it).
 func (c *Controller) finishDeletion(ctx context.Context, claim *resourceapi.ResourceClaim) error {
-	ours := hasFinalizer(claim, Finalizer)
+	ours := hasFinalizer(claim, api.FinalizerAllocator)
 	if !ours && !PlacedByAllocator(c.cfg.DriverName, claim) {
 		return nil
 	}
@@ -190,7 +192,7 @@ func (c *Controller) finishDeletion(ctx context.Context, claim *resourceapi.Reso
 	if !ours {
 		return nil
 	}
-	cl.Finalizers = slices.DeleteFunc(cl.Finalizers, func(f string) bool { return f == Finalizer })
+	cl.Finalizers = slices.DeleteFunc(cl.Finalizers, func(f string) bool { return f == api.FinalizerAllocator })
 	if err := c.fenced(); err != nil {
 		return err
 	}

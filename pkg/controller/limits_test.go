@@ -79,12 +79,12 @@ func TestLimitsAboveTheAllocation(t *testing.T) {
 			e.run()
 			cl := e.claim("a", "c")
 			if got := e.placedOn("a", "c"); got != tc.placedOn {
-				t.Fatalf("placed on %q, want %q; status %q", got, tc.placedOn, cl.Annotations[AnnotationStatus])
+				t.Fatalf("placed on %q, want %q; status %q", got, tc.placedOn, cl.Annotations[api.AnnotationStatus])
 			}
 			if tc.placedOn != "" {
 				return
 			}
-			if st := cl.Annotations[AnnotationStatus]; !strings.Contains(st, tc.message) {
+			if st := cl.Annotations[api.AnnotationStatus]; !strings.Contains(st, tc.message) {
 				t.Errorf("status %q, want it to contain %q", st, tc.message)
 			}
 			if len(e.events(tc.reason+" ")) == 0 || len(e.events(tc.message)) == 0 {
@@ -128,7 +128,7 @@ func TestInvalidPolicyIgnoredWithEvent(t *testing.T) {
 			}
 			if !tc.waits {
 				if got := e.placedOn("a", "c"); got == "" {
-					t.Errorf("not placed: %s", e.claim("a", "c").Annotations[AnnotationStatus])
+					t.Errorf("not placed: %s", e.claim("a", "c").Annotations[api.AnnotationStatus])
 				}
 				return
 			}
@@ -136,7 +136,7 @@ func TestInvalidPolicyIgnoredWithEvent(t *testing.T) {
 				t.Fatalf("placed on %s though SharingPolicy bad's quota cannot be enforced", got)
 			}
 			want := "Pending: SharingPolicy bad is invalid: " + tc.err
-			if st := e.claim("a", "c").Annotations[AnnotationStatus]; !strings.Contains(st, want) || !strings.Contains(st, "its quota cannot be enforced, so claims it may bind wait until it is fixed") {
+			if st := e.claim("a", "c").Annotations[api.AnnotationStatus]; !strings.Contains(st, want) || !strings.Contains(st, "its quota cannot be enforced, so claims it may bind wait until it is fixed") {
 				t.Errorf("status %q does not say %q and why", st, want)
 			}
 			if len(e.events(ReasonInvalidPolicy+" claim c: "+want)) == 0 {
@@ -151,7 +151,7 @@ func TestInvalidPolicyIgnoredWithEvent(t *testing.T) {
 			}
 			for deadline := time.Now().Add(10 * time.Second); e.placedOn("a", "c") == ""; time.Sleep(5 * time.Millisecond) {
 				if time.Now().After(deadline) {
-					t.Fatalf("not placed once the policy was fixed: %s", e.claim("a", "c").Annotations[AnnotationStatus])
+					t.Fatalf("not placed once the policy was fixed: %s", e.claim("a", "c").Annotations[api.AnnotationStatus])
 				}
 				e.run()
 			}

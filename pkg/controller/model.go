@@ -15,7 +15,6 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
 	"github.com/fgpu-dev/fgpu/pkg/selectors"
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // gpuKey names a device: pool (fgpu's pool is the node name) and device.
@@ -65,7 +64,7 @@ type tenant struct {
 	// part); 0 for a share that does not burst. workload is whose share it is, where the
 	// allocator placed it since it started (zero after a restart).
 	burstCap int64
-	workload sizing.Workload
+	workload api.SizingWorkload
 }
 
 // claimRec is what the model holds for one allocated claim.
@@ -541,7 +540,7 @@ func (m *model) scheduler(l api.LatencyClass) *placement.Scheduler {
 }
 
 func modelOf(g *gpu) string {
-	if a, ok := g.attrs["productName"]; ok && a.StringValue != nil {
+	if a, ok := g.attrs[api.AttributeProductName]; ok && a.StringValue != nil {
 		return *a.StringValue
 	}
 	return ""

@@ -18,7 +18,6 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 	"github.com/fgpu-dev/fgpu/pkg/selectors"
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // Sync looks at one claim: places it, times its allocation out, or releases it.
@@ -162,10 +161,10 @@ func (c *Controller) gather(ctx context.Context, claim *resourceapi.ResourceClai
 		top := topOwner(in.consumers[0])
 		for _, r := range claim.Spec.Devices.Requests {
 			for _, a := range alternatives(r) {
-				w := sizing.Workload{Namespace: claim.Namespace, Kind: top.Kind, Name: top.Name, Request: a.name}
+				w := api.SizingWorkload{Namespace: claim.Namespace, Kind: top.Kind, Name: top.Name, Request: a.name}
 				if rec, ok := c.Recommendation(w); ok {
 					if in.sized == nil {
-						in.sized = map[string]sizing.Recommendation{}
+						in.sized = map[string]api.SizingRecommendation{}
 					}
 					in.sized[a.name], in.sizedFor = rec, w
 				}
@@ -341,7 +340,7 @@ func (c *Controller) commit(ctx context.Context, in *input, d *decision) (time.D
 	if written.Annotations == nil {
 		written.Annotations = map[string]string{}
 	}
-	written.Annotations[AnnotationStatus] = msg
+	written.Annotations[api.AnnotationStatus] = msg
 	c.setStatus(ctx, written, in.consumers, msg, ReasonPlaced)
 	for _, note := range d.sized {
 		c.recorder.Event(claim, corev1.EventTypeNormal, ReasonSized, note)

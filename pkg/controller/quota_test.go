@@ -80,7 +80,7 @@ func (e *env) refusedForQuota(ns, name string, want ...string) {
 	if e.placedOn(ns, name) != "" {
 		e.t.Fatalf("%s placed though it is larger than the quota", name)
 	}
-	st := e.claim(ns, name).Annotations[AnnotationStatus]
+	st := e.claim(ns, name).Annotations[api.AnnotationStatus]
 	for _, w := range append(want, "unless the quota is raised") {
 		if !strings.Contains(st, w) {
 			e.t.Errorf("status of %s %q does not say %q", name, st, w)
@@ -108,7 +108,7 @@ func TestQuotaCountsWholeGPUs(t *testing.T) {
 	e.checkWithinQuota("a", "80Gi")
 	e.refusedForQuota("a", "four", "80Gi", "SharingPolicy q", "4 whole GPU(s) of at least 80Gi")
 	if e.placedOn("a", "one") == "" {
-		t.Fatalf("one whole 80Gi GPU under an 80Gi quota not placed: %s", e.claim("a", "one").Annotations[AnnotationStatus])
+		t.Fatalf("one whole 80Gi GPU under an 80Gi quota not placed: %s", e.claim("a", "one").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -125,7 +125,7 @@ func TestQuotaCountsEveryRequestOfAClaim(t *testing.T) {
 	e.refusedForQuota("a", "two", "this claim needs at least 160Gi in all")
 	e.refusedForQuota("a", "mixed", "this claim needs at least 120Gi in all")
 	if e.placedOn("a", "small") == "" {
-		t.Fatalf("small waits behind claims larger than the quota: %s", e.claim("a", "small").Annotations[AnnotationStatus])
+		t.Fatalf("small waits behind claims larger than the quota: %s", e.claim("a", "small").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -145,7 +145,7 @@ func TestQuotaCountsEarlierRequestsOfAClaim(t *testing.T) {
 	e.checkWithinQuota("a", "200Gi")
 	e.refusedForQuota("a", "greedy", "1 whole GPU(s) of at least 80Gi on top of the 160Gi of its other requests")
 	if e.placedOn("a", "small") == "" {
-		t.Fatalf("small waits behind a claim beyond the quota: %s", e.claim("a", "small").Annotations[AnnotationStatus])
+		t.Fatalf("small waits behind a claim beyond the quota: %s", e.claim("a", "small").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -172,7 +172,7 @@ func TestQuotaWholeGPUsOfMixedSizes(t *testing.T) {
 	}
 	e.run()
 	if got := e.placedOn("a", "two"); !strings.HasPrefix(got, "n3/") {
-		t.Fatalf("two whole GPUs under a 100Gi quota placed on %q, want two 40Gi GPUs of n3: %s", got, e.claim("a", "two").Annotations[AnnotationStatus])
+		t.Fatalf("two whole GPUs under a 100Gi quota placed on %q, want two 40Gi GPUs of n3: %s", got, e.claim("a", "two").Annotations[api.AnnotationStatus])
 	}
 	e.checkWithinQuota("a", "100Gi")
 }
@@ -187,12 +187,12 @@ func TestClaimLargerThanQuotaRefusedAtOnce(t *testing.T) {
 	e.run()
 	e.refusedForQuota("a", "big", "GPU memory quota of namespace a (SharingPolicy q: 80Gi)", "this claim needs 100Gi")
 	if e.placedOn("a", "small") == "" {
-		t.Fatalf("small waits behind a claim larger than the quota: %s", e.claim("a", "small").Annotations[AnnotationStatus])
+		t.Fatalf("small waits behind a claim larger than the quota: %s", e.claim("a", "small").Annotations[api.AnnotationStatus])
 	}
 	e.setQuotaMemory("q", "200Gi")
 	e.run()
 	if e.placedOn("a", "big") == "" {
-		t.Fatalf("big not placed after the quota grew: %s", e.claim("a", "big").Annotations[AnnotationStatus])
+		t.Fatalf("big not placed after the quota grew: %s", e.claim("a", "big").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -223,7 +223,7 @@ func TestQuotaAlternativeBeyondQuotaDoesNotRefuseClaim(t *testing.T) {
 				builders.MakeClaim("a", "later").Memory("1Gi").Created(2).Obj(), builders.MakePod("a", "later").Claim("later").Obj())
 			e.run()
 			e.checkWithinQuota("a", tc.quota)
-			if st := e.claim("a", "either").Annotations[AnnotationStatus]; e.placedOn("a", "either") != "" || !strings.Contains(st, "frees up") {
+			if st := e.claim("a", "either").Annotations[api.AnnotationStatus]; e.placedOn("a", "either") != "" || !strings.Contains(st, "frees up") {
 				t.Fatalf("either: want it waiting for quota, got %q", st)
 			}
 			if e.placedOn("a", "later") != "" {
@@ -235,7 +235,7 @@ func TestQuotaAlternativeBeyondQuotaDoesNotRefuseClaim(t *testing.T) {
 			e.run()
 			e.checkWithinQuota("a", tc.quota)
 			if e.placedOn("a", "either") == "" {
-				t.Fatalf("either not placed once quota freed: %s", e.claim("a", "either").Annotations[AnnotationStatus])
+				t.Fatalf("either not placed once quota freed: %s", e.claim("a", "either").Annotations[api.AnnotationStatus])
 			}
 		})
 	}
@@ -254,7 +254,7 @@ func TestWholeGPUsThatNeverFitDoNotHoldTheQueue(t *testing.T) {
 		t.Fatal("2 whole GPUs placed over a 100Gi quota")
 	}
 	if e.placedOn("a", "later") == "" {
-		t.Errorf("a 1Gi claim held behind a claim that can never fit the quota: %s", e.claim("a", "later").Annotations[AnnotationStatus])
+		t.Errorf("a 1Gi claim held behind a claim that can never fit the quota: %s", e.claim("a", "later").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -284,7 +284,7 @@ func TestComputeQuotaRefusesUncappedShares(t *testing.T) {
 			e.run()
 			placed := e.placedOn("a", "c") != ""
 			if placed != tc.placed {
-				t.Fatalf("placed %v, want %v: %s", placed, tc.placed, e.claim("a", "c").Annotations[AnnotationStatus])
+				t.Fatalf("placed %v, want %v: %s", placed, tc.placed, e.claim("a", "c").Annotations[api.AnnotationStatus])
 			}
 			if placed {
 				e.c.model.mu.Lock()
@@ -318,20 +318,20 @@ func TestPodLabelsCannotLiftNamespaceQuota(t *testing.T) {
 	e.checkWithinQuota("a", "40Gi")
 	// refusedForQuota would find second in the quota queue, rightly: check big by hand.
 	big := "larger than the GPU memory quota of namespace a (SharingPolicy quota: 40Gi): this claim needs 60Gi; it will not be placed unless the quota is raised"
-	if e.placedOn("a", "big") != "" || !strings.Contains(e.claim("a", "big").Annotations[AnnotationStatus], big) {
-		t.Errorf("big: placed on %q, status %q; want it refused: %q", e.placedOn("a", "big"), e.claim("a", "big").Annotations[AnnotationStatus], big)
+	if e.placedOn("a", "big") != "" || !strings.Contains(e.claim("a", "big").Annotations[api.AnnotationStatus], big) {
+		t.Errorf("big: placed on %q, status %q; want it refused: %q", e.placedOn("a", "big"), e.claim("a", "big").Annotations[api.AnnotationStatus], big)
 	}
 	if got := e.placedOn("a", "first"); got == "" {
-		t.Fatalf("first not placed: %s", e.claim("a", "first").Annotations[AnnotationStatus])
+		t.Fatalf("first not placed: %s", e.claim("a", "first").Annotations[api.AnnotationStatus])
 	}
-	if st := e.claim("a", "first").Annotations[AnnotationStatus]; !strings.Contains(st, "[SharingPolicy escape]") {
+	if st := e.claim("a", "first").Annotations[api.AnnotationStatus]; !strings.Contains(st, "[SharingPolicy escape]") {
 		t.Errorf("first placed under %q, want the pod-selected policy's co-tenancy rules", st)
 	}
 	if e.placedOn("a", "second") != "" {
 		t.Fatal("second placed over the namespace's quota through a pod-selected policy")
 	}
 	want := "over the GPU memory quota of namespace a (SharingPolicy quota: 40Gi): 30Gi in use, this claim needs 30Gi, 20Gi over; it will be placed when quota frees up"
-	if st := e.claim("a", "second").Annotations[AnnotationStatus]; !strings.Contains(st, want) {
+	if st := e.claim("a", "second").Annotations[api.AnnotationStatus]; !strings.Contains(st, want) {
 		t.Errorf("status of second %q, want %q", st, want)
 	}
 }

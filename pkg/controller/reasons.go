@@ -38,7 +38,7 @@ const (
 	// a refused prepare, stays with the pods it is reserved for, and the others are told.
 	ReasonPodBoundElsewhere = "FgpuPodBoundElsewhere"
 	// ReasonSizingRecommendation: a workload's recommended size, from its claims' measured use,
-	// appeared or moved (on the claim whose report moved it; sizing.RecordAnnotation holds it).
+	// appeared or moved (on the claim whose report moved it; api.AnnotationSizingRecord holds it).
 	ReasonSizingRecommendation = "FgpuSizingRecommendation"
 	// ReasonSized: a claim was placed at its workload's recommended size (sizing Initial).
 	ReasonSized = "FgpuSized"

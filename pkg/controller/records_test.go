@@ -80,7 +80,7 @@ func TestRestartKeepsRulesFromAllocationNotMetadata(t *testing.T) {
 	e2.create(builders.MakeClaim("a", "c2").Memory("10Gi").Created(5).Obj(), builders.MakePod("a", "p2").Claim("c2").Obj())
 	e2.run()
 	if got := e2.placedOn("a", "c2"); got != "n1/gpu-0" {
-		t.Fatalf("c2 placed on %q (%s): the tenant's annotation decided c1's rules", got, e2.claim("a", "c2").Annotations[AnnotationStatus])
+		t.Fatalf("c2 placed on %q (%s): the tenant's annotation decided c1's rules", got, e2.claim("a", "c2").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -101,7 +101,7 @@ func TestFinalizerRemovedStillTimesOutAndIsRestored(t *testing.T) {
 	})
 	e2 := e.restart(nil)
 	e2.run()
-	if !hasFinalizer(e2.claim("a", "c"), Finalizer) {
+	if !hasFinalizer(e2.claim("a", "c"), api.FinalizerAllocator) {
 		t.Errorf("finalizer not restored: %v", e2.claim("a", "c").Finalizers)
 	}
 	if ev := e2.events(ReasonFinalizerRestored); len(ev) != 1 || !strings.Contains(ev[0], "added it back") {
@@ -148,7 +148,7 @@ func TestClaimConfigWithPlacementRefused(t *testing.T) {
 		t.Fatal("a claim carrying its own placement was allocated")
 	}
 	const want = `request "gpu": placement is written by the fgpu allocator only`
-	if st := e.claim("a", "c").Annotations[AnnotationStatus]; !strings.Contains(st, want) {
+	if st := e.claim("a", "c").Annotations[api.AnnotationStatus]; !strings.Contains(st, want) {
 		t.Errorf("status %q", st)
 	}
 	if ev := e.events(ReasonUnsupported); len(ev) == 0 || !strings.Contains(ev[0], want) {
@@ -245,7 +245,7 @@ func TestRefusedPreparePlacedAgainOnBoundNode(t *testing.T) {
 	c := e.claim("a", "c")
 	second := e.placedOn("a", "c")
 	if second == "" || second == first || !strings.HasPrefix(second, node+"/") {
-		t.Fatalf("refused on %s: now on %q; want another GPU of %s (%s)", first, second, node, c.Annotations[AnnotationStatus])
+		t.Fatalf("refused on %s: now on %q; want another GPU of %s (%s)", first, second, node, c.Annotations[api.AnnotationStatus])
 	}
 	if len(c.Status.ReservedFor) != 1 || c.Status.ReservedFor[0].Name != "p" || len(c.Status.Devices) != 0 {
 		t.Errorf("reservedFor %+v, devices %+v", c.Status.ReservedFor, c.Status.Devices)
@@ -290,7 +290,7 @@ func TestRefusedPrepareNoOtherGPUSaysWhy(t *testing.T) {
 		t.Fatalf("allocation %v, reservedFor %v", c.Status.Allocation != nil, c.Status.ReservedFor)
 	}
 	const why = "its kubelet plugin refused to prepare this claim on it (tried again once what the GPU holds changes, or 1m0s after the refusal)"
-	if st := c.Annotations[AnnotationStatus]; !strings.HasPrefix(st, "Pending: ") || !strings.Contains(st, why) {
+	if st := c.Annotations[api.AnnotationStatus]; !strings.HasPrefix(st, "Pending: ") || !strings.Contains(st, why) {
 		t.Errorf("status %q", st)
 	}
 	if ev := e.events("claim c: Pending: "); len(ev) == 0 || !strings.Contains(ev[len(ev)-1], why) {
@@ -302,7 +302,7 @@ func TestRefusedPrepareNoOtherGPUSaysWhy(t *testing.T) {
 	e.run()
 	c = e.claim("a", "c")
 	if got := e.placedOn("a", "c"); got != "n1/gpu-0" || len(c.Status.ReservedFor) != 1 || c.Status.ReservedFor[0].Name != "p" {
-		t.Fatalf("the GPU freed: claim on %q, reservedFor %+v (%s); want n1/gpu-0 reserved for p", got, c.Status.ReservedFor, c.Annotations[AnnotationStatus])
+		t.Fatalf("the GPU freed: claim on %q, reservedFor %+v (%s); want n1/gpu-0 reserved for p", got, c.Status.ReservedFor, c.Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -332,7 +332,7 @@ func TestRefusedGPUTriedAgainAfterBindTimeout(t *testing.T) {
 	e.run()
 	c := e.claim("a", "c")
 	if got := e.placedOn("a", "c"); got != "n1/gpu-0" || len(c.Status.ReservedFor) != 1 || c.Status.ReservedFor[0].Name != "p" {
-		t.Fatalf("claim on %q, reservedFor %+v (%s); want n1/gpu-0 reserved for p", got, c.Status.ReservedFor, c.Annotations[AnnotationStatus])
+		t.Fatalf("claim on %q, reservedFor %+v (%s); want n1/gpu-0 reserved for p", got, c.Status.ReservedFor, c.Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -377,7 +377,7 @@ func TestRefusedPrepareKeepsReservationsInformerDoesNotShow(t *testing.T) {
 	}
 	if got == "" || got == first || !strings.HasPrefix(got, node+"/") || strings.Join(names, ",") != "p,p2" {
 		t.Fatalf("refused on %s: now on %q reserved for %v (%s); want another GPU of %s (not %s), reserved for p,p2",
-			first, got, names, c.Annotations[AnnotationStatus], node, other)
+			first, got, names, c.Annotations[api.AnnotationStatus], node, other)
 	}
 	if ev := e.events(ReasonPrepareRefused); len(ev) == 0 || !strings.Contains(ev[0], "placing the claim again on node "+node+", where its pod is bound") {
 		t.Errorf("events %v", ev)
@@ -415,7 +415,7 @@ func TestRefusedPreparePinDroppedWithItsPods(t *testing.T) {
 	c := e.claim("a", "c")
 	if got := e.placedOn("a", "c"); !strings.HasPrefix(got, other+"/") || len(c.Status.ReservedFor) != 0 {
 		t.Fatalf("claim on %q (%s), reservedFor %+v; want it on %s, not reserved: no pod is bound to %s any more",
-			got, c.Annotations[AnnotationStatus], c.Status.ReservedFor, other, node)
+			got, c.Annotations[api.AnnotationStatus], c.Status.ReservedFor, other, node)
 	}
 }
 
@@ -439,7 +439,7 @@ func TestRefusedPreparePinnedNodeWinsOverPodBoundElsewhere(t *testing.T) {
 	c := e.claim("a", "c")
 	if got := e.placedOn("a", "c"); got == "" || got == first || !strings.HasPrefix(got, node+"/") ||
 		len(c.Status.ReservedFor) != 1 || c.Status.ReservedFor[0].Name != "p" {
-		t.Fatalf("claim on %q (%s), reservedFor %+v; want another GPU of %s, reserved for p", got, c.Annotations[AnnotationStatus], c.Status.ReservedFor, node)
+		t.Fatalf("claim on %q (%s), reservedFor %+v; want another GPU of %s, reserved for p", got, c.Annotations[api.AnnotationStatus], c.Status.ReservedFor, node)
 	}
 	want := "claim c is on node " + node + ", where the pods it is reserved for are bound; this pod is bound to node " + other + " and cannot use it"
 	if ev := e.events(ReasonPodBoundElsewhere); len(ev) != 1 || !strings.Contains(ev[0], want) {
@@ -458,8 +458,8 @@ func TestPodsBoundToDifferentNodesRefused(t *testing.T) {
 	e.run()
 	c := e.claim("a", "c")
 	const why = "Pending: the pods that use the claim are bound to different nodes (p1 on n1, p2 on n2), but a claim's devices are all on one node: delete the pods bound to the wrong node, or leave spec.nodeName unset and let the scheduler choose"
-	if c.Status.Allocation != nil || c.Annotations[AnnotationStatus] != why {
-		t.Fatalf("allocation %v, status %q; want %q", c.Status.Allocation != nil, c.Annotations[AnnotationStatus], why)
+	if c.Status.Allocation != nil || c.Annotations[api.AnnotationStatus] != why {
+		t.Fatalf("allocation %v, status %q; want %q", c.Status.Allocation != nil, c.Annotations[api.AnnotationStatus], why)
 	}
 	// One event on each pod; the claim's annotation says it, with no event on the claim
 	// to write as well.
@@ -471,7 +471,7 @@ func TestPodsBoundToDifferentNodesRefused(t *testing.T) {
 	}
 	e.run()
 	if got := e.placedOn("a", "c"); got != "n2/gpu-0" {
-		t.Fatalf("claim on %q (%s), want n2/gpu-0", got, e.claim("a", "c").Annotations[AnnotationStatus])
+		t.Fatalf("claim on %q (%s), want n2/gpu-0", got, e.claim("a", "c").Annotations[api.AnnotationStatus])
 	}
 }
 
@@ -530,12 +530,12 @@ func TestFinalizerRestoredAtMostOnceAMinute(t *testing.T) {
 	strip := func(c *resourceapi.ResourceClaim) { c.Finalizers = []string{resourceapi.Finalizer} }
 	e.tamper("a", "c", strip)
 	e.run()
-	if !hasFinalizer(e.claim("a", "c"), Finalizer) {
+	if !hasFinalizer(e.claim("a", "c"), api.FinalizerAllocator) {
 		t.Fatal("finalizer not restored")
 	}
 	e.tamper("a", "c", strip)
 	e.run()
-	if hasFinalizer(e.claim("a", "c"), Finalizer) {
+	if hasFinalizer(e.claim("a", "c"), api.FinalizerAllocator) {
 		t.Error("finalizer restored twice within a minute")
 	}
 	if ev := e.events(ReasonFinalizerRestored); len(ev) != 1 {
@@ -543,7 +543,7 @@ func TestFinalizerRestoredAtMostOnceAMinute(t *testing.T) {
 	}
 	e.clock.Step(restoreInterval)
 	e.run()
-	if !hasFinalizer(e.claim("a", "c"), Finalizer) {
+	if !hasFinalizer(e.claim("a", "c"), api.FinalizerAllocator) {
 		t.Error("finalizer not restored a minute later")
 	}
 	if ev := e.events(ReasonFinalizerRestored); len(ev) != 2 {
@@ -557,7 +557,7 @@ func TestFinalizerRestoredAtMostOnceAMinute(t *testing.T) {
 // allocation without the toleration (kube-scheduler's) is left alone.
 func TestUpgradeOlderAllocatorsClaimStaysManaged(t *testing.T) {
 	older := builders.MakeClaim("a", "old").Memory("10Gi").AllocatedOn("n1", "gpu-0").Obj()
-	older.Finalizers = []string{Finalizer, resourceapi.Finalizer}
+	older.Finalizers = []string{api.FinalizerAllocator, resourceapi.Finalizer}
 	older.Status.Allocation.Devices.Results[0].Tolerations = []resourceapi.DeviceToleration{api.FenceToleration()}
 	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj(),
 		builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"), older,

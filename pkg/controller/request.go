@@ -9,7 +9,6 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // alt is one way to satisfy a request: the request itself or one of its firstAvailable
@@ -62,7 +61,7 @@ type request struct {
 	// burstCap is, for a bursting share (burst.go), the memory MPS lets it use above mem,
 	// its guaranteed part; burstFor its workload.
 	burstCap int64
-	burstFor sizing.Workload
+	burstFor api.SizingWorkload
 }
 
 // capOn is the burst cap of a device of the request on GPU g, where it gets mem: never
@@ -163,7 +162,7 @@ func resolveRequest(cfg *Config, in *input, a alt, smallestGPU func(*request) in
 // recommendation fills the smallest GPU the request may get (smallestGPU): a share that large
 // fits no GPU, where the whole GPU it asked does. Otherwise compute is lowered only where the
 // request asks for some.
-func (rq *request) applySizing(r sizing.Recommendation, w sizing.Workload, smallestGPU func(*request) int64) {
+func (rq *request) applySizing(r api.SizingRecommendation, w api.SizingWorkload, smallestGPU func(*request) int64) {
 	var notes []string
 	switch l := rq.userCfg.MemoryLimit; {
 	case l != nil && l.Value() > r.MemoryBytes:
@@ -228,7 +227,7 @@ const (
 // time-slicing would make them wait for other tenants' slices). Mode auto never follows a
 // GPU's other tenants: a claim that names no mode is never time-sliced because another
 // tenant chose time-slicing.
-func sharingMode(pol policy.Effective, userCfg *api.GpuConfig, measured sizing.Recommendation, isMeasured bool) (api.SharingMode, string) {
+func sharingMode(pol policy.Effective, userCfg *api.GpuConfig, measured api.SizingRecommendation, isMeasured bool) (api.SharingMode, string) {
 	switch {
 	case pol.Mode == api.PolicyModeMPS:
 		return api.SharingModeMPS, ""

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/selectors"
 )
@@ -83,7 +84,7 @@ func TestTooCostlySelectorsAreRefused(t *testing.T) {
 	if got := e.placedOn("attacker", "c"); got != "" {
 		t.Errorf("the costly claim was placed on %s", got)
 	}
-	if st := e.claim("attacker", "c").Annotations[AnnotationStatus]; !strings.Contains(st, "device selectors cost more than the allocator evaluates for one claim") {
+	if st := e.claim("attacker", "c").Annotations[api.AnnotationStatus]; !strings.Contains(st, "device selectors cost more than the allocator evaluates for one claim") {
 		t.Errorf("status %q does not say why", st)
 	}
 	if len(e.events(ReasonSelectorsTooCostly)) == 0 {
@@ -106,7 +107,7 @@ func TestSelectorErrorIsShown(t *testing.T) {
 	}
 	want := "Pending: no GPU can take 10Gi now: 2 GPU(s): device selector cannot be evaluated (e.g. n1/gpu-0: selector " +
 		"`device.attributes[\"gpu.fgpu.dev\"].missing == 1`: CEL runtime error: no such key: missing)"
-	if st := e.claim("a", "c").Annotations[AnnotationStatus]; st != want {
+	if st := e.claim("a", "c").Annotations[api.AnnotationStatus]; st != want {
 		t.Errorf("status\n%q, want\n%q", st, want)
 	}
 	if len(e.events("CEL runtime error")) == 0 {

@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 )
 
@@ -34,7 +35,7 @@ func TestDecisionShareHoldsBackANamespaceThatChecksTooMuch(t *testing.T) {
 	decided := func() int {
 		n := 0
 		for i := range 10 {
-			if e.claim("greedy", fmt.Sprintf("c%d", i)).Annotations[AnnotationStatus] != "" {
+			if e.claim("greedy", fmt.Sprintf("c%d", i)).Annotations[api.AnnotationStatus] != "" {
 				n++
 			}
 		}
@@ -71,7 +72,7 @@ func TestAShareKeepsAPodSlotForItsMPSDaemon(t *testing.T) {
 	if got := e.placedOn("victim", "c"); got != "" {
 		t.Fatalf("placed on %s, a node with one pod slot left for the pod and its MPS daemon", got)
 	}
-	if st := e.claim("victim", "c").Annotations[AnnotationStatus]; !strings.Contains(st, "too many pods") {
+	if st := e.claim("victim", "c").Annotations[api.AnnotationStatus]; !strings.Contains(st, "too many pods") {
 		t.Errorf("status %q does not say the node has too many pods", st)
 	}
 	e.create(builders.MakeNode("roomy").Pods(2).Obj(), builders.MakeSlice("roomy", 1, "80Gi"))

@@ -23,12 +23,12 @@ import (
 type sizer struct {
 	mu        sync.Mutex
 	rec       *sizing.Recommender
-	announced map[sizing.Workload]sizing.Recommendation
+	announced map[api.SizingWorkload]api.SizingRecommendation
 	auto      *autoState
 }
 
 func newSizer(opts sizing.Options) *sizer {
-	return &sizer{rec: sizing.NewRecommender(opts), announced: map[sizing.Workload]sizing.Recommendation{}, auto: newAutoState()}
+	return &sizer{rec: sizing.NewRecommender(opts), announced: map[api.SizingWorkload]api.SizingRecommendation{}, auto: newAutoState()}
 }
 
 // observeUsage takes the usage summaries the kubelet plugin wrote into the claim's
@@ -47,7 +47,7 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 	pol := c.policyOf(claim, pods[0])
 	mode := pol.Sizing
 	burstable := pol.Latency == api.LatencyBestEffort && !pol.AllowSharedGPU && pol.Isolation != api.IsolationExclusive
-	var changed []sizing.Record
+	var changed []api.SizingRecord
 	var auto []autoReport
 	c.sizer.mu.Lock()
 	for _, st := range claim.Status.Devices {
@@ -58,13 +58,11 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 		if req == "" {
 			continue // not a share of the current allocation
 		}
-		var data struct {
-			Usage *sizing.Usage `json:"usage"`
-		}
+		var data api.DeviceStatusData
 		if json.Unmarshal(st.Data.Raw, &data) != nil || data.Usage == nil {
 			continue
 		}
-		w := sizing.Workload{Namespace: claim.Namespace, Kind: top.Kind, Name: top.Name, Request: req}
+		w := api.SizingWorkload{Namespace: claim.Namespace, Kind: top.Kind, Name: top.Name, Request: req}
 		if !c.sizer.rec.Add(w, *st.ShareID, *data.Usage) {
 			continue
 		}
@@ -80,7 +78,7 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 		}
 		if prev, had := c.sizer.announced[w]; !had || moved(prev, rec) {
 			c.sizer.announced[w] = rec
-			changed = append(changed, sizing.Record{Workload: w, Recommendation: rec})
+			changed = append(changed, api.SizingRecord{Workload: w, Recommendation: rec})
 		}
 	}
 	c.sizer.mu.Unlock()
@@ -90,7 +88,7 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 	}
 	for _, r := range changed {
 		raw, _ := json.Marshal(r)
-		c.recorder.AnnotatedEventf(claim, map[string]string{sizing.RecordAnnotation: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
+		c.recorder.AnnotatedEventf(claim, map[string]string{api.AnnotationSizingRecord: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
 			"%s %s/%s request %s: recommended memory %s, compute %d%% (peak seen %s, from %d samples); sizing %s: %s",
 			r.Workload.Kind, r.Workload.Namespace, r.Workload.Name, r.Workload.Request, quantity(r.Recommendation.MemoryBytes),
 			r.Recommendation.ComputePercent, quantity(r.Recommendation.PeakBytes), r.Recommendation.Samples, mode, modeEffect[mode])
@@ -170,9 +168,9 @@ func (c *Controller) sweepUsage(context.Context) {
 }
 
 // Recommendation is the recommender's current size for a workload.
-func (c *Controller) Recommendation(w sizing.Workload) (sizing.Recommendation, bool) {
+func (c *Controller) Recommendation(w api.SizingWorkload) (api.SizingRecommendation, bool) {
 	if c.sizer == nil {
-		return sizing.Recommendation{}, false
+		return api.SizingRecommendation{}, false
 	}
 	c.sizer.mu.Lock()
 	defer c.sizer.mu.Unlock()
@@ -184,7 +182,7 @@ func (c *Controller) Recommendation(w sizing.Workload) (sizing.Recommendation, b
 }
 
 // moved: worth telling again (the same thresholds as the plugin's reports).
-func moved(prev, cur sizing.Recommendation) bool {
+func moved(prev, cur api.SizingRecommendation) bool {
 	d := cur.MemoryBytes - prev.MemoryBytes
 	return max(d, -d) > max(sizing.MemoryStep, prev.MemoryBytes/10) || max(cur.ComputePercent-prev.ComputePercent, prev.ComputePercent-cur.ComputePercent) > 10
 }

@@ -30,7 +30,7 @@ func ownedPod(ns, name, kind, owner string, labels map[string]string) *corev1.Po
 }
 
 // usageStatus is the status.devices entry the kubelet plugin writes for the claim's share.
-func usageStatus(t *testing.T, claim *resourceapi.ResourceClaim, shareID string, u sizing.Usage) resourceapi.AllocatedDeviceStatus {
+func usageStatus(t *testing.T, claim *resourceapi.ResourceClaim, shareID string, u api.ShareUsage) resourceapi.AllocatedDeviceStatus {
 	t.Helper()
 	raw, err := json.Marshal(map[string]any{"gpuUUID": "GPU-x", "usage": u})
 	if err != nil {
@@ -46,7 +46,7 @@ func usageStatus(t *testing.T, claim *resourceapi.ResourceClaim, shareID string,
 type sizingEnv struct {
 	*env
 	share string
-	w     sizing.Workload
+	w     api.SizingWorkload
 }
 
 func newSizingEnv(t *testing.T, mode api.SizingMode) *sizingEnv {
@@ -63,7 +63,7 @@ func newSizingEnvWith(t *testing.T, pol *api.SharingPolicy) *sizingEnv {
 	}, []*api.SharingPolicy{pol},
 		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"), claim, pod)
 	return &sizingEnv{env: e, share: string(*claim.Status.Allocation.Devices.Results[0].ShareID),
-		w: sizing.Workload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}}
+		w: api.SizingWorkload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}}
 }
 
 func (e *sizingEnv) report(i int, peakGiB int64, sid string) {
@@ -76,7 +76,7 @@ func (e *sizingEnv) reportSM(i int, peakGiB int64, sm int, sid string) {
 	e.t.Helper()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	cur := e.claim("team-a", "c")
-	cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, sid, sizing.Usage{
+	cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, sid, api.ShareUsage{
 		From: t0.Add(time.Duration(i-1) * 5 * time.Minute), To: t0.Add(time.Duration(i) * 5 * time.Minute), Samples: 30,
 		MemoryMaxBytes: peakGiB << 30, SMSamples: 30, SMP95Percent: sm})}
 	if _, err := e.client.ResourceV1().ResourceClaims("team-a").UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil {
@@ -334,9 +334,9 @@ func TestTopOwner(t *testing.T) {
 // a workload that keeps a GPU busy gains nothing from sharing; a best-effort, mostly idle one
 // is time-sliced; every other one, latency-critical always, gets MPS with caps.
 func TestSharingModeFromMeasurement(t *testing.T) {
-	busy := sizing.Recommendation{MemoryBytes: 8 << 30, ComputePercent: 95}
-	idle := sizing.Recommendation{MemoryBytes: 8 << 30, ComputePercent: 5}
-	some := sizing.Recommendation{MemoryBytes: 8 << 30, ComputePercent: 40}
+	busy := api.SizingRecommendation{MemoryBytes: 8 << 30, ComputePercent: 95}
+	idle := api.SizingRecommendation{MemoryBytes: 8 << 30, ComputePercent: 5}
+	some := api.SizingRecommendation{MemoryBytes: 8 << 30, ComputePercent: 40}
 	auto := func(l api.LatencyClass) policy.Effective {
 		return policy.Effective{Mode: api.PolicyModeAuto, Latency: l}
 	}
@@ -344,7 +344,7 @@ func TestSharingModeFromMeasurement(t *testing.T) {
 		name     string
 		pol      policy.Effective
 		cfg      api.GpuConfig
-		rec      sizing.Recommendation
+		rec      api.SizingRecommendation
 		measured bool
 		want     api.SharingMode
 		note     string
@@ -352,7 +352,7 @@ func TestSharingModeFromMeasurement(t *testing.T) {
 		{"policy mps", policy.Effective{Mode: api.PolicyModeMPS, Latency: api.LatencyBestEffort}, api.GpuConfig{}, idle, true, api.SharingModeMPS, ""},
 		{"policy time-slicing", policy.Effective{Mode: api.PolicyModeTimeSlicing}, api.GpuConfig{}, busy, true, api.SharingModeTimeSlicing, ""},
 		{"claim's mode", auto(api.LatencyBestEffort), api.GpuConfig{Mode: api.SharingModeMPS}, idle, true, api.SharingModeMPS, ""},
-		{"not measured", auto(api.LatencyBestEffort), api.GpuConfig{}, sizing.Recommendation{}, false, api.SharingModeMPS, ""},
+		{"not measured", auto(api.LatencyBestEffort), api.GpuConfig{}, api.SizingRecommendation{}, false, api.SharingModeMPS, ""},
 		{"busy", auto(api.LatencyBestEffort), api.GpuConfig{}, busy, true, api.SharingModeMPS, busyNote},
 		{"idle best-effort", auto(api.LatencyBestEffort), api.GpuConfig{}, idle, true, api.SharingModeTimeSlicing, idleNote},
 		{"idle critical", auto(api.LatencyCritical), api.GpuConfig{}, idle, true, api.SharingModeMPS, ""},

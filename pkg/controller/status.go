@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,10 +64,10 @@ func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceC
 	for _, p := range pods {
 		c.recorder.Event(p, typ, reason, fmt.Sprintf("claim %s: %s", claim.Name, msg))
 	}
-	if claim.Annotations[AnnotationStatus] == msg {
+	if claim.Annotations[api.AnnotationStatus] == msg {
 		return
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationStatus: msg}}})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationStatus: msg}}})
 	if err == nil {
 		_, err = c.client.ResourceV1().ResourceClaims(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	}

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/admission"
 	"github.com/fgpu-dev/fgpu/internal/testing/fakekubelet"
 )
@@ -77,7 +78,7 @@ func TestBudgetPolicyAdmitsOnlyTheBudgetsOfItsNodesDaemons(t *testing.T) {
 			spec["selector"] = map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/component": "mps-daemon"}}
 		}),
 		"another node's daemons": forged(func(spec map[string]any) {
-			object(object(spec, "selector"), "matchLabels")[NodeLabel] = "node-b"
+			object(object(spec, "selector"), "matchLabels")[api.LabelMPSNode] = "node-b"
 		}),
 		"a daemon and more": forged(func(spec map[string]any) {
 			object(spec, "selector")["matchExpressions"] = []any{map[string]any{"key": "app", "operator": "Exists"}}

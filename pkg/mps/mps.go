@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"time"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+
 	"k8s.io/klog/v2"
 )
 
@@ -158,8 +160,8 @@ func (m *Manager) ShmDir(key string) string { return filepath.Join(m.Root, key, 
 // the environment. One function, so that every launcher runs the same command.
 func (m *Manager) Spec(key, gpuUUID string) DaemonSpec {
 	env := []string{
-		"CUDA_MPS_PIPE_DIRECTORY=" + m.PipeDir(key),
-		"CUDA_MPS_LOG_DIRECTORY=" + m.LogDir(key),
+		api.EnvMPSPipeDirectory + "=" + m.PipeDir(key),
+		api.EnvMPSLogDirectory + "=" + m.LogDir(key),
 		"CUDA_VISIBLE_DEVICES=" + gpuUUID,
 	}
 	if m.DaemonEnv != nil {
@@ -533,8 +535,8 @@ func (m *Manager) run(ctx context.Context, pipeDir, logDir string, env []string,
 	defer cancel()
 	cmd := exec.CommandContext(ctx, m.Binary, args...)
 	cmd.Env = append(os.Environ(),
-		"CUDA_MPS_PIPE_DIRECTORY="+pipeDir,
-		"CUDA_MPS_LOG_DIRECTORY="+logDir)
+		api.EnvMPSPipeDirectory+"="+pipeDir,
+		api.EnvMPSLogDirectory+"="+logDir)
 	cmd.Env = append(cmd.Env, env...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)

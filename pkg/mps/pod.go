@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,15 +21,11 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// Labels of a daemon's pod.
+// Labels of a daemon's pod, besides fgpu's own (api.LabelMPSDaemon, LabelMPSGPU, LabelMPSNode).
 const (
 	ComponentLabel = "app.kubernetes.io/component"
 	// Component is ComponentLabel's value on every daemon pod.
 	Component = "mps-daemon"
-	// KeyLabel holds the daemon's key: how a restarted plugin knows what a pod serves.
-	KeyLabel  = "fgpu.dev/mps-daemon"
-	GPULabel  = "fgpu.dev/gpu"
-	NodeLabel = "fgpu.dev/node"
 )
 
 // SafeToEvictAnnotation tells the cluster autoscaler whether it may evict a pod when it
@@ -183,9 +181,9 @@ func (l *PodLauncher) Protect(ctx context.Context, key string, protect bool) err
 
 // selector picks daemon key's pod (on this node, where its name is a label value).
 func (l *PodLauncher) selector(key string) map[string]string {
-	labels := map[string]string{ComponentLabel: Component, KeyLabel: key}
+	labels := map[string]string{ComponentLabel: Component, api.LabelMPSDaemon: key}
 	if len(validation.IsValidLabelValue(l.NodeName)) == 0 {
-		labels[NodeLabel] = l.NodeName
+		labels[api.LabelMPSNode] = l.NodeName
 	}
 	return labels
 }
@@ -193,7 +191,7 @@ func (l *PodLauncher) selector(key string) map[string]string {
 // Keys implements Launcher.
 func (l *PodLauncher) Keys(ctx context.Context) ([]string, error) {
 	list, err := l.Client.CoreV1().Pods(l.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: ComponentLabel + "=" + Component + "," + KeyLabel,
+		LabelSelector: ComponentLabel + "=" + Component + "," + api.LabelMPSDaemon,
 		FieldSelector: "spec.nodeName=" + l.NodeName,
 	})
 	if err != nil {
@@ -201,8 +199,8 @@ func (l *PodLauncher) Keys(ctx context.Context) ([]string, error) {
 	}
 	var keys []string
 	for _, p := range list.Items {
-		if p.Spec.NodeName == l.NodeName && p.Name == l.PodName(p.Labels[KeyLabel]) {
-			keys = append(keys, p.Labels[KeyLabel])
+		if p.Spec.NodeName == l.NodeName && p.Name == l.PodName(p.Labels[api.LabelMPSDaemon]) {
+			keys = append(keys, p.Labels[api.LabelMPSDaemon])
 		}
 	}
 	return keys, nil
@@ -272,7 +270,7 @@ func (l *PodLauncher) pod(ctx context.Context, spec DaemonSpec) (*corev1.Pod, er
 	labels := l.selector(spec.Key)
 	labels["app.kubernetes.io/name"] = "fgpu"
 	if len(validation.IsValidLabelValue(spec.GPUUUID)) == 0 {
-		labels[GPULabel] = spec.GPUUUID
+		labels[api.LabelMPSGPU] = spec.GPUUUID
 	}
 	hostPath := func(name, path string) corev1.Volume {
 		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: ptr.To(corev1.HostPathDirectory)}}}

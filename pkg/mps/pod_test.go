@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/fakekubelet"
 	"github.com/fgpu-dev/fgpu/pkg/mps/fakecontrol"
 )
@@ -83,7 +84,7 @@ func TestPodDaemonIsAdoptedByARestartedPluginAndStopped(t *testing.T) {
 	p := pods[0]
 	spec := p.Spec
 	c := spec.Containers[0]
-	if p.Name != podLauncher(t, m).PodName(key) || p.Labels[KeyLabel] != key || p.Labels[GPULabel] != "GPU-ABC" || p.Labels[NodeLabel] != testNode ||
+	if p.Name != podLauncher(t, m).PodName(key) || p.Labels[api.LabelMPSDaemon] != key || p.Labels[api.LabelMPSGPU] != "GPU-ABC" || p.Labels[api.LabelMPSNode] != testNode ||
 		len(p.OwnerReferences) != 1 || p.OwnerReferences[0].Kind != "Node" || p.OwnerReferences[0].UID != "uid-node-"+testNode ||
 		spec.NodeName != testNode || !spec.HostPID || !spec.HostIPC || spec.RestartPolicy != corev1.RestartPolicyNever ||
 		spec.PriorityClassName != "fgpu-mps-daemon" || spec.ServiceAccountName != "fgpu-mps-daemon" || *spec.AutomountServiceAccountToken || len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists ||

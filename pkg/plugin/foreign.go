@@ -21,15 +21,11 @@ import (
 // on a GPU where it has no claim prepared, no MPS server of fgpu's runs and no tenant of
 // fgpu's has a container, so every compute process there was started by someone else
 // (another device plugin's pod, a host job). Such a GPU is foreign-busy: it is published
-// with the taint ForeignTaintKey, fgpu leaves its compute mode alone, and an MPS share that
-// was promised enforced memory is refused there. On a GPU where fgpu has claims prepared
-// a new process is taken as its tenants' (its MPS servers and their clients, the processes
-// of its time-sliced and whole-GPU claims): the verdict reached before the first claim came
-// only shrinks, as the foreign processes it names exit, until the last claim goes.
-
-// ForeignTaintKey marks a GPU that runs compute processes fgpu did not start; its value is
-// their number.
-const ForeignTaintKey = "fgpu.dev/foreign-processes"
+// with the taint configapi.ForeignTaintKey, fgpu leaves its compute mode alone, and an MPS
+// share that was promised enforced memory is refused there. On a GPU where fgpu has claims
+// prepared a new process is taken as its tenants' (its MPS servers and their clients, the
+// processes of its time-sliced and whole-GPU claims): the verdict reached before the first
+// claim came only shrinks, as the foreign processes it names exit, until the last claim goes.
 
 // The Node events' reasons.
 const (

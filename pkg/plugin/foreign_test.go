@@ -120,7 +120,7 @@ func TestForeignProcessesTaintTheGPUUntilTheyExit(t *testing.T) {
 		t.Fatalf("an unchanged GPU reported again: %+v", again)
 	}
 	res := DriverResources(node, s.Devices(), e.cfg.ReservedMemory, true, s.Foreign(), nil, nil).Pools[node].Slices[0].Devices
-	want := resourceapi.DeviceTaint{Key: ForeignTaintKey, Value: "2", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	want := resourceapi.DeviceTaint{Key: configapi.ForeignTaintKey, Value: "2", Effect: resourceapi.DeviceTaintEffectNoSchedule}
 	if got := taints(res, "gpu-1"); len(got) != 2 || got[0] != configapi.FenceTaint() || got[1] != want {
 		t.Fatalf("gpu-1 taints %+v, want the fence and %+v", got, want)
 	}

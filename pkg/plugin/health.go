@@ -19,23 +19,14 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 )
 
 // GPU health (docs/faults.md): the backend's faults become device taints, Node events and
-// the kubelet's device health. fgpu's MPS daemons are not the GPU's health: each serves one
+// the kubelet's device health (the taints: configapi.FaultTaintKey, DegradedTaintKey and
+// FlappingTaintKey). fgpu's MPS daemons are not the GPU's health: each serves one
 // isolation domain (mpshealth.go).
-
-// The taints of a faulty GPU; each value names the reason ("xid-79", "lost", ...).
-const (
-	// FaultTaintKey (NoExecute) marks a GPU whose work cannot go on.
-	FaultTaintKey = "fgpu.dev/gpu-fault"
-	// DegradedTaintKey (NoSchedule) marks a GPU whose work may go on but that takes no more.
-	DegradedTaintKey = "fgpu.dev/gpu-degraded"
-	// FlappingTaintKey (NoSchedule) keeps a GPU that faulted FlapCount times within
-	// FlapWindow fenced for FlapBackoff, also after its faults cleared.
-	FlappingTaintKey = "fgpu.dev/gpu-flapping"
-)
 
 // The Node events' reasons.
 const (
@@ -216,7 +207,7 @@ func (h *health) refresh(ctx context.Context) []HealthChange {
 				rec.FencedUntil = now.Add(h.cfg.flapBackoff())
 				changes = append(changes, HealthChange{Device: d.Name(), UUID: d.UUID, Type: corev1.EventTypeWarning, Reason: ReasonGPUFlapping,
 					Message: fmt.Sprintf("GPU %s (%s) faulted %d times within %s; it stays fenced (%s:NoSchedule) until %s, also once its faults clear",
-						d.Name(), d.UUID, len(rec.Onsets), h.cfg.flapWindow(), FlappingTaintKey, rec.FencedUntil.UTC().Format(time.RFC3339))})
+						d.Name(), d.UUID, len(rec.Onsets), h.cfg.flapWindow(), configapi.FlappingTaintKey, rec.FencedUntil.UTC().Format(time.RFC3339))})
 			}
 		}
 		if reasons(before) != reasons(now2) {
@@ -349,10 +340,10 @@ func faultTaints(faults []gpu.Fault, fencedUntil, now time.Time) []resourceapi.D
 			}
 		}
 	}
-	add(FaultTaintKey, resourceapi.DeviceTaintEffectNoExecute, gpu.SeverityFatal)
-	add(DegradedTaintKey, resourceapi.DeviceTaintEffectNoSchedule, gpu.SeverityDegraded)
+	add(configapi.FaultTaintKey, resourceapi.DeviceTaintEffectNoExecute, gpu.SeverityFatal)
+	add(configapi.DegradedTaintKey, resourceapi.DeviceTaintEffectNoSchedule, gpu.SeverityDegraded)
 	if now.Before(fencedUntil) {
-		out = append(out, resourceapi.DeviceTaint{Key: FlappingTaintKey, Value: "backoff", Effect: resourceapi.DeviceTaintEffectNoSchedule})
+		out = append(out, resourceapi.DeviceTaint{Key: configapi.FlappingTaintKey, Value: "backoff", Effect: resourceapi.DeviceTaintEffectNoSchedule})
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 )
@@ -74,7 +75,7 @@ func TestConditionClearsWhileAnotherGPUsFaultsCannotBeRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.health.refresh(ctx)
-	if got := taintStrings(d.health.taints(s.Devices()[0].UUID)); !slices.Equal(got, []string{DegradedTaintKey + "=row-remap-failure:NoSchedule"}) {
+	if got := taintStrings(d.health.taints(s.Devices()[0].UUID)); !slices.Equal(got, []string{configapi.DegradedTaintKey + "=row-remap-failure:NoSchedule"}) {
 		t.Fatalf("gpu-0 taints %v", got)
 	}
 	e.recoverGPU(0)
@@ -104,7 +105,7 @@ func TestUnreadableGPUKeepsItsVerdict(t *testing.T) {
 			t.Errorf("gpu-1 could not be read, yet its health changed: %s: %s", c.Reason, c.Message)
 		}
 	}
-	if got := taintStrings(d.health.taints(devs[1].UUID)); !slices.Equal(got, []string{DegradedTaintKey + "=row-remap-failure:NoSchedule"}) {
+	if got := taintStrings(d.health.taints(devs[1].UUID)); !slices.Equal(got, []string{configapi.DegradedTaintKey + "=row-remap-failure:NoSchedule"}) {
 		t.Errorf("gpu-1 taints %v while its faults could not be read", got)
 	}
 	// Readable again, and healthy: the verdict goes.

@@ -17,6 +17,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 )
@@ -312,7 +313,7 @@ func TestFlappingEventSaysWhy(t *testing.T) {
 	e.inject(0, "lost")
 	changes := d.health.refresh(ctx)
 	i := slices.IndexFunc(changes, func(c HealthChange) bool { return c.Reason == ReasonGPUFlapping })
-	if i < 0 || !strings.Contains(changes[i].Message, "faulted 2 times within 10m0s") || !strings.Contains(changes[i].Message, FlappingTaintKey) {
+	if i < 0 || !strings.Contains(changes[i].Message, "faulted 2 times within 10m0s") || !strings.Contains(changes[i].Message, configapi.FlappingTaintKey) {
 		t.Fatalf("changes %+v", changes)
 	}
 	if got := taintStrings(d.health.taints(s.Devices()[0].UUID)); !slices.Equal(got, []string{"fgpu.dev/gpu-fault=lost:NoExecute", "fgpu.dev/gpu-flapping=backoff:NoSchedule"}) {

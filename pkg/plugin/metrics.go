@@ -8,6 +8,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,7 +42,7 @@ type Metrics struct {
 const maxClaimSeries = 512
 
 // healthConditions are the health taints fgpu_gpu_condition reports, by their label value.
-var healthConditions = map[string]string{FaultTaintKey: "fault", DegradedTaintKey: "degraded", FlappingTaintKey: "flapping"}
+var healthConditions = map[string]string{configapi.FaultTaintKey: "fault", configapi.DegradedTaintKey: "degraded", configapi.FlappingTaintKey: "flapping"}
 
 // NewMetrics registers the plugin's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
@@ -22,7 +23,7 @@ func TestHealthMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	devs := []gpu.Device{{Index: 0, UUID: "GPU-a"}, {Index: 1, UUID: "GPU-b"}}
-	taints := map[string][]resourceapi.DeviceTaint{"GPU-b": {{Key: FaultTaintKey, Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoExecute}}}
+	taints := map[string][]resourceapi.DeviceTaint{"GPU-b": {{Key: configapi.FaultTaintKey, Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoExecute}}}
 	m.observeHealth(devs, func(uuid string) []resourceapi.DeviceTaint { return taints[uuid] })
 	want := `
 # HELP fgpu_gpu_healthy 1 while the GPU has no health taint (fault, degraded, flapping), else 0.

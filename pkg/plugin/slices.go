@@ -35,9 +35,10 @@ func AllocatableMemory(d gpu.Device, reserved int64) int64 {
 // claim's MPS active thread percentage to it.
 //
 // A GPU in foreign (by device name: the processes fgpu did not start on it) carries the
-// NoSchedule taint ForeignTaintKey, so that neither kube-scheduler nor the allocator puts a
-// new claim there; claims already allocated to it stay. A faulty GPU carries its fault
-// taints (by device name: health.go's taints), NoExecute where its work cannot go on.
+// NoSchedule taint configapi.ForeignTaintKey, so that neither kube-scheduler nor the
+// allocator puts a new claim there; claims already allocated to it stay. A faulty GPU
+// carries its fault taints (by device name: health.go's taints), NoExecute where its work
+// cannot go on.
 //
 // The attribute memoryEnforcement says what caps an MPS share's memory on each GPU:
 // "cgroup" where the kernel's dmem controller partitions it (cgroupCaps, by device name), else
@@ -79,7 +80,7 @@ func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced 
 			dev.Taints = append(dev.Taints, configapi.FenceTaint())
 		}
 		if pids := foreign[d.Name()]; len(pids) > 0 {
-			dev.Taints = append(dev.Taints, resourceapi.DeviceTaint{Key: ForeignTaintKey, Value: strconv.Itoa(len(pids)), Effect: resourceapi.DeviceTaintEffectNoSchedule})
+			dev.Taints = append(dev.Taints, resourceapi.DeviceTaint{Key: configapi.ForeignTaintKey, Value: strconv.Itoa(len(pids)), Effect: resourceapi.DeviceTaintEffectNoSchedule})
 		}
 		dev.Taints = append(dev.Taints, faults[d.Name()]...)
 		devices = append(devices, dev)
@@ -91,28 +92,28 @@ func DriverResources(nodeName string, devs []gpu.Device, reserved int64, fenced 
 
 func attributes(d gpu.Device, cgroupCap bool) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		"memoryCap":    {StringValue: ptr.To(memoryCap(string(configapi.SharingModeMPS), cgroupCap))},
-		"uuid":         {StringValue: ptr.To(d.UUID)},
-		"productName":  {StringValue: ptr.To(d.ProductName)},
-		"architecture": {StringValue: ptr.To(d.Architecture)},
-		"index":        {IntValue: ptr.To(int64(d.Index))},
-		"minor":        {IntValue: ptr.To(int64(d.Minor))},
-		"computeMode":  {StringValue: ptr.To(string(d.ComputeMode))},
+		configapi.AttributeMemoryCap:    {StringValue: ptr.To(memoryCap(string(configapi.SharingModeMPS), cgroupCap))},
+		configapi.AttributeUUID:         {StringValue: ptr.To(d.UUID)},
+		configapi.AttributeProductName:  {StringValue: ptr.To(d.ProductName)},
+		configapi.AttributeArchitecture: {StringValue: ptr.To(d.Architecture)},
+		configapi.AttributeIndex:        {IntValue: ptr.To(int64(d.Index))},
+		configapi.AttributeMinor:        {IntValue: ptr.To(int64(d.Minor))},
+		configapi.AttributeComputeMode:  {StringValue: ptr.To(string(d.ComputeMode))},
 	}
 	if v := semver(d.CUDAComputeCapability); v != "" {
-		a["cudaComputeCapability"] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}
+		a[configapi.AttributeCUDAComputeCapability] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}
 	}
 	if v := semver(d.DriverVersion); v != "" {
-		a["driverVersion"] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}
+		a[configapi.AttributeDriverVersion] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}
 	}
 	if v := semver(d.CUDADriverVersion); v != "" {
-		a["cudaDriverVersion"] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}
+		a[configapi.AttributeCUDADriverVersion] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}
 	}
 	if d.PCIBusID != "" {
 		a["resource.kubernetes.io/pciBusID"] = resourceapi.DeviceAttribute{StringValue: ptr.To(d.PCIBusID)}
 	}
 	if d.NUMANode >= 0 {
-		a["numaNode"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d.NUMANode))}
+		a[configapi.AttributeNUMANode] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d.NUMANode))}
 	}
 	return a
 }

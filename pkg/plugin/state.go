@@ -856,19 +856,19 @@ func (s *State) cdiDevice(p *checkpoint.PreparedDevice, i, n int) cdi.Device {
 		dev.DeviceNodes = append(dev.DeviceNodes, cdi.DeviceNode{HostPath: node, Path: s.cfg.containerDevicePath(node)})
 	}
 	for _, v := range []struct{ name, value string }{
-		{"FGPU_GPU_UUID", d.UUID},
-		{"FGPU_DEVICE", p.Device},
-		{"FGPU_SHARE_ID", p.ShareID},
-		{"FGPU_SHARING_MODE", p.Mode},
-		{"FGPU_ISOLATION_DOMAIN", p.IsolationDomain},
-		{"FGPU_MEMORY_LIMIT_BYTES", strconv.FormatInt(p.MemoryLimitBytes, 10)},
-		{"FGPU_MEMORY_LIMIT", bytesStr(p.MemoryLimitBytes)},
-		{"FGPU_MEMORY_GUARANTEED_BYTES", strconv.FormatInt(p.MemoryBytes, 10)},
-		{"FGPU_MEMORY_GUARANTEED", bytesStr(p.MemoryBytes)},
-		{"FGPU_COMPUTE_PERCENT", strconv.FormatInt(p.ThreadPercent, 10)},
-		{"FGPU_MEMORY_ENFORCED", strconv.FormatBool(p.MemoryEnforced)},
-		{"FGPU_MEMORY_ENFORCEMENT", p.MemoryEnforcement},
-		{"FGPU_MEMORY_CAP", p.MemoryCap},
+		{configapi.EnvGPUUUID, d.UUID},
+		{configapi.EnvDevice, p.Device},
+		{configapi.EnvShareID, p.ShareID},
+		{configapi.EnvSharingMode, p.Mode},
+		{configapi.EnvIsolationDomain, p.IsolationDomain},
+		{configapi.EnvMemoryLimitBytes, strconv.FormatInt(p.MemoryLimitBytes, 10)},
+		{configapi.EnvMemoryLimit, bytesStr(p.MemoryLimitBytes)},
+		{configapi.EnvMemoryGuaranteedBytes, strconv.FormatInt(p.MemoryBytes, 10)},
+		{configapi.EnvMemoryGuaranteed, bytesStr(p.MemoryBytes)},
+		{configapi.EnvComputePercent, strconv.FormatInt(p.ThreadPercent, 10)},
+		{configapi.EnvMemoryEnforced, strconv.FormatBool(p.MemoryEnforced)},
+		{configapi.EnvMemoryEnforcement, p.MemoryEnforcement},
+		{configapi.EnvMemoryCap, p.MemoryCap},
 	} {
 		if n == 1 {
 			dev.Env = append(dev.Env, v.name+"="+v.value)
@@ -881,12 +881,12 @@ func (s *State) cdiDevice(p *checkpoint.PreparedDevice, i, n int) cdi.Device {
 	}
 	pipe, logDir := s.mps.PipeDir(p.MPSKey), s.mps.LogDir(p.MPSKey)
 	dev.Env = append(dev.Env,
-		"CUDA_MPS_PIPE_DIRECTORY="+pipe,
-		"CUDA_MPS_LOG_DIRECTORY="+logDir,
-		fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", p.MemoryLimitBytes>>20),
+		configapi.EnvMPSPipeDirectory+"="+pipe,
+		configapi.EnvMPSLogDirectory+"="+logDir,
+		fmt.Sprintf("%s=0=%dM", configapi.EnvMPSPinnedDeviceMemLimit, p.MemoryLimitBytes>>20),
 	)
 	if p.ThreadPercent > 0 {
-		dev.Env = append(dev.Env, fmt.Sprintf("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%d", p.ThreadPercent))
+		dev.Env = append(dev.Env, fmt.Sprintf("%s=%d", configapi.EnvMPSActiveThreadPercentage, p.ThreadPercent))
 	}
 	dev.Mounts = []cdi.Mount{
 		{HostPath: pipe, ContainerPath: pipe, Options: []string{"rw", "nosuid", "nodev", "bind"}},

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -11,36 +13,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
-
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
-
-// DeviceStatusData is what `kubectl get resourceclaim -o yaml` shows under
-// status.devices[].data for an fgpu share.
-type DeviceStatusData struct {
-	GPUUUID string `json:"gpuUUID"`
-	// Memory is what the share was allocated (guaranteed); MemoryLimit is its cap: below or
-	// at Memory, or above it for a burst share (the allocator's placement.memoryLimit).
-	Memory         string `json:"memory"`
-	MemoryLimit    string `json:"memoryLimit"`
-	ComputePercent int64  `json:"computePercent"`
-	ThreadPercent  int64  `json:"threadPercent"`
-	Mode           string `json:"mode"`
-	// IsolationDomain is "<namespace>/<sub-domain>": the MPS server the share uses.
-	IsolationDomain string `json:"isolationDomain"`
-	// MemoryEnforced says whether nothing in the claim's containers can pin more than
-	// MemoryLimit: false under time-slicing, and under MPS where other isolation domains
-	// may share the GPU (a process that bypasses MPS is not capped).
-	MemoryEnforced bool `json:"memoryEnforced"`
-	// MemoryEnforcement says why, in one line.
-	MemoryEnforcement string `json:"memoryEnforcement,omitempty"`
-	// MemoryCap is what caps the share's memory: cgroup (the pod as a whole, and each MPS
-	// client process), mps-per-process, none (time-slicing) or whole-gpu.
-	MemoryCap string `json:"memoryCap,omitempty"`
-	// Usage is what the share's processes used, as the plugin last reported it (see
-	// sizing.Usage); absent until it has measured the share for a report interval.
-	Usage *sizing.Usage `json:"usage,omitempty"`
-}
 
 // capChanged republishes the status.devices of a prepared claim whose memoryCap changed after
 // its prepare (a pod of it could not be capped through its cgroup).
@@ -55,7 +28,7 @@ func (d *Driver) capChanged(ctx context.Context, ns, name, uid string) {
 // only this driver's entries. (Not server-side apply: an allocation written with Update by
 // another manager made every status apply try to clear it.)
 func (d *Driver) publishDeviceStatus(ctx context.Context, claim *resourceapi.ResourceClaim) error {
-	var usage map[shareKey]sizing.Usage
+	var usage map[shareKey]configapi.ShareUsage
 	if d.usage != nil {
 		usage = d.usage.lastPublished(string(claim.UID))
 	}
@@ -63,14 +36,14 @@ func (d *Driver) publishDeviceStatus(ctx context.Context, claim *resourceapi.Res
 }
 
 // publishDeviceStatusWith is publishDeviceStatus with the shares' usage summaries.
-func (d *Driver) publishDeviceStatusWith(ctx context.Context, claim *resourceapi.ResourceClaim, usage map[shareKey]sizing.Usage) error {
+func (d *Driver) publishDeviceStatusWith(ctx context.Context, claim *resourceapi.ResourceClaim, usage map[shareKey]configapi.ShareUsage) error {
 	entry, ok := d.state.PreparedClaims()[string(claim.UID)]
 	if !ok {
 		return nil
 	}
 	var ours []resourceapi.AllocatedDeviceStatus
 	for _, p := range entry.Devices {
-		sd := DeviceStatusData{
+		sd := configapi.DeviceStatusData{
 			GPUUUID: p.GPUUUID, Memory: bytesStr(p.MemoryBytes), MemoryLimit: bytesStr(p.MemoryLimitBytes),
 			ComputePercent: p.ComputePercent, ThreadPercent: p.ThreadPercent, Mode: p.Mode,
 			IsolationDomain: p.IsolationDomain, MemoryEnforced: p.MemoryEnforced, MemoryEnforcement: p.MemoryEnforcement,

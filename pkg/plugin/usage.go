@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
@@ -40,7 +41,7 @@ type shareUsage struct {
 	seen bool
 	// published is the last summary written to the claim's status, at publishedAt (or,
 	// before any, the first sample's time, so that the first report waits an interval).
-	published   *sizing.Usage
+	published   *configapi.ShareUsage
 	publishedAt time.Time
 	// latest is the newest sample, for the metrics.
 	latest sizing.Sample
@@ -48,7 +49,7 @@ type shareUsage struct {
 
 // usageMeter samples what each prepared share uses and says when its summary is worth an
 // API write: at most once per report interval, and only when it moved beyond the
-// thresholds (sizing.Usage.Differs) or the heartbeat passed.
+// thresholds (sizing.Differs) or the heartbeat passed.
 type usageMeter struct {
 	source    gpu.UsageSource
 	procRoot  string
@@ -161,15 +162,15 @@ func (m *usageMeter) due(u *shareUsage, now time.Time) bool {
 	if !ok || now.Sub(u.publishedAt) < m.report {
 		return false
 	}
-	return u.published == nil || sum.Differs(*u.published) || now.Sub(u.publishedAt) >= m.heartbeat
+	return u.published == nil || sizing.Differs(sum, *u.published) || now.Sub(u.publishedAt) >= m.heartbeat
 }
 
 // summaries returns what to publish for a claim: each share's newest summary where its report
 // is due, and the last one published otherwise (so a status write never drops one).
-func (m *usageMeter) summaries(claimUID string, now time.Time) map[shareKey]sizing.Usage {
+func (m *usageMeter) summaries(claimUID string, now time.Time) map[shareKey]configapi.ShareUsage {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := map[shareKey]sizing.Usage{}
+	out := map[shareKey]configapi.ShareUsage{}
 	for k, u := range m.shares {
 		if k.claimUID != claimUID {
 			continue
@@ -198,10 +199,10 @@ func (m *usageMeter) latest() map[shareKey]sizing.Sample {
 }
 
 // lastPublished returns the summaries last written for a claim's shares.
-func (m *usageMeter) lastPublished(claimUID string) map[shareKey]sizing.Usage {
+func (m *usageMeter) lastPublished(claimUID string) map[shareKey]configapi.ShareUsage {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := map[shareKey]sizing.Usage{}
+	out := map[shareKey]configapi.ShareUsage{}
 	for k, u := range m.shares {
 		if k.claimUID == claimUID && u.published != nil {
 			out[k] = *u.published
@@ -212,7 +213,7 @@ func (m *usageMeter) lastPublished(claimUID string) map[shareKey]sizing.Usage {
 
 // published records that the summaries were written to the claim's status: their samples
 // are done with.
-func (m *usageMeter) published(sums map[shareKey]sizing.Usage, now time.Time) {
+func (m *usageMeter) published(sums map[shareKey]configapi.ShareUsage, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, sum := range sums {
@@ -246,7 +247,7 @@ func (m *usageMeter) owner(pid int) (podUID, shareID string) {
 	}
 	if raw, err := os.ReadFile(filepath.Join(dir, "environ")); err == nil {
 		for _, kv := range bytes.Split(raw, []byte{0}) {
-			if v, ok := bytes.CutPrefix(kv, []byte("FGPU_SHARE_ID=")); ok {
+			if v, ok := bytes.CutPrefix(kv, []byte(configapi.EnvShareID+"=")); ok {
 				shareID = string(v)
 			}
 		}

@@ -16,10 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
-	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
 // fakeProc lays out /proc/<pid>/cgroup and environ as the kernel shows them.
@@ -185,7 +185,7 @@ func underscores(uid string) string {
 	return string(out)
 }
 
-func statusUsage(t *testing.T, client *k8sfake.Clientset, claim *resourceapi.ResourceClaim) *sizing.Usage {
+func statusUsage(t *testing.T, client *k8sfake.Clientset, claim *resourceapi.ResourceClaim) *configapi.ShareUsage {
 	t.Helper()
 	got, err := client.ResourceV1().ResourceClaims(claim.Namespace).Get(context.Background(), claim.Name, metav1.GetOptions{})
 	if err != nil {
@@ -194,7 +194,7 @@ func statusUsage(t *testing.T, client *k8sfake.Clientset, claim *resourceapi.Res
 	if len(got.Status.Devices) != 1 {
 		t.Fatalf("status.devices %+v; want the one share", got.Status.Devices)
 	}
-	var data DeviceStatusData
+	var data configapi.DeviceStatusData
 	if err := json.Unmarshal(got.Status.Devices[0].Data.Raw, &data); err != nil {
 		t.Fatal(err)
 	}
@@ -239,12 +239,12 @@ func TestWatchUsagePublishes(t *testing.T) {
 	}
 }
 
-func statusUsageOrNil(client *k8sfake.Clientset, claim *resourceapi.ResourceClaim) *sizing.Usage {
+func statusUsageOrNil(client *k8sfake.Clientset, claim *resourceapi.ResourceClaim) *configapi.ShareUsage {
 	got, err := client.ResourceV1().ResourceClaims(claim.Namespace).Get(context.Background(), claim.Name, metav1.GetOptions{})
 	if err != nil || len(got.Status.Devices) != 1 {
 		return nil
 	}
-	var data DeviceStatusData
+	var data configapi.DeviceStatusData
 	if json.Unmarshal(got.Status.Devices[0].Data.Raw, &data) != nil {
 		return nil
 	}

@@ -1,25 +1,11 @@
 package sizing
 
 import (
-	"fmt"
 	"math"
 	"time"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
-
-// Workload is what a recommendation is for: the top owner of a claim's pods (a Deployment
-// through its ReplicaSet, a StatefulSet, a CronJob through its Job, …, or the pod itself)
-// in its namespace, and the claim's request. Its namespace is the claim's: a tenant's pods
-// only ever size that tenant's workloads.
-type Workload struct {
-	Namespace string `json:"namespace"`
-	Kind      string `json:"kind"`
-	Name      string `json:"name"`
-	Request   string `json:"request"`
-}
-
-func (w Workload) String() string {
-	return fmt.Sprintf("%s/%s/%s request %s", w.Namespace, w.Kind, w.Name, w.Request)
-}
 
 // Options set the recommender.
 type Options struct {
@@ -39,28 +25,6 @@ type Options struct {
 // (docs/sizing.md measures half an hour against one and three).
 func DefaultOptions() Options {
 	return Options{HalfLife: 24 * time.Hour, MemoryPercentile: 0.99, ComputePercentile: 0.9, Headroom: 0.15, MinSamples: 180}
-}
-
-// Recommendation is the size the recommender gives a workload's claims.
-type Recommendation struct {
-	MemoryBytes    int64 `json:"memoryBytes"`
-	ComputePercent int   `json:"computePercent"`
-	// Samples is how many measured samples it rests on; PeakBytes the largest memory seen.
-	Samples   int   `json:"samples"`
-	PeakBytes int64 `json:"peakBytes"`
-	// TypicalBytes is the median of the report intervals' peaks, without headroom: what a
-	// share that may burst is guaranteed (sizing Auto's burst model).
-	TypicalBytes int64 `json:"typicalBytes,omitempty"`
-}
-
-// RecordAnnotation carries, on each FgpuSizingRecommendation event the allocator records,
-// the workload and its recommendation as JSON (Record), which `fgpu recommendations` reads.
-const RecordAnnotation = "fgpu.dev/recommendation"
-
-// Record is what RecordAnnotation holds.
-type Record struct {
-	Workload       Workload       `json:"workload"`
-	Recommendation Recommendation `json:"recommendation"`
 }
 
 type history struct {
@@ -86,7 +50,7 @@ const MaxWorkloadsPerNamespace = 1000
 type Recommender struct {
 	opts Options
 	// workloads by namespace.
-	workloads map[string]map[Workload]*history
+	workloads map[string]map[api.SizingWorkload]*history
 	// last is each share's newest summary taken (by its end), so a summary seen twice
 	// (a resync, another status write) counts once.
 	last map[string]time.Time
@@ -94,7 +58,7 @@ type Recommender struct {
 
 // NewRecommender makes a recommender with opts.
 func NewRecommender(opts Options) *Recommender {
-	return &Recommender{opts: opts, workloads: map[string]map[Workload]*history{}, last: map[string]time.Time{}}
+	return &Recommender{opts: opts, workloads: map[string]map[api.SizingWorkload]*history{}, last: map[string]time.Time{}}
 }
 
 // Memory buckets from 64 MiB up to 4 TiB, 5 % apart; compute from 1 % up to 100 %.
@@ -105,14 +69,14 @@ const (
 )
 
 // Add takes a share's summary for workload w; it returns false for one already taken.
-func (r *Recommender) Add(w Workload, share string, u Usage) bool {
+func (r *Recommender) Add(w api.SizingWorkload, share string, u api.ShareUsage) bool {
 	if u.Samples <= 0 || !u.To.After(r.last[share]) {
 		return false
 	}
 	r.last[share] = u.To
 	ns := r.workloads[w.Namespace]
 	if ns == nil {
-		ns = map[Workload]*history{}
+		ns = map[api.SizingWorkload]*history{}
 		r.workloads[w.Namespace] = ns
 	}
 	h := ns[w]
@@ -140,8 +104,8 @@ func (r *Recommender) Add(w Workload, share string, u Usage) bool {
 }
 
 // longestSilent is the workload of ns whose newest sample is the oldest.
-func longestSilent(ns map[Workload]*history) Workload {
-	var oldest Workload
+func longestSilent(ns map[api.SizingWorkload]*history) api.SizingWorkload {
+	var oldest api.SizingWorkload
 	var at time.Time
 	first := true
 	for w, h := range ns {
@@ -177,17 +141,17 @@ func (r *Recommender) Prune(now time.Time) {
 }
 
 // Has says whether w has a history.
-func (r *Recommender) Has(w Workload) bool { return r.workloads[w.Namespace][w] != nil }
+func (r *Recommender) Has(w api.SizingWorkload) bool { return r.workloads[w.Namespace][w] != nil }
 
 // Recommend gives w's recommendation, or false while it rests on fewer than MinSamples.
-func (r *Recommender) Recommend(w Workload) (Recommendation, bool) {
+func (r *Recommender) Recommend(w api.SizingWorkload) (api.SizingRecommendation, bool) {
 	h := r.workloads[w.Namespace][w]
 	if h == nil || h.samples < r.opts.MinSamples {
-		return Recommendation{}, false
+		return api.SizingRecommendation{}, false
 	}
 	mem := h.memory.Percentile(r.opts.MemoryPercentile) * (1 + r.opts.Headroom)
 	step := float64(MemoryStep)
-	rec := Recommendation{
+	rec := api.SizingRecommendation{
 		MemoryBytes: int64(math.Ceil(mem/step) * step),
 		Samples:     h.samples, PeakBytes: h.peak,
 		TypicalBytes:   int64(math.Ceil(h.memory.Percentile(0.5)/step) * step),
@@ -200,8 +164,8 @@ func (r *Recommender) Recommend(w Workload) (Recommendation, bool) {
 }
 
 // Workloads lists the workloads with a history.
-func (r *Recommender) Workloads() []Workload {
-	var out []Workload
+func (r *Recommender) Workloads() []api.SizingWorkload {
+	var out []api.SizingWorkload
 	for _, ns := range r.workloads {
 		for w := range ns {
 			out = append(out, w)

@@ -4,15 +4,17 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
 
 func TestRecommenderWaitsForSamplesThenSizesAboveThePeak(t *testing.T) {
 	opts := DefaultOptions()
 	r := NewRecommender(opts)
-	w := Workload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}
+	w := api.SizingWorkload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	report := func(share string, i int, peakGiB float64, sm int) Usage {
-		return Usage{From: t0.Add(time.Duration(i-1) * 5 * time.Minute), To: t0.Add(time.Duration(i) * 5 * time.Minute), Samples: 30,
+	report := func(share string, i int, peakGiB float64, sm int) api.ShareUsage {
+		return api.ShareUsage{From: t0.Add(time.Duration(i-1) * 5 * time.Minute), To: t0.Add(time.Duration(i) * 5 * time.Minute), Samples: 30,
 			MemoryMaxBytes: int64(peakGiB * (1 << 30)), SMSamples: 30, SMP95Percent: sm}
 	}
 	// 5 reports of 30 samples: 150 < 180.
@@ -41,7 +43,7 @@ func TestRecommenderWaitsForSamplesThenSizesAboveThePeak(t *testing.T) {
 	if rec.ComputePercent < 46 || rec.ComputePercent > 72 {
 		t.Errorf("compute %d%%; want ~p90 of 40-60%% with headroom", rec.ComputePercent)
 	}
-	other := Workload{Namespace: "team-b", Kind: "Deployment", Name: "web", Request: "gpu"}
+	other := api.SizingWorkload{Namespace: "team-b", Kind: "Deployment", Name: "web", Request: "gpu"}
 	if _, ok := r.Recommend(other); ok {
 		t.Error("another namespace's workload of the same name got a recommendation")
 	}
@@ -53,13 +55,13 @@ func TestRecommenderFollowsAShrinkingWorkload(t *testing.T) {
 	opts.HalfLife = time.Hour
 	opts.MinSamples = 1
 	r := NewRecommender(opts)
-	w := Workload{Namespace: "ns", Kind: "StatefulSet", Name: "db", Request: "gpu"}
+	w := api.SizingWorkload{Namespace: "ns", Kind: "StatefulSet", Name: "db", Request: "gpu"}
 	t0 := time.Unix(0, 0)
 	at := t0
 	add := func(n int, gib int64) {
 		for range n {
 			at = at.Add(5 * time.Minute)
-			r.Add(w, "s", Usage{To: at, Samples: 30, MemoryMaxBytes: gib << 30})
+			r.Add(w, "s", api.ShareUsage{To: at, Samples: 30, MemoryMaxBytes: gib << 30})
 		}
 	}
 	add(12, 20)
@@ -81,12 +83,12 @@ func TestRecommenderForgetsSilentWorkloads(t *testing.T) {
 	opts.HalfLife = time.Hour
 	opts.MinSamples = 1
 	r := NewRecommender(opts)
-	gone := Workload{Namespace: "ns", Kind: "Pod", Name: "once", Request: "gpu"}
-	live := Workload{Namespace: "ns", Kind: "Deployment", Name: "web", Request: "gpu"}
+	gone := api.SizingWorkload{Namespace: "ns", Kind: "Pod", Name: "once", Request: "gpu"}
+	live := api.SizingWorkload{Namespace: "ns", Kind: "Deployment", Name: "web", Request: "gpu"}
 	t0 := time.Unix(0, 0)
-	r.Add(gone, "s1", Usage{To: t0, Samples: 30, MemoryMaxBytes: 4 << 30})
+	r.Add(gone, "s1", api.ShareUsage{To: t0, Samples: 30, MemoryMaxBytes: 4 << 30})
 	for i := range 10 {
-		r.Add(live, "s2", Usage{To: t0.Add(time.Duration(i) * time.Hour), Samples: 30, MemoryMaxBytes: 4 << 30})
+		r.Add(live, "s2", api.ShareUsage{To: t0.Add(time.Duration(i) * time.Hour), Samples: 30, MemoryMaxBytes: 4 << 30})
 	}
 	r.Prune(t0.Add(ForgetAfterHalfLives*time.Hour - time.Minute))
 	if !r.Has(gone) {
@@ -114,25 +116,25 @@ func TestRecommenderBoundsWorkloadsPerNamespace(t *testing.T) {
 	opts.MinSamples = 1
 	r := NewRecommender(opts)
 	t0 := time.Unix(0, 0)
-	pod := func(ns string, i int) Workload {
-		return Workload{Namespace: ns, Kind: "Pod", Name: fmt.Sprintf("p-%d", i), Request: "gpu"}
+	pod := func(ns string, i int) api.SizingWorkload {
+		return api.SizingWorkload{Namespace: ns, Kind: "Pod", Name: fmt.Sprintf("p-%d", i), Request: "gpu"}
 	}
 	other := pod("team-b", 0)
-	r.Add(other, "b", Usage{To: t0, Samples: 1, MemoryMaxBytes: 1 << 30})
+	r.Add(other, "b", api.ShareUsage{To: t0, Samples: 1, MemoryMaxBytes: 1 << 30})
 	for i := range MaxWorkloadsPerNamespace {
-		r.Add(pod("team-a", i), fmt.Sprintf("a-%d", i), Usage{To: t0.Add(time.Duration(i+1) * time.Minute), Samples: 1, MemoryMaxBytes: 1 << 30})
+		r.Add(pod("team-a", i), fmt.Sprintf("a-%d", i), api.ShareUsage{To: t0.Add(time.Duration(i+1) * time.Minute), Samples: 1, MemoryMaxBytes: 1 << 30})
 	}
 	// p-0 reports again: p-1 is now the longest silent.
-	r.Add(pod("team-a", 0), "a-0", Usage{To: t0.Add(time.Duration(MaxWorkloadsPerNamespace+1) * time.Minute), Samples: 1, MemoryMaxBytes: 1 << 30})
+	r.Add(pod("team-a", 0), "a-0", api.ShareUsage{To: t0.Add(time.Duration(MaxWorkloadsPerNamespace+1) * time.Minute), Samples: 1, MemoryMaxBytes: 1 << 30})
 	newest := pod("team-a", MaxWorkloadsPerNamespace)
-	r.Add(newest, "new", Usage{To: t0.Add(time.Duration(MaxWorkloadsPerNamespace+2) * time.Minute), Samples: 1, MemoryMaxBytes: 1 << 30})
+	r.Add(newest, "new", api.ShareUsage{To: t0.Add(time.Duration(MaxWorkloadsPerNamespace+2) * time.Minute), Samples: 1, MemoryMaxBytes: 1 << 30})
 	if got := len(r.Workloads()); got != MaxWorkloadsPerNamespace+1 {
 		t.Errorf("%d workloads; want %d in team-a and 1 in team-b", got, MaxWorkloadsPerNamespace)
 	}
 	if r.Has(pod("team-a", 1)) {
 		t.Error("the longest silent workload of team-a is still kept")
 	}
-	for _, w := range []Workload{pod("team-a", 0), pod("team-a", 2), newest, other} {
+	for _, w := range []api.SizingWorkload{pod("team-a", 0), pod("team-a", 2), newest, other} {
 		if !r.Has(w) {
 			t.Errorf("%v was forgotten", w)
 		}

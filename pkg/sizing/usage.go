@@ -3,26 +3,9 @@ package sizing
 import (
 	"slices"
 	"time"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
-
-// Usage is what one share of a claim used over a span, as the kubelet plugin measured it every
-// few seconds: it is published as `usage` in the share's status.devices[].data. Memory is the
-// sum over the claim's processes on the GPU; SM activity too (capped at 100), over the
-// samples the driver gave one (SMSamples of Samples).
-type Usage struct {
-	From    time.Time `json:"from"`
-	To      time.Time `json:"to"`
-	Samples int       `json:"samples"`
-
-	MemoryMaxBytes  int64 `json:"memoryMaxBytes"`
-	MemoryP95Bytes  int64 `json:"memoryP95Bytes"`
-	MemoryMeanBytes int64 `json:"memoryMeanBytes"`
-
-	SMSamples     int `json:"smSamples"`
-	SMMaxPercent  int `json:"smMaxPercent"`
-	SMP95Percent  int `json:"smP95Percent"`
-	SMMeanPercent int `json:"smMeanPercent"`
-}
 
 // Sample is one measurement of a share: its processes' memory, and their SM activity in
 // percent or -1 where the driver gave no sample.
@@ -47,9 +30,9 @@ func (w *Window) Len() int { return len(w.samples) }
 func (w *Window) Reset() { w.samples = w.samples[:0] }
 
 // Summary summarises the samples; ok is false when there are none.
-func (w *Window) Summary() (u Usage, ok bool) {
+func (w *Window) Summary() (u api.ShareUsage, ok bool) {
 	if len(w.samples) == 0 {
-		return Usage{}, false
+		return api.ShareUsage{}, false
 	}
 	mem := make([]int64, 0, len(w.samples))
 	var sm []int
@@ -64,7 +47,7 @@ func (w *Window) Summary() (u Usage, ok bool) {
 	}
 	slices.Sort(mem)
 	slices.Sort(sm)
-	u = Usage{
+	u = api.ShareUsage{
 		From: w.samples[0].At, To: w.samples[len(w.samples)-1].At, Samples: len(w.samples),
 		MemoryMaxBytes: mem[len(mem)-1], MemoryP95Bytes: mem[p95(len(mem))], MemoryMeanBytes: memSum / int64(len(mem)),
 		SMSamples: len(sm),
@@ -87,7 +70,7 @@ const (
 
 // Differs says whether u moved from prev by more than the publication thresholds: the
 // recommender would size differently from it.
-func (u Usage) Differs(prev Usage) bool {
+func Differs(u, prev api.ShareUsage) bool {
 	memMoved := func(a, b int64) bool {
 		return abs(a-b) > max(memoryChangeFloor, b/10)
 	}

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"time"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
@@ -50,8 +51,8 @@ type burstTenant struct {
 	peak, last, prev int64
 }
 
-func (b *burst) workload(i int) sizing.Workload {
-	return sizing.Workload{Name: b.tr.Containers[i].ID, Request: "gpu"}
+func (b *burst) workload(i int) api.SizingWorkload {
+	return api.SizingWorkload{Name: b.tr.Containers[i].ID, Request: "gpu"}
 }
 
 // series is what admission counts tenant i at in interval k, as the allocator counts it

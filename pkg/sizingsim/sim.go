@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
@@ -242,7 +243,7 @@ func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(don
 		active := 0
 		now := t0.Add(time.Duration(t) * step)
 		for i, c := range tr.Containers {
-			w := sizing.Workload{Name: c.ID, Request: "gpu"}
+			w := api.SizingWorkload{Name: c.ID, Request: "gpu"}
 			switch {
 			case t == c.Start:
 				r := &running{cap: opts.GPUMemory}

@@ -459,19 +459,6 @@ type SharingPolicyList struct {
 	Items           []SharingPolicy `json:"items"`
 }
 
-// Idle scale-down's annotations on a Deployment or StatefulSet.
-const (
-	// AnnotationIdleScaleDown "true" is the owner's opt-in: a policy's IdleScaleDown scales
-	// only the workloads that carry it.
-	AnnotationIdleScaleDown = "fgpu.dev/idle-scale-down"
-	// AnnotationScaledDownReplicas is the replicas the allocator found before it scaled the
-	// workload to zero: what `fgpu wake` restores.
-	AnnotationScaledDownReplicas = "fgpu.dev/scaled-down-replicas"
-	// AnnotationScaledDownReserve is what the workload's claims held (IdleReserve, JSON):
-	// while the workload has no replicas it counts against its own namespace's quota.
-	AnnotationScaledDownReserve = "fgpu.dev/scaled-down-reserve"
-)
-
 // IdleReserve is the quota a workload scaled to zero keeps.
 type IdleReserve struct {
 	Memory  resource.Quantity `json:"memory"`

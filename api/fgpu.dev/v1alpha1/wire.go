@@ -19,6 +19,21 @@ const (
 	CapacityMemory  resourceapi.QualifiedName = "memory"
 	CapacityCompute resourceapi.QualifiedName = "compute"
 
+	// The attributes the plugin publishes on each GPU device, which claims select on in CEL
+	// (device.attributes["gpu.fgpu.dev"].productName). AttributeMemoryCap is the memory
+	// enforcement an MPS share gets there (DeviceStatusData.MemoryCap).
+	AttributeMemoryCap             resourceapi.QualifiedName = "memoryCap"
+	AttributeUUID                  resourceapi.QualifiedName = "uuid"
+	AttributeProductName           resourceapi.QualifiedName = "productName"
+	AttributeArchitecture          resourceapi.QualifiedName = "architecture"
+	AttributeIndex                 resourceapi.QualifiedName = "index"
+	AttributeMinor                 resourceapi.QualifiedName = "minor"
+	AttributeComputeMode           resourceapi.QualifiedName = "computeMode"
+	AttributeCUDAComputeCapability resourceapi.QualifiedName = "cudaComputeCapability"
+	AttributeDriverVersion         resourceapi.QualifiedName = "driverVersion"
+	AttributeCUDADriverVersion     resourceapi.QualifiedName = "cudaDriverVersion"
+	AttributeNUMANode              resourceapi.QualifiedName = "numaNode"
+
 	// MemoryStep is the granularity of memory shares (the devices' requestPolicy step):
 	// published memory is rounded down to it, requests up.
 	MemoryStep = int64(256) << 20
@@ -43,6 +58,87 @@ const (
 	// MPS server, or time-sliced processes) on a GPU where the claim's placement or that of a
 	// share already prepared there keeps the GPU to one domain.
 	PrepareReasonIsolationConflict = "IsolationConflict"
+)
+
+// Names fgpu writes on Kubernetes objects: other components, the chart's admission policies
+// and operators' tooling match on them.
+const (
+	// FinalizerAllocator keeps a claim the allocator placed until it has released its
+	// shares. It is a convenience, not what the allocator trusts: a tenant can remove it,
+	// and the allocator adds it back (PlacedByAllocator says which claims are its own).
+	FinalizerAllocator = "fgpu.dev/allocator"
+
+	// AnnotationStatus on a claim says in words where it stands (ResourceClaim status has
+	// no conditions). Only the allocator writes it (the chart's
+	// fgpu-claims-status-by-allocator policy) and never reads it back; `fgpu why` shows it.
+	AnnotationStatus = "fgpu.dev/status"
+	// AnnotationSizingRecord carries, on each sizing recommendation event the allocator
+	// records, the workload and its recommendation as JSON (SizingRecord), which
+	// `fgpu recommendations` reads.
+	AnnotationSizingRecord = "fgpu.dev/recommendation"
+
+	// ForeignTaintKey marks a GPU that runs compute processes fgpu did not start; its value
+	// is their number.
+	ForeignTaintKey = "fgpu.dev/foreign-processes"
+	// The taints of a faulty GPU; each value names the reason ("xid-79", "lost", ...).
+	// FaultTaintKey (NoExecute) marks a GPU whose work cannot go on.
+	FaultTaintKey = "fgpu.dev/gpu-fault"
+	// DegradedTaintKey (NoSchedule) marks a GPU whose work may go on but that takes no more.
+	DegradedTaintKey = "fgpu.dev/gpu-degraded"
+	// FlappingTaintKey (NoSchedule) keeps a GPU that faulted too often in a short window
+	// fenced for a while, also after its faults cleared (the plugin's flap settings).
+	FlappingTaintKey = "fgpu.dev/gpu-flapping"
+
+	// Labels of an MPS daemon's pod. LabelMPSDaemon holds the daemon's key: how a restarted
+	// plugin knows what a pod serves; LabelMPSGPU and LabelMPSNode the GPU's UUID and the node.
+	LabelMPSDaemon = "fgpu.dev/mps-daemon"
+	LabelMPSGPU    = "fgpu.dev/gpu"
+	LabelMPSNode   = "fgpu.dev/node"
+
+	// CDIVendor and CDIClass make up the CDI kind fgpu.dev/gpu of the devices the plugin
+	// hands the container runtime, and the names of its CDI spec files.
+	CDIVendor = "fgpu.dev"
+	CDIClass  = "gpu"
+)
+
+// Idle scale-down's annotations on a Deployment or StatefulSet.
+const (
+	// AnnotationIdleScaleDown "true" is the owner's opt-in: a policy's IdleScaleDown scales
+	// only the workloads that carry it.
+	AnnotationIdleScaleDown = "fgpu.dev/idle-scale-down"
+	// AnnotationScaledDownReplicas is the replicas the allocator found before it scaled the
+	// workload to zero: what `fgpu wake` restores.
+	AnnotationScaledDownReplicas = "fgpu.dev/scaled-down-replicas"
+	// AnnotationScaledDownReserve is what the workload's claims held (IdleReserve, JSON):
+	// while the workload has no replicas it counts against its own namespace's quota.
+	AnnotationScaledDownReserve = "fgpu.dev/scaled-down-reserve"
+)
+
+// The environment a container of a claim gets for each of its shares (the CDI spec). fgpu's
+// own names: a claim of one device gets NAME, and every claim NAME_<i> for its device i.
+const (
+	EnvGPUUUID               = "FGPU_GPU_UUID"
+	EnvDevice                = "FGPU_DEVICE"
+	EnvShareID               = "FGPU_SHARE_ID" // the plugin's usage meter maps processes to shares by it
+	EnvSharingMode           = "FGPU_SHARING_MODE"
+	EnvIsolationDomain       = "FGPU_ISOLATION_DOMAIN"
+	EnvMemoryLimitBytes      = "FGPU_MEMORY_LIMIT_BYTES"
+	EnvMemoryLimit           = "FGPU_MEMORY_LIMIT"
+	EnvMemoryGuaranteedBytes = "FGPU_MEMORY_GUARANTEED_BYTES"
+	EnvMemoryGuaranteed      = "FGPU_MEMORY_GUARANTEED"
+	EnvComputePercent        = "FGPU_COMPUTE_PERCENT"
+	EnvMemoryEnforced        = "FGPU_MEMORY_ENFORCED"
+	EnvMemoryEnforcement     = "FGPU_MEMORY_ENFORCEMENT"
+	EnvMemoryCap             = "FGPU_MEMORY_CAP"
+)
+
+// CUDA's names for an MPS client's settings, which the plugin sets for an MPS share (and the
+// pipe and log directories for its MPS daemons too).
+const (
+	EnvMPSPipeDirectory          = "CUDA_MPS_PIPE_DIRECTORY"
+	EnvMPSLogDirectory           = "CUDA_MPS_LOG_DIRECTORY"
+	EnvMPSPinnedDeviceMemLimit   = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+	EnvMPSActiveThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 )
 
 // FenceTaint is the taint the plugin puts on its devices in allocator mode.

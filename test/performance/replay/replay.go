@@ -222,18 +222,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				return nil, fmt.Errorf("sync %s: %w", key, err)
 			}
 			el := time.Since(t0)
-			api := time.Duration(inAPI.Load() - api0)
+			apiTime := time.Duration(inAPI.Load() - api0)
 			got, err := client.ResourceV1().ResourceClaims(Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
 			if err != nil {
 				return nil, err
 			}
-			if _, ok := got.Annotations[controller.AnnotationStatus]; ok {
+			if _, ok := got.Annotations[api.AnnotationStatus]; ok {
 				if i == 0 {
 					rep.First = time.Since(start)
 				}
 				band := sort.SearchFloat64s(cfg.Fills, float64(allocated)/capa+1e-12)
 				rep.Decisions[band] = append(rep.Decisions[band], el)
-				rep.API[band] = append(rep.API[band], api)
+				rep.API[band] = append(rep.API[band], apiTime)
 				record(digest, got)
 				if got.Status.Allocation == nil {
 					waiting = append(waiting, key)
@@ -366,7 +366,7 @@ func record(h hash.Hash, claim *resourceapi.ResourceClaim) {
 	fmt.Fprintf(h, "%s\n", claim.Name)
 	a := claim.Status.Allocation
 	if a == nil {
-		fmt.Fprintf(h, "waits: %s\n", claim.Annotations[controller.AnnotationStatus])
+		fmt.Fprintf(h, "waits: %s\n", claim.Annotations[api.AnnotationStatus])
 		return
 	}
 	for _, d := range a.Devices.Results {

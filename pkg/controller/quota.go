@@ -45,11 +45,14 @@ func kueueHint(pods []*corev1.Pod) string {
 // usage is GPU memory and compute held against a quota.
 type usage struct{ mem, comp int64 }
 
-// addSat adds two non-negative amounts, saturating at MaxInt64: reserves are the tenant's to
+// addSat adds two amounts, saturating at the int64 bounds: reserves are the tenant's to
 // write, and a sum that wrapped negative would switch its namespace's quota off.
 func addSat(a, b int64) int64 {
-	if a > math.MaxInt64-b {
+	switch {
+	case b > 0 && a > math.MaxInt64-b:
 		return math.MaxInt64
+	case b < 0 && a < math.MinInt64-b:
+		return math.MinInt64
 	}
 	return a + b
 }

@@ -76,6 +76,10 @@ func (rq *request) capOn(g *gpu, mem int64) int64 {
 // resolveRequest sizes an alternative, and chooses its mode and isolation domain, from the
 // claim, its class and its policy; or says why the alternative cannot be allocated. It
 // looks at nothing else: no GPU, no node, no other claim.
+// maxRequestMemory bounds the memory a request may ask: far above any GPU, and small enough
+// that the arithmetic on it (times a count, a share of 1,000, a percent) cannot overflow.
+const maxRequestMemory = int64(1) << 50
+
 func resolveRequest(cfg *Config, in *input, a alt, smallestGPU func(*request) int64) (*request, *waitReason) {
 	unsupported := func(format string, args ...any) (*request, *waitReason) {
 		return nil, &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf(format, args...)}
@@ -107,6 +111,11 @@ func resolveRequest(cfg *Config, in *input, a alt, smallestGPU func(*request) in
 	if hasMem {
 		if memQ.Sign() <= 0 {
 			return unsupported("request %q: memory %s must be positive", a.name, memQ.String())
+		}
+		if memQ.Cmp(*resource.NewQuantity(maxRequestMemory, resource.BinarySI)) > 0 {
+			// The API server bounds no capacity request; one near 2^63 wrapped negative when
+			// rounded to the step and took the namespace's compute quota with it.
+			return unsupported("request %q: memory %s is more than any GPU has (at most %s)", a.name, memQ.String(), fmtBytes(maxRequestMemory))
 		}
 		rq.mem = roundUp(memQ.Value(), api.MemoryStep)
 	}

@@ -43,7 +43,12 @@ type input struct {
 	// selectorsWait is why they could not be (too costly, or the namespace's share spent).
 	selectors     map[string]selectors.Matches
 	selectorsWait *waitReason
-	// checks counts the GPUs the decision looked at: its cost to its namespace's share.
+	// otherClaims are, by pod UID of consumers, the node selectors of the pod's other
+	// claims that are allocated: looked up in gather, outside the model's lock, however
+	// many claims the pod names.
+	otherClaims map[types.UID][]otherClaim
+	// checks counts the GPUs the decision looked at, and the pods and claims checked on
+	// each node: its cost to its namespace's share.
 	checks int
 }
 

@@ -96,6 +96,9 @@ func (c *Controller) nodeFits(in *input, nodeName string, ni int) error {
 		}
 	}
 	for i, pod := range in.pods {
+		// Each pod costs its namespace's share on every node it is checked on, with its
+		// other claims: a tenant's many pods of one claim are its own work to pay for.
+		in.checks++
 		if err := c.fitsNode(in, i, ni, node); err != nil {
 			return err
 		}
@@ -103,8 +106,12 @@ func (c *Controller) nodeFits(in *input, nodeName string, ni int) error {
 			return err
 		}
 		requested.Add(f.checkers[i].Requests)
-		if err := c.otherClaimsFit(pod, in.claim, node); err != nil {
-			return err
+		others := in.otherClaims[pod.UID]
+		in.checks += len(others)
+		for _, o := range others {
+			if !o.sel.Match(node) {
+				return fmt.Errorf("the pod's claim %s is allocated where node %s is not", o.name, node.Name)
+			}
 		}
 	}
 	return nil
@@ -158,8 +165,17 @@ func (c *Controller) fitsNode(in *input, i, ni int, node *corev1.Node) error {
 	return v.err
 }
 
-// otherClaimsFit checks that the pod's other allocated claims can be used on node.
-func (c *Controller) otherClaimsFit(pod *corev1.Pod, self *resourceapi.ResourceClaim, node *corev1.Node) error {
+// otherClaim is another allocated claim of a pending pod: the pod can run only where its
+// allocation can be used.
+type otherClaim struct {
+	name string
+	sel  *nodeaffinity.NodeSelector
+}
+
+// otherClaims are the pod's other claims that are allocated to nodes, with their node
+// selectors. Called outside the model's lock: a pod may name any number of claims.
+func (c *Controller) otherClaims(pod *corev1.Pod, self *resourceapi.ResourceClaim) []otherClaim {
+	var out []otherClaim
 	for _, name := range podClaimNames(pod) {
 		if name == self.Name {
 			continue
@@ -172,11 +188,9 @@ func (c *Controller) otherClaimsFit(pod *corev1.Pod, self *resourceapi.ResourceC
 		if err != nil {
 			continue
 		}
-		if !sel.Match(node) {
-			return fmt.Errorf("the pod's claim %s is allocated where node %s is not", name, node.Name)
-		}
+		out = append(out, otherClaim{name: name, sel: sel})
 	}
-	return nil
+	return out
 }
 
 // podClaimNames lists the ResourceClaim names a pod uses.

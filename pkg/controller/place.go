@@ -13,6 +13,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
@@ -140,6 +141,12 @@ func (c *Controller) gather(ctx context.Context, claim *resourceapi.ResourceClai
 	}
 	if in.bound == "" {
 		in.bound, in.conflict = boundNode(boundTo)
+	}
+	in.otherClaims = make(map[types.UID][]otherClaim, len(in.consumers))
+	for _, p := range in.consumers {
+		if others := c.otherClaims(p, claim); len(others) > 0 {
+			in.otherClaims[p.UID] = others
+		}
 	}
 	for _, r := range claim.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {

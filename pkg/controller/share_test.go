@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
@@ -89,5 +91,43 @@ func TestAShareKeepsAPodSlotForItsMPSDaemon(t *testing.T) {
 	e.run()
 	if got := e.placedOn("victim", "c"); got != "roomy/gpu-0" {
 		t.Errorf("placed on %q, want roomy/gpu-0", got)
+	}
+}
+
+// Review of issue 24: pod-fit work was neither charged nor bounded. A claim used by many
+// pods, each naming many claims, made every node the filter reached look up every name
+// under the model's lock, and was charged one check per GPU. The pods' other claims are now
+// looked up once, before the lock, and every pod and allocated claim checked on a node is
+// charged to the namespace's share.
+func TestPodFitWorkIsChargedToItsNamespace(t *testing.T) {
+	onN1 := &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+		{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"n1"}}}}}}
+	other := builders.MakeClaim("a", "other").Memory("1Gi").Obj()
+	other.Spec.Devices.Requests[0].Exactly.DeviceClassName = "other.example.com"
+	other.Status.Allocation = &resourceapi.AllocationResult{NodeSelector: onN1}
+	objs := []runtime.Object{builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"), other,
+		builders.MakeClaim("a", "shared").Memory("10Gi").Obj()}
+	const pods = 40
+	for i := range pods {
+		p := builders.MakePod("a", fmt.Sprintf("p%d", i)).Claim("shared").Claim("other")
+		for j := range 50 {
+			p = p.Claim(fmt.Sprintf("missing-%d", j))
+		}
+		objs = append(objs, p.Obj())
+	}
+	e := newEnv(t, nil, objs...)
+	const burst = 1e9
+	e.c.shares = &decisionShare{rate: 1, burst: burst, spaces: map[string]*shareBucket{}}
+	e.run()
+	if e.placedOn("a", "shared") != "n1/gpu-0" {
+		t.Fatalf("not placed: %s", e.claim("a", "shared").Annotations[api.AnnotationStatus])
+	}
+	b := e.c.shares.spaces["a"]
+	if b == nil {
+		t.Fatal("namespace a was charged nothing")
+	}
+	// One GPU checked, and on its node every pod and its one allocated other claim.
+	if charged, least := burst-b.tokens, float64(decisionFloor+1+2*pods); charged < least {
+		t.Errorf("namespace a charged %.0f checks for a decision over %d pods with another claim each; want at least %.0f", charged, pods, least)
 	}
 }

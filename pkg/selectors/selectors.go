@@ -71,6 +71,9 @@ type Options struct {
 	NamespaceBurst uint64
 	// MemoBytes bounds the memo: expressions' text and one entry per device evaluated.
 	MemoBytes int
+	// KeptBytes bounds the claims' kept results (a byte per device per list of selectors):
+	// past it they are dropped, but for refusals, and evaluated again from the memo.
+	KeptBytes int
 	// Now is the clock (time.Now where nil).
 	Now func() time.Time
 }
@@ -85,12 +88,15 @@ func DefaultOptions(driver string) Options {
 		NamespaceRate:  resourceapi.CELSelectorExpressionMaxCost,
 		NamespaceBurst: 10 * resourceapi.CELSelectorExpressionMaxCost,
 		MemoBytes:      64 << 20,
+		KeptBytes:      32 << 20,
 	}
 }
 
 // What work costs besides CEL's own units, in those units (about 0.1 µs each on the machines
-// the tests run on): building one evaluation's input, and one memo look-up.
+// the tests run on): building one evaluation's input, and one memo look-up. An evaluation
+// costs at least its time, at unitTime a unit, so that the bounds below hold in CPU time.
 const (
+	unitTime     = 100 * time.Nanosecond
 	evalOverhead = 100
 	lookupCost   = 5
 	// entryBytes is what one memoised verdict takes, with its map's share.
@@ -163,12 +169,13 @@ type Evaluator struct {
 	opts Options
 	cel  *cel.Cache
 
-	mu     sync.Mutex
-	exprs  map[string]*exprMemo
-	lru    memoList // most recently used first
-	bytes  int
-	claims map[string]claimResult // claim key → its last result
-	spaces map[string]*bucket     // namespace → its share
+	mu        sync.Mutex
+	exprs     map[string]*exprMemo
+	lru       memoList // most recently used first
+	bytes     int
+	claims    map[string]claimResult // claim key → its last result
+	keptBytes int                    // the claims' results' bytes (claimResult.size)
+	spaces    map[string]*bucket     // namespace → its share
 }
 
 type exprMemo struct {
@@ -226,6 +233,21 @@ type claimResult struct {
 	gen     uint64
 	matches []Matches
 	err     error
+}
+
+// size is what a kept result takes, roughly: its verdicts and error texts, and its entry.
+func (r claimResult) size() int {
+	n := 0
+	if r.uid != "" || r.err != nil || r.matches != nil {
+		n = 128
+	}
+	for _, m := range r.matches {
+		n += len(m.v) + 16
+		for _, s := range m.errs {
+			n += len(s)
+		}
+	}
+	return n
 }
 
 // bucket is a namespace's share: tokens are the cost it may still spend now; inFlight
@@ -304,6 +326,7 @@ func (e *Evaluator) Claim(ctx context.Context, ns, key string, uid types.UID, li
 func (e *Evaluator) Forget(key string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.keptBytes -= e.claims[key].size()
 	delete(e.claims, key)
 }
 
@@ -340,7 +363,19 @@ func listsHash(exprs [][]string) [sha256.Size]byte {
 func (e *Evaluator) keep(key string, r claimResult) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.keptBytes -= e.claims[key].size()
+	if e.opts.KeptBytes > 0 && e.keptBytes+r.size() > e.opts.KeptBytes {
+		// A tenant's claims with many lists each would otherwise keep a byte per device
+		// per list without bound. Refusals stay: their cost is what they park.
+		for k, old := range e.claims {
+			if old.err == nil {
+				e.keptBytes -= old.size()
+				delete(e.claims, k)
+			}
+		}
+	}
 	e.claims[key] = r
+	e.keptBytes += r.size()
 }
 
 // enter starts an evaluation for namespace ns where its share allows: while it has some
@@ -362,7 +397,9 @@ func (e *Evaluator) enter(ns string) error {
 		return &ThrottledError{Namespace: ns, RetryAfter: 20 * time.Millisecond, Busy: true}
 	case b.tokens <= 0:
 		// At least a second: each retry may write the claim's status.
-		return &ThrottledError{Namespace: ns, RetryAfter: max(time.Second, time.Duration(-b.tokens/rate*float64(time.Second)))}
+		// Rounded up, and a nanosecond more: after RetryAfter the share is back above zero.
+		back := time.Duration(math.Ceil(-b.tokens/rate*float64(time.Second))) + time.Nanosecond
+		return &ThrottledError{Namespace: ns, RetryAfter: max(time.Second, back)}
 	}
 	b.inFlight++
 	return nil
@@ -490,9 +527,12 @@ func (e *Evaluator) evaluate(ctx context.Context, res cel.CompilationResult, d D
 		v.cost, v.result = evalOverhead, failedBase
 		return v, cut(fmt.Sprintf("CEL compile error: %v", res.Error))
 	}
+	start := time.Now()
 	ok, details, err := res.DeviceMatches(ctx, cel.Device{Driver: e.opts.Driver, Attributes: d.Attributes, Capacity: d.Capacity, AllowMultipleAllocations: ptr.To(true)})
 	if c := details.ActualCost(); c != nil {
-		v.cost = evalOverhead + *c
+		// CEL's units undercount what an evaluation takes (measured 2-6 times, more with
+		// many attributes): it costs at least its time, at unitTime a unit.
+		v.cost = max(evalOverhead+*c, uint64(time.Since(start)/unitTime))
 	}
 	switch {
 	case err != nil:

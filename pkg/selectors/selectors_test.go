@@ -297,3 +297,60 @@ func TestKeptResultFollowsTheLists(t *testing.T) {
 		t.Errorf("with the class's selector added, matched %v, want n1/gpu-1", got)
 	}
 }
+
+// Review of issue 24: kept results held a byte per device per list outside the memo's bound,
+// so a tenant's many claims of many lists grew the allocator without limit. They are
+// bounded by KeptBytes: past it they are dropped (the claims are evaluated again, from the
+// memo), but a refusal stays.
+func TestKeptResultsAreBounded(t *testing.T) {
+	snap := devices(100)
+	e, _ := newEvaluator(func(o *Options) { o.KeptBytes = 20_000 })
+	ctx := context.Background()
+	lists := make([][]resourceapi.DeviceSelector, 50)
+	for i := range lists {
+		lists[i] = sel(index(i))
+	}
+	e.opts.ClaimBudget = 1 << 40
+	for i := range 40 {
+		if _, err := e.Claim(ctx, "a", fmt.Sprintf("a/c%d", i), "uid", lists, snap); err != nil {
+			t.Fatal(err)
+		}
+		if e.keptBytes > e.opts.KeptBytes {
+			t.Fatalf("after %d claims the kept results take %d bytes, over the %d bound", i+1, e.keptBytes, e.opts.KeptBytes)
+		}
+	}
+	// A refused claim stays refused without being evaluated again, however many results
+	// are dropped around it.
+	e.opts.ClaimBudget = 1
+	if _, err := e.Claim(ctx, "b", "b/costly", "uid", lists, snap); !errors.As(err, new(*TooCostlyError)) {
+		t.Fatalf("want a refusal, got %v", err)
+	}
+	e.opts.ClaimBudget = 1 << 40
+	for i := range 40 {
+		if _, err := e.Claim(ctx, "a", fmt.Sprintf("a/d%d", i), "uid", lists, snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.Claim(ctx, "b", "b/costly", "uid", lists, snap); !errors.As(err, new(*TooCostlyError)) {
+		t.Errorf("the refusal was dropped with the kept results: %v", err)
+	}
+}
+
+// Review of issue 24: CEL's cost units undercount an evaluation's time 2-6 times, so a
+// namespace's "tenth of a CPU" was more than half of one. What a namespace is charged is at
+// least the time its evaluations took, at unitTime a unit.
+func TestChargeCoversEvaluationTime(t *testing.T) {
+	e, _ := newEvaluator(func(o *Options) { o.NamespaceBurst, o.ClaimBudget = 1<<50, 1<<50 })
+	devs := devices(16)
+	start := time.Now()
+	if _, err := e.Claim(context.Background(), "a", "a/c", "u", [][]resourceapi.DeviceSelector{sel(costly)}, devs); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	charged := time.Duration(float64(e.opts.NamespaceBurst)-e.spaces["a"].tokens) * unitTime
+	// The evaluations are most of the call; the rest (compiling, the memo) is charged too.
+	if charged < took*8/10 {
+		t.Errorf("16 evaluations took %s and were charged %s of CPU", took, charged)
+	}
+	t.Logf("16 evaluations took %s, charged %s", took, charged)
+}

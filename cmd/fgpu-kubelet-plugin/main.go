@@ -134,7 +134,10 @@ func run(ctx context.Context, f flags) error {
 		return err
 	}
 	defer backend.Close()
-	rc, err := serve.RestConfig(f.kubeconfig, "fgpu-kubelet-plugin", 0, 0)
+	// More than client-go's default 5 per second: a node's prepares, refusals, events and
+	// the MPS daemons' pods and budgets share this budget, and one tenant's churn must not
+	// spend another's.
+	rc, err := serve.RestConfig(f.kubeconfig, "fgpu-kubelet-plugin", 50, 100)
 	if err != nil {
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}

@@ -2,7 +2,9 @@ package plugin
 
 import (
 	"context"
+	"maps"
 	"slices"
+	"sync"
 
 	"k8s.io/klog/v2"
 
@@ -25,24 +27,69 @@ func (s *State) guardsDaemons() bool {
 // budget may forbid: the daemon goes after it, when the plugin stops the daemon at the last
 // unprepare. A DaemonSet's pod does not hold it (a drain leaves it on the node, so it would
 // hold the drain forever), and a daemon without claims is held by nothing (its stop may have
-// failed). A claim whose pods are not known holds it. Caller holds s.mu.
-func (s *State) guardDaemon(ctx context.Context, key string) {
+// failed). A claim whose pods are not known holds it. Caller holds s.mu; the guard changes
+// at its unlock, whose API calls no other domain's prepare waits for.
+func (s *State) guardDaemon(_ context.Context, key string) {
+	if _, ok := s.mps.Launcher.(daemonGuard); !ok {
+		return
+	}
+	if s.guards == nil {
+		s.guards = map[string]bool{}
+	}
+	s.guards[key] = true
+}
+
+// daemonHeld says whether daemon key is to be guarded now (see guardDaemon). Caller holds
+// s.mu.
+func (s *State) daemonHeld(key string) bool {
+	for _, e := range s.cp.Claims {
+		if slices.ContainsFunc(e.Devices, func(p checkpoint.PreparedDevice) bool { return p.MPSKey == key }) &&
+			(len(e.Pods) == 0 || slices.ContainsFunc(e.Pods, func(p checkpoint.PodRef) bool { return !p.DaemonSet })) {
+			return true
+		}
+	}
+	return false
+}
+
+// unlock releases s.mu, then brings the guards of the daemons guardDaemon named up to date:
+// a PodDisruptionBudget's get, create or delete each, made without s.mu, so that a tenant
+// whose pods change often holds up no other domain's prepare.
+func (s *State) unlock(ctx context.Context) {
+	keys := slices.Sorted(maps.Keys(s.guards))
+	s.guards = nil
+	s.mu.Unlock()
 	g, ok := s.mps.Launcher.(daemonGuard)
 	if !ok {
 		return
 	}
-	held := false
-	for _, e := range s.cp.Claims {
-		if slices.ContainsFunc(e.Devices, func(p checkpoint.PreparedDevice) bool { return p.MPSKey == key }) &&
-			(len(e.Pods) == 0 || slices.ContainsFunc(e.Pods, func(p checkpoint.PodRef) bool { return !p.DaemonSet })) {
-			held = true
-			break
+	for _, key := range keys {
+		order := s.guardOrder(key)
+		order.Lock()
+		s.mu.Lock()
+		held := s.daemonHeld(key)
+		s.mu.Unlock()
+		if err := g.Protect(ctx, key, held); err != nil {
+			// Tried again at the domain's next prepare, unprepare or pod change.
+			klog.FromContext(ctx).Error(err, "Guarding an MPS daemon against eviction", "daemon", key, "protect", held)
 		}
+		order.Unlock()
 	}
-	if err := g.Protect(ctx, key, held); err != nil {
-		// Tried again at the domain's next prepare, unprepare or pod change.
-		klog.FromContext(ctx).Error(err, "Guarding an MPS daemon against eviction", "daemon", key, "protect", held)
+}
+
+// guardOrder is the lock that orders daemon key's guard updates; one daemon's slow update
+// holds up no other's.
+func (s *State) guardOrder(key string) *sync.Mutex {
+	s.guardMu.Lock()
+	defer s.guardMu.Unlock()
+	if s.guarding == nil {
+		s.guarding = map[string]*sync.Mutex{}
 	}
+	m := s.guarding[key]
+	if m == nil {
+		m = &sync.Mutex{}
+		s.guarding[key] = m
+	}
+	return m
 }
 
 // guardDaemons is guardDaemon for the daemons of a claim.

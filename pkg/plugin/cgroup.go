@@ -371,6 +371,14 @@ func (d *Driver) podSeen(ctx context.Context, obj any) {
 		if uid == "" || slices.Contains(pods, ref) {
 			continue
 		}
+		if slices.ContainsFunc(pods, func(p checkpoint.PodRef) bool { return p.UID == ref.UID }) {
+			// A recorded pod whose controller changed: it was checked against the claim when
+			// it joined, so no API call (a tenant may change its pod's owners at will).
+			if err := d.state.AddPods(ctx, uid, []checkpoint.PodRef{ref}); err != nil {
+				logger.Error(err, "Recording a pod's change of controller", "claim", klog.KRef(pod.Namespace, name), "pod", klog.KObj(pod))
+			}
+			continue
+		}
 		claim, err := d.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			logger.Error(err, "Reading a prepared claim to cap a pod that joined it", "claim", klog.KRef(pod.Namespace, name), "pod", klog.KObj(pod))

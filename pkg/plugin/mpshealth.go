@@ -81,7 +81,7 @@ func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 	s.mu.Lock()
 	s.retryStops(ctx, true)
 	keys := slices.Sorted(maps.Keys(s.mpsDaemons()))
-	s.mu.Unlock()
+	s.unlock(ctx) // with the guards left by the plugin's start (recover)
 	answered, faulted := make([]bool, len(keys)), make([][]int, len(keys))
 	var wg sync.WaitGroup
 	for i, key := range keys {
@@ -126,7 +126,7 @@ func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 		d := daemons[key]
 		wg.Go(func() {
 			s.mu.Lock()
-			defer s.mu.Unlock()
+			defer s.unlock(ctx)
 			// A prepare may have restarted it since it was asked, and a daemon that answers
 			// once adopted never died.
 			started, err := s.ensureDaemon(ctx, key, d.gpu, true)

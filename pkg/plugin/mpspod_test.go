@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,8 +15,10 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
@@ -354,4 +357,84 @@ func withReservedFor(claim *resourceapi.ResourceClaim, pod, uid string) *resourc
 	c := claim.DeepCopy()
 	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod, UID: types.UID(uid)}}
 	return c
+}
+
+// slowGuard is a launcher whose guard of one daemon hangs until release is closed.
+type slowGuard struct {
+	mps.Launcher
+	key     string
+	release chan struct{}
+}
+
+func (g slowGuard) Protect(ctx context.Context, key string, protect bool) error {
+	if key == g.key {
+		<-g.release
+	}
+	inner, ok := g.Launcher.(daemonGuard)
+	if !ok {
+		return nil
+	}
+	return inner.Protect(ctx, key, protect)
+}
+
+// Review of issue 24: a tenant that changes its pod's controller again and again had the
+// plugin read the claim and change its daemon's budget under the state's lock, at client-go's
+// default 5 requests a second, so other tenants' prepares on the node waited. A recorded pod's
+// change reads nothing from the API, and a budget is changed without the lock: while one
+// domain's budget change hangs, another namespace's claim is prepared and guarded.
+func TestOneDomainsSlowBudgetHoldsUpNoOtherPrepare(t *testing.T) {
+	e, client, _ := newPodEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	const podA = "11111111-2222-3333-4444-00000000000a"
+	a := builders.MakeClaim("ns-a", "a").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.PrepareFor(ctx, a, []checkpoint.PodRef{{UID: podA, Name: "a", DaemonSet: true}}); err != nil {
+		t.Fatal(err)
+	}
+	keyA := s.cp.Claims[string(a.UID)].Devices[0].MPSKey
+	release := make(chan struct{})
+	s.mps.Launcher = slowGuard{Launcher: s.mps.Launcher, key: keyA, release: release}
+	var claimReads atomic.Int32
+	client.PrependReactor("get", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		claimReads.Add(1)
+		return false, nil, nil
+	})
+	// The tenant's pod leaves its DaemonSet: its daemon is to be guarded, and that hangs.
+	d := &Driver{state: s, client: client, cfg: e.cfg}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns-a", Name: "a", UID: podA},
+		Spec:       corev1.PodSpec{NodeName: node, ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("a")}}},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	seen := make(chan struct{})
+	go func() { d.podSeen(ctx, pod); close(seen) }()
+	b := builders.MakeClaim("ns-b", "b").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()
+	prepared := make(chan error, 1)
+	go func() {
+		_, err := s.PrepareFor(ctx, b, []checkpoint.PodRef{{UID: "11111111-2222-3333-4444-00000000000b", Name: "b"}})
+		prepared <- err
+	}()
+	select {
+	case err := <-prepared:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("another namespace's prepare waited for the tenant's hanging budget change")
+	}
+	s.mu.Lock()
+	keyB := s.cp.Claims[string(b.UID)].Devices[0].MPSKey
+	s.mu.Unlock()
+	if budgetOf(t, client, keyB) == nil {
+		t.Error("the other namespace's daemon is not guarded")
+	}
+	close(release)
+	<-seen
+	if budgetOf(t, client, keyA) == nil {
+		t.Error("the tenant's daemon is not guarded once its pod left the DaemonSet")
+	}
+	if n := claimReads.Load(); n != 0 {
+		t.Errorf("a recorded pod's change of controller read the claim %d time(s)", n)
+	}
 }

@@ -65,6 +65,12 @@ type State struct {
 	// CheckMPS try again (retryStops).
 	unstopped map[string]bool
 	sweep     bool
+	// guards are the MPS daemons whose eviction guard may have to change (guardDaemon),
+	// brought up to date by unlock, without s.mu; guarding orders each daemon's updates,
+	// so that the last one reads the last state.
+	guards   map[string]bool
+	guardMu  sync.Mutex
+	guarding map[string]*sync.Mutex
 
 	// cgroups is the node's cgroup v2 root; dmemRegions the dmem region of each GPU (by UUID)
 	// whose memory it partitions (see detectCgroupCaps).
@@ -153,6 +159,8 @@ func NewState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 	if err := s.recover(ctx); err != nil {
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
 	}
+	s.mu.Lock()
+	s.unlock(ctx) // the guards of the daemons recover adopted or started
 	return s, nil
 }
 
@@ -176,7 +184,7 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 // claim once, for the first of its pods on the node: later pods come through AddPods.
 func (s *State) PrepareFor(ctx context.Context, claim *resourceapi.ResourceClaim, pods []checkpoint.PodRef) ([]kubeletplugin.Device, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock(ctx)
 	uid := string(claim.UID)
 	if e, ok := s.cp.Claims[uid]; ok {
 		if e.State == checkpoint.PrepareCompleted {
@@ -236,7 +244,7 @@ func (s *State) PrepareFor(ctx context.Context, claim *resourceapi.ResourceClaim
 // caller) and caps their cgroups; a claim that is not prepared (any more) is left alone.
 func (s *State) AddPods(ctx context.Context, uid string, pods []checkpoint.PodRef) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock(ctx)
 	e, ok := s.cp.Claims[uid]
 	if !ok || e.State != checkpoint.PrepareCompleted {
 		return nil
@@ -511,7 +519,7 @@ func (s *State) placedAgain(claim *resourceapi.ResourceClaim) bool {
 // Unprepare undoes Prepare; a claim that is not prepared is not an error.
 func (s *State) Unprepare(ctx context.Context, uid string) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock(ctx)
 	return s.rollback(ctx, uid, true)
 }
 

@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -579,6 +580,14 @@ func (e *Evaluator) store(x string, snap Snapshot, at, missing []int, fresh []ve
 
 // cut shortens text a tenant wrote to what a message shows.
 func cut(s string) string {
+	// The tenant wrote it, and it is shown in fgpu's status and events: no control
+	// characters for an admin's terminal.
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
 	if len(s) <= maxText {
 		return s
 	}

@@ -354,3 +354,11 @@ func TestChargeCoversEvaluationTime(t *testing.T) {
 	}
 	t.Logf("16 evaluations took %s, charged %s", took, charged)
 }
+
+// Review of issue 24: a selector's text and its error, which the tenant wrote, are shown in
+// fgpu's status and events, and so on an admin's terminal: without control characters.
+func TestCutDropsControlCharacters(t *testing.T) {
+	if got := cut("a\x1b[2Jb\r\nc\td"); strings.ContainsFunc(got, func(r rune) bool { return r < ' ' }) {
+		t.Errorf("cut left control characters: %q", got)
+	}
+}

@@ -23,24 +23,11 @@ func (g *gpu) room() usage {
 
 // keptBy reports whether the tenants of namespace ns on g, with extra if it is not nil, turn
 // away the claim of another namespace that asks least of a GPU: an MPS share of the standard
-// class whose policy allows shared GPUs (the rules are coTenancy's, from the tenants' side);
-// or, when they are its only tenants, a claim of the whole GPU: where namespaces may share
-// GPUs, a tiny share on each would otherwise keep every whole-GPU claim off the cluster for
-// nothing.
+// class whose policy allows shared GPUs. The rules are coTenancy's, from the tenants' side.
 func (g *gpu) keptBy(ns string, extra *tenant) bool {
 	n := len(g.tenants)
 	if extra != nil {
 		n++
-	}
-	alone := true
-	for _, t := range g.tenants {
-		if t.namespace != ns {
-			alone = false
-			break
-		}
-	}
-	if alone && n > 0 && (extra == nil || extra.namespace == ns) {
-		return true
 	}
 	keeps := func(t *tenant) bool {
 		return t.namespace == ns && (t.whole || !t.allowShare || t.mode == api.SharingModeTimeSlicing || t.burstCap > 0 ||

@@ -1,11 +1,9 @@
 package controller
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 
-	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -52,8 +50,7 @@ func TestHeldRoomCharge(t *testing.T) {
 }
 
 // Who keeps a GPU from other namespaces: an isolated domain, time-slicing, a whole GPU, a
-// burst, the co-tenant limits once reached, and any tenants that are the GPU's only ones (a
-// whole-GPU claim cannot have it); not a share that allows others in beside another's.
+// burst, and the co-tenant limits once reached; not a share that allows others in.
 func TestKeptBy(t *testing.T) {
 	shared := func(ns string) *tenant {
 		return &tenant{namespace: ns, allowShare: true, mode: api.SharingModeMPS, latency: api.LatencyStandard}
@@ -63,13 +60,12 @@ func TestKeptBy(t *testing.T) {
 		tenants []*tenant
 		kept    bool
 	}{
-		"shared MPS beside another":      {[]*tenant{shared("a"), shared("b")}, false},
-		"shared MPS alone":               {[]*tenant{shared("a")}, true},
+		"shared MPS":                     {[]*tenant{shared("a")}, false},
 		"isolated":                       {[]*tenant{with(func(t *tenant) { t.allowShare = false })}, true},
 		"time-sliced":                    {[]*tenant{with(func(t *tenant) { t.mode = api.SharingModeTimeSlicing })}, true},
 		"whole":                          {[]*tenant{with(func(t *tenant) { t.whole = true })}, true},
 		"bursting":                       {[]*tenant{with(func(t *tenant) { t.burstCap = gi })}, true},
-		"critical with room":             {[]*tenant{with(func(t *tenant) { t.latency, t.maxCo = api.LatencyCritical, 2 }), shared("b")}, false},
+		"critical with room":             {[]*tenant{with(func(t *tenant) { t.latency, t.maxCo = api.LatencyCritical, 1 })}, false},
 		"critical at maxCoTenants":       {[]*tenant{with(func(t *tenant) { t.latency, t.maxCo = api.LatencyCritical, 1 }), shared("b")}, true},
 		"maxTenantsPerGPU with room":     {[]*tenant{with(func(t *tenant) { t.maxTenants = 3 }), shared("b")}, false},
 		"maxTenantsPerGPU reached":       {[]*tenant{with(func(t *tenant) { t.maxTenants = 2 }), shared("b")}, true},
@@ -225,43 +221,5 @@ func TestRefusedHeldRoomKeepsANamespaceToOneGPU(t *testing.T) {
 	e.run()
 	if got := e.placedOn("a", "d1"); got == "" {
 		t.Errorf("d1 not placed once the time-sliced claims left: %s", e.claim("a", "d1").Annotations[api.AnnotationStatus])
-	}
-}
-
-// Review of issue 24 (M4): where namespaces may share GPUs, a 256Mi share pinned to each GPU
-// kept every whole-GPU claim off the cluster, charged nothing for the room. A GPU whose only
-// tenants are one namespace's is kept by it: under a 2Gi quota its second pinned share, on a
-// GPU of its own, waits; another namespace's whole-GPU claim gets a GPU.
-func TestPinnedTinySharesPayForTheGPUsTheyKeepWhole(t *testing.T) {
-	pols := []*api.SharingPolicy{
-		builders.MakePolicy("shared").Namespaces("kubernetes.io/metadata.name", "a").AllowShared().Priority(10).Obj(),
-		builders.MakePolicy("q").Namespaces("kubernetes.io/metadata.name", "a").QuotaMemory("2Gi").Obj(),
-	}
-	objs := []runtime.Object{builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"), namespaceObj("a"), namespaceObj("b")}
-	for i := range 4 {
-		name := fmt.Sprintf("pin%d", i)
-		c := builders.MakeClaim("a", name).Memory("256Mi").Created(i).Obj()
-		c.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, i)}}}
-		objs = append(objs, c, builders.MakePod("a", name).Claim(name).Obj())
-	}
-	e := newEnv(t, pols, objs...)
-	e.run()
-	placed := 0
-	for i := range 4 {
-		if e.placedOn("a", fmt.Sprintf("pin%d", i)) != "" {
-			placed++
-		}
-	}
-	if placed != 1 {
-		t.Errorf("%d pinned 256Mi shares placed on GPUs of their own under a 2Gi quota; want 1", placed)
-	}
-	if st := e.claim("a", "pin1").Annotations[api.AnnotationStatus]; !strings.Contains(st, reasonOverQuotaHeld) {
-		t.Errorf("status of pin1 %q does not say %q", st, reasonOverQuotaHeld)
-	}
-	e.create(builders.MakeClaim("b", "whole").Class(api.DeviceClassExclusive).Created(10).Obj(), builders.MakePod("b", "whole").Claim("whole").Obj())
-	e.run()
-	if e.placedOn("b", "whole") == "" {
-		t.Errorf("another namespace's whole-GPU claim found no GPU: %s", e.claim("b", "whole").Annotations[api.AnnotationStatus])
 	}
 }

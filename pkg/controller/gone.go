@@ -70,18 +70,14 @@ func (g *goneClaims) drop(key string) {
 	delete(g.byKey, key)
 }
 
-// holdsShare reports whether a pod may still run on a claim's devices, or still have them
-// prepared: not finished, and not a deleted pod that never reached a node
-// (kube-controller-manager keeps a reservation by the same rule). A deleted pod on a node
-// holds them until its object is gone, finished or not: the kubelet unprepares a pod's claims
-// after its phase turns final, and removes the object only after that. Placing another
-// isolation domain on the GPU before then has its plugin refuse the prepare (a claim
-// generated for the pod is deleted as soon as the pod is done).
+// holdsShare reports whether a pod may still run on a claim's devices: not finished, and not
+// a deleted pod that never reached a node (kube-controller-manager keeps a reservation by the
+// same rule).
 func holdsShare(p *corev1.Pod) bool {
-	if p.DeletionTimestamp != nil {
-		return p.Spec.NodeName != ""
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return false
 	}
-	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+	return p.DeletionTimestamp == nil || p.Spec.NodeName != ""
 }
 
 // runningOn returns the pods that may still run on a claim's devices: those in its
@@ -124,26 +120,6 @@ func (c *Controller) holdGone(claim *resourceapi.ResourceClaim) bool {
 			c.recorder.Event(pod, corev1.EventTypeWarning, ReasonClaimDeletedInUse, msg)
 		}
 	}
-	return true
-}
-
-// holdCleared keeps the shares of a claim whose allocation kube-controller-manager cleared
-// (it does once no pod is reserved, i.e. its pods are done) while a deleted pod on a node may
-// still have it prepared: the kubelet unprepares after the pod's phase turns final and
-// removes the object only after that. It reports whether it did.
-func (c *Controller) holdCleared(claim *resourceapi.ResourceClaim) bool {
-	pods := map[types.UID]podRef{}
-	for _, p := range c.claimPods(claim) {
-		if p.DeletionTimestamp != nil && p.Spec.NodeName != "" {
-			pods[p.UID] = podRef{p.Namespace, p.Name}
-		}
-	}
-	if len(pods) == 0 || !c.model.RekeyCleared(claimKey(claim), heldKey(claim), c.now()) {
-		return false
-	}
-	c.gone.hold(heldKey(claim), pods)
-	klog.Background().V(2).Info("Claim deallocated while its deleted pods may still have it prepared; keeping its shares until they are gone",
-		"claim", klog.KObj(claim))
 	return true
 }
 

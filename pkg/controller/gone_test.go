@@ -4,11 +4,9 @@ import (
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 )
 
@@ -60,57 +58,5 @@ func TestClaimDeletedWhilePodRunsKeepsShareUntilPodEnds(t *testing.T) {
 	e.run()
 	if got := e.placedOn("a", "c"); got != "n1/gpu-0" || used() != 60<<30 {
 		t.Errorf("after the pod ended the new claim is on %q and namespace a counts %d bytes", got, used())
-	}
-}
-
-// A deleted pod's claim loses its allocation (kube-controller-manager clears it once no pod
-// is reserved) or, generated from a template, is deleted as soon as the pod's phase turns
-// final; but the kubelet unprepares the claim only after that, and removes the pod's object
-// last. Until the object is gone the share stays: another isolation domain placed there
-// earlier had its plugin refuse the prepare, and waited out the refusal (2 minutes).
-func TestDeletedPodHoldsItsShareUntilItsObjectIsGone(t *testing.T) {
-	for name, release := range map[string]func(e *env){
-		"allocation cleared": func(e *env) {
-			c := e.claim("a", "c")
-			c.Status.Allocation, c.Status.ReservedFor = nil, nil
-			_, _ = e.client.ResourceV1().ResourceClaims("a").UpdateStatus(e.ctx, c, metav1.UpdateOptions{})
-		},
-		"claim deleted": func(e *env) {
-			e.tamper("a", "c", func(c *resourceapi.ResourceClaim) { c.Finalizers = nil })
-			_ = e.client.ResourceV1().ResourceClaims("a").Delete(e.ctx, "c", metav1.DeleteOptions{})
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
-			e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
-				builders.MakeClaim("a", "c").Memory("40Gi").Obj(), builders.MakePod("a", "p").Claim("c").Obj())
-			e.run()
-			if e.placedOn("a", "c") != "n1/gpu-0" {
-				t.Fatal("not placed")
-			}
-			p, _ := e.client.CoreV1().Pods("a").Get(e.ctx, "p", metav1.GetOptions{})
-			p.Spec.NodeName = "n1"
-			p, _ = e.client.CoreV1().Pods("a").Update(e.ctx, p, metav1.UpdateOptions{})
-			c := e.claim("a", "c")
-			c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: p.UID}}
-			_, _ = e.client.ResourceV1().ResourceClaims("a").UpdateStatus(e.ctx, c, metav1.UpdateOptions{})
-			e.run()
-			// Deleted, its containers stopped: terminal phase, the object still there.
-			p.DeletionTimestamp = &metav1.Time{Time: e.c.now()}
-			p.Status.Phase = corev1.PodFailed
-			_, _ = e.client.CoreV1().Pods("a").Update(e.ctx, p, metav1.UpdateOptions{})
-			e.run()
-			release(e)
-			e.create(builders.MakeClaim("b", "next").Memory("10Gi").Created(5).Obj(), builders.MakePod("b", "next").Claim("next").Obj())
-			e.run()
-			if got := e.placedOn("b", "next"); got != "" {
-				t.Fatalf("another namespace's claim placed on %s while the deleted pod may still have its share prepared", got)
-			}
-			_ = e.client.CoreV1().Pods("a").Delete(e.ctx, "p", metav1.DeleteOptions{})
-			e.settle()
-			e.run()
-			if got := e.placedOn("b", "next"); got != "n1/gpu-0" {
-				t.Errorf("once the pod's object is gone the claim is on %q: %s", got, e.claim("b", "next").Annotations[api.AnnotationStatus])
-			}
-		})
 	}
 }

@@ -49,9 +49,6 @@ func (c *Controller) onClaim(claim *resourceapi.ResourceClaim) {
 	if !ours && claim.Status.Allocation == nil {
 		return
 	}
-	if claim.Status.Allocation == nil && c.holdCleared(claim) {
-		c.kick()
-	}
 	if c.model.Account(claim, c.now()) {
 		c.kick()
 	}

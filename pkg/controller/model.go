@@ -196,16 +196,6 @@ func (m *model) Rekey(key, to string) bool {
 	return true
 }
 
-// RekeyCleared is Rekey for a claim whose allocation was cleared, unless that allocation is
-// the allocator's own write the informer has not shown yet (Account's rule).
-func (m *model) RekeyCleared(key, to string, now time.Time) bool {
-	m.mu.Lock()
-	cur := m.claims[key]
-	settling := cur != nil && !cur.assumed.IsZero() && now.Sub(cur.assumed) < writeSettle
-	m.mu.Unlock()
-	return !settling && m.Rekey(key, to)
-}
-
 // Written records that the allocator's allocation of a claim went out now: the informer
 // has writeSettle to show it.
 func (m *model) Written(key string, now time.Time) {

@@ -365,6 +365,7 @@ func (e *Evaluator) keep(key string, r claimResult) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.keptBytes -= e.claims[key].size()
+	delete(e.claims, key)
 	if e.opts.KeptBytes > 0 && e.keptBytes+r.size() > e.opts.KeptBytes {
 		// A tenant's claims with many lists each would otherwise keep a byte per device
 		// per list without bound. Refusals stay: their cost is what they park.

@@ -334,6 +334,23 @@ func TestKeptResultsAreBounded(t *testing.T) {
 	if _, err := e.Claim(ctx, "b", "b/costly", "uid", lists, snap); !errors.As(err, new(*TooCostlyError)) {
 		t.Errorf("the refusal was dropped with the kept results: %v", err)
 	}
+	// The same claims kept again and again, on new snapshots: the count stays true, so the
+	// bound does not drift.
+	for gen := uint64(2); gen < 6; gen++ {
+		next := NewSnapshot(gen, snap.Devices)
+		for i := range 40 {
+			if _, err := e.Claim(ctx, "a", fmt.Sprintf("a/d%d", i), "uid", lists, next); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sum := 0
+	for _, r := range e.claims {
+		sum += r.size()
+	}
+	if sum != e.keptBytes {
+		t.Errorf("kept results take %d bytes, counted %d", sum, e.keptBytes)
+	}
 }
 
 // Review of issue 24: CEL's cost units undercount an evaluation's time 2-6 times, so a
@@ -360,5 +377,24 @@ func TestChargeCoversEvaluationTime(t *testing.T) {
 func TestCutDropsControlCharacters(t *testing.T) {
 	if got := cut("a\x1b[2Jb\r\nc\td"); strings.ContainsFunc(got, func(r rune) bool { return r < ' ' }) {
 		t.Errorf("cut left control characters: %q", got)
+	}
+}
+
+// A claim kept again when the bound is reached is counted once: its old result was counted
+// twice, and the count drifted below what is kept until the bound held nothing.
+func TestKeptBytesCountEachResultOnce(t *testing.T) {
+	e, _ := newEvaluator(func(o *Options) { o.KeptBytes = 20_000 })
+	result := func(n int) claimResult {
+		return claimResult{uid: "u", matches: []Matches{{v: make([]uint8, n)}}}
+	}
+	e.keep("x", result(5_000))
+	e.keep("y", result(5_000))
+	e.keep("x", result(16_000))
+	sum := 0
+	for _, r := range e.claims {
+		sum += r.size()
+	}
+	if sum != e.keptBytes {
+		t.Errorf("kept results take %d bytes, counted %d", sum, e.keptBytes)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"slices"
-	"sync"
 
 	"k8s.io/klog/v2"
 
@@ -63,33 +62,51 @@ func (s *State) unlock(ctx context.Context) {
 		return
 	}
 	for _, key := range keys {
-		order := s.guardOrder(key)
-		order.Lock()
-		s.mu.Lock()
-		held := s.daemonHeld(key)
-		s.mu.Unlock()
-		if err := g.Protect(ctx, key, held); err != nil {
-			// Tried again at the domain's next prepare, unprepare or pod change.
-			klog.FromContext(ctx).Error(err, "Guarding an MPS daemon against eviction", "daemon", key, "protect", held)
+		if !s.startGuard(key) {
+			continue // being updated: that caller updates it again, from the state then
 		}
-		order.Unlock()
+		for {
+			s.mu.Lock()
+			held := s.daemonHeld(key)
+			s.mu.Unlock()
+			if err := g.Protect(ctx, key, held); err != nil {
+				// Tried again at the domain's next prepare, unprepare or pod change.
+				klog.FromContext(ctx).Error(err, "Guarding an MPS daemon against eviction", "daemon", key, "protect", held)
+			}
+			if s.endGuard(key) {
+				break
+			}
+		}
 	}
 }
 
-// guardOrder is the lock that orders daemon key's guard updates; one daemon's slow update
-// holds up no other's.
-func (s *State) guardOrder(key string) *sync.Mutex {
+// startGuard reports whether the caller is to update daemon key's guard: not while another
+// does, which is told to go again instead, so that the last update reads the last state and
+// no caller waits for another daemon's update.
+func (s *State) startGuard(key string) bool {
 	s.guardMu.Lock()
 	defer s.guardMu.Unlock()
+	if s.guarding[key] {
+		s.guardAgain[key] = true
+		return false
+	}
 	if s.guarding == nil {
-		s.guarding = map[string]*sync.Mutex{}
+		s.guarding, s.guardAgain = map[string]bool{}, map[string]bool{}
 	}
-	m := s.guarding[key]
-	if m == nil {
-		m = &sync.Mutex{}
-		s.guarding[key] = m
+	s.guarding[key] = true
+	return true
+}
+
+// endGuard ends an update of daemon key's guard unless it is to go again.
+func (s *State) endGuard(key string) bool {
+	s.guardMu.Lock()
+	defer s.guardMu.Unlock()
+	if s.guardAgain[key] {
+		delete(s.guardAgain, key)
+		return false
 	}
-	return m
+	delete(s.guarding, key)
+	return true
 }
 
 // guardDaemons is guardDaemon for the daemons of a claim.

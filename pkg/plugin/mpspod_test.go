@@ -434,6 +434,40 @@ func TestOneDomainsSlowBudgetHoldsUpNoOtherPrepare(t *testing.T) {
 	if budgetOf(t, client, keyA) == nil {
 		t.Error("the tenant's daemon is not guarded once its pod left the DaemonSet")
 	}
+	// Back into its DaemonSet while a guard change hangs again: the change waits for no one,
+	// and the hanging one, done, reads the last state.
+	release = make(chan struct{})
+	if slow, ok := s.mps.Launcher.(slowGuard); ok {
+		s.mps.Launcher = slowGuard{Launcher: slow.Launcher, key: keyA, release: release}
+	}
+	first := make(chan struct{})
+	ds := []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "a", UID: "ds-uid", Controller: ptr.To(true)}}
+	go func() {
+		p := pod.DeepCopy()
+		p.OwnerReferences = ds
+		d.podSeen(ctx, p)
+		close(first)
+	}()
+	time.Sleep(200 * time.Millisecond) // the first change is hanging in its budget update
+	again := make(chan struct{})
+	go func() {
+		p := pod.DeepCopy() // out of the DaemonSet once more
+		d.podSeen(ctx, p)
+		p.OwnerReferences = ds
+		d.podSeen(ctx, p) // and back in
+		close(again)
+	}()
+	select {
+	case <-again:
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("a change of the same daemon's guard waited for the hanging one")
+	}
+	close(release)
+	<-first
+	if budgetOf(t, client, keyA) != nil {
+		t.Error("the daemon of a DaemonSet's pod is still guarded after the last change")
+	}
 	if n := claimReads.Load(); n != 0 {
 		t.Errorf("a recorded pod's change of controller read the claim %d time(s)", n)
 	}

@@ -66,11 +66,12 @@ type State struct {
 	unstopped map[string]bool
 	sweep     bool
 	// guards are the MPS daemons whose eviction guard may have to change (guardDaemon),
-	// brought up to date by unlock, without s.mu; guarding orders each daemon's updates,
-	// so that the last one reads the last state.
-	guards   map[string]bool
-	guardMu  sync.Mutex
-	guarding map[string]*sync.Mutex
+	// brought up to date by unlock, without s.mu. Under guardMu, guarding are the daemons
+	// whose guard a caller updates now, and guardAgain those it is to update once more.
+	guards     map[string]bool
+	guardMu    sync.Mutex
+	guarding   map[string]bool
+	guardAgain map[string]bool
 
 	// cgroups is the node's cgroup v2 root; dmemRegions the dmem region of each GPU (by UUID)
 	// whose memory it partitions (see detectCgroupCaps).

@@ -134,8 +134,8 @@ func Bin(name string) string { return filepath.Join(RepoRoot(), "_output", "bin"
 func (c *Cluster) Install(ctx context.Context, sets ...string) error {
 	args := []string{"upgrade", "--install", "fgpu", "deployments/helm/fgpu", "-n", Namespace, "--create-namespace",
 		"-f", "deployments/helm/fgpu/values-fake.yaml", "-f", "e2e/values-local.yaml"}
-	gpus := 2       // values-fake.yaml
-	fenced := false // the chart's default allocationMode is scheduler
+	gpus := 2      // values-fake.yaml
+	fenced := true // the chart's default allocationMode is allocator
 	for _, s := range sets {
 		args = append(args, "--set", s)
 		if spec, ok := strings.CutPrefix(s, "kubeletPlugin.gpus=fake:"); ok {

@@ -4,7 +4,7 @@ import (
 	"testing"
 )
 
-// Finding 1, scheduler mode (the chart's default): kube-scheduler places two namespaces'
+// Finding 1, scheduler mode: kube-scheduler places two namespaces'
 // shares on the same GPUs, and they must still get separate MPS servers; a claim naming
 // another namespace's domain stays in its own.
 func TestSchedulerModeNamespacesNeverShareAPipe(t *testing.T) {

@@ -333,6 +333,7 @@ func (d *Driver) watchPods(ctx context.Context) error {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", d.cfg.NodeName).String()
 	}))
 	inf := factory.Core().V1().Pods().Informer()
+	d.state.usePodWatch(factory.Core().V1().Pods().Lister())
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { d.podSeen(ctx, obj) },
 		UpdateFunc: func(_, obj any) { d.podSeen(ctx, obj) },

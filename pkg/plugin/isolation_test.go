@@ -6,9 +6,16 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 
 	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
 )
 
@@ -134,6 +141,57 @@ func TestSchedulerModeMixesMPSAndTimeSlicing(t *testing.T) {
 			}
 			if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeExclusiveProcess {
 				t.Fatalf("the MPS server alone again: compute mode %s", m)
+			}
+		})
+	}
+}
+
+// The allocator frees a share once its pod is done, which can come a moment before the kubelet
+// unprepares the claim; a claim of another domain placed there then was refused, and its pod
+// waited for the allocator's bind timeout and the kubelet's retry (a flaky e2e test showed it).
+// A prepare that claims whose pods are gone refuse waits for them to be unprepared; one that
+// claims of running pods refuse is refused at once.
+func TestPrepareWaitsForAClaimWhosePodIsGone(t *testing.T) {
+	for name, tc := range map[string]struct {
+		pod     *corev1.Pod // the first claim's pod as the node's pod watch shows it (nil: gone)
+		refused bool
+	}{
+		"its pod is gone":      {nil, false},
+		"its pod is deleted":   {&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "victim", Name: "v", UID: "pod-v", DeletionTimestamp: &metav1.Time{}}}, false},
+		"its pod still runs":   {&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "victim", Name: "v", UID: "pod-v"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}, true},
+		"a new pod, same name": {&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "victim", Name: "v", UID: "pod-v2"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			e.cfg.Fenced = true
+			s := e.state()
+			ctx := context.Background()
+			pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+			if tc.pod != nil {
+				if err := pods.Add(tc.pod); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.usePodWatch(corelisters.NewPodLister(pods))
+			first := builders.MakeClaim("victim", "v").Memory("10Gi").Config(keepGPU).AllocatedOn(node, "gpu-0").Obj()
+			if _, err := s.PrepareFor(ctx, first, []checkpoint.PodRef{{UID: "pod-v", Name: "v"}}); err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				time.Sleep(300 * time.Millisecond)
+				_ = s.Unprepare(ctx, string(first.UID)) // the kubelet, for a pod that is done
+			}()
+			second := builders.MakeClaim("other", "o").Memory("10Gi").Config(keepGPU).AllocatedOn(node, "gpu-0").Obj()
+			start := time.Now()
+			_, err := s.PrepareFor(ctx, second, []checkpoint.PodRef{{UID: "pod-o", Name: "o"}})
+			took := time.Since(start)
+			switch {
+			case tc.refused && err == nil:
+				t.Fatal("prepared next to a claim whose pod still runs")
+			case tc.refused && took > time.Second:
+				t.Errorf("refused after %s; a running pod's claim is no reason to wait", took)
+			case !tc.refused && err != nil:
+				t.Fatalf("refused after %s though the other claim's pod is gone: %v", took, err)
 			}
 		})
 	}

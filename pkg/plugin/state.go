@@ -11,11 +11,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -65,6 +67,9 @@ type State struct {
 	// CheckMPS try again (retryStops).
 	unstopped map[string]bool
 	sweep     bool
+	// pods is the node's pod watch (nil without it): where its pods are gone, a prepared
+	// claim is about to be unprepared (checkRoom).
+	pods corelisters.PodLister
 	// guards are the MPS daemons whose eviction guard may have to change (guardDaemon),
 	// brought up to date by unlock, without s.mu. Under guardMu, guarding are the daemons
 	// whose guard a caller updates now, and guardAgain those it is to update once more.
@@ -186,6 +191,21 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 func (s *State) PrepareFor(ctx context.Context, claim *resourceapi.ResourceClaim, pods []checkpoint.PodRef) ([]kubeletplugin.Device, error) {
 	s.mu.Lock()
 	defer s.unlock(ctx)
+	deadline := time.Now().Add(unprepareWait)
+	for {
+		devices, err := s.prepare(ctx, claim, pods, deadline)
+		if !errors.Is(err, errPrepareAgain) {
+			return devices, err
+		}
+	}
+}
+
+// errPrepareAgain: the claim's entry changed while s.mu was released; start over.
+var errPrepareAgain = errors.New("the claim was prepared or unprepared meanwhile")
+
+// prepare is one pass of PrepareFor: plan → check → checkpoint → apply → checkpoint.
+// Caller holds s.mu.
+func (s *State) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, pods []checkpoint.PodRef, deadline time.Time) ([]kubeletplugin.Device, error) {
 	uid := string(claim.UID)
 	if e, ok := s.cp.Claims[uid]; ok {
 		if e.State == checkpoint.PrepareCompleted {
@@ -203,13 +223,10 @@ func (s *State) PrepareFor(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	planned, err := s.plan(claim)
 	if err == nil {
-		err = s.checkCapacity(claim, planned)
+		err = s.checkRoom(ctx, claim, planned, deadline)
 	}
-	if err == nil {
-		err = s.checkIsolation(claim, planned)
-	}
-	if err == nil {
-		err = s.checkForeign(ctx, claim, planned)
+	if errors.Is(err, errPrepareAgain) {
+		return nil, err
 	}
 	if err != nil {
 		s.rememberRefusal(ctx, claim, err)
@@ -446,6 +463,97 @@ func (s *State) checkIsolation(claim *resourceapi.ResourceClaim, planned []check
 		}
 	}
 	return nil
+}
+
+// usePodWatch gives the state the node's pod watch, for checkRoom.
+func (s *State) usePodWatch(l corelisters.PodLister) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pods = l
+}
+
+// unprepareWait is how long a prepare that other prepared claims refuse waits for those of
+// them whose pods are gone to be unprepared: the allocator frees a share once its pod is
+// done or its claim deleted, which can come a moment before the kubelet unprepares the claim,
+// and a refusal would cost the new pod the allocator's bind timeout and the kubelet's retry.
+const unprepareWait = 10 * time.Second
+
+// checkRoom is checkCapacity, checkIsolation and checkForeign. Where the first two refuse
+// while claims whose pods are gone are prepared on the same GPUs, it waits (s.mu released)
+// until one of those is unprepared or deadline, and checks again; once one was, a server of
+// its domain still exiting is no foreign process to refuse for either, until deadline.
+// errPrepareAgain: the claim itself was prepared or unprepared meanwhile. Caller holds s.mu.
+func (s *State) checkRoom(ctx context.Context, claim *resourceapi.ResourceClaim, planned []checkpoint.PreparedDevice, deadline time.Time) error {
+	left := false
+	for {
+		err := s.checkCapacity(claim, planned)
+		if err == nil {
+			err = s.checkIsolation(claim, planned)
+		}
+		if err == nil {
+			err = s.checkForeign(ctx, claim, planned)
+			if err == nil || !left || !s.await(ctx, deadline, nil) {
+				return err
+			}
+		} else {
+			leaving := s.leavingNextTo(claim, planned)
+			if len(leaving) == 0 || !s.await(ctx, deadline, leaving) {
+				return err
+			}
+			left = true
+		}
+		if _, ok := s.cp.Claims[string(claim.UID)]; ok {
+			return errPrepareAgain
+		}
+	}
+}
+
+// leavingNextTo are the other claims prepared on the planned GPUs whose pods are all gone
+// from this node's API view (deleted, replaced or finished): the kubelet is about to
+// unprepare them. Unknown without the node's pod watch. Caller holds s.mu.
+func (s *State) leavingNextTo(claim *resourceapi.ResourceClaim, planned []checkpoint.PreparedDevice) []string {
+	if s.pods == nil {
+		return nil
+	}
+	var out []string
+	for uid, e := range s.cp.Claims {
+		if uid == string(claim.UID) || len(e.Pods) == 0 || !slices.ContainsFunc(e.Devices, func(q checkpoint.PreparedDevice) bool {
+			return slices.ContainsFunc(planned, func(p checkpoint.PreparedDevice) bool { return p.Device == q.Device })
+		}) {
+			continue
+		}
+		if !slices.ContainsFunc(e.Pods, func(ref checkpoint.PodRef) bool { return s.podRuns(e.Namespace, ref) }) {
+			out = append(out, uid)
+		}
+	}
+	return out
+}
+
+// podRuns reports whether the node's pod watch still shows the pod, not deleted or finished.
+func (s *State) podRuns(ns string, ref checkpoint.PodRef) bool {
+	p, err := s.pods.Pods(ns).Get(ref.Name)
+	return err == nil && string(p.UID) == ref.UID && p.DeletionTimestamp == nil &&
+		p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
+// await releases s.mu until one of the claims uids is unprepared, or for a moment where
+// uids is empty (true); false at deadline or ctx. Caller holds s.mu, held again on return.
+func (s *State) await(ctx context.Context, deadline time.Time, uids []string) bool {
+	for time.Now().Before(deadline) {
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+		s.mu.Lock()
+		if ctx.Err() != nil {
+			return false
+		}
+		if len(uids) == 0 || slices.ContainsFunc(uids, func(uid string) bool { _, ok := s.cp.Claims[uid]; return !ok }) {
+			return true
+		}
+	}
+	return false
 }
 
 // sharedMode: a share that others may use the GPU next to (not a whole GPU).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync"
 
 	"k8s.io/klog/v2"
 
@@ -62,7 +63,7 @@ func (s *State) unlock(ctx context.Context) {
 		return
 	}
 	for _, key := range keys {
-		if !s.startGuard(key) {
+		if !s.guardRounds.start(key) {
 			continue // being updated: that caller updates it again, from the state then
 		}
 		for {
@@ -73,39 +74,46 @@ func (s *State) unlock(ctx context.Context) {
 				// Tried again at the domain's next prepare, unprepare or pod change.
 				klog.FromContext(ctx).Error(err, "Guarding an MPS daemon against eviction", "daemon", key, "protect", held)
 			}
-			if s.endGuard(key) {
+			if s.guardRounds.end(key) {
 				break
 			}
 		}
 	}
 }
 
-// startGuard reports whether the caller is to update daemon key's guard: not while another
-// does, which is told to go again instead, so that the last update reads the last state and
-// no caller waits for another daemon's update.
-func (s *State) startGuard(key string) bool {
-	s.guardMu.Lock()
-	defer s.guardMu.Unlock()
-	if s.guarding[key] {
-		s.guardAgain[key] = true
+// rounds lets one caller at a time update a key; another that comes meanwhile asks that
+// caller for one more round instead of waiting, so the last round sees the last state and
+// no caller waits for another key's, or another caller's, update. Its lock is its own.
+type rounds struct {
+	mu    sync.Mutex
+	busy  map[string]bool
+	again map[string]bool
+}
+
+// start reports whether the caller is to update key (false: another is, and goes again).
+func (r *rounds) start(key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.busy[key] {
+		r.again[key] = true
 		return false
 	}
-	if s.guarding == nil {
-		s.guarding, s.guardAgain = map[string]bool{}, map[string]bool{}
+	if r.busy == nil {
+		r.busy, r.again = map[string]bool{}, map[string]bool{}
 	}
-	s.guarding[key] = true
+	r.busy[key] = true
 	return true
 }
 
-// endGuard ends an update of daemon key's guard unless it is to go again.
-func (s *State) endGuard(key string) bool {
-	s.guardMu.Lock()
-	defer s.guardMu.Unlock()
-	if s.guardAgain[key] {
-		delete(s.guardAgain, key)
+// end ends the caller's update of key unless another round was asked for.
+func (r *rounds) end(key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.again[key] {
+		delete(r.again, key)
 		return false
 	}
-	delete(s.guarding, key)
+	delete(r.busy, key)
 	return true
 }
 

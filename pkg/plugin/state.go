@@ -71,12 +71,9 @@ type State struct {
 	// claim is about to be unprepared (checkRoom).
 	pods corelisters.PodLister
 	// guards are the MPS daemons whose eviction guard may have to change (guardDaemon),
-	// brought up to date by unlock, without s.mu. Under guardMu, guarding are the daemons
-	// whose guard a caller updates now, and guardAgain those it is to update once more.
-	guards     map[string]bool
-	guardMu    sync.Mutex
-	guarding   map[string]bool
-	guardAgain map[string]bool
+	// brought up to date by unlock, without s.mu, one caller at a time (guardRounds).
+	guards      map[string]bool
+	guardRounds rounds
 
 	// cgroups is the node's cgroup v2 root; dmemRegions the dmem region of each GPU (by UUID)
 	// whose memory it partitions (see detectCgroupCaps).

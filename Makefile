@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 
-.PHONY: all build test test-unit fuzz test-e2e verify generate lint golangci-lint logcheck demo demo-down images \
+.PHONY: all build test test-unit fuzz test-e2e verify generate structure lint golangci-lint logcheck demo demo-down images \
 	cluster-up cluster-down bench-e2e plot gpucheck gpucheck-fake gpucheck-faults gpucheck-faults-fake gpucheck-usage \
 	gpucheck-usage-fake kubectl-plugin
 
@@ -49,6 +49,11 @@ golangci-lint:
 
 logcheck:
 	$(TOOLS) logcheck -check-contextual ./...
+
+## structure: the figures the structure pass is judged by (methods per type, long files and
+## functions, references between a package's files that point back up).
+structure:
+	cd hack/tools && go run ./structure -C ../.. ./pkg/...
 
 ## test-unit: also the plugin as the e2e image builds it (-tags fgpu_e2e: its fault hooks), and
 ## the GPU checks' own unit tests (e2e/gpucheck; the other e2e packages need the cluster).

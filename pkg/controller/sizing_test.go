@@ -105,7 +105,7 @@ func TestRecommendationFromMeasuredUsage(t *testing.T) {
 	if !ok || rec.PeakBytes != 11<<30 || rec.MemoryBytes < 11<<30 || rec.MemoryBytes > 13<<30 {
 		t.Fatalf("recommendation %+v, %v; want above the 11Gi peak with headroom", rec, ok)
 	}
-	ev := e.events(ReasonSizingRecommendation)
+	ev := e.awaitEvents(ReasonSizingRecommendation, 1)
 	if len(ev) != 1 || !strings.Contains(ev[0], "Deployment team-a/web request gpu: recommended memory") || !strings.Contains(ev[0], "sizing Recommend: nothing is changed") {
 		t.Fatalf("events %q; want one recommendation for Deployment web", ev)
 	}

@@ -113,3 +113,41 @@ func (m *model) held(ns string) heldRoom {
 	m.heldMemo[ns] = h
 	return h
 }
+
+// Under allowSharedGPU a namespace's shares keep no other namespace's share away, but a GPU
+// it is alone on is closed to others' whole-GPU, exclusive and critical claims all the same.
+// That is not charged as it stands: others leaving can leave a namespace alone where it did
+// not choose to be. What is charged is choosing it: a share that opens an empty GPU while
+// its namespace is alone on a GPU with room for it (selectors can force that; the placement
+// core would not) pays, at that moment, for the room of every GPU the namespace would then
+// keep or be alone on, but the roomiest; under heldRoom: Refuse it is refused.
+
+// opensBeside reports whether a device of limit bytes and comp percent, placed on g, opens
+// an empty GPU while namespace ns is alone on another GPU whose room would take it. Caller
+// holds mu.
+func (m *model) opensBeside(ns string, g *gpu, limit, comp int64) bool {
+	if len(g.tenants) > 0 {
+		return false
+	}
+	for h, n := range m.nsGPUs[ns] {
+		if h != g && n == len(h.tenants) {
+			if r := h.room(); r.mem >= limit && r.comp >= comp {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// heldAlone is the room namespace ns keeps from other namespaces (held), with the room of the
+// GPUs it is alone on added: what a share that opens another GPU beside them pays for.
+// Caller holds mu.
+func (m *model) heldAlone(ns string) heldRoom {
+	h := heldRoom{gen: m.gen, rooms: map[*gpu]usage{}}
+	for g, n := range m.nsGPUs[ns] {
+		if n == len(g.tenants) || g.keptBy(ns, nil) {
+			h.add(g, g.room())
+		}
+	}
+	return h
+}

@@ -123,11 +123,15 @@ func (m *model) held(ns string) heldRoom {
 // keep or be alone on, but the roomiest; under heldRoom: Refuse it is refused.
 
 // opensBeside reports whether a device of limit bytes and comp percent, placed on g, opens
-// an empty GPU while namespace ns is alone on another GPU whose room would take it. Caller
-// holds mu.
-func (m *model) opensBeside(ns string, g *gpu, limit, comp int64) bool {
+// an empty GPU while namespace ns is alone on another GPU whose room would take it. Compute
+// counts only where the quota binds it: otherwise shares of 1Gi and all of a GPU's compute
+// would each open a GPU for free. Caller holds mu.
+func (m *model) opensBeside(ns string, g *gpu, limit, comp int64, computeBinds bool) bool {
 	if len(g.tenants) > 0 {
 		return false
+	}
+	if !computeBinds {
+		comp = 0
 	}
 	for h, n := range m.nsGPUs[ns] {
 		if h != g && n == len(h.tenants) {

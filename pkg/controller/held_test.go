@@ -305,3 +305,29 @@ func TestPinnedSharesDoNotSpreadBeyondTheirQuota(t *testing.T) {
 		})
 	}
 }
+
+// Where the quota binds memory only, a share that asks all of a GPU's compute does not fit
+// beside its namespace's first share for compute, yet what the quota counts has room: it
+// still pays for opening another GPU.
+func TestComputeHeavyPinsDoNotSpreadEither(t *testing.T) {
+	pols := []*api.SharingPolicy{builders.MakePolicy("spread").Namespaces("kubernetes.io/metadata.name", "a").AllowShared().QuotaMemory("4Gi").Obj()}
+	heavy := func(name string, i, created int) *resourceapi.ResourceClaim {
+		c := builders.MakeClaim("a", name).Memory("1Gi").Compute("100").Created(created).Obj()
+		c.Spec.Devices.Requests[0].Exactly.Selectors = celSelector(fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, i))
+		return c
+	}
+	e := newEnvWith(t, func(c *Config) { c.Selectors = selectors.DefaultOptions(c.DriverName) }, pols,
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"), namespaceObj("a"),
+		heavy("h0", 0, 0), builders.MakePod("a", "h0").Claim("h0").Obj(),
+		heavy("h1", 1, 1), builders.MakePod("a", "h1").Claim("h1").Obj())
+	e.run()
+	if got := e.placedOn("a", "h0"); got != "n1/gpu-0" {
+		t.Fatalf("h0 on %q: %s", got, e.claim("a", "h0").Annotations[api.AnnotationStatus])
+	}
+	if got := e.placedOn("a", "h1"); got != "" {
+		t.Errorf("a second 1Gi share of all of a GPU's compute opened %s", got)
+	}
+	if st := e.claim("a", "h1").Annotations[api.AnnotationStatus]; !strings.Contains(st, "open an empty GPU") {
+		t.Errorf("status of h1 %q does not say why", st)
+	}
+}

@@ -237,7 +237,7 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 		device.burstCap = limit
 	}
 	kept := g.keptBy(ns, tenantOf(in, device))
-	opens := in.pol.AllowSharedGPU && !kept && len(g.tenants) == 0 && (rq.count > 1 || c.model.opensBeside(ns, g, limit, comp))
+	opens := in.pol.AllowSharedGPU && !kept && len(g.tenants) == 0 && (rq.count > 1 || c.model.opensBeside(ns, g, limit, comp, q.Compute != nil))
 	kept = kept || opens
 	r := g.room()
 	r = usage{max(r.mem-limit, 0), max(r.comp-comp, 0)}

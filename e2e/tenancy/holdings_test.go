@@ -2,13 +2,11 @@ package tenancy
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -151,79 +149,4 @@ func TestSubDomainClaimsPayForTheGPUsTheyHold(t *testing.T) {
 	}
 	running(t, ns, "d1")
 	healthy(t, ns)
-}
-
-// The cold review of the third round (M4): where an admin grants allowSharedGPU, a tenant
-// whose shares keep only whole-GPU, exclusive and critical claims off a GPU pinned one small
-// share to each GPU with selectors and so kept every whole GPU from everyone for a few GiB of
-// quota. Its first share runs; each pin to another, empty GPU waits, saying it would open an
-// empty GPU beside one it is alone on, over its quota; another namespace's exclusive claim
-// of a whole GPU runs.
-func TestPinnedSharesDoNotKeepWholeGPUsOff(t *testing.T) {
-	useMode(t, allocatorMode)
-	ctx := context.Background()
-	key := "fgpu.dev/e2e-tenancy-pinned"
-	ns := namespaces(t, "pinned", key, 1)[0]
-	createPolicy(t, builders.MakePolicy("e2e-tenancy-pinned").Priority(10).Namespaces(key, ns).AllowShared().QuotaMemory("4Gi").Obj())
-	tenant := cluster.Tenant(t, ns, "attacker")
-	victimNS := cluster.Namespace(t, "pinned-victim")
-
-	if _, err := framework.MakeGPUPod(ns, "first").Memory("1Gi").CreateAs(ctx, tenant.Client); err != nil {
-		t.Fatal(err)
-	}
-	first, _ := gpuOf(t, running(t, ns, "first"))
-	index := gpuIndexes(t)
-	var pins []*corev1.Pod
-	for dev, i := range index {
-		if dev == first {
-			continue
-		}
-		gp := framework.MakeGPUPod(ns, fmt.Sprintf("pin-%d", i)).Memory("1Gi")
-		tmpl := gp.Template()
-		tmpl.Spec.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, i)}}}
-		if _, err := tenant.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		p, err := tenant.Client.CoreV1().Pods(ns).Create(ctx, gp.Pod(), metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pins = append(pins, p)
-	}
-	if len(pins) == 0 {
-		t.Fatal("the cluster has one GPU: nothing to pin to")
-	}
-	for _, p := range pins {
-		waitClaimStatus(t, p, 30*time.Second, "open an empty GPU while alone on one with room for it", "over its 4Gi quota")
-		notAllocated(t, p)
-	}
-	if _, err := cluster.Create(ctx, framework.MakeGPUPod(victimNS, "whole").Class(api.DeviceClassExclusive)); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := gpuOf(t, running(t, victimNS, "whole")); got == first {
-		t.Errorf("the whole GPU %s is the one the tenant's share is on", got)
-	}
-	healthy(t, ns, victimNS)
-}
-
-// gpuIndexes maps the node's GPUs (device names) to their index attribute.
-func gpuIndexes(t *testing.T) map[string]int64 {
-	t.Helper()
-	slices, err := cluster.Client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + cluster.Node})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int64{}
-	for _, s := range slices.Items {
-		if s.Spec.Driver != framework.Driver {
-			continue
-		}
-		for _, d := range s.Spec.Devices {
-			if a, ok := d.Attributes["index"]; ok && a.IntValue != nil {
-				out[d.Name] = *a.IntValue
-			}
-		}
-	}
-	return out
 }

@@ -1,18 +1,15 @@
 package controller
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 
-	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
-	"github.com/fgpu-dev/fgpu/pkg/selectors"
 )
 
 const gi = int64(1) << 30
@@ -224,110 +221,5 @@ func TestRefusedHeldRoomKeepsANamespaceToOneGPU(t *testing.T) {
 	e.run()
 	if got := e.placedOn("a", "d1"); got == "" {
 		t.Errorf("d1 not placed once the time-sliced claims left: %s", e.claim("a", "d1").Annotations[api.AnnotationStatus])
-	}
-}
-
-// pinned is a 1Gi claim whose selectors pin it to GPU index i.
-func pinned(ns, name string, i, created int) *resourceapi.ResourceClaim {
-	c := builders.MakeClaim(ns, name).Memory("1Gi").Created(created).Obj()
-	c.Spec.Devices.Requests[0].Exactly.Selectors = celSelector(fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, i))
-	return c
-}
-
-// Under allowSharedGPU a tenant that pins one small share to each GPU would keep every
-// whole-GPU claim off the cluster for a few GiB of quota (issue 24's cold review, M4). Opening
-// an empty GPU while alone on one with room for the share is charged the room it would keep,
-// so the quota refuses the second pin; the share still joins its own GPU or another
-// namespace's, and a namespace whose claim does not fit its GPU opens another as before.
-func TestPinnedSharesDoNotSpreadBeyondTheirQuota(t *testing.T) {
-	for _, refuse := range []bool{false, true} {
-		t.Run(map[bool]string{false: "quota", true: "heldRoom Refuse"}[refuse], func(t *testing.T) {
-			spread := builders.MakePolicy("spread").Namespaces("kubernetes.io/metadata.name", "a").AllowShared()
-			if refuse {
-				spread = spread.RefuseHeldRoom()
-			} else {
-				spread = spread.QuotaMemory("4Gi")
-			}
-			pols := []*api.SharingPolicy{spread.Obj(), builders.MakePolicy("b-shares").Namespaces("kubernetes.io/metadata.name", "b").AllowShared().Obj(),
-				builders.MakePolicy("grows").Namespaces("kubernetes.io/metadata.name", "c").AllowShared().QuotaMemory("100Gi").Obj()}
-			e := newEnvWith(t, func(c *Config) { c.Selectors = selectors.DefaultOptions(c.DriverName) }, pols,
-				builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"), namespaceObj("a"), namespaceObj("b"), namespaceObj("c"),
-				pinned("a", "pin0", 0, 0), builders.MakePod("a", "pin0").Claim("pin0").Obj(),
-				pinned("a", "pin1", 1, 1), builders.MakePod("a", "pin1").Claim("pin1").Obj())
-			e.run()
-			if got := e.placedOn("a", "pin0"); got != "n1/gpu-0" {
-				t.Fatalf("pin0 on %q, want n1/gpu-0: %s", got, e.claim("a", "pin0").Annotations[api.AnnotationStatus])
-			}
-			if got := e.placedOn("a", "pin1"); got != "" {
-				t.Fatalf("pin1 opened %s beside the GPU its namespace is alone on", got)
-			}
-			want := reasonOverQuotaHeld
-			if refuse {
-				want = reasonHeldRoomRefused
-			}
-			st := e.claim("a", "pin1").Annotations[api.AnnotationStatus]
-			for _, w := range []string{want, "open an empty GPU while alone on one with room for it"} {
-				if !strings.Contains(st, w) {
-					t.Errorf("status of pin1 %q does not say %q", st, w)
-				}
-			}
-
-			// Another namespace's share on gpu-2: a's pin there keeps nothing more from anyone.
-			e.create(pinned("b", "s", 2, 2), builders.MakePod("b", "s").Claim("s").Obj())
-			e.run()
-			other := e.placedOn("b", "s")
-			if other != "n1/gpu-2" {
-				t.Fatalf("b/s on %q, want n1/gpu-2: %s", other, e.claim("b", "s").Annotations[api.AnnotationStatus])
-			}
-			e.create(pinned("a", "beside", 2, 3), builders.MakePod("a", "beside").Claim("beside").Obj(),
-				builders.MakeClaim("a", "free").Memory("1Gi").Created(4).Obj(), builders.MakePod("a", "free").Claim("free").Obj())
-			e.run()
-			if got := e.placedOn("a", "beside"); got != other {
-				t.Errorf("a's share pinned beside b's on %q, want %s: %s", got, other, e.claim("a", "beside").Annotations[api.AnnotationStatus])
-			}
-			if got := e.placedOn("a", "free"); got == "" {
-				t.Errorf("a's unpinned share not placed: %s", e.claim("a", "free").Annotations[api.AnnotationStatus])
-			}
-
-			// A namespace whose next share does not fit the GPU it is alone on opens another.
-			big := func(name, mem string, i, created int) *resourceapi.ResourceClaim {
-				c := builders.MakeClaim("c", name).Memory(mem).Created(created).Obj()
-				c.Spec.Devices.Requests[0].Exactly.Selectors = celSelector(fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, i))
-				return c
-			}
-			e.create(big("big0", "60Gi", 3, 5), builders.MakePod("c", "big0").Claim("big0").Obj())
-			e.run()
-			e.create(big("big1", "30Gi", 1, 6), builders.MakePod("c", "big1").Claim("big1").Obj())
-			e.run()
-			if first, second := e.placedOn("c", "big0"), e.placedOn("c", "big1"); first != "n1/gpu-3" || second != "n1/gpu-1" {
-				t.Errorf("c's shares on %q and %q, want n1/gpu-3 and n1/gpu-1: %s", first, second, e.claim("c", "big1").Annotations[api.AnnotationStatus])
-			}
-		})
-	}
-}
-
-// Where the quota binds memory only, a share that asks all of a GPU's compute does not fit
-// beside its namespace's first share for compute, yet what the quota counts has room: it
-// still pays for opening another GPU.
-func TestComputeHeavyPinsDoNotSpreadEither(t *testing.T) {
-	pols := []*api.SharingPolicy{builders.MakePolicy("spread").Namespaces("kubernetes.io/metadata.name", "a").AllowShared().QuotaMemory("4Gi").Obj()}
-	heavy := func(name string, i, created int) *resourceapi.ResourceClaim {
-		c := builders.MakeClaim("a", name).Memory("1Gi").Compute("100").Created(created).Obj()
-		c.Spec.Devices.Requests[0].Exactly.Selectors = celSelector(fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, i))
-		return c
-	}
-	e := newEnvWith(t, func(c *Config) { c.Selectors = selectors.DefaultOptions(c.DriverName) }, pols,
-		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"), namespaceObj("a"),
-		heavy("h0", 0, 0), builders.MakePod("a", "h0").Claim("h0").Obj(),
-		heavy("h1", 1, 1), builders.MakePod("a", "h1").Claim("h1").Obj())
-	e.run()
-	if got := e.placedOn("a", "h0"); got != "n1/gpu-0" {
-		t.Fatalf("h0 on %q: %s", got, e.claim("a", "h0").Annotations[api.AnnotationStatus])
-	}
-	if got := e.placedOn("a", "h1"); got != "" {
-		t.Errorf("a second 1Gi share of all of a GPU's compute opened %s", got)
-	}
-	if st := e.claim("a", "h1").Annotations[api.AnnotationStatus]; !strings.Contains(st, "open an empty GPU") {
-		t.Errorf("status of h1 %q does not say why", st)
 	}
 }

@@ -237,8 +237,6 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 		device.burstCap = limit
 	}
 	kept := g.keptBy(ns, tenantOf(in, device))
-	opens := in.pol.AllowSharedGPU && !kept && len(g.tenants) == 0 && (rq.count > 1 || c.model.opensBeside(ns, g, limit, comp, q.Compute != nil))
-	kept = kept || opens
 	r := g.room()
 	r = usage{max(r.mem-limit, 0), max(r.comp-comp, 0)}
 	take := usage{limit * rq.count, comp * rq.count}
@@ -254,14 +252,7 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 		}
 	}
 	h := c.model.held(ns)
-	if opens {
-		h = c.model.heldAlone(ns)
-	}
 	held := h.charge()
-	why := ""
-	if opens {
-		why = " (it would open an empty GPU while alone on one with room for it)"
-	}
 	switch _, was := h.rooms[g]; {
 	case rq.count == 1:
 		held = h.chargeWith(g, r, kept)
@@ -275,8 +266,8 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 				g.key, rq.count, fmtBytes(r.mem), r.comp, q.RefuseHeldRoomFrom)
 		}
 		if held.mem > before.mem || held.comp > before.comp {
-			return reasonHeldRoomRefused, fmt.Sprintf("%s: namespace %s would keep %s and %d%% more free from others%s (SharingPolicy %s)",
-				g.key, ns, fmtBytes(held.mem-before.mem), held.comp-before.comp, why, q.RefuseHeldRoomFrom)
+			return reasonHeldRoomRefused, fmt.Sprintf("%s: namespace %s would keep %s and %d%% more free from others (SharingPolicy %s)",
+				g.key, ns, fmtBytes(held.mem-before.mem), held.comp-before.comp, q.RefuseHeldRoomFrom)
 		}
 	}
 	res := c.model.nsReserve[ns]
@@ -286,11 +277,11 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 	}
 	if over(q, usage{addSat(used.mem, held.mem), addSat(used.comp, held.comp)}, take) {
 		if q.Memory != nil && overBy(addSat(used.mem, held.mem), take.mem, q.Memory.Value()) > 0 {
-			return reasonOverQuotaHeld, fmt.Sprintf("%s: namespace %s would hold %s and keep %s more free from others%s, over its %s quota",
-				g.key, ns, fmtBytes(addSat(used.mem, take.mem)), fmtBytes(held.mem), why, q.Memory.String())
+			return reasonOverQuotaHeld, fmt.Sprintf("%s: namespace %s would hold %s and keep %s more free from others, over its %s quota",
+				g.key, ns, fmtBytes(addSat(used.mem, take.mem)), fmtBytes(held.mem), q.Memory.String())
 		}
-		return reasonOverQuotaHeld, fmt.Sprintf("%s: namespace %s would hold %d%% compute and keep %d%% more free from others%s, over its %d%% quota",
-			g.key, ns, addSat(used.comp, take.comp), held.comp, why, *q.Compute)
+		return reasonOverQuotaHeld, fmt.Sprintf("%s: namespace %s would hold %d%% compute and keep %d%% more free from others, over its %d%% quota",
+			g.key, ns, addSat(used.comp, take.comp), held.comp, *q.Compute)
 	}
 	return "", ""
 }

@@ -17,17 +17,16 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
+	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
 
 // Sizing Auto: a running pod whose measured use nears its memory cap, or stayed far below
 // it for the shrink window, is evicted so that its controller recreates it, and Initial
 // places the new pod's claim at the new size. MPS fixes a process's caps when it starts: a
 // new pod is the only resize there is.
+// When a pod is to be recreated is pkg/sizing/engine's Resizer's; this file queues and paces
+// the evictions and tells them.
 const (
-	// autoNearCap: a report's peak above this share of the cap asks for a larger pod;
-	// autoFarBelow: every report under this share for the shrink window, a smaller one.
-	autoNearCap  = 0.95
-	autoFarBelow = 0.8
 	// autoEvictInterval: at most one eviction this often across the cluster; an eviction the
 	// API server refused or that failed does not count.
 	autoEvictInterval = 10 * time.Second
@@ -89,13 +88,9 @@ type autoEvicted struct {
 
 // autoState is Auto's memory, under the sizer's lock.
 type autoState struct {
-	wants map[types.UID]*resizeWant
-	// lowSince: since when each share's reports stayed far below its cap.
-	lowSince map[string]time.Time
-	last     map[api.SizingWorkload]autoEvicted
-	// floor: a workload evicted to grow gets at least this much memory in its next pods,
-	// whatever its percentile says.
-	floor map[api.SizingWorkload]int64
+	resizer *engine.Resizer
+	wants   map[types.UID]*resizeWant
+	last    map[api.SizingWorkload]autoEvicted
 	// toldAtRequest: shares told that their use nears a cap that is all their claim asks.
 	toldAtRequest map[string]bool
 	lastEviction  time.Time
@@ -104,9 +99,9 @@ type autoState struct {
 	lastNamespace string
 }
 
-func newAutoState() *autoState {
-	return &autoState{wants: map[types.UID]*resizeWant{}, lowSince: map[string]time.Time{}, last: map[api.SizingWorkload]autoEvicted{},
-		floor: map[api.SizingWorkload]int64{}, toldAtRequest: map[string]bool{}}
+func newAutoState(headroom float64, shrinkAfter time.Duration) *autoState {
+	return &autoState{resizer: engine.NewResizer(headroom, shrinkAfter), wants: map[types.UID]*resizeWant{}, last: map[api.SizingWorkload]autoEvicted{},
+		toldAtRequest: map[string]bool{}}
 }
 
 // autoReport is one usage summary of a share under sizing Auto, for considerResize.
@@ -147,46 +142,33 @@ func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 	defer c.sizer.mu.Unlock()
 	a := c.sizer.auto
 	rec, ready := c.sizer.rec.Recommend(r.w)
-	rec.MemoryBytes = max(rec.MemoryBytes, a.floor[r.w])
-	peak := r.u.MemoryMaxBytes
-	switch {
-	case float64(peak) > autoNearCap*float64(capBytes):
-		delete(a.lowSince, r.share)
-		want := roundUp(max(rec.MemoryBytes, int64(float64(peak)*(1+c.cfg.Sizing.Headroom))), sizing.MemoryStep)
-		switch {
-		case gpuMem > 0 && capBytes >= gpuMem:
-			return // a whole GPU: there is no more to give
-		case asked > 0 && asked <= capBytes:
-			if !a.toldAtRequest[r.share] {
-				a.toldAtRequest[r.share] = true
-				c.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonResizeAtRequest,
-					"its GPU memory use (%s) nears its cap %s, which is all claim %s asks for request %q: sizing Auto never gives a claim more than it asks; ask for more memory",
-					fmtBytes(peak), fmtBytes(capBytes), claim.Name, r.result.Request)
-			}
-			return
+	in := engine.Report{Workload: r.w, Share: r.share, Usage: r.u, Cap: capBytes, Bursting: bursting, GPUMemory: gpuMem, Asked: asked}
+	if r.burstable {
+		in.MayBurst = func(rec api.SizingRecommendation) bool { return c.shouldBurst(claim, r, rec, capBytes, gpuMem) }
+	}
+	d := a.resizer.Decide(in, rec, ready)
+	rec, peak := d.Rec, r.u.MemoryMaxBytes
+	switch d.Resize {
+	case engine.AtRequest:
+		if !a.toldAtRequest[r.share] {
+			a.toldAtRequest[r.share] = true
+			c.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonResizeAtRequest,
+				"its GPU memory use (%s) nears its cap %s, which is all claim %s asks for request %q: sizing Auto never gives a claim more than it asks; ask for more memory",
+				fmtBytes(peak), fmtBytes(capBytes), claim.Name, r.result.Request)
 		}
-		a.floor[r.w] = max(a.floor[r.w], want)
+	case engine.Grow:
 		c.wantResize(a, claim, pod, r, capBytes, true, fmt.Sprintf("its GPU memory use reached %s of its %s cap (request %q); its controller recreates it with %s, at most what its claim asks",
-			fmtBytes(peak), fmtBytes(capBytes), r.result.Request, fmtBytes(want)))
-	case !bursting && ready && r.burstable && c.shouldBurst(claim, r, rec, capBytes, gpuMem):
+			fmtBytes(peak), fmtBytes(capBytes), r.result.Request, fmtBytes(d.Want)))
+	case engine.ToBurst:
 		if _, queued := a.wants[pod.UID]; queued {
 			return
 		}
 		c.wantResize(a, claim, pod, r, capBytes, false, fmt.Sprintf("its workload is measured and its pods may burst (request %q): its controller recreates it guaranteed %s and capped at %s, where its workload's use fits",
-			r.result.Request, fmtBytes(max(sizing.MemoryStep, rec.TypicalBytes)), fmtBytes(roundUp(int64(float64(rec.PeakBytes)*burstCapFactor), sizing.MemoryStep))))
+			r.result.Request, fmtBytes(max(sizing.MemoryStep, rec.TypicalBytes)), fmtBytes(engine.BurstCap(rec))))
 		a.wants[pod.UID].toBurst = true
-	case !bursting && ready && float64(peak) < autoFarBelow*float64(capBytes) && rec.MemoryBytes+sizing.MemoryStep <= capBytes:
-		since, ok := a.lowSince[r.share]
-		if !ok {
-			since = r.u.From
-			a.lowSince[r.share] = since
-		}
-		if r.u.To.Sub(since) >= c.cfg.SizingShrinkAfter {
-			c.wantResize(a, claim, pod, r, capBytes, false, fmt.Sprintf("its GPU memory use stayed under %s of its %s cap (request %q) since %s; its controller recreates it with %s",
-				fmtBytes(int64(autoFarBelow*float64(capBytes))), fmtBytes(capBytes), r.result.Request, since.UTC().Format(time.RFC3339), fmtBytes(rec.MemoryBytes)))
-		}
-	default:
-		delete(a.lowSince, r.share)
+	case engine.Shrink:
+		c.wantResize(a, claim, pod, r, capBytes, false, fmt.Sprintf("its GPU memory use stayed under %s of its %s cap (request %q) since %s; its controller recreates it with %s",
+			fmtBytes(int64(engine.FarBelow*float64(capBytes))), fmtBytes(capBytes), r.result.Request, d.Since.UTC().Format(time.RFC3339), fmtBytes(rec.MemoryBytes)))
 	}
 }
 
@@ -207,19 +189,18 @@ func (c *Controller) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod
 		return false
 	}
 	if want.grow {
-		return a.floor[want.w] > want.capBytes
+		return a.resizer.Floor(want.w) > want.capBytes
 	}
 	if want.toBurst {
 		return c.policyOf(claim, pod).Latency == api.LatencyBestEffort
 	}
 	if want.drain {
-		return c.burst.isDraining(want.move) // an eviction may have ended its drain
+		return c.burst.IsDraining(want.move) // an eviction may have ended its drain
 	}
 	if want.move != (gpuKey{}) {
 		return true // relieve drops a move once the GPU's reports show room again
 	}
-	_, low := a.lowSince[want.share]
-	return low
+	return a.resizer.Low(want.share)
 }
 
 // askedMemory is the memory a claim's request asks (0: none, a whole GPU).
@@ -353,9 +334,9 @@ func (c *Controller) evictOne(ctx context.Context, pick *resizeWant, now time.Ti
 	case apierrors.IsTooManyRequests(err) && pick.drain && apierrors.HasStatusCause(err, policyv1.DisruptionBudgetCause):
 		// Emptying a GPU is worth no wait: another GPU is emptied meanwhile, and this one is
 		// left alone for a while.
-		c.endDrainLocked(pick.move, now.Add(drainGiveUp))
+		c.endDrainLocked(pick.move, now.Add(engine.DrainGiveUp))
 		c.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonResizeBlocked,
-			"sizing Auto would recreate it (%s), but the eviction was refused: %v; GPU %s is not emptied, for %s", pick.why, err, pick.move, drainGiveUp)
+			"sizing Auto would recreate it (%s), but the eviction was refused: %v; GPU %s is not emptied, for %s", pick.why, err, pick.move, engine.DrainGiveUp)
 	case apierrors.IsTooManyRequests(err):
 		pick.notBefore, pick.since = now.Add(autoRetryAfter), now
 		if !pick.refusedTold {

@@ -20,6 +20,7 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
+	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
 
 // autoEnv is a Deployment web's pods under sizing Auto, each with its own claim (from a
@@ -219,7 +220,9 @@ func (e *autoEnv) wantGrow(claim *resourceapi.ResourceClaim, pod *corev1.Pod) {
 	e.c.sizer.mu.Lock()
 	defer e.c.sizer.mu.Unlock()
 	a := e.c.sizer.auto
-	a.floor[w] = 20 << 30
+	// A report at its 10Gi cap, with the workload recommended 20Gi: the floor is 20Gi.
+	a.resizer.Decide(engine.Report{Workload: w, Share: "s-" + pod.Name, Usage: api.ShareUsage{MemoryMaxBytes: 10 << 30}, Cap: 10 << 30},
+		api.SizingRecommendation{MemoryBytes: 20 << 30}, true)
 	e.c.wantResize(a, claim, pod, autoReport{w: w, share: "s-" + pod.Name}, 10<<30, true, "near cap")
 }
 

@@ -20,6 +20,7 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
+	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
 
 var burstT0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -283,7 +284,7 @@ func TestAPodPlacedBeforeItsWorkloadWasMeasuredIsRecreatedToBurst(t *testing.T) 
 	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10)
 	e.c.evictForResize(e.ctx)
 	if len(*evicted) != 0 {
-		t.Fatalf("evicted %v before the workload had %d report intervals", *evicted, burstMinIntervals)
+		t.Fatalf("evicted %v before the workload had %d report intervals", *evicted, engine.MinIntervals)
 	}
 	reportPeaks(e, web.Name, 5, 10)
 	reportPeaks(e, late.Name, 5, 10)
@@ -393,7 +394,7 @@ func TestConsolidationEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
 	reportPeaks(e, big.Name, 0, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
 	reportPeaks(e, batch.Name, 0, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50)
 	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.draining(); !ok || key.device != "gpu-0" {
+	if key, _, ok := e.c.burst.Draining(); !ok || key.device != "gpu-0" {
 		t.Fatalf("draining %v (%v); want gpu-0, whose 10Gi tenant fits next to gpu-1's", key, ok)
 	}
 	// No bursting share is placed on the GPU being emptied: batch's would fit next to
@@ -426,7 +427,7 @@ func TestConsolidationEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
 		t.Fatalf("the replacement is on %s with cap %d; want a bursting share on gpu-1", r.Device, capBytes)
 	}
 	e.c.consolidate(e.ctx)
-	if _, _, ok := e.c.burst.draining(); !ok {
+	if _, _, ok := e.c.burst.Draining(); !ok {
 		t.Fatal("the drain ended while gpu-0 still holds the evicted pod's share")
 	}
 	_ = e.client.CoreV1().Pods("team-a").Delete(e.ctx, smallPod.Name, metav1.DeleteOptions{})
@@ -435,7 +436,7 @@ func TestConsolidationEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
 	}
 	e.settle()
 	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.draining(); ok {
+	if key, _, ok := e.c.burst.Draining(); ok {
 		t.Errorf("still draining %v once gpu-0 is empty", key)
 	}
 	e.checkInvariant()
@@ -455,14 +456,14 @@ func TestConsolidationMovesOnlyWhatFitsAndComesBack(t *testing.T) {
 	}
 	e := pair(20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 60)
 	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.draining(); ok {
+	if key, _, ok := e.c.burst.Draining(); ok {
 		t.Fatalf("draining %v: batch's 60Gi next to web's 10Gi passes the 69.6Gi admitted, either way", key)
 	}
 
 	e = pair(20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
 	evicted := recordEvictions(e)
 	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.draining(); !ok || key.device != "gpu-0" {
+	if key, _, ok := e.c.burst.Draining(); !ok || key.device != "gpu-0" {
 		t.Fatalf("draining %v (%v); want gpu-0, whose tenant fits next to gpu-1's", key, ok)
 	}
 	// gpu-1's tenant's use grows before the eviction's turn: the tenant of gpu-0 no longer
@@ -472,7 +473,7 @@ func TestConsolidationMovesOnlyWhatFitsAndComesBack(t *testing.T) {
 	if len(*evicted) != 0 {
 		t.Errorf("evicted %v though gpu-0's tenant no longer fits on gpu-1", *evicted)
 	}
-	if key, _, ok := e.c.burst.draining(); ok {
+	if key, _, ok := e.c.burst.Draining(); ok {
 		t.Fatalf("still draining %v though its tenant no longer fits on gpu-1", key)
 	}
 
@@ -483,14 +484,14 @@ func TestConsolidationMovesOnlyWhatFitsAndComesBack(t *testing.T) {
 	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
 	reportPeaks(e, other.Name, 0, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
 	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.draining(); ok && key.device == "gpu-0" {
+	if key, _, ok := e.c.burst.Draining(); ok && key.device == "gpu-0" {
 		t.Errorf("draining gpu-0: its tenant's claim is not its pod's own, and nothing would recreate it")
 	}
 }
 
 // A drain whose eviction a PodDisruptionBudget refuses ends at once and leaves its GPU alone
-// for drainGiveUp, so that other GPUs are emptied meanwhile; a drain that has not emptied
-// its GPU within drainGiveUp gives up the same way.
+// for engine.DrainGiveUp, so that other GPUs are emptied meanwhile; a drain that has not emptied
+// its GPU within engine.DrainGiveUp gives up the same way.
 func TestConsolidationMovesOnWhenADrainIsHeld(t *testing.T) {
 	small, smallPod := placedBurster("web", "web-7c9d5-a", "gpu-0", "10Gi", "40Gi")
 	big, bigPod := placedBurster("web", "web-7c9d5-b", "gpu-1", "20Gi", "40Gi")
@@ -507,11 +508,11 @@ func TestConsolidationMovesOnWhenADrainIsHeld(t *testing.T) {
 	reportPeaks(e, small.Name, 0, 10, 10, 10, 10, 10, 10)
 	reportPeaks(e, big.Name, 0, 20, 20, 20, 20, 20, 20)
 	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.draining(); !ok || key.device != "gpu-0" {
+	if key, _, ok := e.c.burst.Draining(); !ok || key.device != "gpu-0" {
 		t.Fatalf("draining %v (%v); want gpu-0", key, ok)
 	}
 	e.c.evictForResize(e.ctx)
-	if key, _, ok := e.c.burst.draining(); ok {
+	if key, _, ok := e.c.burst.Draining(); ok {
 		t.Fatalf("still draining %v after its eviction was refused", key)
 	}
 	if ev := e.events("is not emptied"); len(ev) != 1 || !strings.Contains(ev[0], "disruption budget") {
@@ -519,19 +520,19 @@ func TestConsolidationMovesOnWhenADrainIsHeld(t *testing.T) {
 	}
 	// gpu-0 rests; gpu-1's tenant fits beside gpu-0's, so gpu-1 is emptied instead.
 	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.draining(); !ok || key.device != "gpu-1" {
+	if key, _, ok := e.c.burst.Draining(); !ok || key.device != "gpu-1" {
 		t.Fatalf("draining %v (%v); want gpu-1 while gpu-0 rests", key, ok)
 	}
-	// No eviction is tried for drainGiveUp (the budget is not asked again here): the drain
+	// No eviction is tried for engine.DrainGiveUp (the budget is not asked again here): the drain
 	// gives up, and that pass starts none.
 	e.c.sizer.mu.Lock()
 	for _, w := range e.c.sizer.auto.wants {
-		w.notBefore = e.clock.Now().Add(2 * drainGiveUp)
+		w.notBefore = e.clock.Now().Add(2 * engine.DrainGiveUp)
 	}
 	e.c.sizer.mu.Unlock()
-	e.clock.Step(drainGiveUp)
+	e.clock.Step(engine.DrainGiveUp)
 	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.draining(); ok {
+	if key, _, ok := e.c.burst.Draining(); ok {
 		t.Fatalf("draining %v in the pass that gave up on gpu-1", key)
 	}
 	e.c.sizer.mu.Lock()
@@ -540,12 +541,12 @@ func TestConsolidationMovesOnWhenADrainIsHeld(t *testing.T) {
 	if wants != 0 {
 		t.Errorf("%d evictions still wanted after the drain gave up", wants)
 	}
-	if !e.c.burst.resting(gpuKey{"n1", "gpu-1"}, e.clock.Now()) {
+	if !e.c.burst.Resting(gpuKey{"n1", "gpu-1"}, e.clock.Now()) {
 		t.Errorf("gpu-1 is not left alone after its drain gave up")
 	}
-	// gpu-0 rested for drainGiveUp too: it may be emptied again; gpu-1 rests now.
+	// gpu-0 rested for engine.DrainGiveUp too: it may be emptied again; gpu-1 rests now.
 	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.draining(); !ok || key.device != "gpu-0" {
+	if key, _, ok := e.c.burst.Draining(); !ok || key.device != "gpu-0" {
 		t.Errorf("draining %v (%v); want gpu-0 again, its rest over", key, ok)
 	}
 }
@@ -560,12 +561,12 @@ func TestConsolidationEvictsNothingForADrainThatEnded(t *testing.T) {
 	reportPeaks(e, small.Name, 0, 10, 10, 10, 10, 10, 10)
 	reportPeaks(e, big.Name, 0, 20, 20, 20, 20, 20, 20)
 	e.c.consolidate(e.ctx)
-	key, since, ok := e.c.burst.draining()
+	key, since, ok := e.c.burst.Draining()
 	if !ok {
 		t.Fatal("no drain")
 	}
 	// The drain ends, as an eviction's re-check ends it, without the planning pass seeing it.
-	e.c.burst.clearDraining(key, e.clock.Now(), time.Time{})
+	e.c.burst.ClearDraining(key, e.clock.Now(), time.Time{})
 	e.c.wantMoves(key, since, []drainMove{{pod: bigPod, claim: big.Name, share: "x", to: key}}, e.clock.Now())
 	e.c.evictForResize(e.ctx)
 	if len(*evicted) != 0 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -27,14 +28,8 @@ import (
 // its tenants' pods as any resize (one pod of a workload at a time, PodDisruptionBudgets
 // hold), so that their controllers recreate them where their workloads' use fits. One GPU
 // drains at a time across the cluster; a drain whose tenants stop fitting elsewhere ends.
-
-const (
-	// consolidateCandidates: a pass tries this many GPUs, those guaranteed least first.
-	consolidateCandidates = 8
-	// drainGiveUp: a drain that has not emptied its GPU in this long (a PodDisruptionBudget
-	// that never allows an eviction) ends, and its evictions are dropped.
-	drainGiveUp = time.Hour
-)
+// Which GPU, in which order, and for how long are pkg/sizing/engine's; this file asks the
+// placement path where each tenant would go, and queues the evictions.
 
 // drainMove is a tenant of a GPU to drain, and the GPU it would be placed on.
 type drainMove struct {
@@ -52,11 +47,11 @@ func (c *Controller) consolidate(ctx context.Context) {
 		return
 	}
 	now := c.now()
-	if key, since, ok := c.burst.draining(); ok {
-		if now.Sub(since) >= drainGiveUp {
+	if key, since, ok := c.burst.Draining(); ok {
+		if now.Sub(since) >= engine.DrainGiveUp {
 			// Left alone for as long, so that one GPU's pods that cannot move (a
 			// PodDisruptionBudget that allows nothing) do not hold every other drain.
-			c.endDrain(key, now.Add(drainGiveUp))
+			c.endDrain(key, now.Add(engine.DrainGiveUp))
 			return
 		}
 		if c.drainGoesOn(ctx, key, since, now) {
@@ -75,30 +70,22 @@ func (c *Controller) consolidate(ctx context.Context) {
 // drainCandidates are the GPUs whose tenants all burst, those guaranteed least first, but
 // those whose drain gave up lately.
 func (c *Controller) drainCandidates(now time.Time) []gpuKey {
-	type candidate struct {
-		key        gpuKey
-		guaranteed int64
-	}
-	var all []candidate
+	var all []engine.Candidate[gpuKey]
 	c.model.mu.Lock()
 	for _, g := range c.model.gpus {
-		if !g.known || len(g.tenants) == 0 || c.burst.isDraining(g.key) || c.burst.resting(g.key, now) {
+		if !g.known || len(g.tenants) == 0 || c.burst.IsDraining(g.key) || c.burst.Resting(g.key, now) {
 			continue
 		}
 		if !allBurst(g) {
 			continue
 		}
-		all = append(all, candidate{g.key, g.usedMem})
+		all = append(all, engine.Candidate[gpuKey]{GPU: g.key, Guaranteed: g.usedMem})
 	}
 	c.model.mu.Unlock()
-	slices.SortFunc(all, func(a, b candidate) int {
-		return cmp.Or(cmp.Compare(a.guaranteed, b.guaranteed), cmp.Compare(a.key.String(), b.key.String()))
-	})
-	keys := make([]gpuKey, 0, min(len(all), consolidateCandidates))
-	for _, cand := range all[:min(len(all), consolidateCandidates)] {
-		keys = append(keys, cand.key)
-	}
-	return keys
+	// The engine keeps the given order among GPUs guaranteed as much: by name, so that a
+	// pass is the same whatever the map's order.
+	slices.SortFunc(all, func(a, b engine.Candidate[gpuKey]) int { return cmp.Compare(a.GPU.String(), b.GPU.String()) })
+	return engine.Candidates(all)
 }
 
 // isPodOwned: the claim is a pod's own, from a template; it is deleted with its pod.
@@ -207,20 +194,22 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 		}
 	}
 	slices.SortFunc(others, func(a, b *gpu) int { return cmp.Compare(a.key.String(), b.key.String()) })
-	taken := map[gpuKey]bool{}
-	moves := make([]drainMove, 0, len(stays))
-	for _, s := range stays {
+	fits := make([]func(node, index int) bool, len(stays))
+	for i, s := range stays {
 		rq := c.recreated(ctx, s.in, s.request)
 		if g.tenants[s.shareID] == nil || rq == nil {
 			return nil, false
 		}
-		to, found := c.placeMoved(ctx, s.in, rq, others, taken)
-		if !found {
-			return nil, false
-		}
-		taken[to] = true
+		fits[i] = c.gpuFilter(ctx, s.in, &decision{}, rq, &rejects{})
+	}
+	to, ok := engine.Assign(len(stays), others, func(i int, h *gpu) bool { return fits[i](h.coreNode, h.coreIndex) })
+	if !ok {
+		return nil, false
+	}
+	moves := make([]drainMove, 0, len(stays))
+	for i, s := range stays {
 		top := topOwner(s.pod)
-		moves = append(moves, drainMove{pod: s.pod, claim: s.claim.Name, share: string(s.shareID), to: to,
+		moves = append(moves, drainMove{pod: s.pod, claim: s.claim.Name, share: string(s.shareID), to: to[i].key,
 			w: api.SizingWorkload{Namespace: s.claim.Namespace, Kind: top.Kind, Name: top.Name, Request: s.request}})
 	}
 	return moves, true
@@ -254,23 +243,9 @@ func (c *Controller) recreated(ctx context.Context, in *input, request string) *
 	return nil
 }
 
-// placeMoved is the first GPU of others, not taken, that the placement path would let the
-// recreated request rq take. The namespace's quota counts the share it replaces too: a
-// ReplicaSet creates the new pod while the evicted one still holds its claim. Caller holds
-// the model's lock.
-func (c *Controller) placeMoved(ctx context.Context, in *input, rq *request, others []*gpu, taken map[gpuKey]bool) (gpuKey, bool) {
-	fits := c.gpuFilter(ctx, in, &decision{}, rq, &rejects{})
-	for _, h := range others {
-		if !taken[h.key] && fits(h.coreNode, h.coreIndex) {
-			return h.key, true
-		}
-	}
-	return gpuKey{}, false
-}
-
 // startDrain marks GPU key draining and asks Auto to recreate its tenants' pods.
 func (c *Controller) startDrain(ctx context.Context, key gpuKey, moves []drainMove, now time.Time) {
-	c.burst.setDraining(key, now)
+	c.burst.SetDraining(key, now)
 	c.wantMoves(key, now, moves, now)
 	klog.FromContext(ctx).Info("Emptying a GPU whose bursting tenants fit on GPUs in use", "gpu", key, "tenants", len(moves))
 }
@@ -280,7 +255,7 @@ func (c *Controller) startDrain(ctx context.Context, key gpuKey, moves []drainMo
 func (c *Controller) wantMoves(key gpuKey, since time.Time, moves []drainMove, now time.Time) {
 	c.sizer.mu.Lock()
 	defer c.sizer.mu.Unlock()
-	if k, s, ok := c.burst.draining(); !ok || k != key || !s.Equal(since) {
+	if k, s, ok := c.burst.Draining(); !ok || k != key || !s.Equal(since) {
 		return
 	}
 	a := c.sizer.auto
@@ -323,7 +298,7 @@ func (c *Controller) endDrain(key gpuKey, restUntil time.Time) {
 
 // endDrainLocked is endDrain with the sizer's lock held.
 func (c *Controller) endDrainLocked(key gpuKey, restUntil time.Time) {
-	c.burst.clearDraining(key, c.now(), restUntil)
+	c.burst.ClearDraining(key, c.now(), restUntil)
 	for uid, want := range c.sizer.auto.wants {
 		if want.drain && want.move == key {
 			delete(c.sizer.auto.wants, uid)

@@ -32,6 +32,7 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
 	"github.com/fgpu-dev/fgpu/pkg/selectors"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
+	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
 
 // Config configures the controller.
@@ -122,7 +123,7 @@ type Controller struct {
 
 	// sizer recommends workload sizes from measured use.
 	sizer *sizer
-	burst *burstHistory
+	burst *engine.History[gpuKey]
 	idle  *idleTracker
 }
 
@@ -150,14 +151,14 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		cfg.Sizing = sizing.DefaultOptions()
 		c.cfg.Sizing = cfg.Sizing
 	}
-	c.sizer = newSizer(cfg.Sizing)
+	c.sizer = newSizer(cfg.Sizing, cfg.SizingShrinkAfter)
 	if cfg.SizingReportInterval <= 0 {
 		cfg.SizingReportInterval, c.cfg.SizingReportInterval = 5*time.Minute, 5*time.Minute
 	}
 	if cfg.SizingBurstWindow < cfg.SizingReportInterval {
 		cfg.SizingBurstWindow, c.cfg.SizingBurstWindow = 24*time.Hour, 24*time.Hour
 	}
-	c.burst = newBurstHistory(sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))})
+	c.burst = engine.NewHistory[gpuKey](sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))})
 	c.idle = newIdleTracker()
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedMaxOfRateLimiter(

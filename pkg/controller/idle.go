@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
 
 const (
@@ -26,29 +27,20 @@ const (
 	ReasonScaledToZero = "FgpuScaledToZero"
 	// idleInterval is how often idle workloads are scaled and woken ones' annotations dropped.
 	idleInterval = 30 * time.Second
-	// idleGap is the most time between two idle reports of a share that still counts as
-	// unbroken: the plugin starts a new window one poll after publishing (10s by default);
-	// a longer gap (a plugin restart) was not measured, so idleness starts again.
-	idleGap = time.Minute
 )
 
 // workloadRef names a Deployment or StatefulSet.
 type workloadRef struct{ namespace, kind, name string }
 
-// idleSpan is how long a share's reports have been idle without a break: from since to to.
-type idleSpan struct {
-	w         workloadRef
-	since, to time.Time
-}
-
-// idleTracker keeps, per share, since when all its usage reports were idle, in memory: a
-// new leader starts from the reports it reads, so it may scale late, never early.
+// idleTracker keeps, per share, since when all its usage reports were idle (the engine's
+// rule), in memory: a new leader starts from the reports it reads, so it may scale late,
+// never early.
 type idleTracker struct {
 	mu    sync.Mutex
-	spans map[string]idleSpan // by share ID
+	spans *engine.Idle[workloadRef]
 }
 
-func newIdleTracker() *idleTracker { return &idleTracker{spans: map[string]idleSpan{}} }
+func newIdleTracker() *idleTracker { return &idleTracker{spans: engine.NewIdle[workloadRef]()} }
 
 // observeIdle takes a claim's usage reports into the idle tracker when the policy of its
 // pods scales idle Deployments or StatefulSets down: a report counts as idle when it has SM
@@ -72,28 +64,14 @@ func (c *Controller) observeIdle(claim *resourceapi.ResourceClaim) {
 		}
 		id := *st.ShareID
 		if bound == nil || (w.kind != "Deployment" && w.kind != "StatefulSet") {
-			delete(c.idle.spans, id)
+			c.idle.spans.Forget(id)
 			continue
 		}
 		var data api.DeviceStatusData
 		if json.Unmarshal(st.Data.Raw, &data) != nil || data.Usage == nil {
 			continue
 		}
-		u := *data.Usage
-		if u.SMSamples == 0 || u.SMMaxPercent >= int(bound.SMBelowPercent) {
-			delete(c.idle.spans, id)
-			continue
-		}
-		span, ok := c.idle.spans[id]
-		switch {
-		case ok && span.w == w && !u.To.After(span.to):
-			continue // a report already counted
-		case ok && span.w == w && u.From.Sub(span.to) <= idleGap:
-			span.to = u.To
-		default:
-			span = idleSpan{w: w, since: u.From, to: u.To}
-		}
-		c.idle.spans[id] = span
+		c.idle.spans.Observe(id, w, *data.Usage, int(bound.SMBelowPercent))
 	}
 }
 
@@ -103,7 +81,7 @@ func (c *Controller) forgetIdle(claim *resourceapi.ResourceClaim) {
 	defer c.idle.mu.Unlock()
 	for _, st := range claim.Status.Devices {
 		if st.ShareID != nil {
-			delete(c.idle.spans, *st.ShareID)
+			c.idle.spans.Forget(*st.ShareID)
 		}
 	}
 }
@@ -127,10 +105,7 @@ func (c *Controller) scaleIdle(ctx context.Context) {
 	}
 	c.dropWokenAnnotations(ctx)
 	c.idle.mu.Lock()
-	candidates := map[workloadRef]bool{}
-	for _, s := range c.idle.spans {
-		candidates[s.w] = true
-	}
+	candidates := c.idle.spans.Workloads()
 	c.idle.mu.Unlock()
 	for w := range candidates {
 		if iw := c.idleWorkload(w); iw != nil {
@@ -191,8 +166,7 @@ func (c *Controller) idleWorkload(w workloadRef) *idleWorkload {
 				if r.Driver != c.cfg.DriverName || r.ShareID == nil {
 					continue
 				}
-				span, ok := c.idle.spans[string(*r.ShareID)]
-				if !ok || span.w != w || span.to.Sub(span.since) < pol.After.Duration {
+				if !c.idle.spans.IdleFor(string(*r.ShareID), w, pol.After.Duration) {
 					return nil
 				}
 				iw.shares = append(iw.shares, string(*r.ShareID))
@@ -246,7 +220,7 @@ func (c *Controller) scaleToZero(ctx context.Context, w workloadRef, iw *idleWor
 	}
 	c.idle.mu.Lock()
 	for _, id := range iw.shares {
-		delete(c.idle.spans, id)
+		c.idle.spans.Forget(id)
 	}
 	c.idle.mu.Unlock()
 	c.recorder.Eventf(iw.obj, corev1.EventTypeNormal, ReasonScaledToZero,

@@ -9,6 +9,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
+	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
 
 // alt is one way to satisfy a request: the request itself or one of its firstAvailable
@@ -215,10 +216,11 @@ func (rq *request) limitsFit(mem, comp int64, g *gpu) (string, string) {
 
 // Mode auto's thresholds on a workload's recommended compute (its measured SM activity's
 // p90 plus headroom): at or above busyComputePercent it keeps a GPU busy, at or below
-// idleComputePercent it is mostly idle.
+// idleComputePercent it is mostly idle. The engine's, which also keeps such workloads from
+// bursting.
 const (
-	busyComputePercent = 90
-	idleComputePercent = 10
+	busyComputePercent = engine.BusyComputePercent
+	idleComputePercent = engine.IdleComputePercent
 )
 
 // The reasons sharingMode gives for a mode chosen from measurement.

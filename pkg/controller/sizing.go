@@ -27,8 +27,8 @@ type sizer struct {
 	auto      *autoState
 }
 
-func newSizer(opts sizing.Options) *sizer {
-	return &sizer{rec: sizing.NewRecommender(opts), announced: map[api.SizingWorkload]api.SizingRecommendation{}, auto: newAutoState()}
+func newSizer(opts sizing.Options, shrinkAfter time.Duration) *sizer {
+	return &sizer{rec: sizing.NewRecommender(opts), announced: map[api.SizingWorkload]api.SizingRecommendation{}, auto: newAutoState(opts.Headroom, shrinkAfter)}
 }
 
 // observeUsage takes the usage summaries the kubelet plugin wrote into the claim's
@@ -67,7 +67,7 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 			continue
 		}
 		if mode == api.SizingAuto {
-			c.burst.record(w, *st.ShareID, *data.Usage, c.now())
+			c.burst.Record(w, *st.ShareID, *data.Usage, c.now())
 		}
 		if mode == api.SizingAuto && len(pods) == 1 {
 			auto = append(auto, autoReport{w: w, share: *st.ShareID, result: allocatedResult(claim.Status.Allocation, st), u: *data.Usage, burstable: burstable})
@@ -125,7 +125,7 @@ func (c *Controller) forgetUsage(claim *resourceapi.ResourceClaim) {
 	for _, st := range claim.Status.Devices {
 		if st.ShareID != nil {
 			c.sizer.rec.Forget(*st.ShareID)
-			c.burst.forgetShare(*st.ShareID)
+			c.burst.ForgetShare(*st.ShareID)
 			// A tenant gone from a GPU that filled may have made room: its move waits for
 			// the GPU's next report.
 			for uid, want := range c.sizer.auto.wants {
@@ -133,7 +133,7 @@ func (c *Controller) forgetUsage(claim *resourceapi.ResourceClaim) {
 					delete(c.sizer.auto.wants, uid)
 				}
 			}
-			delete(c.sizer.auto.lowSince, *st.ShareID)
+			c.sizer.auto.resizer.ForgetShare(*st.ShareID)
 			delete(c.sizer.auto.toldAtRequest, *st.ShareID)
 		}
 	}
@@ -153,18 +153,18 @@ func (c *Controller) sweepUsage(context.Context) {
 	c.sizer.mu.Lock()
 	defer c.sizer.mu.Unlock()
 	c.sizer.rec.Prune(c.now())
-	c.burst.keepWorkloads(c.sizer.rec.Has)
+	c.burst.KeepWorkloads(c.sizer.rec.Has)
 	for w := range c.sizer.announced {
 		if !c.sizer.rec.Has(w) {
 			delete(c.sizer.announced, w)
 		}
 	}
-	for w := range c.sizer.auto.floor {
-		if !c.sizer.rec.Has(w) {
-			delete(c.sizer.auto.floor, w)
-			delete(c.sizer.auto.last, w)
+	for w := range c.sizer.auto.last {
+		if !c.sizer.rec.Has(w) && c.sizer.auto.resizer.Floor(w) > 0 {
+			delete(c.sizer.auto.last, w) // as its floor is, below
 		}
 	}
+	c.sizer.auto.resizer.KeepWorkloads(c.sizer.rec.Has)
 }
 
 // Recommendation is the recommender's current size for a workload.
@@ -176,7 +176,7 @@ func (c *Controller) Recommendation(w api.SizingWorkload) (api.SizingRecommendat
 	defer c.sizer.mu.Unlock()
 	rec, ok := c.sizer.rec.Recommend(w)
 	if ok {
-		rec.MemoryBytes = max(rec.MemoryBytes, c.sizer.auto.floor[w])
+		rec.MemoryBytes = max(rec.MemoryBytes, c.sizer.auto.resizer.Floor(w))
 	}
 	return rec, ok
 }

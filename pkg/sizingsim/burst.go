@@ -1,33 +1,39 @@
 package sizingsim
 
 import (
-	"sort"
+	"fmt"
 	"time"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
+	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
 
-// burst is fgpu Auto as the allocator builds it, the burst model (docs/sizing.md): a
-// container with no recommendation yet holds the whole GPU it asked for, alone; once its
-// workload has one it is restarted as a burster, guaranteed its typical interval peak (what
-// packing counts) and capped at BurstCap times its peak (what MPS enforces). A GPU admits a
-// burster only if it holds no non-burster, the guaranteed memory fits, and the tenants'
-// recorded interval maxima, summed in time with the newcomer's workload's, stay within the
-// GPU over 1 + headroom (sizing.Admit, as the allocator calls it). Caps then may add up to
-// more than the GPU; a step at which a GPU's tenants together use more than it has fails
-// someone's allocation.
+// burst is fgpu Auto as the allocator runs it: every decision is pkg/sizing/engine's, the
+// allocator's own, and this file only replays the trace through it (docs/sizing.md). A
+// container with no recommendation yet holds the whole GPU it asked for, alone. Each report,
+// the engine's Resizer judges every container as the allocator judges a pod: recreated to
+// burst once its workload is measured (engine.Rebursts: not a busy workload, which keeps its
+// whole GPU, nor a mostly idle one, which is time-sliced), larger near its cap, smaller
+// after an hour far below it. A container placed anew bursts where the allocator's
+// sizeBurst would (engine.BurstSize), guaranteed its typical interval peak (what packing
+// counts) and capped at engine.CapFactor times its peak (what MPS enforces); else it gets a
+// share of its recommendation, or stays whole, as Initial places it. A GPU admits a burster
+// only if it holds no share that does not burst, the guaranteed memory fits, and the
+// engine's History admits it; bursting shares then may add up to more than the GPU, and a
+// step at which a GPU's tenants together use more than it has fails someone's allocation.
 //
 // All of it is online and at the product's granularity: the allocator sees each tenant's
 // use only as the summary of each report interval (the plugin's), and acts only when a
 // report arrives; violations are counted at every trace step.
 type burst struct {
-	opts   Options
-	tr     *Trace
-	rec    *sizing.Recommender
-	clock  sizing.Clock
-	report int // trace steps per report interval
-	f      *figures
+	opts    Options
+	tr      *Trace
+	rec     *sizing.Recommender
+	hist    *engine.History[int]
+	resizer *engine.Resizer
+	report  int // trace steps per report interval
+	f       *figures
 
 	gpus []*burstGPU
 	c    []*burstTenant
@@ -38,13 +44,16 @@ type burstGPU struct{ tenants []int }
 type burstTenant struct {
 	active bool
 	g      int
-	// burster is false while it holds the whole GPU it asked for, alone (no recommendation
-	// yet); guaranteed is what packing counts of it, cap what MPS enforces.
+	// pods counts the pods it ran as: each is a share of its own.
+	pods int
+	// placed is when its current pod was placed.
+	placed time.Time
+	// burster: a bursting share, guaranteed what packing counts of it and capped at cap.
+	// Otherwise a share of cap bytes (the GPU's: a whole GPU), which MPS caps unless it is
+	// time-sliced (uncapped: only its GPU's memory bounds it).
 	burster         bool
+	uncapped        bool
 	guaranteed, cap int64
-	// share is the maxima of its current pod's share, workload those of every pod it ran
-	// as (in the trace each container is its own workload).
-	share, workload sizing.Maxima
 	// interval gathers its use since the last report; peak is that interval's largest, and
 	// last the previous interval's; prev the last step's use.
 	interval         sizing.Window
@@ -55,62 +64,69 @@ func (b *burst) workload(i int) api.SizingWorkload {
 	return api.SizingWorkload{Name: b.tr.Containers[i].ID, Request: "gpu"}
 }
 
-// series is what admission counts tenant i at in interval k, as the allocator counts it
-// (sizing.Counted).
-func (b *burst) series(i int) func(int64) int64 {
-	t := b.c[i]
-	return sizing.Counted(&t.share, &t.workload, t.cap)
+func (b *burst) share(i int) string { return fmt.Sprintf("%s/%d", b.tr.Containers[i].ID, b.c[i].pods) }
+
+func (b *burst) tenants(g int) []engine.Tenant {
+	var out []engine.Tenant
+	for _, i := range b.gpus[g].tenants {
+		out = append(out, engine.Tenant{Share: b.share(i), Workload: b.workload(i), Limit: b.c[i].cap})
+	}
+	return out
 }
 
-// admits says whether burster c may join GPU g at interval now.
-func (b *burst) admits(g, c int, now int64) bool {
+// admits says whether c, a burster, may join GPU g at now: the placement core's checks
+// (no share that does not burst, the guaranteed memory fits) and the engine's admission.
+func (b *burst) admits(g, c int, now time.Time) bool {
 	guaranteed := b.c[c].guaranteed
-	var tenants []func(int64) int64
 	for _, i := range b.gpus[g].tenants {
 		if !b.c[i].burster {
 			return false
 		}
 		guaranteed += b.c[i].guaranteed
-		tenants = append(tenants, b.series(i))
 	}
 	if guaranteed > b.opts.GPUMemory {
 		return false
 	}
-	limit := int64(float64(b.opts.GPUMemory) / (1 + b.opts.Sizing.Headroom))
-	ok, _, _ := sizing.Admit(limit, now-int64(b.clock.Window)+1, now, sizing.Expected(&b.c[c].workload), tenants)
-	return ok
+	return b.hist.Admits(b.opts.GPUMemory, b.tenants(g), b.workload(c), b.opts.Sizing.Headroom, now) == nil
 }
 
-// load is the largest summed maximum of g's tenants over the window: among the GPUs that
-// admit a burster the fullest is chosen.
-func (b *burst) load(g int, now int64) int64 {
-	var tenants []func(int64) int64
+// fits says whether c, a share that does not burst, fits GPU g: no burster there, and the
+// shares' memory, never over-committed, fits the GPU.
+func (b *burst) fits(g, c int) (free int64, ok bool) {
+	free = b.opts.GPUMemory - b.c[c].cap
 	for _, i := range b.gpus[g].tenants {
-		tenants = append(tenants, b.series(i))
-	}
-	var most int64
-	for k := now - int64(b.clock.Window) + 1; k <= now; k++ {
-		var sum int64
-		for _, t := range tenants {
-			sum += t(k)
+		if b.c[i].burster {
+			return 0, false
 		}
-		most = max(most, sum)
+		free -= b.c[i].cap
 	}
-	return most
+	return free, free >= 0
 }
 
-// place puts c on the fullest GPU that admits it (never skip) if it is a burster, else on a
-// GPU of its own.
-func (b *burst) place(c int, now int64, skip int) {
-	best, bestLoad := -1, int64(0)
-	if b.c[c].burster {
-		for g, gpu := range b.gpus {
-			if g == skip || len(gpu.tenants) == 0 || !b.admits(g, c, now) {
+// place puts c on a GPU in use (never skip): a burster on the fullest that admits it (by
+// the tenants' summed use over the window), a share that does not burst best fit by memory;
+// else on a GPU of its own.
+func (b *burst) place(c int, now time.Time, skip int) {
+	best, bestScore := -1, int64(0)
+	for g, gpu := range b.gpus {
+		if g == skip || len(gpu.tenants) == 0 {
+			continue
+		}
+		var score int64
+		if b.c[c].burster {
+			if !b.admits(g, c, now) {
 				continue
 			}
-			if l := b.load(g, now); best < 0 || l > bestLoad {
-				best, bestLoad = g, l
+			score = b.hist.Load(b.tenants(g), now)
+		} else {
+			free, ok := b.fits(g, c)
+			if !ok {
+				continue
 			}
+			score = -free
+		}
+		if best < 0 || score > bestScore {
+			best, bestScore = g, score
 		}
 	}
 	if best < 0 {
@@ -125,7 +141,7 @@ func (b *burst) place(c int, now int64, skip int) {
 		b.gpus = append(b.gpus, &burstGPU{})
 		best = len(b.gpus) - 1
 	}
-	b.c[c].g = best
+	b.c[c].g, b.c[c].placed = best, now
 	b.gpus[best].tenants = append(b.gpus[best].tenants, c)
 }
 
@@ -139,18 +155,35 @@ func (b *burst) remove(c int) {
 	}
 }
 
-// restart stops c and starts it again as a burster sized from its workload's
-// recommendation (every container restarted has one) and the use seen since, where
-// admission puts it, never on skip.
-func (b *burst) restart(c int, now int64, skip int) {
+// restart stops c and places its next pod (never on skip) as the allocator places a new pod
+// of its workload: bursting where sizeBurst would make it burst (measured, neither busy nor
+// mostly idle, its cap above its guarantee), else sized as Initial sizes it (a whole GPU
+// where it has no recommendation, keeps a GPU busy or would fill one). atLeast is the use
+// its next pod must hold (after running out of memory, before a report told it).
+func (b *burst) restart(c int, now time.Time, skip int, atLeast int64) {
 	t := b.c[c]
 	b.remove(c)
-	rec, _ := b.rec.Recommend(b.workload(c))
-	t.burster = true
-	t.guaranteed = min(b.opts.GPUMemory, max(sizing.MemoryStep, rec.TypicalBytes))
-	peak := max(rec.PeakBytes, t.peak)
-	t.cap = max(t.guaranteed, min(b.opts.GPUMemory, roundUp(int64(float64(peak)*b.opts.BurstCap), sizing.MemoryStep)))
-	t.share = sizing.Maxima{}
+	b.hist.ForgetShare(b.share(c))
+	b.resizer.ForgetShare(b.share(c))
+	t.pods++
+	w := b.workload(c)
+	rec, ready := b.rec.Recommend(w)
+	rec.MemoryBytes = max(rec.MemoryBytes, b.resizer.Floor(w))
+	rec.PeakBytes = max(rec.PeakBytes, atLeast)
+	gpu := b.opts.GPUMemory
+	t.burster, t.uncapped = false, false
+	guaranteed, capBytes, ok := engine.BurstSize(rec, gpu)
+	switch {
+	case ready && ok && b.hist.Measured(w, now) && rec.ComputePercent < engine.BusyComputePercent && rec.ComputePercent > engine.IdleComputePercent:
+		t.burster, t.guaranteed, t.cap = true, guaranteed, capBytes
+	case !ready || rec.ComputePercent >= engine.BusyComputePercent:
+		t.guaranteed, t.cap = gpu, gpu
+	default:
+		size := engine.RoundUp(max(rec.MemoryBytes, int64(float64(atLeast)*(1+b.opts.Sizing.Headroom))), sizing.MemoryStep)
+		t.cap = min(gpu, size)
+		t.guaranteed = t.cap
+		t.uncapped = rec.ComputePercent <= engine.IdleComputePercent
+	}
 	b.place(c, now, skip)
 }
 
@@ -164,29 +197,29 @@ func (b *burst) inUse() int {
 	return n
 }
 
-// Auto replays the trace under fgpu Auto, the burst model.
+// Auto replays the trace under fgpu Auto, through the allocator's sizing engine.
 func Auto(tr *Trace, opts Options, progress func(done, total int)) Result {
-	b := &burst{opts: opts, tr: tr, rec: sizing.NewRecommender(opts.Sizing),
+	b := &burst{opts: opts, tr: tr, rec: sizing.NewRecommender(opts.Sizing), resizer: engine.NewResizer(opts.Sizing.Headroom, opts.ShrinkAfter),
 		f: &figures{Result: Result{Strategy: "auto"}, warmFrom: warmFrom(tr, opts)}}
 	b.report = reportSteps(tr, opts)
 	step := time.Duration(tr.StepSeconds * float64(time.Second))
 	// The clock's intervals are the trace's report intervals, so each summary is one interval.
-	b.clock = sizing.Clock{Width: time.Duration(b.report) * step}
-	b.clock.Window = max(1, int(opts.Window/b.clock.Width))
+	clock := sizing.Clock{Width: time.Duration(b.report) * step}
+	clock.Window = max(1, int(opts.Window/clock.Width))
+	b.hist = engine.NewHistory[int](clock)
 	t0 := time.Unix(0, 0)
 	for range tr.Containers {
 		b.c = append(b.c, &burstTenant{})
 	}
 	for t := 0; t < tr.Steps; t++ {
 		now := t0.Add(time.Duration(t) * step)
-		k := b.clock.Interval(now)
 		active := 0
 		for i, c := range tr.Containers {
 			bt := b.c[i]
 			switch {
 			case t == c.Start:
 				*bt = burstTenant{active: true, cap: opts.GPUMemory, guaranteed: opts.GPUMemory}
-				b.place(i, k, -1)
+				b.place(i, now, -1)
 			case t == c.Start+len(c.Memory):
 				b.remove(i)
 				bt.active = false
@@ -199,9 +232,9 @@ func Auto(tr *Trace, opts Options, progress func(done, total int)) Result {
 			bt.interval.Add(sizing.Sample{At: now, MemoryBytes: use, SMPercent: c.SM[t-c.Start]})
 			bt.peak = max(bt.peak, use)
 			// (i) past its own cap: out of memory, restarted larger.
-			if use > bt.cap {
+			if use > bt.cap && !bt.uncapped {
 				b.f.Violations++
-				b.restart(i, k, -1)
+				b.restart(i, now, -1, bt.peak)
 			}
 		}
 		// (ii) a GPU whose tenants together use more than it has: the allocation of the one
@@ -222,7 +255,7 @@ func Auto(tr *Trace, opts Options, progress func(done, total int)) Result {
 				}
 				b.f.Violations++
 				b.f.OverfullViolations++
-				b.restart(hurt, k, g)
+				b.restart(hurt, now, g, 0)
 			}
 		}
 		for i := range tr.Containers {
@@ -231,7 +264,7 @@ func Auto(tr *Trace, opts Options, progress func(done, total int)) Result {
 			}
 		}
 		if (t+1)%b.report == 0 {
-			b.reported(k)
+			b.reported(now)
 		}
 		b.f.step(b.inUse(), active)
 		if progress != nil && t%100 == 0 {
@@ -241,12 +274,12 @@ func Auto(tr *Trace, opts Options, progress func(done, total int)) Result {
 	return b.f.done(tr.StepSeconds)
 }
 
-// reported takes each container's summary of interval k into the recommender and the maxima,
-// then acts as Auto does on a report: a container with a recommendation that still holds a
-// whole GPU, or a burster whose interval peak nears its cap, is restarted at its new sizes;
-// on a GPU whose tenants' summed interval peaks near its memory, the one that grew most is
-// moved.
-func (b *burst) reported(k int64) {
+// reported takes each container's summary of the interval ending at now into the
+// recommender and the engine's History, then acts on the engine's decisions as the
+// allocator does on a report: the Resizer's for each container, engine.Overfull for each
+// GPU, and consolidation.
+func (b *burst) reported(now time.Time) {
+	usage := make([]*api.ShareUsage, len(b.c))
 	for i, bt := range b.c {
 		if !bt.active {
 			continue
@@ -256,92 +289,85 @@ func (b *burst) reported(k int64) {
 		if !ok {
 			continue
 		}
-		b.rec.Add(b.workload(i), b.tr.Containers[i].ID, u)
-		bt.share.Record(b.clock, u.From, u.To, u.MemoryMaxBytes)
-		bt.workload.Record(b.clock, u.From, u.To, u.MemoryMaxBytes)
+		usage[i] = &u
+		b.rec.Add(b.workload(i), b.share(i), u)
+		b.hist.Record(b.workload(i), b.share(i), u, now)
 	}
 	for i, bt := range b.c {
-		if !bt.active {
+		if !bt.active || usage[i] == nil {
 			continue
 		}
-		_, ready := b.rec.Recommend(b.workload(i))
-		if !bt.burster && ready ||
-			bt.burster && float64(bt.peak) > b.opts.NearCap*float64(bt.cap) && bt.cap < b.opts.GPUMemory {
+		w := b.workload(i)
+		rec, ready := b.rec.Recommend(w)
+		in := engine.Report{Workload: w, Share: b.share(i), Usage: *usage[i], Cap: bt.cap, Bursting: bt.burster, GPUMemory: b.opts.GPUMemory,
+			MayBurst: func(rec api.SizingRecommendation) bool {
+				// As shouldBurst: its pod placed before its workload was measured.
+				since := b.hist.MeasuredSince(w)
+				return !since.IsZero() && bt.placed.Before(since) && b.hist.Measured(w, now) && engine.Rebursts(rec, bt.cap, b.opts.GPUMemory, 0)
+			}}
+		switch b.resizer.Decide(in, rec, ready).Resize {
+		case engine.Grow, engine.ToBurst, engine.Shrink:
 			b.f.Restarts++
-			b.restart(i, k, -1)
+			b.restart(i, now, -1, 0)
 		}
 	}
 	for g := range b.gpus {
-		var sum int64
-		move, growth := -1, int64(0)
-		for _, i := range b.gpus[g].tenants {
-			bt := b.c[i]
-			sum += bt.peak
-			if d := bt.peak - bt.last; move < 0 || d > growth {
-				move, growth = i, d
-			}
+		tenants := b.gpus[g].tenants
+		uses := make([]engine.Use, len(tenants))
+		all := true
+		for j, i := range tenants {
+			uses[j] = engine.Use{Cur: b.c[i].peak, Prev: b.c[i].last}
+			all = all && b.c[i].burster
 		}
-		if len(b.gpus[g].tenants) > 1 && float64(sum) > b.opts.NearCap*float64(b.opts.GPUMemory) {
+		if move, _, ok := engine.Overfull(uses, b.opts.GPUMemory); all && ok {
 			b.f.Restarts++
-			b.restart(move, k, g)
+			b.restart(tenants[move], now, g, 0)
 		}
 	}
-	b.consolidate(k)
+	b.consolidate(now)
 	for _, bt := range b.c {
 		bt.last, bt.peak = bt.peak, 0
 	}
 }
 
-// consolidate empties one GPU per report, as Auto does (the allocator's consolidate): the
-// one with the least guaranteed memory, among those whose tenants all burst, whose tenants
-// each have another GPU in use that admits it, one tenant per GPU. Its tenants restart there.
-func (b *burst) consolidate(k int64) {
-	type candidate struct {
-		g          int
-		guaranteed int64
-	}
-	var order []candidate
+// consolidate empties one GPU per report as the allocator's consolidation does, in the
+// engine's order (engine.Candidates) and by its one-tenant-per-GPU rule (engine.Assign),
+// admission standing in for the placement path's checks. Its tenants restart elsewhere.
+func (b *burst) consolidate(now time.Time) {
+	var all []engine.Candidate[int]
+	var inUse []int
 	for g, gpu := range b.gpus {
 		if len(gpu.tenants) == 0 {
 			continue
 		}
-		c := candidate{g: g}
+		inUse = append(inUse, g)
+		c := engine.Candidate[int]{GPU: g}
 		for _, i := range gpu.tenants {
 			if !b.c[i].burster {
-				c.guaranteed = -1
+				c.Guaranteed = -1
 				break
 			}
-			c.guaranteed += b.c[i].guaranteed
+			c.Guaranteed += b.c[i].guaranteed
 		}
-		if c.guaranteed >= 0 {
-			order = append(order, c)
+		if c.Guaranteed >= 0 {
+			all = append(all, c)
 		}
 	}
-	sort.SliceStable(order, func(x, y int) bool { return order[x].guaranteed < order[y].guaranteed })
-	for _, c := range order {
-		taken := map[int]bool{c.g: true}
-		fits := true
-		for _, i := range b.gpus[c.g].tenants {
-			to := -1
-			for h, gpu := range b.gpus {
-				if !taken[h] && len(gpu.tenants) > 0 && b.admits(h, i, k) {
-					to = h
-					break
-				}
+	for _, g := range engine.Candidates(all) {
+		tenants := b.gpus[g].tenants
+		others := make([]int, 0, len(inUse))
+		for _, h := range inUse {
+			if h != g {
+				others = append(others, h)
 			}
-			if to < 0 {
-				fits = false
-				break
-			}
-			taken[to] = true
 		}
-		if !fits {
+		if _, ok := engine.Assign(len(tenants), others, func(j, h int) bool { return b.admits(h, tenants[j], now) }); !ok {
 			continue
 		}
-		for _, i := range append([]int(nil), b.gpus[c.g].tenants...) {
+		for _, i := range append([]int(nil), tenants...) {
 			b.f.Restarts++
 			b.f.Consolidations++
-			b.restart(i, k, c.g)
+			b.restart(i, now, g, 0)
 		}
 		return
 	}

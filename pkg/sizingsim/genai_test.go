@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -147,6 +148,16 @@ func TestGenAITargets(t *testing.T) {
 	}
 }
 
+// halfBusy is n steps of 50% SM activity: neither a busy workload (which keeps its whole
+// GPU) nor a mostly idle one (time-sliced), so Auto lets it burst.
+func halfBusy(n int) []int {
+	sm := make([]int, n)
+	for i := range sm {
+		sm[i] = 50
+	}
+	return sm
+}
+
 // Three bursters that fit two to a GPU (25 GiB each, 69.6 GiB admitted): once a leaves, b
 // and c hold a GPU each, and the next report empties one of them, with no violation.
 func TestAutoEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
@@ -158,7 +169,7 @@ func TestAutoEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
 		}
 		return m
 	}
-	sm := make([]int, 300)
+	sm := halfBusy(300)
 	tr := &Trace{StepSeconds: 60, Steps: 300, Containers: []Container{
 		{ID: "a", Memory: steady(150), SM: sm[:150]},
 		{ID: "b", Memory: steady(300), SM: sm},
@@ -193,7 +204,7 @@ func TestAutoSharesNonCoincidingPeaks(t *testing.T) {
 		}
 		return m
 	}
-	sm := make([]int, 200)
+	sm := halfBusy(200)
 	opts := DefaultOptions(60)
 	opts.Sizing.MinSamples = 60
 	trace := func(both int64) *Trace {
@@ -232,8 +243,8 @@ func TestAutoNoBursterBesideWholeGPU(t *testing.T) {
 		b[i] = 5 * gib
 	}
 	tr := &Trace{StepSeconds: 60, Steps: 200, Containers: []Container{
-		{ID: "a", Memory: a, SM: make([]int, 200)},
-		{ID: "b", Start: 150, Memory: b, SM: make([]int, 50)},
+		{ID: "a", Memory: a, SM: halfBusy(200)},
+		{ID: "b", Start: 150, Memory: b, SM: halfBusy(50)},
 	}}
 	opts := DefaultOptions(60)
 	opts.Sizing.MinSamples = 60
@@ -241,5 +252,34 @@ func TestAutoNoBursterBesideWholeGPU(t *testing.T) {
 	// One GPU until b starts, then two.
 	if want := (150*1 + 50*2) / 200.0; r.GPUsPeak != 2 || r.GPUsMean != want || r.Violations != 1 {
 		t.Errorf("%+v; want GPUs mean %v, one violation", r, want)
+	}
+}
+
+// The figures docs/sizing.md gives for auto are the allocator's: `fgpu sim sizing` (Run)
+// replays the trace through pkg/sizing/engine, the code the allocator decides with, and
+// gets these.
+func TestGenAIAutoIsTheAllocatorsEngine(t *testing.T) {
+	dir := ""
+	for _, d := range genaiDirs {
+		if _, err := os.Stat(d); err == nil {
+			dir = d
+		}
+	}
+	if dir == "" {
+		t.Skip("genai_v2026 trace not here")
+	}
+	tr, err := LoadGenAI(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := DefaultOptions(tr.StepSeconds)
+	r := Auto(tr, opts, nil)
+	for _, got := range Run(tr, opts, nil) {
+		if got.Strategy == "auto" && got != r {
+			t.Errorf("fgpu sim sizing's auto %+v, the engine's replay %+v", got, r)
+		}
+	}
+	if mean := fmt.Sprintf("%.1f", r.GPUsMean); mean != "62.9" || r.Violations != 6 || r.OverfullViolations != 6 || r.Restarts != 413 {
+		t.Errorf("%+v; docs/sizing.md gives 62.9 GPUs, 6 violations (all a GPU over-full), 413 restarts", r)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
+	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
 
 // Options set a run.
@@ -15,19 +16,14 @@ type Options struct {
 	GPUMemory int64
 	// Sizing is the recommender's; MinSamples counts trace steps.
 	Sizing sizing.Options
-	// NearCap: Auto restarts a container larger once its use passes this share of its cap.
-	NearCap float64
-	// FarBelow: Auto restarts a container smaller once its use stayed under this share of its
-	// cap for MinSamples steps and its recommendation is smaller.
-	FarBelow float64
 	// Report is the plugin's usage report interval: the allocator sees a container's use
 	// only as each interval's summary, and acts only when one arrives.
 	Report time.Duration
 	// Window is how much of the tenants' time-aligned history Auto's admission sums.
 	Window time.Duration
-	// BurstCap is a burster's memory cap, as a multiple of its workload's observed peak:
-	// what it may burst to, beyond the typical use it is guaranteed.
-	BurstCap float64
+	// ShrinkAfter is the allocator's --sizing-shrink-after: Auto recreates a pod smaller once
+	// its use stayed far below its cap this long.
+	ShrinkAfter time.Duration
 }
 
 // DefaultOptions are the allocator's defaults on 80 GiB GPUs, half an hour of history at
@@ -35,7 +31,7 @@ type Options struct {
 func DefaultOptions(stepSeconds float64) Options {
 	s := sizing.DefaultOptions()
 	s.MinSamples = int(math.Ceil(1800 / stepSeconds))
-	return Options{GPUMemory: 80 << 30, Sizing: s, NearCap: 0.95, FarBelow: 0.8, Report: 5 * time.Minute, Window: 24 * time.Hour, BurstCap: 2}
+	return Options{GPUMemory: 80 << 30, Sizing: s, Report: 5 * time.Minute, Window: 24 * time.Hour, ShrinkAfter: time.Hour}
 }
 
 // Result is one strategy's figures.
@@ -273,10 +269,10 @@ func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(don
 			rec.Add(w, c.ID, u)
 			want, ready := rec.Recommend(w)
 			switch {
-			case auto && float64(u.MemoryMaxBytes) > opts.NearCap*float64(r.cap) && r.cap < opts.GPUMemory:
+			case auto && float64(u.MemoryMaxBytes) > engine.NearCap*float64(r.cap) && r.cap < opts.GPUMemory:
 				f.Restarts++
 				resize(r, max(want.MemoryBytes, grown(u.MemoryMaxBytes)))
-			case auto && ready && float64(u.MemoryMaxBytes) < opts.FarBelow*float64(r.cap):
+			case auto && ready && float64(u.MemoryMaxBytes) < engine.FarBelow*float64(r.cap):
 				r.lowSteps += u.Samples
 				if r.lowSteps >= opts.Sizing.MinSamples && want.MemoryBytes < r.cap {
 					f.Restarts++

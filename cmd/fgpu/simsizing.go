@@ -29,13 +29,14 @@ func newSimSizingCmd() *cobra.Command {
 		Long: `Replay every container of the genai_v2026 trace (GPU memory and duty cycle every
 57 s), online, on 80 GiB GPUs, under: whole (a GPU per container), human (its true peak
 rounded up to 8 GiB, known in advance), initial (fgpu Initial: it asks a whole GPU; only
-a restart after running out of memory is sized), auto (fgpu Auto, the burst model the
-allocator builds: a container holds the whole GPU it asked for until it has a
-recommendation, then it is restarted guaranteed its typical interval peak and capped at
-twice its observed peak, on a GPU that holds no whole-GPU tenant, whose guaranteed memory
-fits, and whose tenants' recorded interval maxima, summed in time with its own, stay
-within the GPU over 1 + headroom; each report, the GPU guaranteed least whose tenants all
-fit on other GPUs in use is emptied), auto-per-claim (per-claim Auto: caps never
+a restart after running out of memory is sized), auto (fgpu Auto, best-effort, every
+decision the allocator's own sizing engine's: a container holds the whole GPU it asked for
+until its workload is measured, then, unless it keeps a GPU busy or is mostly idle, it is
+restarted guaranteed its typical interval peak and capped at twice its observed peak, on a
+GPU that holds no share that does not burst, whose guaranteed memory fits, and whose
+tenants' recorded interval maxima, summed in time with its own, stay within the GPU over
+1 + headroom; each report, the GPU guaranteed least whose tenants all fit on other GPUs in
+use is emptied), auto-per-claim (per-claim Auto: caps never
 over-committed, restarted larger as its use nears its cap, smaller once its use stayed far
 below it for the history) and oracle (true peaks repacked perfectly at every step).
 Prints GPUs in use (peak and time-average, over the run and after the first history

@@ -159,7 +159,7 @@ func roundUp(v, step int64) int64 { return (v + step - 1) / step * step }
 // the container asks a whole GPU, and only a start after an out-of-memory is sized, at the
 // recommendation), auto-per-claim (Initial, and containers restarted larger as their use
 // nears their cap or smaller when it stays far below it, caps never over-committed), auto
-// (fgpu Auto, the burst model: see Auto) and oracle (each container at its true peak, all
+// (fgpu Auto through the allocator's sizing engine: see Auto) and oracle (each container at its true peak, all
 // repacked perfectly at every step: first-fit decreasing). A cap violation is a step at
 // which a container's use passes its cap: it runs out of memory and restarts larger.
 func Run(tr *Trace, opts Options, progress func(done, total int)) []Result {

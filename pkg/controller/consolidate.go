@@ -194,6 +194,9 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 		}
 	}
 	slices.SortFunc(others, func(a, b *gpu) int { return cmp.Compare(a.key.String(), b.key.String()) })
+	// Each tenant's recreated request is asked of the placement path as a new pod's would be.
+	// The namespace's quota counts the share it replaces too: a ReplicaSet creates the new pod
+	// while the evicted one still holds its claim.
 	fits := make([]func(node, index int) bool, len(stays))
 	for i, s := range stays {
 		rq := c.recreated(ctx, s.in, s.request)

@@ -1,6 +1,7 @@
 package sizingsim
 
 import (
+	"fmt"
 	"math"
 	"sort"
 	"time"
@@ -210,20 +211,26 @@ func AutoPerClaim(tr *Trace, opts Options, progress func(done, total int)) Resul
 }
 
 type running struct {
-	cap      int64
-	g        int
-	lowSteps int
+	cap int64
+	g   int
+	// pods counts the pods it ran as: each is a share of its own.
+	id   string
+	pods int
 	// interval gathers its use since the last report.
 	interval sizing.Window
 }
 
-// adaptive is fgpu Initial (auto false) or per-claim Auto: a cap per container, never
-// over-committed. Running out of memory restarts a container at once (its next step); the
-// recommender and Auto see its use only in each report interval's summary.
+func (r *running) share() string { return fmt.Sprintf("%s/%d", r.id, r.pods) }
+
+// adaptive is fgpu Initial (auto false) or per-claim Auto, whose decisions are the
+// allocator's sizing engine's (engine.Resizer): a cap per container, never over-committed.
+// Running out of memory restarts a container at once (its next step); the recommender and
+// Auto see its use only in each report interval's summary.
 func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(done, total int)) Result {
 	p := &pool{capacity: opts.GPUMemory}
 	f := &figures{Result: Result{Strategy: name}, warmFrom: warmFrom(tr, opts)}
 	rec := sizing.NewRecommender(opts.Sizing)
+	resizer := engine.NewResizer(opts.Sizing.Headroom, opts.ShrinkAfter)
 	state := map[int]*running{}
 	t0 := time.Unix(0, 0)
 	step := time.Duration(tr.StepSeconds * float64(time.Second))
@@ -232,7 +239,8 @@ func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(don
 		p.remove(r.g, r.cap)
 		r.cap = min(opts.GPUMemory, roundUp(size, sizing.MemoryStep))
 		r.g = p.place(r.cap)
-		r.lowSteps = 0
+		resizer.ForgetShare(r.share())
+		r.pods++
 	}
 	grown := func(use int64) int64 { return int64(float64(use) * (1 + opts.Sizing.Headroom)) }
 	for t := 0; t < tr.Steps; t++ {
@@ -242,7 +250,7 @@ func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(don
 			w := api.SizingWorkload{Name: c.ID, Request: "gpu"}
 			switch {
 			case t == c.Start:
-				r := &running{cap: opts.GPUMemory}
+				r := &running{cap: opts.GPUMemory, id: c.ID}
 				r.g = p.place(r.cap)
 				state[i] = r
 			case t == c.Start+len(c.Memory):
@@ -267,19 +275,18 @@ func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(don
 			u, _ := r.interval.Summary()
 			r.interval.Reset()
 			rec.Add(w, c.ID, u)
+			if !auto {
+				continue
+			}
 			want, ready := rec.Recommend(w)
-			switch {
-			case auto && float64(u.MemoryMaxBytes) > engine.NearCap*float64(r.cap) && r.cap < opts.GPUMemory:
+			d := resizer.Decide(engine.Report{Workload: w, Share: r.share(), Usage: u, Cap: r.cap, GPUMemory: opts.GPUMemory}, want, ready)
+			switch d.Resize {
+			case engine.Grow:
 				f.Restarts++
-				resize(r, max(want.MemoryBytes, grown(u.MemoryMaxBytes)))
-			case auto && ready && float64(u.MemoryMaxBytes) < engine.FarBelow*float64(r.cap):
-				r.lowSteps += u.Samples
-				if r.lowSteps >= opts.Sizing.MinSamples && want.MemoryBytes < r.cap {
-					f.Restarts++
-					resize(r, want.MemoryBytes)
-				}
-			default:
-				r.lowSteps = 0
+				resize(r, d.Want)
+			case engine.Shrink:
+				f.Restarts++
+				resize(r, d.Rec.MemoryBytes)
 			}
 		}
 		f.step(p.inUse(), active)

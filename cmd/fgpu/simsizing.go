@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"text/tabwriter"
 	"time"
@@ -74,7 +75,8 @@ func runSimSizing(w io.Writer, f simSizingFlags) error {
 	opts := func(headroom float64, history time.Duration) sizingsim.Options {
 		o := sizingsim.DefaultOptions(tr.StepSeconds)
 		o.Sizing.Headroom, o.Sizing.HalfLife, o.Window = headroom, f.halfLife, f.window
-		o.Sizing.MinSamples = max(1, int(history.Seconds()/tr.StepSeconds))
+		// As DefaultOptions counts it: whole steps covering the history, rounded up.
+		o.Sizing.MinSamples = max(1, int(math.Ceil(history.Seconds()/tr.StepSeconds)))
 		return o
 	}
 	progress := func(done, total int) { fmt.Fprintf(os.Stderr, "\rreplaying %3d%%", done*100/total) }

@@ -146,6 +146,9 @@ func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 	if r.burstable {
 		in.MayBurst = func(rec api.SizingRecommendation) bool { return c.shouldBurst(claim, r, rec, capBytes, gpuMem) }
 	}
+	if asked == 0 && gpuMem > 0 && capBytes >= gpuMem {
+		in.ComesBackWhole = func(rec api.SizingRecommendation) bool { return c.keepsWholeGPU(claim, pod, r.result.Request, rec) }
+	}
 	d := a.resizer.Decide(in, rec, ready)
 	rec, peak := d.Rec, r.u.MemoryMaxBytes
 	switch d.Resize {
@@ -204,6 +207,30 @@ func (c *Controller) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod
 }
 
 // askedMemory is the memory a claim's request asks (0: none, a whole GPU).
+// keepsWholeGPU says whether a pod of the claim placed again, its workload measured as rec,
+// keeps the whole GPU its request asks for, as resolveRequest decides: the workload is busy
+// and neither the policy nor the claim chose the mode.
+func (c *Controller) keepsWholeGPU(claim *resourceapi.ResourceClaim, pod *corev1.Pod, request string, rec api.SizingRecommendation) bool {
+	for _, r := range claim.Spec.Devices.Requests {
+		for _, a := range alternatives(r) {
+			if a.name != request {
+				continue
+			}
+			class, err := c.classes.Get(a.class)
+			if err != nil {
+				return false
+			}
+			userCfg, err := api.MergeConfigs(c.cfg.DriverName, api.RequestConfigs(class.Spec.Config, claim.Spec.Devices.Config, a.name), a.name)
+			if err != nil {
+				return false
+			}
+			_, note := sharingMode(c.policyOf(claim, pod), userCfg, rec, true)
+			return note == busyNote
+		}
+	}
+	return false
+}
+
 func askedMemory(claim *resourceapi.ResourceClaim, request string) int64 {
 	for _, r := range claim.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {

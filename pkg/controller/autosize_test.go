@@ -75,12 +75,18 @@ func newAutoEnv(t *testing.T, objs ...runtime.Object) *autoEnv {
 // report writes summary i (5 min) of the claim's share, its peak at peakMiB.
 func (e *autoEnv) report(claimName string, i int, peakMiB int64) {
 	e.t.Helper()
+	e.reportSM("team-a", claimName, i, peakMiB, 35)
+}
+
+// reportSM is report for a claim of namespace ns, with the share's SM activity at sm percent.
+func (e *autoEnv) reportSM(ns, claimName string, i int, peakMiB int64, sm int) {
+	e.t.Helper()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	cur := e.claim("team-a", claimName)
+	cur := e.claim(ns, claimName)
 	cur.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(e.t, cur, string(*cur.Status.Allocation.Devices.Results[0].ShareID), api.ShareUsage{
 		From: t0.Add(time.Duration(i-1) * 5 * time.Minute), To: t0.Add(time.Duration(i) * 5 * time.Minute), Samples: 30,
-		MemoryMaxBytes: peakMiB << 20, SMSamples: 30, SMP95Percent: 35})}
-	if _, err := e.client.ResourceV1().ResourceClaims("team-a").UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		MemoryMaxBytes: peakMiB << 20, SMSamples: 30, SMP95Percent: sm, SMMaxPercent: sm, SMMeanPercent: sm})}
+	if _, err := e.client.ResourceV1().ResourceClaims(ns).UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
 	e.settle()
@@ -193,6 +199,24 @@ func TestSizingAutoShrinksAndTellsWhatItCannotDo(t *testing.T) {
 	e.c.evictForResize(e.ctx)
 	if len(e.evicted) != 1 {
 		t.Errorf("evicted %v; a pod at its claim's request would come back the same", e.evicted)
+	}
+}
+
+// A busy workload's pod on the whole GPU it asked for is not recreated smaller when its
+// memory use stays far below the GPU: placed again it would keep the whole GPU, so the
+// eviction would only restart it (once an hour, for ever). A workload that is not busy is.
+func TestSizingAutoDoesNotShrinkWhatComesBackWhole(t *testing.T) {
+	busy, busyPod := (&autoEnv{}).claimOf("web-7c9d5-a", "", 80)
+	calm, calmPod := (&autoEnv{}).claimIn("team-b", "calm", "", 80)
+	calm.Status.Allocation.Devices.Results[0].Device = "gpu-1"
+	e := newAutoEnv(t, busy, busyPod, calm, calmPod)
+	for i := 1; i <= 16; i++ {
+		e.reportSM("team-a", busy.Name, i, 5<<10, 98)
+		e.reportSM("team-b", calm.Name, i, 5<<10, 35)
+		e.c.evictForResize(e.ctx)
+	}
+	if len(e.evicted) != 1 || e.evicted[0] != calmPod.Name {
+		t.Fatalf("evicted %v; want only %s (the busy pod would come back on the whole GPU)", e.evicted, calmPod.Name)
 	}
 }
 

@@ -304,6 +304,10 @@ func (b *burst) reported(now time.Time) {
 				// As shouldBurst: its pod placed before its workload was measured.
 				since := b.hist.MeasuredSince(w)
 				return !since.IsZero() && bt.placed.Before(since) && b.hist.Measured(w, now) && engine.Rebursts(rec, bt.cap, b.opts.GPUMemory, 0)
+			},
+			// As restart places it: a busy workload keeps the whole GPU it asked for.
+			ComesBackWhole: func(rec api.SizingRecommendation) bool {
+				return bt.cap >= b.opts.GPUMemory && rec.ComputePercent >= engine.BusyComputePercent
 			}}
 		switch b.resizer.Decide(in, rec, ready).Resize {
 		case engine.Grow, engine.ToBurst, engine.Shrink:

@@ -279,7 +279,11 @@ func adaptive(tr *Trace, opts Options, name string, auto bool, progress func(don
 				continue
 			}
 			want, ready := rec.Recommend(w)
-			d := resizer.Decide(engine.Report{Workload: w, Share: r.share(), Usage: u, Cap: r.cap, GPUMemory: opts.GPUMemory}, want, ready)
+			d := resizer.Decide(engine.Report{Workload: w, Share: r.share(), Usage: u, Cap: r.cap, GPUMemory: opts.GPUMemory,
+				// The allocator places a busy workload's pod on the whole GPU it asked for.
+				ComesBackWhole: func(rec api.SizingRecommendation) bool {
+					return r.cap >= opts.GPUMemory && rec.ComputePercent >= engine.BusyComputePercent
+				}}, want, ready)
 			switch d.Resize {
 			case engine.Grow:
 				f.Restarts++

@@ -107,6 +107,11 @@ func TestResizer(t *testing.T) {
 	if d := r.Decide(low, rec, true); d.Resize != Keep {
 		t.Errorf("a bursting share: %+v", d)
 	}
+	low.Bursting = false
+	low.ComesBackWhole = func(api.SizingRecommendation) bool { return true }
+	if d := r.Decide(low, rec, true); d.Resize != Keep {
+		t.Errorf("a share that would come back whole: %+v", d)
+	}
 }
 
 // Admission sums the tenants' and the newcomer's use interval by interval.

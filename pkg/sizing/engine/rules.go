@@ -137,6 +137,10 @@ type Report struct {
 	// MayBurst says whether, placed again with its workload measured as rec, the share
 	// would burst (asked only of a share that does not, once its workload is measured).
 	MayBurst func(rec api.SizingRecommendation) bool
+	// ComesBackWhole says whether, placed again with its workload measured as rec, the share
+	// would get the whole GPU it holds again (a busy workload keeps the whole GPU it asked
+	// for): shrinking it would only restart it.
+	ComesBackWhole func(rec api.SizingRecommendation) bool
 }
 
 // Decision is what Decide wants: Want is the grown size, Since when a shrink's low use began;
@@ -170,7 +174,8 @@ func (r *Resizer) Decide(in Report, rec api.SizingRecommendation, ready bool) De
 		}
 	case !in.Bursting && ready && in.MayBurst != nil && in.MayBurst(rec):
 		d.Resize = ToBurst
-	case !in.Bursting && ready && float64(peak) < FarBelow*float64(in.Cap) && rec.MemoryBytes+sizing.MemoryStep <= in.Cap:
+	case !in.Bursting && ready && float64(peak) < FarBelow*float64(in.Cap) && rec.MemoryBytes+sizing.MemoryStep <= in.Cap &&
+		(in.ComesBackWhole == nil || !in.ComesBackWhole(rec)):
 		since, ok := r.lowSince[in.Share]
 		if !ok {
 			since = in.Usage.From

@@ -50,7 +50,7 @@ type Checkpoint struct {
 	// ComputeModesRecorded says that FoundComputeModes is complete: every mode the plugin
 	// changed is in it. A checkpoint of an earlier version, or one rebuilt after corruption,
 	// lacks it, and the plugin then records the modes it may have changed (see the plugin's
-	// migrateComputeModes).
+	// computeModes.migrate).
 	ComputeModesRecorded bool `json:"computeModesRecorded,omitempty"`
 }
 

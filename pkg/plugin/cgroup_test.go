@@ -190,7 +190,7 @@ func TestCgroupCapFailureFallsBackToPerProcess(t *testing.T) {
 	s := e.state()
 	var mu sync.Mutex
 	var events []string
-	s.podEvent = func(_ context.Context, ns string, pod checkpoint.PodRef, reason, msg string) {
+	s.caps.podEvent = func(_ context.Context, ns string, pod checkpoint.PodRef, reason, msg string) {
 		mu.Lock()
 		defer mu.Unlock()
 		events = append(events, ns+"/"+pod.Name+" "+reason+": "+msg)
@@ -316,7 +316,7 @@ func TestCgroupCapPartialFailureKeepsCappedPodsAtWhatTheyHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := e.state()
-	s.podEvent = func(context.Context, string, checkpoint.PodRef, string, string) {}
+	s.caps.podEvent = func(context.Context, string, checkpoint.PodRef, string, string) {}
 	ctx := context.Background()
 	shared := builders.MakeClaim("ns", "shared").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
 	own := builders.MakeClaim("ns", "own").Memory("20Gi").AllocatedOn(node, "gpu-0").Obj()
@@ -449,9 +449,9 @@ func TestCgroupCapPodJoiningUncappedTurnsClaimPerProcess(t *testing.T) {
 	}
 	client := k8sfake.NewClientset(claim)
 	d := &Driver{state: s, client: client, cfg: e.cfg}
-	s.podEvent = func(context.Context, string, checkpoint.PodRef, string, string) {}
+	s.caps.podEvent = func(context.Context, string, checkpoint.PodRef, string, string) {}
 	published := make(chan string, 1)
-	s.capChanged = func(ctx context.Context, ns, name, uid string) {
+	s.caps.capChanged = func(ctx context.Context, ns, name, uid string) {
 		d.capChanged(ctx, ns, name, uid)
 		published <- name
 	}

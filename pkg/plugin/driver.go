@@ -46,8 +46,8 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	ctx, cancel := context.WithCancelCause(ctx)
 	d := &Driver{state: state, client: client, cfg: cfg, metrics: metrics, ctx: ctx, cancel: cancel,
 		health: newHealth(ctx, cfg, backend, state.Devices())}
-	state.podEvent = d.podEvent
-	state.capChanged = d.capChanged
+	state.caps.podEvent = d.podEvent
+	state.caps.capChanged = d.capChanged
 	// Set before the kubelet can call Prepare, which publishes the summaries.
 	if source, ok := backend.(gpu.UsageSource); ok && cfg.usagePoll() > 0 {
 		d.usage = newUsageMeter(source, "/proc", cfg.usageReport(), cfg.usageHeartbeat())
@@ -77,7 +77,7 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	d.helper = helper
 	if cfg.OwnPIDNamespace {
 		klog.FromContext(ctx).Error(nil, ownPIDNamespaceMessage)
-		if err := state.nodeEvent(ctx, client, corev1.EventTypeWarning, ReasonOwnPIDNamespace, ownPIDNamespaceMessage); err != nil {
+		if err := nodeEvent(ctx, client, cfg.NodeName, corev1.EventTypeWarning, ReasonOwnPIDNamespace, ownPIDNamespaceMessage); err != nil {
 			klog.FromContext(ctx).Error(err, "Recording a Node event about the PID namespace")
 		}
 	}
@@ -89,7 +89,7 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		cancel(err)
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
-	if len(state.dmemRegions) > 0 || d.usage != nil || state.guardsDaemons() {
+	if state.caps.any() || d.usage != nil || state.guards.enabled() {
 		if err := d.watchPods(ctx); err != nil {
 			helper.Stop()
 			cancel(err)
@@ -169,7 +169,7 @@ func (d *Driver) reportHealth(ctx context.Context, changes []HealthChange) {
 	logger := klog.FromContext(ctx)
 	for _, c := range changes {
 		logger.Info(c.Message, "device", c.Device, "uuid", c.UUID, "reason", c.Reason)
-		if err := d.state.nodeEvent(ctx, d.client, c.Type, c.Reason, c.Message); err != nil {
+		if err := nodeEvent(ctx, d.client, d.cfg.NodeName, c.Type, c.Reason, c.Message); err != nil {
 			logger.Error(err, "Recording a Node event about a GPU's health", "device", c.Device)
 		}
 	}
@@ -195,7 +195,7 @@ func (d *Driver) reportForeign(ctx context.Context, changes []ForeignChange) {
 		}
 		logger.Info(c.Message(), "device", c.Device, "uuid", c.UUID)
 		logger.V(2).Info("Processes fgpu did not start", "device", c.Device, "pids", c.PIDs)
-		if err := d.state.nodeEvent(ctx, d.client, eventType, reason, c.Message()); err != nil {
+		if err := nodeEvent(ctx, d.client, d.cfg.NodeName, eventType, reason, c.Message()); err != nil {
 			logger.Error(err, "Recording a Node event about foreign processes", "device", c.Device)
 		}
 	}

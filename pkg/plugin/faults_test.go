@@ -55,7 +55,7 @@ func TestFaultInjectorStopsPrepareBeforeCompleted(t *testing.T) {
 	if claims := restarted.PreparedClaims(); len(claims) != 0 {
 		t.Fatalf("the restart kept a half-prepared claim: %+v", claims)
 	}
-	if keys, _ := restarted.mps.Keys(context.Background()); len(keys) != 0 || e.specCount() != 0 {
+	if keys, _ := restarted.daemons.mps.Keys(context.Background()); len(keys) != 0 || e.specCount() != 0 {
 		t.Fatalf("the restart left daemons %v and %d specs", keys, e.specCount())
 	}
 	if _, err := restarted.Prepare(ctx, claim); err != nil {

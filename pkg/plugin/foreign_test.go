@@ -330,15 +330,15 @@ func TestATenantsControlSocketCannotVouchForForeignProcesses(t *testing.T) {
 	if _, err := s.Prepare(ctx, builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()); err != nil {
 		t.Fatal(err)
 	}
-	keys, err := s.mps.DirKeys()
+	keys, err := s.daemons.mps.DirKeys()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keys %v, %v", keys, err)
 	}
-	st, err := fakecontrol.ReadState(s.mps.LogDir(keys[0]))
+	st, err := fakecontrol.ReadState(s.daemons.mps.LogDir(keys[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctl := filepath.Join(s.mps.PipeDir(keys[0]), "control")
+	ctl := filepath.Join(s.daemons.mps.PipeDir(keys[0]), "control")
 	if err := os.Remove(ctl); err != nil {
 		t.Fatal(err)
 	}

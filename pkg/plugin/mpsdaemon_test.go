@@ -22,14 +22,14 @@ import (
 // the pipe directory is mounted read-write into its containers, so `rm $CUDA_MPS_PIPE_DIRECTORY/control`.
 func wedge(t *testing.T, s *State) string {
 	t.Helper()
-	keys, err := s.mps.DirKeys()
+	keys, err := s.daemons.mps.DirKeys()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keys %v, %v", keys, err)
 	}
-	if err := os.Remove(filepath.Join(s.mps.PipeDir(keys[0]), "control")); err != nil {
+	if err := os.Remove(filepath.Join(s.daemons.mps.PipeDir(keys[0]), "control")); err != nil {
 		t.Fatal(err)
 	}
-	if s.mps.Running(context.Background(), keys[0]) {
+	if s.daemons.mps.Running(context.Background(), keys[0]) {
 		t.Fatal("still answers")
 	}
 	return keys[0]
@@ -41,7 +41,7 @@ func wedge(t *testing.T, s *State) string {
 func TestAdoptedDaemonThatDoesNotAnswerIsReplaced(t *testing.T) {
 	e, _, _ := newPodEnv(t)
 	s := e.state()
-	s.mps.StartTimeout = 2 * time.Second
+	s.daemons.mps.StartTimeout = 2 * time.Second
 	ctx := context.Background()
 	if _, err := s.Prepare(ctx, builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()); err != nil {
 		t.Fatal(err)
@@ -60,7 +60,7 @@ func TestAdoptedDaemonThatDoesNotAnswerIsReplaced(t *testing.T) {
 func TestOneDomainsDaemonDoesNotHoldUpOtherNamespaces(t *testing.T) {
 	e, _, _ := newPodEnv(t)
 	s := e.state()
-	s.mps.StartTimeout = 4 * time.Second
+	s.daemons.mps.StartTimeout = 4 * time.Second
 	ctx := context.Background()
 	if _, err := s.Prepare(ctx, builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()); err != nil {
 		t.Fatal(err)
@@ -133,7 +133,7 @@ func TestRestartDoesNotEvictADomainWhoseDaemonNeverDied(t *testing.T) {
 	for k := range before {
 		key = k
 	}
-	sock := filepath.Join(s.mps.PipeDir(key), "control")
+	sock := filepath.Join(s.daemons.mps.PipeDir(key), "control")
 	if err := os.Rename(sock, sock+".away"); err != nil {
 		t.Fatal(err)
 	}

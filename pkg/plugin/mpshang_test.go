@@ -18,12 +18,12 @@ import (
 // command for that daemon waits its whole timeout. The daemon itself is killed at cleanup.
 func hang(t *testing.T, s *State, key string) {
 	t.Helper()
-	st, err := fakecontrol.ReadState(s.mps.LogDir(key))
+	st, err := fakecontrol.ReadState(s.daemons.mps.LogDir(key))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = syscall.Kill(st.PID, syscall.SIGTERM) })
-	ctl := filepath.Join(s.mps.PipeDir(key), "control")
+	ctl := filepath.Join(s.daemons.mps.PipeDir(key), "control")
 	if err := os.Remove(ctl); err != nil {
 		t.Fatal(err)
 	}
@@ -49,13 +49,13 @@ func hang(t *testing.T, s *State, key string) {
 func TestHangingControlSocketDoesNotDelayOtherNamespaces(t *testing.T) {
 	e := newEnv(t)
 	s := e.state()
-	s.mps.Timeout = 2 * time.Second
+	s.daemons.mps.Timeout = 2 * time.Second
 	ctx := context.Background()
 	a := builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
 	if _, err := s.Prepare(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	keys, err := s.mps.DirKeys()
+	keys, err := s.daemons.mps.DirKeys()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keys %v, %v", keys, err)
 	}
@@ -70,7 +70,7 @@ func TestHangingControlSocketDoesNotDelayOtherNamespaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d > time.Second {
-		t.Errorf("ns-b's prepare waited %v for ns-a's control socket (command timeout %v)", d, s.mps.Timeout)
+		t.Errorf("ns-b's prepare waited %v for ns-a's control socket (command timeout %v)", d, s.daemons.mps.Timeout)
 	}
 	if err := <-unprepared; err != nil {
 		t.Errorf("ns-a's unprepare: %v", err)
@@ -82,14 +82,14 @@ func TestHangingControlSocketDoesNotDelayOtherNamespaces(t *testing.T) {
 func TestMPSCheckAsksDaemonsConcurrently(t *testing.T) {
 	e := newEnv(t)
 	s := e.state()
-	s.mps.Timeout = 2 * time.Second
+	s.daemons.mps.Timeout = 2 * time.Second
 	ctx := context.Background()
 	for _, ns := range []string{"ns-a", "ns-b", "ns-c"} {
 		if _, err := s.Prepare(ctx, builders.MakeClaim(ns, "c").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	keys, err := s.mps.DirKeys()
+	keys, err := s.daemons.mps.DirKeys()
 	if err != nil || len(keys) != 3 {
 		t.Fatalf("keys %v, %v", keys, err)
 	}
@@ -99,6 +99,6 @@ func TestMPSCheckAsksDaemonsConcurrently(t *testing.T) {
 	start := time.Now()
 	s.CheckMPS(ctx)
 	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("the MPS check of 3 domains whose sockets do not answer took %v (command timeout %v)", d, s.mps.Timeout)
+		t.Errorf("the MPS check of 3 domains whose sockets do not answer took %v (command timeout %v)", d, s.daemons.mps.Timeout)
 	}
 }

@@ -40,53 +40,25 @@ type MPSFault struct {
 	Message string
 }
 
-// mpsDaemon is what the checkpoint says of one daemon.
-type mpsDaemon struct {
-	gpu    string
-	claims map[string]*checkpoint.ClaimEntry // by UID
-}
-
-// mpsDaemons are the daemons of prepared claims. Caller holds s.mu.
-func (s *State) mpsDaemons() map[string]mpsDaemon {
-	out := map[string]mpsDaemon{}
-	for uid, e := range s.cp.Claims {
-		if e.State != checkpoint.PrepareCompleted {
-			continue
-		}
-		for _, p := range e.Devices {
-			if p.MPSKey == "" {
-				continue
-			}
-			d, ok := out[p.MPSKey]
-			if !ok {
-				d = mpsDaemon{gpu: p.GPUUUID, claims: map[string]*checkpoint.ClaimEntry{}}
-				out[p.MPSKey] = d
-			}
-			d.claims[uid] = e
-		}
-	}
-	return out
-}
-
-// CheckMPS asks fgpu's MPS daemons of prepared claims whether they serve them, restarts a
+// check asks fgpu's MPS daemons of prepared claims whether they serve them, restarts a
 // daemon that failed mpsDeadChecks checks in a row, and returns the daemons whose clients
 // lost their server: a server in FAULT (after a client's fatal fault it refuses new clients
 // until all of its clients exited), or a daemon that died under prepared claims (found at
 // the plugin's start, or here); the latter until those claims are unprepared. The daemons
-// are asked, stopped and restarted without s.mu, so prepares and unprepares do not wait for
+// are asked, stopped and restarted without State's lock, so prepares and unprepares do not wait for
 // them (those of the same domain wait for its restart), and concurrently, each within its own
 // command timeout: a tenant controls its daemon's control socket, and a domain that does not
 // answer delays no other domain's check. A cancelled check says nothing.
-func (s *State) CheckMPS(ctx context.Context) []MPSFault {
-	s.mu.Lock()
-	s.retryStops(ctx, true)
-	keys := slices.Sorted(maps.Keys(s.mpsDaemons()))
-	s.unlock(ctx) // with the guards left by the plugin's start (recover)
+func (d *daemons) check(ctx context.Context) []MPSFault {
+	d.mu.Lock()
+	d.retryStops(ctx, true)
+	keys := slices.Sorted(maps.Keys(d.l.preparedDaemons()))
+	d.guards.unlock(ctx) // with the guards left by the plugin's start (recover)
 	answered, faulted := make([]bool, len(keys)), make([][]int, len(keys))
 	var wg sync.WaitGroup
 	for i, key := range keys {
 		wg.Go(func() {
-			pids, err := s.mps.FaultedServers(ctx, key)
+			pids, err := d.mps.FaultedServers(ctx, key)
 			answered[i], faulted[i] = err == nil, pids
 		})
 	}
@@ -96,47 +68,44 @@ func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 	}
 
 	logger := klog.FromContext(ctx)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	daemons := s.mpsDaemons()
-	for key := range s.unanswered {
-		if _, ok := daemons[key]; !ok {
-			delete(s.unanswered, key)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	prepared := d.l.preparedDaemons()
+	for key := range d.unanswered {
+		if _, ok := prepared[key]; !ok {
+			delete(d.unanswered, key)
 		}
 	}
 	faultedOf := map[string][]int{}
 	var restart []string
 	for i, key := range keys {
 		faultedOf[key] = faulted[i]
-		if _, ok := daemons[key]; !ok || answered[i] {
-			delete(s.unanswered, key)
+		if _, ok := prepared[key]; !ok || answered[i] {
+			delete(d.unanswered, key)
 			continue
 		}
-		s.unanswered[key]++
-		if s.unanswered[key] < mpsDeadChecks {
+		d.unanswered[key]++
+		if d.unanswered[key] < mpsDeadChecks {
 			continue
 		}
-		delete(s.unanswered, key)
+		delete(d.unanswered, key)
 		restart = append(restart, key)
 	}
-	// Concurrently, so that one domain's slow restart delays no other's; ensureDaemon
-	// releases s.mu meanwhile.
-	s.mu.Unlock()
+	// Concurrently, so that one domain's slow restart delays no other's; ensure
+	// releases State's lock meanwhile.
+	d.mu.Unlock()
 	for _, key := range restart {
-		d := daemons[key]
+		daemon := prepared[key]
 		wg.Go(func() {
-			s.mu.Lock()
-			defer s.unlock(ctx)
+			d.mu.Lock()
+			defer d.guards.unlock(ctx)
 			// A prepare may have restarted it since it was asked, and a daemon that answers
 			// once adopted never died.
-			started, err := s.ensureDaemon(ctx, key, d.gpu, true)
+			started, err := d.ensure(ctx, key, daemon.gpu, true)
 			if started {
-				logger.Info("Restarted an MPS daemon that stopped answering; its clients lost their server and are moved", "daemon", key, "gpu", d.gpu, "claims", len(d.claims))
-				if s.diedUnder[key] == nil {
-					s.diedUnder[key] = map[string]bool{}
-				}
-				for uid := range d.claims {
-					s.diedUnder[key][uid] = true
+				logger.Info("Restarted an MPS daemon that stopped answering; its clients lost their server and are moved", "daemon", key, "gpu", daemon.gpu, "claims", len(daemon.claims))
+				for uid := range daemon.claims {
+					d.diedFor(key, uid)
 				}
 			}
 			if err != nil {
@@ -145,37 +114,37 @@ func (s *State) CheckMPS(ctx context.Context) []MPSFault {
 		})
 	}
 	wg.Wait()
-	s.mu.Lock()
-	daemons = s.mpsDaemons()
+	d.mu.Lock()
+	prepared = d.l.preparedDaemons()
 	var out []MPSFault
-	for _, key := range slices.Sorted(maps.Keys(daemons)) {
-		d := daemons[key]
+	for _, key := range slices.Sorted(maps.Keys(prepared)) {
+		daemon := prepared[key]
 		var msg string
-		if died := s.diedUnder[key]; died != nil {
-			maps.DeleteFunc(died, func(uid string, _ bool) bool { return d.claims[uid] == nil })
+		if died := d.diedUnder[key]; died != nil {
+			maps.DeleteFunc(died, func(uid string, _ bool) bool { return daemon.claims[uid] == nil })
 			if len(died) > 0 {
-				msg = fmt.Sprintf("the MPS control daemon of its isolation domain on GPU %s died; it was restarted, but this pod's processes lost their server", d.gpu)
+				msg = fmt.Sprintf("the MPS control daemon of its isolation domain on GPU %s died; it was restarted, but this pod's processes lost their server", daemon.gpu)
 			}
 		}
 		if msg == "" && len(faultedOf[key]) > 0 {
-			msg = fmt.Sprintf("the MPS server of its isolation domain on GPU %s is in FAULT after a client's fatal error: it refuses new clients until all of its clients exited", d.gpu)
+			msg = fmt.Sprintf("the MPS server of its isolation domain on GPU %s is in FAULT after a client's fatal error: it refuses new clients until all of its clients exited", daemon.gpu)
 		}
 		if msg == "" {
 			continue
 		}
-		f := MPSFault{Key: key, GPUUUID: d.gpu, Message: msg}
-		for _, uid := range slices.Sorted(maps.Keys(d.claims)) {
-			if died := s.diedUnder[key]; died != nil && !died[uid] && len(faultedOf[key]) == 0 {
+		f := MPSFault{Key: key, GPUUUID: daemon.gpu, Message: msg}
+		for _, uid := range slices.Sorted(maps.Keys(daemon.claims)) {
+			if died := d.diedUnder[key]; died != nil && !died[uid] && len(faultedOf[key]) == 0 {
 				continue // prepared on the restarted daemon: it has a server
 			}
-			e := d.claims[uid]
+			e := daemon.claims[uid]
 			f.Claims = append(f.Claims, kubeletplugin.NamespacedObject{NamespacedName: types.NamespacedName{Namespace: e.Namespace, Name: e.Name}, UID: types.UID(uid)})
 		}
 		out = append(out, f)
 	}
-	for key := range s.diedUnder {
-		if _, ok := daemons[key]; !ok || len(s.diedUnder[key]) == 0 {
-			delete(s.diedUnder, key)
+	for key := range d.diedUnder {
+		if _, ok := prepared[key]; !ok || len(d.diedUnder[key]) == 0 {
+			delete(d.diedUnder, key)
 		}
 	}
 	return out

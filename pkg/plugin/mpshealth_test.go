@@ -65,7 +65,7 @@ func (e *env) evicted() []string {
 func (e *env) killDaemonOf(s *State, claim *resourceapi.ResourceClaim) string {
 	e.t.Helper()
 	key := s.cp.Claims[string(claim.UID)].Devices[0].MPSKey
-	pipe := s.mps.PipeDir(key)
+	pipe := s.daemons.mps.PipeDir(key)
 	if raw, err := os.ReadFile(filepath.Join(pipe, fakecontrol.PIDFile)); err == nil {
 		if pid, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil {
 			e.t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
@@ -101,7 +101,7 @@ func TestOneTenantsDeadDaemonIsRestartedAndOnlyItsPodsMoved(t *testing.T) {
 			t.Fatalf("check %d: one failed check is taken for a dead daemon: %+v", i+1, faults)
 		}
 	}
-	if !s.mps.Running(ctx, keyA) {
+	if !s.daemons.mps.Running(ctx, keyA) {
 		t.Error("the dead daemon was not restarted")
 	}
 	if got := e.evicted(); !slices.Equal(got, []string{"tenant-a/a-pod"}) {
@@ -155,7 +155,7 @@ func TestMPSServerInFaultMovesOnlyItsClients(t *testing.T) {
 	a := e.tenantClaim(s, "tenant-a", "a")
 	e.tenantClaim(s, "tenant-b", "b")
 	key := s.cp.Claims[string(a.UID)].Devices[0].MPSKey
-	fault := filepath.Join(s.mps.LogDir(key), fakecontrol.FaultFile)
+	fault := filepath.Join(s.daemons.mps.LogDir(key), fakecontrol.FaultFile)
 	if err := os.WriteFile(fault, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -194,15 +194,15 @@ func TestMPSDaemonDeadAtRestartMovesItsClients(t *testing.T) {
 	s := e.state()
 	ctx := context.Background()
 	claim := e.tenantClaim(s, "ns", "a")
-	keys, _ := s.mps.Keys(ctx)
+	keys, _ := s.daemons.mps.Keys(ctx)
 	if len(keys) != 1 {
 		t.Fatalf("daemons %v", keys)
 	}
-	if err := s.mps.Stop(ctx, keys[0]); err != nil {
+	if err := s.daemons.mps.Stop(ctx, keys[0]); err != nil {
 		t.Fatal(err)
 	}
 	s2 := e.state() // the plugin restarts
-	if !s2.mps.Running(ctx, keys[0]) {
+	if !s2.daemons.mps.Running(ctx, keys[0]) {
 		t.Fatal("the daemon of a prepared claim was not restarted")
 	}
 	faults := s2.CheckMPS(ctx)
@@ -233,7 +233,7 @@ func TestCancelledPollIsNoMPSFault(t *testing.T) {
 			t.Errorf("a running daemon reported dead because the poll was cancelled: %+v", got)
 		}
 	}
-	if len(s.unanswered) != 0 || len(s.diedUnder) != 0 {
-		t.Errorf("cancelled checks counted: unanswered %v, died %v", s.unanswered, s.diedUnder)
+	if len(s.daemons.unanswered) != 0 || len(s.daemons.diedUnder) != 0 {
+		t.Errorf("cancelled checks counted: unanswered %v, died %v", s.daemons.unanswered, s.daemons.diedUnder)
 	}
 }

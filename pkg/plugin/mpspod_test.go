@@ -57,13 +57,13 @@ func daemonPodNames(t testing.TB, client *k8sfake.Clientset) []string {
 // daemonPIDs are the stand-in daemons' PIDs by key.
 func daemonPIDs(t testing.TB, s *State) map[string]int {
 	t.Helper()
-	keys, err := s.mps.DirKeys()
+	keys, err := s.daemons.mps.DirKeys()
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]int{}
 	for _, k := range keys {
-		st, err := fakecontrol.ReadState(s.mps.LogDir(k))
+		st, err := fakecontrol.ReadState(s.daemons.mps.LogDir(k))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +130,7 @@ func TestMPSDaemonPodsOutliveAPluginRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	keys, _ := restarted.mps.Keys(ctx)
+	keys, _ := restarted.daemons.mps.Keys(ctx)
 	if pods := daemonPodNames(t, client); len(pods) != 0 || len(keys) != 0 || mountsUnder(t, e.cfg.MPSRoot) != 0 {
 		t.Errorf("after the last claims: pods %v, daemons %v, %d mounts", pods, keys, mountsUnder(t, e.cfg.MPSRoot))
 	}
@@ -169,7 +169,7 @@ func TestRestartRemovesDaemonPodsNoClaimNeeds(t *testing.T) {
 		t.Fatal("want two daemon pods before the restart")
 	}
 	restarted := e.state()
-	keys, _ := restarted.mps.Keys(ctx)
+	keys, _ := restarted.daemons.mps.Keys(ctx)
 	if pods := daemonPodNames(t, client); len(pods) != 0 || len(keys) != 0 || mountsUnder(t, e.cfg.MPSRoot) != 0 {
 		t.Errorf("a restart kept daemons no claim needs: pods %v, daemons %v, %d mounts", pods, keys, mountsUnder(t, e.cfg.MPSRoot))
 	}
@@ -196,7 +196,7 @@ func TestDaemonPodThatDiedIsStartedAgainOnTheNextPrepareWithAnEvent(t *testing.T
 		t.Fatalf("the dead daemon was not replaced by one: %v -> %v, %d created", before, after, kubelet.Created())
 	}
 	for k := range after {
-		if st, _ := fakecontrol.ReadState(s.mps.LogDir(k)); st.DefaultPinnedMemLimit["0"] != "20480M" {
+		if st, _ := fakecontrol.ReadState(s.daemons.mps.LogDir(k)); st.DefaultPinnedMemLimit["0"] != "20480M" {
 			t.Errorf("the new daemon's defaults: %+v", st)
 		}
 	}
@@ -393,7 +393,7 @@ func TestOneDomainsSlowBudgetHoldsUpNoOtherPrepare(t *testing.T) {
 	}
 	keyA := s.cp.Claims[string(a.UID)].Devices[0].MPSKey
 	release := make(chan struct{})
-	s.mps.Launcher = slowGuard{Launcher: s.mps.Launcher, key: keyA, release: release}
+	s.daemons.mps.Launcher = slowGuard{Launcher: s.daemons.mps.Launcher, key: keyA, release: release}
 	var claimReads atomic.Int32
 	client.PrependReactor("get", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
 		claimReads.Add(1)
@@ -437,8 +437,8 @@ func TestOneDomainsSlowBudgetHoldsUpNoOtherPrepare(t *testing.T) {
 	// Back into its DaemonSet while a guard change hangs again: the change waits for no one,
 	// and the hanging one, done, reads the last state.
 	release = make(chan struct{})
-	if slow, ok := s.mps.Launcher.(slowGuard); ok {
-		s.mps.Launcher = slowGuard{Launcher: slow.Launcher, key: keyA, release: release}
+	if slow, ok := s.daemons.mps.Launcher.(slowGuard); ok {
+		s.daemons.mps.Launcher = slowGuard{Launcher: slow.Launcher, key: keyA, release: release}
 	}
 	first := make(chan struct{})
 	ds := []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "a", UID: "ds-uid", Controller: ptr.To(true)}}

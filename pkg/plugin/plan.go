@@ -15,38 +15,47 @@ import (
 // ModeExclusive is recorded for a claim that holds a whole GPU: it needs no MPS server.
 const ModeExclusive = "exclusive"
 
+// planner turns allocations into the devices to prepare. It reads only the node's GPUs and
+// configuration, so it holds no state and needs no lock.
+type planner struct {
+	cfg     Config
+	devices map[string]gpu.Device // by device name
+	// caps says which GPUs cap MPS shares through the pod cgroup (FGPU_MEMORY_CAP).
+	caps interface{ partitions(uuid string) bool }
+}
+
 // plan turns a claim's allocation into the devices to prepare, or a clear error that names
 // the claim, the GPU and the numbers. It has no side effects.
-func (s *State) plan(claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDevice, error) {
+func (pr *planner) plan(claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDevice, error) {
 	alloc := claim.Status.Allocation
 	if alloc == nil {
 		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
 	var planned []checkpoint.PreparedDevice
 	for _, r := range alloc.Devices.Results {
-		if r.Driver != s.cfg.DriverName {
+		if r.Driver != pr.cfg.DriverName {
 			continue
 		}
-		if r.Pool != s.cfg.NodeName {
-			return nil, fmt.Errorf("device %s/%s is allocated from pool %q, but this node's pool is %q", r.Pool, r.Device, r.Pool, s.cfg.NodeName)
+		if r.Pool != pr.cfg.NodeName {
+			return nil, fmt.Errorf("device %s/%s is allocated from pool %q, but this node's pool is %q", r.Pool, r.Device, r.Pool, pr.cfg.NodeName)
 		}
-		d, ok := s.devices[r.Device]
+		d, ok := pr.devices[r.Device]
 		if !ok {
-			return nil, refused(r.Device, shareOf(r), configapi.PrepareReasonDeviceGone, fmt.Errorf("allocated device %q does not exist on node %s", r.Device, s.cfg.NodeName))
+			return nil, refused(r.Device, shareOf(r), configapi.PrepareReasonDeviceGone, fmt.Errorf("allocated device %q does not exist on node %s", r.Device, pr.cfg.NodeName))
 		}
-		cfg, err := configapi.MergeConfigs(s.cfg.DriverName, alloc.Devices.Config, r.Request)
+		cfg, err := configapi.MergeConfigs(pr.cfg.DriverName, alloc.Devices.Config, r.Request)
 		if err != nil {
 			return nil, fmt.Errorf("request %q: %w", r.Request, err)
 		}
 		cfg.Normalize()
-		p, err := s.planDevice(claim.Namespace, d, r, cfg, tenantSetsCap(s.cfg.DriverName, claim, r.Request))
+		p, err := pr.planDevice(claim.Namespace, d, r, cfg, tenantSetsCap(pr.cfg.DriverName, claim, r.Request))
 		if err != nil {
 			return nil, fmt.Errorf("request %q on %s: %w", r.Request, r.Device, err)
 		}
 		planned = append(planned, p)
 	}
 	if len(planned) == 0 {
-		return nil, fmt.Errorf("claim %s/%s has no devices of driver %s", claim.Namespace, claim.Name, s.cfg.DriverName)
+		return nil, fmt.Errorf("claim %s/%s has no devices of driver %s", claim.Namespace, claim.Name, pr.cfg.DriverName)
 	}
 	mpsDevices := 0
 	for _, p := range planned {
@@ -58,6 +67,19 @@ func (s *State) plan(claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDev
 		return nil, fmt.Errorf("a claim can share at most one GPU through MPS (a container reaches one MPS server), got %d: request whole GPUs or use mode %q", mpsDevices, configapi.SharingModeTimeSlicing)
 	}
 	return planned, nil
+}
+
+// allocatedHere says whether a claim holds a device of this driver from this node's pool.
+func (pr *planner) allocatedHere(claim *resourceapi.ResourceClaim) bool {
+	if claim.Status.Allocation == nil {
+		return false
+	}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == pr.cfg.DriverName && r.Pool == pr.cfg.NodeName {
+			return true
+		}
+	}
+	return false
 }
 
 // tenantSetsCap says whether the claim's own config, which its tenant writes, sets a burst
@@ -80,8 +102,8 @@ func tenantSetsCap(driver string, claim *resourceapi.ResourceClaim, request stri
 // the pair (ns, the config's sub-domain): the config, which tenants write in scheduler mode,
 // can only subdivide the claim's own namespace, never name another's server. tenantCap says
 // the claim's own config sets a burst cap (tenantSetsCap).
-func (s *State) planDevice(ns string, d gpu.Device, r resourceapi.DeviceRequestAllocationResult, cfg *configapi.GpuConfig, tenantCap bool) (checkpoint.PreparedDevice, error) {
-	allocatable := AllocatableMemory(d, s.cfg.ReservedMemory)
+func (pr *planner) planDevice(ns string, d gpu.Device, r resourceapi.DeviceRequestAllocationResult, cfg *configapi.GpuConfig, tenantCap bool) (checkpoint.PreparedDevice, error) {
+	allocatable := AllocatableMemory(d, pr.cfg.ReservedMemory)
 	mem, compute := allocatable, int64(100)
 	if r.ConsumedCapacity != nil {
 		mem = quantity(r.ConsumedCapacity, configapi.CapacityMemory, allocatable)
@@ -123,14 +145,14 @@ func (s *State) planDevice(ns string, d gpu.Device, r resourceapi.DeviceRequestA
 		p.MPSKey = daemon.Key()
 	}
 	if cfg.Placement != nil && cfg.Placement.MemoryLimit != nil {
-		limit, err := s.burstCap(p, d, cfg, tenantCap, allocatable)
+		limit, err := pr.burstCap(p, d, cfg, tenantCap, allocatable)
 		if err != nil {
 			return p, err
 		}
 		p.MemoryLimitBytes = limit
 	}
-	p.MemoryCap = memoryCap(p.Mode, s.dmemRegions[d.UUID] != "")
-	p.MemoryEnforced, p.MemoryEnforcement = s.memoryEnforcement(p.Mode, p.MemoryCap, cfg.Placement)
+	p.MemoryCap = memoryCap(p.Mode, pr.caps.partitions(d.UUID))
+	p.MemoryEnforced, p.MemoryEnforcement = pr.memoryEnforcement(p.Mode, p.MemoryCap, cfg.Placement)
 	if p.MemoryLimitBytes > p.MemoryBytes {
 		p.MemoryEnforcement += burstWhy
 	}
@@ -148,13 +170,13 @@ const burstWhy = "; burst: the cap (FGPU_MEMORY_LIMIT) is above the guaranteed m
 // tenant's own config) and where only the same namespace's isolation domain can be hurt by
 // it (no allowSharedGPU: checkIsolation keeps other domains off the GPU), for an MPS share,
 // whose caps MPS enforces. A whole GPU has no use for one; time-slicing enforces no cap.
-func (s *State) burstCap(p checkpoint.PreparedDevice, d gpu.Device, cfg *configapi.GpuConfig, tenantCap bool, allocatable int64) (int64, error) {
+func (pr *planner) burstCap(p checkpoint.PreparedDevice, d gpu.Device, cfg *configapi.GpuConfig, tenantCap bool, allocatable int64) (int64, error) {
 	limit := cfg.Placement.MemoryLimit.Value()
 	var why string
 	switch {
 	case tenantCap:
 		why = "the claim's own config sets it, and only the fgpu allocator may write placement"
-	case !s.cfg.Fenced:
+	case !pr.cfg.Fenced:
 		why = "the plugin runs in scheduler mode, where no allocator placed the claim"
 	case cfg.Placement.AllowSharedGPU:
 		why = "the placement lets other isolation domains use the GPU, and a burst must never take memory from another domain"
@@ -213,7 +235,7 @@ const (
 // GPU no other isolation domain may share (checkIsolation refuses to prepare one next to
 // it): in scheduler mode kube-scheduler may put any namespace's claim, MPS or time-sliced,
 // next to it.
-func (s *State) memoryEnforcement(mode, memCap string, pl *configapi.Placement) (bool, string) {
+func (pr *planner) memoryEnforcement(mode, memCap string, pl *configapi.Placement) (bool, string) {
 	perProcess := perProcessWhy
 	if memCap == MemoryCapCgroup {
 		perProcess = cgroupWhy
@@ -223,7 +245,7 @@ func (s *State) memoryEnforcement(mode, memCap string, pl *configapi.Placement) 
 		return true, "exclusive: the claim holds the whole GPU"
 	case mode == string(configapi.SharingModeTimeSlicing):
 		return false, "time-slicing: no memory cap"
-	case !s.cfg.Fenced:
+	case !pr.cfg.Fenced:
 		return false, perProcess + "in scheduler mode other namespaces' MPS servers or time-sliced claims may use this GPU, so a process that bypasses MPS is not capped"
 	case pl == nil:
 		return false, perProcess + "the allocation does not say the GPU is this isolation domain's alone, so a process that bypasses MPS is not capped"

@@ -11,18 +11,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 
-	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/cdi"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
-	"github.com/fgpu-dev/fgpu/pkg/gpu"
 )
 
 // ReasonCheckpointRecovered is the Node event's reason when a corrupt checkpoint was
@@ -36,7 +31,7 @@ const ReasonCheckpointRecovered = "FgpuCheckpointRecovered"
 // the claims already taken back, so no share is counted twice and no GPU is over-committed.
 // Everything else is left to recover, which removes the specs and daemons no entry owns;
 // a reserved claim without a spec was never prepared here, and the kubelet prepares it.
-// The refusals the checkpoint kept come back from the claims (recordedRefusals).
+// The refusals the checkpoint kept come back from the claims (refusals.recorded).
 func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadErr error) error {
 	logger := klog.FromContext(ctx)
 	if client == nil {
@@ -76,11 +71,11 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 	for i := range claims {
 		claim := &claims[i]
 		uid := string(claim.UID)
-		if r := s.recordedRefusals(claim); len(r) > 0 {
+		if r := s.refusals.recorded(claim); len(r) > 0 {
 			s.cp.Refused = append(s.cp.Refused, r...)
 			refusedAgain = append(refusedAgain, claim.Namespace+"/"+claim.Name)
 		}
-		if !onNode[uid] || !s.allocatedHere(claim) {
+		if !onNode[uid] || !s.planner.allocatedHere(claim) {
 			continue
 		}
 		ref := claim.Namespace + "/" + claim.Name
@@ -88,9 +83,9 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 			dropped = append(dropped, ref+" (no longer reserved for a pod)")
 			continue
 		}
-		planned, err := s.plan(claim)
+		planned, err := s.planner.plan(claim)
 		if err == nil {
-			err = s.checkCapacity(claim, planned)
+			err = s.room.checkCapacity(claim, planned)
 		}
 		if err != nil {
 			logger.Error(err, "Not taking back a claim into the rebuilt checkpoint", "claim", klog.KObj(claim))
@@ -110,7 +105,7 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 	}
 	// Saved before any side effect: a crash from here on restarts from this checkpoint,
 	// never from an empty one that would remove every spec and daemon on the node.
-	if err := s.store.Save(s.cp); err != nil {
+	if err := s.save(); err != nil {
 		return err
 	}
 	// The specs and daemons are written again only now that all entries are known: an MPS
@@ -137,69 +132,28 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 		msg += fmt.Sprintf("; still refused (their refusal stands on the claim until the allocator places them again): %s", strings.Join(refusedAgain, ", "))
 	}
 	logger.Error(loadErr, "Rebuilt a corrupt checkpoint", "copiedTo", aside, "claims", kept, "dropped", dropped, "orphanSpecs", orphans, "refused", refusedAgain)
-	if err := s.nodeEvent(ctx, client, corev1.EventTypeWarning, ReasonCheckpointRecovered, msg); err != nil {
+	if err := nodeEvent(ctx, client, s.cfg.NodeName, corev1.EventTypeWarning, ReasonCheckpointRecovered, msg); err != nil {
 		// The log line above says the same; the plugin must not stay down for an event.
 		logger.Error(err, "Recording the checkpoint recovery event")
 	}
 	return nil
 }
 
-// recordedRefusals are the refusals the checkpoint lost of a claim the allocator places again
-// (placedAgain): the Prepared=False conditions this node's plugin recorded on the claim's
-// status.devices (publishRefusal), for shares of its current allocation. Until the allocator
-// acts on them they must stay refused, as rememberRefusal kept them: the allocator takes
-// the allocation back when it reads the condition, also from a running pod.
-func (s *State) recordedRefusals(claim *resourceapi.ResourceClaim) []checkpoint.Refusal {
-	if !s.placedAgain(claim) {
-		return nil
-	}
-	var out []checkpoint.Refusal
-	for _, d := range claim.Status.Devices {
-		if d.Driver != s.cfg.DriverName || d.Pool != s.cfg.NodeName {
-			continue
-		}
-		c := meta.FindStatusCondition(d.Conditions, configapi.DeviceConditionPrepared)
-		if c == nil || c.Status != metav1.ConditionFalse || !slices.Contains(refusalReasons, c.Reason) {
-			continue
-		}
-		r := checkpoint.Refusal{ClaimUID: string(claim.UID), Pool: d.Pool, Device: d.Device, ShareID: ptr.Deref(d.ShareID, ""), Reason: c.Reason, Message: c.Message}
-		if s.allocates(claim, r) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// refusalReasons are the reasons of the refusals the allocator acts on.
-var refusalReasons = []string{configapi.PrepareReasonOverCommitted, configapi.PrepareReasonDeviceGone, configapi.PrepareReasonIsolationConflict}
-
-// allocatedHere says whether a claim holds a device of this driver from this node's pool.
-func (s *State) allocatedHere(claim *resourceapi.ResourceClaim) bool {
-	if claim.Status.Allocation == nil {
-		return false
-	}
-	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver == s.cfg.DriverName && r.Pool == s.cfg.NodeName {
-			return true
-		}
-	}
-	return false
-}
-
 // maxEventMessage is the API server's limit on an event's message.
 const maxEventMessage = 1024
 
-func (s *State) nodeEvent(ctx context.Context, client kubernetes.Interface, eventType, reason, msg string) error {
+// nodeEvent records an event on this node, named nodeName.
+func nodeEvent(ctx context.Context, client kubernetes.Interface, nodeName, eventType, reason, msg string) error {
 	if len(msg) > maxEventMessage {
 		msg = msg[:maxEventMessage-3] + "..."
 	}
 	now := metav1.Now()
 	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: s.cfg.NodeName + ".", Namespace: metav1.NamespaceDefault},
+		ObjectMeta: metav1.ObjectMeta{GenerateName: nodeName + ".", Namespace: metav1.NamespaceDefault},
 		// The kubelet names a Node's events by the node's name as its UID, too.
-		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: s.cfg.NodeName, UID: types.UID(s.cfg.NodeName)},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: nodeName, UID: types.UID(nodeName)},
 		Reason:         reason, Message: msg, Type: eventType,
-		Source:         corev1.EventSource{Component: "fgpu-kubelet-plugin", Host: s.cfg.NodeName},
+		Source:         corev1.EventSource{Component: "fgpu-kubelet-plugin", Host: nodeName},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 	}
 	_, err := client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{})
@@ -219,40 +173,61 @@ func (s *State) loadOrRebuild(ctx context.Context, client kubernetes.Interface) 
 			return err
 		}
 	}
-	return s.migrateComputeModes(ctx)
+	return s.modes.migrate(ctx)
 }
 
-// migrateComputeModes completes FoundComputeModes where the checkpoint does not vouch for it
-// (an earlier version's, or one rebuilt after corruption): such a plugin may have put a GPU
-// holding MPS claims in EXCLUSIVE_PROCESS without recording it, and would have set it back
-// to Default when its last claim went. So Default is recorded as found there, and the mode
-// goes back to Default then instead of staying EXCLUSIVE_PROCESS for good.
-func (s *State) migrateComputeModes(ctx context.Context) error {
-	if s.cp.ComputeModesRecorded {
-		return nil
-	}
-	s.cp.ComputeModesRecorded = true
-	var gpus []string
-	for _, e := range s.cp.Claims {
-		for _, p := range e.Devices {
-			if _, ok := s.cp.FoundComputeModes[p.GPUUUID]; p.MPSKey == "" || ok || slices.Contains(gpus, p.GPUUUID) {
-				continue
+// recover makes disk and processes match the checkpoint after a restart: half-prepared
+// claims are rolled back (the kubelet retries them), specs and daemons that no entry
+// accounts for are removed, and daemons that prepared claims need are running.
+func (s *State) recover(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	for uid, e := range s.cp.Claims {
+		if e.State != checkpoint.PrepareCompleted {
+			logger.Info("Rolling back a claim whose prepare was interrupted", "claim", klog.KRef(e.Namespace, e.Name), "uid", uid)
+			if err := s.rollback(ctx, uid, false); err != nil {
+				return err
 			}
-			gpus = append(gpus, p.GPUUUID)
 		}
 	}
-	if len(gpus) == 0 {
-		return nil
+	uids, err := s.cdi.ClaimUIDs()
+	if err != nil {
+		return err
 	}
-	if s.cp.FoundComputeModes == nil {
-		s.cp.FoundComputeModes = map[string]string{}
+	for _, uid := range uids {
+		if _, ok := s.cp.Claims[uid]; !ok {
+			logger.Info("Removing a CDI spec no prepared claim accounts for", "uid", uid)
+			if err := s.cdi.Remove(uid); err != nil {
+				return err
+			}
+		}
 	}
-	for _, uuid := range gpus {
-		s.cp.FoundComputeModes[uuid] = string(gpu.ComputeModeDefault)
+	// Every daemon present: also those that no entry accounts for.
+	if err := s.daemons.stopStray(ctx); err != nil {
+		return err
 	}
-	if err := s.store.Save(s.cp); err != nil {
-		return fmt.Errorf("record the compute modes of GPUs with MPS claims: %w", err)
+	// The daemons prepared claims use are adopted as they run; only one that is gone (or
+	// runs without answering) is started again, and its claims' pods moved: daemons.wasDown.
+	checked := map[string]bool{}
+	for uid, e := range s.cp.Claims {
+		// Idempotent: a pod whose cgroup appeared while the plugin was down gets its caps now.
+		s.caps.limitPods(ctx, e, e.Pods)
+		for i := range e.Devices {
+			p := &e.Devices[i]
+			if p.MPSKey == "" || checked[p.MPSKey] {
+				continue
+			}
+			checked[p.MPSKey] = true
+			// One unanswered question is no dead daemon (a loaded node answers late): only a
+			// daemon that had to be started anew lost its clients.
+			started, err := s.daemons.ensure(ctx, p.MPSKey, p.GPUUUID, false)
+			if started {
+				s.daemons.wasDown(ctx, p, "")
+				logger.Info("Started the MPS daemon of a prepared claim again", "claim", klog.KRef(e.Namespace, e.Name), "uid", uid, "daemon", p.MPSKey)
+			}
+			if err != nil {
+				return err
+			}
+		}
 	}
-	klog.FromContext(ctx).Info("The checkpoint did not record the compute modes fgpu changed; GPUs holding MPS claims go back to Default when their last claim goes", "gpus", gpus)
 	return nil
 }

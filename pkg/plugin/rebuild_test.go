@@ -75,7 +75,7 @@ func testRebuild(t *testing.T, corrupt func(*testing.T, []byte) []byte) {
 		}
 	}
 	before := s.PreparedClaims()
-	keysBefore, _ := s.mps.Keys(context.Background())
+	keysBefore, _ := s.daemons.mps.Keys(context.Background())
 	e.client = fake.NewClientset(a, b, c, gone, later)
 
 	path := e.cfg.CheckpointPath()
@@ -102,12 +102,12 @@ func testRebuild(t *testing.T, corrupt func(*testing.T, []byte) []byte) {
 	if !slices.Equal(uids, wantUIDs) {
 		t.Fatalf("CDI specs after rebuild %v, want %v", uids, wantUIDs)
 	}
-	keys, _ := restarted.mps.Keys(context.Background())
+	keys, _ := restarted.daemons.mps.Keys(context.Background())
 	if len(keysBefore) != 4 || len(keys) != 3 {
 		t.Fatalf("MPS servers before %v, after %v: want gone's server stopped, the others kept", keysBefore, keys)
 	}
 	for _, k := range keys {
-		if !restarted.mps.Running(ctx, k) {
+		if !restarted.daemons.mps.Running(ctx, k) {
 			t.Errorf("server %s not running", k)
 		}
 	}
@@ -152,11 +152,11 @@ func TestRebuildNeverOverCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A spec for second, as if an earlier checkpoint had lost first.
-	planned, err := s.plan(second)
+	planned, err := s.planner.plan(second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.cdi.Write(string(second.UID), []cdi.Device{s.cdiDevice(&planned[0], 0, 1)}); err != nil {
+	if _, err := s.cdi.Write(string(second.UID), []cdi.Device{s.cdi.device(&planned[0], 0, 1)}); err != nil {
 		t.Fatal(err)
 	}
 	e.client = fake.NewClientset(second, first)

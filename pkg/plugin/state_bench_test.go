@@ -48,9 +48,9 @@ func BenchmarkPrepare(b *testing.B) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
-	keys, _ := s.mps.Keys(context.Background())
+	keys, _ := s.daemons.mps.Keys(context.Background())
 	for _, k := range keys {
-		if err := s.mps.Stop(ctx, k); err != nil {
+		if err := s.daemons.mps.Stop(ctx, k); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -77,9 +77,9 @@ func (e *env) state() *State {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() {
-		keys, _ := s.mps.Keys(context.Background())
+		keys, _ := s.daemons.mps.Keys(context.Background())
 		for _, k := range keys {
-			if err := s.mps.Stop(context.Background(), k); err != nil {
+			if err := s.daemons.mps.Stop(context.Background(), k); err != nil {
 				e.t.Error(err)
 			}
 		}
@@ -150,14 +150,14 @@ func TestThreeClaimsShareOneGPUThroughOneMPSServer(t *testing.T) {
 	if pa, pc := pipeOf(envA), pipeOf(e.specEnv(uids["c"])); pa == "" || pa != pc {
 		t.Fatalf("claims of one domain on one GPU must share the MPS pipe directory: %q vs %q", pa, pc)
 	}
-	keys, _ := s.mps.Keys(context.Background())
+	keys, _ := s.daemons.mps.Keys(context.Background())
 	if len(keys) != 1 {
 		t.Fatalf("want one MPS daemon, have %v", keys)
 	}
 	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeExclusiveProcess {
 		t.Fatalf("a GPU owned by one MPS server should be EXCLUSIVE_PROCESS, got %s", m)
 	}
-	st, err := fakecontrol.ReadState(s.mps.LogDir(keys[0]))
+	st, err := fakecontrol.ReadState(s.daemons.mps.LogDir(keys[0]))
 	if err != nil || st.DefaultPinnedMemLimit["0"] != "30720M" {
 		t.Fatalf("server default should be the largest tenant cap (30Gi): %+v %v", st, err)
 	}
@@ -173,7 +173,7 @@ func TestIsolationDomainsGetSeparateServers(t *testing.T) {
 	if _, err := s.Prepare(ctx, builders.MakeClaim("b", "y").Memory("10Gi").Config(map[string]any{"isolationDomain": "team-b"}).AllocatedOn(node, "gpu-0").Obj()); err != nil {
 		t.Fatal(err)
 	}
-	keys, _ := s.mps.Keys(context.Background())
+	keys, _ := s.daemons.mps.Keys(context.Background())
 	if len(keys) != 2 {
 		t.Fatalf("two domains on one GPU need two MPS daemons, have %v", keys)
 	}
@@ -215,7 +215,7 @@ func TestNamespacesNeverShareAServer(t *testing.T) {
 		if a.MPSKey == v.MPSKey || !strings.HasPrefix(a.IsolationDomain, "attacker/") {
 			t.Errorf("%s shares the victim's server: %+v", k, a)
 		}
-		if s.mps.PipeDir(a.MPSKey) == s.mps.PipeDir(v.MPSKey) || s.mps.ShmDir(a.MPSKey) == s.mps.ShmDir(v.MPSKey) {
+		if s.daemons.mps.PipeDir(a.MPSKey) == s.daemons.mps.PipeDir(v.MPSKey) || s.daemons.mps.ShmDir(a.MPSKey) == s.daemons.mps.ShmDir(v.MPSKey) {
 			t.Errorf("%s: the victim's pipe or shm directory", k)
 		}
 	}
@@ -332,7 +332,7 @@ func TestBadConfigLeavesNothingBehind(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want %q", err, tc.want)
 			}
-			keys, _ := s.mps.Keys(context.Background())
+			keys, _ := s.daemons.mps.Keys(context.Background())
 			if e.specCount() != 0 || len(keys) != 0 || len(s.PreparedClaims()) != 0 {
 				t.Fatalf("left behind: %d specs, daemons %v, %d entries", e.specCount(), keys, len(s.PreparedClaims()))
 			}
@@ -355,11 +355,11 @@ func TestUnprepareStopsTheServerAfterTheLastTenant(t *testing.T) {
 	if _, err := s.Prepare(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	key, _ := s.mps.Keys(context.Background())
+	key, _ := s.daemons.mps.Keys(context.Background())
 	if err := s.Unprepare(ctx, string(a.UID)); err != nil {
 		t.Fatal(err)
 	}
-	if !s.mps.Running(ctx, key[0]) {
+	if !s.daemons.mps.Running(ctx, key[0]) {
 		t.Fatal("daemon stopped while claim b still uses it")
 	}
 	if err := s.Unprepare(ctx, string(b.UID)); err != nil {
@@ -368,8 +368,8 @@ func TestUnprepareStopsTheServerAfterTheLastTenant(t *testing.T) {
 	if err := s.Unprepare(ctx, string(b.UID)); err != nil {
 		t.Fatalf("unprepare is idempotent: %v", err)
 	}
-	keys, _ := s.mps.Keys(context.Background())
-	if s.mps.Running(ctx, key[0]) || len(keys) != 0 || e.specCount() != 0 {
+	keys, _ := s.daemons.mps.Keys(context.Background())
+	if s.daemons.mps.Running(ctx, key[0]) || len(keys) != 0 || e.specCount() != 0 {
 		t.Fatalf("left: daemons %v, %d specs", keys, e.specCount())
 	}
 	if m := computeMode(t, s, "gpu-0"); m != gpu.ComputeModeDefault {
@@ -388,7 +388,7 @@ func TestWholeGPUNeedsNoMPS(t *testing.T) {
 	if !slices.Contains(env, "FGPU_SHARING_MODE=exclusive") || slices.ContainsFunc(env, func(v string) bool { return strings.HasPrefix(v, "CUDA_MPS_") }) {
 		t.Fatalf("whole GPU env %v", env)
 	}
-	if keys, _ := s.mps.Keys(context.Background()); len(keys) != 0 {
+	if keys, _ := s.daemons.mps.Keys(context.Background()); len(keys) != 0 {
 		t.Fatalf("daemons %v", keys)
 	}
 }
@@ -404,7 +404,7 @@ func TestRestartRecoversFromACrashMidPrepare(t *testing.T) {
 		t.Fatal(err)
 	}
 	half := builders.MakeClaim("ns", "half").Memory("10Gi").Config(map[string]any{"isolationDomain": "other"}).AllocatedOn(node, "gpu-0").Obj()
-	planned, err := s.plan(half)
+	planned, err := s.planner.plan(half)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,12 +417,12 @@ func TestRestartRecoversFromACrashMidPrepare(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The crash also takes the daemons with it (they live in the plugin's container).
-	keys, _ := s.mps.Keys(context.Background())
+	keys, _ := s.daemons.mps.Keys(context.Background())
 	for _, k := range keys {
-		if err := s.mps.Stop(ctx, k); err != nil {
+		if err := s.daemons.mps.Stop(ctx, k); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.MkdirAll(s.mps.PipeDir(k), 0o755); err != nil {
+		if err := os.MkdirAll(s.daemons.mps.PipeDir(k), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -436,8 +436,8 @@ func TestRestartRecoversFromACrashMidPrepare(t *testing.T) {
 	if len(claims) != 1 || claims[string(done.UID)].State != checkpoint.PrepareCompleted {
 		t.Fatalf("after restart: %+v", claims)
 	}
-	keys, _ = restarted.mps.Keys(context.Background())
-	if len(keys) != 1 || !restarted.mps.Running(ctx, keys[0]) {
+	keys, _ = restarted.daemons.mps.Keys(context.Background())
+	if len(keys) != 1 || !restarted.daemons.mps.Running(ctx, keys[0]) {
 		t.Fatalf("want only the completed claim's daemon running, have %v", keys)
 	}
 	uids, _ := restarted.cdi.ClaimUIDs()

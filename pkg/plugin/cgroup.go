@@ -93,8 +93,8 @@ func (mc *memoryCaps) byDevice() map[string]bool {
 // partitions says whether the dmem controller partitions GPU uuid's memory.
 func (mc *memoryCaps) partitions(uuid string) bool { return mc.regions[uuid] != "" }
 
-// any says whether some GPU of the node is capped through the cgroup.
-func (mc *memoryCaps) any() bool { return len(mc.regions) > 0 }
+// active says whether some GPU of the node is capped through the cgroup.
+func (mc *memoryCaps) active() bool { return len(mc.regions) > 0 }
 
 // capped says whether the pod cgroup's dmem.max may cap a share: an MPS share of a GPU
 // the dmem controller partitions. It does not depend on what the claim reports (MemoryCap),
@@ -319,7 +319,7 @@ func (d *Driver) podsOf(ctx context.Context, claim *resourceapi.ResourceClaim) (
 		if apierrors.IsNotFound(err) {
 			continue
 		}
-		if err != nil && !d.state.caps.any() {
+		if err != nil && !d.state.caps.active() {
 			klog.FromContext(ctx).Error(err, "Looking up a pod of the claim; its GPU use is not measured", "pod", klog.KRef(claim.Namespace, ref.Name))
 			continue
 		}

@@ -89,7 +89,7 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 		cancel(err)
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
-	if state.caps.any() || d.usage != nil || state.guards.enabled() {
+	if state.caps.active() || d.usage != nil || state.guards.enabled() {
 		if err := d.watchPods(ctx); err != nil {
 			helper.Stop()
 			cancel(err)

@@ -191,7 +191,7 @@ func (mc *memoryCaps) uncappedBy(uid string, capped map[string]bool) string {
 // settle makes every claim that says cgroup but has a pod, among those just limited, that
 // is not capped on the claim's GPU say mps-per-process: in its checkpoint entry and, for a
 // claim already prepared, in its CDI spec (for containers started from now on; a running
-// container keeps the environment it started with) and its statuc.devices. A claim being
+// container keeps the environment it started with) and its status.devices. A claim being
 // prepared with no pod known, or none capped, says so too. The caller holds mc.mu.
 func (mc *memoryCaps) settle(ctx context.Context, capped map[string]map[string]bool) {
 	for uid, e := range mc.l.cp.Claims {

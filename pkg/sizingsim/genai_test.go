@@ -108,25 +108,29 @@ func TestRunStrategies(t *testing.T) {
 	}
 }
 
+// genaiTrace loads the real trace, or skips the test where it is not at hand.
+func genaiTrace(t *testing.T) *Trace {
+	t.Helper()
+	for _, d := range genaiDirs {
+		if _, err := os.Stat(d); err == nil {
+			tr, err := LoadGenAI(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tr
+		}
+	}
+	t.Skip("genai_v2026 trace not here")
+	return nil
+}
+
 // The real trace, where it is at hand: the orders the figures must keep, and the targets
 // for Auto at the defaults that the allocator's own rules meet: fewer GPUs than the human and
 // than per-claim caps, under one violation per 100 container-hours. The third target, at
 // most half of whole's GPUs, was met only by the simulator's former copy of the burst model;
 // the allocator's rules need 6.4 GPUs more, and docs/sizing.md says which rules and why.
 func TestGenAITargets(t *testing.T) {
-	dir := ""
-	for _, d := range genaiDirs {
-		if _, err := os.Stat(d); err == nil {
-			dir = d
-		}
-	}
-	if dir == "" {
-		t.Skip("genai_v2026 trace not here")
-	}
-	tr, err := LoadGenAI(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := genaiTrace(t)
 	got := map[string]Result{}
 	for _, r := range Run(tr, DefaultOptions(tr.StepSeconds), nil) {
 		got[r.Strategy] = r
@@ -258,19 +262,7 @@ func TestAutoNoBursterBesideWholeGPU(t *testing.T) {
 // replays the trace through pkg/sizing/engine, the code the allocator decides with, and
 // gets these.
 func TestGenAIAutoIsTheAllocatorsEngine(t *testing.T) {
-	dir := ""
-	for _, d := range genaiDirs {
-		if _, err := os.Stat(d); err == nil {
-			dir = d
-		}
-	}
-	if dir == "" {
-		t.Skip("genai_v2026 trace not here")
-	}
-	tr, err := LoadGenAI(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := genaiTrace(t)
 	opts := DefaultOptions(tr.StepSeconds)
 	r := Auto(tr, opts, nil)
 	for _, got := range Run(tr, opts, nil) {

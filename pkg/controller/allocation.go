@@ -82,7 +82,7 @@ func (c *Controller) allocation(claim *resourceapi.ResourceClaim, d *decision) (
 			},
 		})
 		// The class's configs, as kube-scheduler copies them.
-		if cls := c.classOfRequest(claim, r.request); cls != "" && !seenClass[r.request] {
+		if cls := classOfRequest(claim, r.request); cls != "" && !seenClass[r.request] {
 			seenClass[r.request] = true
 			if class, err := c.classes.Get(cls); err == nil {
 				for _, cc := range class.Spec.Config {
@@ -122,7 +122,8 @@ func (c *Controller) allocation(claim *resourceapi.ResourceClaim, d *decision) (
 	return a, nil
 }
 
-func (c *Controller) classOfRequest(claim *resourceapi.ResourceClaim, request string) string {
+// classOfRequest is the class the claim's request (or alternative) named request asks for.
+func classOfRequest(claim *resourceapi.ResourceClaim, request string) string {
 	for _, r := range claim.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {
 			if a.name == request {

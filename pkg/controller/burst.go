@@ -196,7 +196,7 @@ func (c *Controller) shouldBurst(claim *resourceapi.ResourceClaim, r autoReport,
 		return false
 	}
 	cfg := allocationConfig(c.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request)
-	if cfg.MemoryLimit != nil || cfg.Mode == api.SharingModeTimeSlicing || c.cfg.isExclusiveClass(c.classOfRequest(claim, r.result.Request)) {
+	if cfg.MemoryLimit != nil || cfg.Mode == api.SharingModeTimeSlicing || c.cfg.isExclusiveClass(classOfRequest(claim, r.result.Request)) {
 		return false
 	}
 	shares := 0

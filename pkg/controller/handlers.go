@@ -158,10 +158,10 @@ func (c *Controller) consumers(claim *resourceapi.ResourceClaim) []*corev1.Pod {
 }
 
 // claimPods returns the pods that use a claim, finished and deleted ones too.
-func (c *Controller) claimPods(claim *resourceapi.ResourceClaim) []*corev1.Pod {
+func (l *listers) claimPods(claim *resourceapi.ResourceClaim) []*corev1.Pod {
 	seen := map[types.UID]bool{}
 	var out []*corev1.Pod
-	objs, _ := c.podsByClaim.ByIndex(indexByKey, claimKey(claim))
+	objs, _ := l.podsByClaim.ByIndex(indexByKey, claimKey(claim))
 	for _, o := range objs {
 		if p, ok := o.(*corev1.Pod); ok && !seen[p.UID] {
 			seen[p.UID] = true
@@ -172,7 +172,7 @@ func (c *Controller) claimPods(claim *resourceapi.ResourceClaim) []*corev1.Pod {
 		if ref.Kind != "Pod" || ref.Controller == nil || !*ref.Controller {
 			continue
 		}
-		if p, err := c.pods.Pods(claim.Namespace).Get(ref.Name); err == nil && p.UID == ref.UID && !seen[p.UID] {
+		if p, err := l.pods.Pods(claim.Namespace).Get(ref.Name); err == nil && p.UID == ref.UID && !seen[p.UID] {
 			seen[p.UID] = true
 			out = append(out, p)
 		}

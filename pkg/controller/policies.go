@@ -2,23 +2,38 @@ package controller
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
+	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
 // policies lists the SharingPolicies (none without an fgpu client).
-func (c *Controller) policyList() []*api.SharingPolicy {
-	if c.policies == nil {
+func (l *listers) policyList() []*api.SharingPolicy {
+	if l.policies == nil {
 		return nil
 	}
-	list, err := c.policies.List(labels.Everything())
+	list, err := l.policies.List(labels.Everything())
 	if err != nil {
 		return nil
 	}
 	return list
+}
+
+// policyOf is the policy that applies to a claim used by pod, as placing it resolves it.
+func (l *listers) policyOf(claim *resourceapi.ResourceClaim, pod *corev1.Pod) policy.Effective {
+	nsLabels := map[string]string{}
+	if ns, err := l.namespaces.Get(claim.Namespace); err == nil && ns.Labels != nil {
+		nsLabels = ns.Labels
+	}
+	podLabels := pod.Labels
+	if podLabels == nil {
+		podLabels = map[string]string{}
+	}
+	return policy.Resolve(l.policyList(), nsLabels, podLabels)
 }
 
 // schedPolicy is the placement core's policy for a latency class: critical claims spread

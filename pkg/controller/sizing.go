@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
-	"github.com/fgpu-dev/fgpu/pkg/policy"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 )
 
@@ -100,19 +99,6 @@ var modeEffect = map[api.SizingMode]string{
 	api.SizingRecommend: "nothing is changed",
 	api.SizingInitial:   "new pods of the workload get it, running ones keep their size",
 	api.SizingAuto:      "new pods of the workload get it; running ones near their cap or far below it are evicted, one at a time, to come back at it",
-}
-
-// policyOf is the policy that applies to a claim used by pod, as placing it resolves it.
-func (c *Controller) policyOf(claim *resourceapi.ResourceClaim, pod *corev1.Pod) policy.Effective {
-	nsLabels := map[string]string{}
-	if ns, err := c.namespaces.Get(claim.Namespace); err == nil && ns.Labels != nil {
-		nsLabels = ns.Labels
-	}
-	podLabels := pod.Labels
-	if podLabels == nil {
-		podLabels = map[string]string{}
-	}
-	return policy.Resolve(c.policyList(), nsLabels, podLabels)
 }
 
 // forgetUsage drops what the recommender keeps of a deleted claim's shares.

@@ -119,7 +119,7 @@ type autoReport struct {
 // with the pod) and whose controller recreates it (a ReplicaSet or StatefulSet) is: a
 // standalone claim would come back with the same allocation, a bare pod not at all, and a
 // Job's pod would lose its work.
-func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev1.Pod, r autoReport) {
+func (s *sizingLoop) considerResize(claim *resourceapi.ResourceClaim, pod *corev1.Pod, r autoReport) {
 	own := metav1.GetControllerOf(claim)
 	ctl := metav1.GetControllerOf(pod)
 	if own == nil || own.Kind != "Pod" || own.UID != pod.UID || ctl == nil || (ctl.Kind != "ReplicaSet" && ctl.Kind != "StatefulSet") {
@@ -133,21 +133,21 @@ func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 	// A bursting share's cap is its placement's, above what it consumes; it is sized from
 	// its workload's whole history already, so it is never recreated smaller.
 	bursting := false
-	if pl := allocationConfig(c.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request).Placement; pl != nil && pl.MemoryLimit != nil {
+	if pl := allocationConfig(s.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request).Placement; pl != nil && pl.MemoryLimit != nil {
 		capBytes, bursting = pl.MemoryLimit.Value(), true
 	}
-	gpuMem := c.model.gpuMemory(gpuKey{r.result.Pool, r.result.Device})
+	gpuMem := s.model.gpuMemory(gpuKey{r.result.Pool, r.result.Device})
 	asked := askedMemory(claim, r.result.Request)
-	c.sizer.mu.Lock()
-	defer c.sizer.mu.Unlock()
-	a := c.sizer.auto
-	rec, ready := c.sizer.rec.Recommend(r.w)
+	s.sizer.mu.Lock()
+	defer s.sizer.mu.Unlock()
+	a := s.sizer.auto
+	rec, ready := s.sizer.rec.Recommend(r.w)
 	in := engine.Report{Workload: r.w, Share: r.share, Usage: r.u, Cap: capBytes, Bursting: bursting, GPUMemory: gpuMem, Asked: asked}
 	if r.burstable {
-		in.MayBurst = func(rec api.SizingRecommendation) bool { return c.shouldBurst(claim, r, rec, capBytes, gpuMem) }
+		in.MayBurst = func(rec api.SizingRecommendation) bool { return s.shouldBurst(claim, r, rec, capBytes, gpuMem) }
 	}
 	if asked == 0 && gpuMem > 0 && capBytes >= gpuMem {
-		in.ComesBackWhole = func(rec api.SizingRecommendation) bool { return c.keepsWholeGPU(claim, pod, r.result.Request, rec) }
+		in.ComesBackWhole = func(rec api.SizingRecommendation) bool { return s.keepsWholeGPU(claim, pod, r.result.Request, rec) }
 	}
 	d := a.resizer.Decide(in, rec, ready)
 	rec, peak := d.Rec, r.u.MemoryMaxBytes
@@ -155,50 +155,50 @@ func (c *Controller) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 	case engine.AtRequest:
 		if !a.toldAtRequest[r.share] {
 			a.toldAtRequest[r.share] = true
-			c.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonResizeAtRequest,
+			s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonResizeAtRequest,
 				"its GPU memory use (%s) nears its cap %s, which is all claim %s asks for request %q: sizing Auto never gives a claim more than it asks; ask for more memory",
 				fmtBytes(peak), fmtBytes(capBytes), claim.Name, r.result.Request)
 		}
 	case engine.Grow:
-		c.wantResize(a, claim, pod, r, capBytes, true, fmt.Sprintf("its GPU memory use reached %s of its %s cap (request %q); its controller recreates it with %s, at most what its claim asks",
+		s.wantResize(a, claim, pod, r, capBytes, true, fmt.Sprintf("its GPU memory use reached %s of its %s cap (request %q); its controller recreates it with %s, at most what its claim asks",
 			fmtBytes(peak), fmtBytes(capBytes), r.result.Request, fmtBytes(d.Want)))
 	case engine.ToBurst:
 		if _, queued := a.wants[pod.UID]; queued {
 			return
 		}
-		c.wantResize(a, claim, pod, r, capBytes, false, fmt.Sprintf("its workload is measured and its pods may burst (request %q): its controller recreates it guaranteed %s and capped at %s, where its workload's use fits",
+		s.wantResize(a, claim, pod, r, capBytes, false, fmt.Sprintf("its workload is measured and its pods may burst (request %q): its controller recreates it guaranteed %s and capped at %s, where its workload's use fits",
 			r.result.Request, fmtBytes(max(sizing.MemoryStep, rec.TypicalBytes)), fmtBytes(engine.BurstCap(rec))))
 		a.wants[pod.UID].toBurst = true
 	case engine.Shrink:
-		c.wantResize(a, claim, pod, r, capBytes, false, fmt.Sprintf("its GPU memory use stayed under %s of its %s cap (request %q) since %s; its controller recreates it with %s",
+		s.wantResize(a, claim, pod, r, capBytes, false, fmt.Sprintf("its GPU memory use stayed under %s of its %s cap (request %q) since %s; its controller recreates it with %s",
 			fmtBytes(int64(engine.FarBelow*float64(capBytes))), fmtBytes(capBytes), r.result.Request, d.Since.UTC().Format(time.RFC3339), fmtBytes(rec.MemoryBytes)))
 	}
 }
 
-func (c *Controller) wantResize(a *autoState, claim *resourceapi.ResourceClaim, pod *corev1.Pod, r autoReport, capBytes int64, grow bool, why string) {
+func (s *sizingLoop) wantResize(a *autoState, claim *resourceapi.ResourceClaim, pod *corev1.Pod, r autoReport, capBytes int64, grow bool, why string) {
 	if _, ok := a.wants[pod.UID]; ok {
 		return
 	}
 	a.wants[pod.UID] = &resizeWant{pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, uid: pod.UID, w: r.w,
-		claim: claim.Name, share: r.share, grow: grow, capBytes: capBytes, why: why, since: c.now()}
+		claim: claim.Name, share: r.share, grow: grow, capBytes: capBytes, why: why, since: s.now()}
 }
 
 // stillWanted re-checks a queued want when its turn comes: the pod's claim is still under
 // sizing Auto, and the reason holds (a larger pod: the workload's floor is above the cap; a
 // smaller one: the share's reports are still far below it). Caller holds the sizer's lock.
-func (c *Controller) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod) bool {
-	claim, err := c.claims.ResourceClaims(want.pod.Namespace).Get(want.claim)
-	if err != nil || claim.Status.Allocation == nil || c.policyOf(claim, pod).Sizing != api.SizingAuto {
+func (s *sizingLoop) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod) bool {
+	claim, err := s.claims.ResourceClaims(want.pod.Namespace).Get(want.claim)
+	if err != nil || claim.Status.Allocation == nil || s.policyOf(claim, pod).Sizing != api.SizingAuto {
 		return false
 	}
 	if want.grow {
 		return a.resizer.Floor(want.w) > want.capBytes
 	}
 	if want.toBurst {
-		return c.policyOf(claim, pod).Latency == api.LatencyBestEffort
+		return s.policyOf(claim, pod).Latency == api.LatencyBestEffort
 	}
 	if want.drain {
-		return c.burst.IsDraining(want.move) // an eviction may have ended its drain
+		return s.burst.IsDraining(want.move) // an eviction may have ended its drain
 	}
 	if want.move != (gpuKey{}) {
 		return true // relieve drops a move once the GPU's reports show room again
@@ -206,31 +206,31 @@ func (c *Controller) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod
 	return a.resizer.Low(want.share)
 }
 
-// askedMemory is the memory a claim's request asks (0: none, a whole GPU).
 // keepsWholeGPU says whether a pod of the claim placed again, its workload measured as rec,
 // keeps the whole GPU its request asks for, as resolveRequest decides: the workload is busy
 // and neither the policy nor the claim chose the mode.
-func (c *Controller) keepsWholeGPU(claim *resourceapi.ResourceClaim, pod *corev1.Pod, request string, rec api.SizingRecommendation) bool {
+func (s *sizingLoop) keepsWholeGPU(claim *resourceapi.ResourceClaim, pod *corev1.Pod, request string, rec api.SizingRecommendation) bool {
 	for _, r := range claim.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {
 			if a.name != request {
 				continue
 			}
-			class, err := c.classes.Get(a.class)
+			class, err := s.classes.Get(a.class)
 			if err != nil {
 				return false
 			}
-			userCfg, err := api.MergeConfigs(c.cfg.DriverName, api.RequestConfigs(class.Spec.Config, claim.Spec.Devices.Config, a.name), a.name)
+			userCfg, err := api.MergeConfigs(s.cfg.DriverName, api.RequestConfigs(class.Spec.Config, claim.Spec.Devices.Config, a.name), a.name)
 			if err != nil {
 				return false
 			}
-			_, note := sharingMode(c.policyOf(claim, pod), userCfg, rec, true)
+			_, note := sharingMode(s.policyOf(claim, pod), userCfg, rec, true)
 			return note == busyNote
 		}
 	}
 	return false
 }
 
+// askedMemory is the memory a claim's request asks (0: none, a whole GPU).
 func askedMemory(claim *resourceapi.ResourceClaim, request string) int64 {
 	for _, r := range claim.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {
@@ -261,27 +261,27 @@ func (m *model) gpuMemory(k gpuKey) int64 {
 // disruption now) or a failure does not use up the cluster's eviction: the next
 // namespace's pod is tried, and the refused one waits autoRetryAfter, behind its
 // namespace's other wants. At most one attempt per namespace per call bounds the writes.
-func (c *Controller) evictForResize(ctx context.Context) {
-	if c.fenced() != nil {
+func (s *sizingLoop) evictForResize(ctx context.Context) {
+	if s.fenced() != nil {
 		return
 	}
-	now := c.now()
-	c.sizer.mu.Lock()
-	if now.Sub(c.sizer.auto.lastEviction) < autoEvictInterval {
-		c.sizer.mu.Unlock()
+	now := s.now()
+	s.sizer.mu.Lock()
+	if now.Sub(s.sizer.auto.lastEviction) < autoEvictInterval {
+		s.sizer.mu.Unlock()
 		return
 	}
-	picks := c.resizePicks(now)
-	c.sizer.mu.Unlock()
+	picks := s.resizePicks(now)
+	s.sizer.mu.Unlock()
 	for _, pick := range picks {
 		// A drain was planned up to a report interval ago: its pods must still fit elsewhere.
 		if pick.drain {
-			if _, ok := c.drainMoves(ctx, pick.move); !ok {
-				c.endDrain(pick.move, time.Time{})
+			if _, ok := s.drainMoves(ctx, pick.move); !ok {
+				s.endDrain(pick.move, time.Time{})
 				continue
 			}
 		}
-		if c.evictOne(ctx, pick, now) {
+		if s.evictOne(ctx, pick, now) {
 			return
 		}
 	}
@@ -289,12 +289,12 @@ func (c *Controller) evictForResize(ctx context.Context) {
 
 // resizePicks is the oldest eligible want of each namespace, the namespaces in turn after
 // the last one tried. Caller holds the sizer's lock.
-func (c *Controller) resizePicks(now time.Time) []*resizeWant {
-	a := c.sizer.auto
+func (s *sizingLoop) resizePicks(now time.Time) []*resizeWant {
+	a := s.sizer.auto
 	byNS := map[string]*resizeWant{}
 	for uid, want := range a.wants {
-		pod, err := c.pods.Pods(want.pod.Namespace).Get(want.pod.Name)
-		if err != nil || pod.UID != uid || pod.DeletionTimestamp != nil || !c.stillWanted(a, want, pod) {
+		pod, err := s.pods.Pods(want.pod.Namespace).Get(want.pod.Name)
+		if err != nil || pod.UID != uid || pod.DeletionTimestamp != nil || !s.stillWanted(a, want, pod) {
 			delete(a.wants, uid)
 			continue
 		}
@@ -305,7 +305,7 @@ func (c *Controller) resizePicks(now time.Time) []*resizeWant {
 			if now.Sub(last.at) < autoWorkloadGap {
 				continue
 			}
-			if p, err := c.pods.Pods(last.pod.Namespace).Get(last.pod.Name); err == nil && p.UID == last.uid {
+			if p, err := s.pods.Pods(last.pod.Namespace).Get(last.pod.Name); err == nil && p.UID == last.uid {
 				continue
 			}
 		}
@@ -329,46 +329,46 @@ func (c *Controller) resizePicks(now time.Time) []*resizeWant {
 }
 
 // evictOne tries to evict a picked pod; it reports whether the pod was evicted.
-func (c *Controller) evictOne(ctx context.Context, pick *resizeWant, now time.Time) bool {
-	pod, err := c.pods.Pods(pick.pod.Namespace).Get(pick.pod.Name)
+func (s *sizingLoop) evictOne(ctx context.Context, pick *resizeWant, now time.Time) bool {
+	pod, err := s.pods.Pods(pick.pod.Namespace).Get(pick.pod.Name)
 	if err != nil {
 		return false
 	}
-	c.sizer.mu.Lock()
-	still := c.sizer.auto.wants[pick.uid] == pick // not dropped since it was picked (a drain that ended)
-	c.sizer.mu.Unlock()
+	s.sizer.mu.Lock()
+	still := s.sizer.auto.wants[pick.uid] == pick // not dropped since it was picked (a drain that ended)
+	s.sizer.mu.Unlock()
 	if !still {
 		return false
 	}
 	uid := pick.uid
-	err = c.client.CoreV1().Pods(pick.pod.Namespace).EvictV1(ctx, &policyv1.Eviction{
+	err = s.client.CoreV1().Pods(pick.pod.Namespace).EvictV1(ctx, &policyv1.Eviction{
 		ObjectMeta:    metav1.ObjectMeta{Name: pick.pod.Name, Namespace: pick.pod.Namespace},
 		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
 	})
-	c.sizer.mu.Lock()
-	defer c.sizer.mu.Unlock()
-	a := c.sizer.auto
+	s.sizer.mu.Lock()
+	defer s.sizer.mu.Unlock()
+	a := s.sizer.auto
 	a.lastNamespace = pick.pod.Namespace
 	switch {
 	case err == nil:
 		delete(a.wants, uid)
 		a.lastEviction = now
 		a.last[pick.w] = autoEvicted{pod: pick.pod, uid: uid, at: now}
-		c.metrics.evicted.WithLabelValues(pick.pod.Namespace, pick.reason()).Inc()
-		c.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonResizeEvicted,
+		s.metrics.evicted.WithLabelValues(pick.pod.Namespace, pick.reason()).Inc()
+		s.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonResizeEvicted,
 			"evicted by sizing Auto: %s. MPS fixes a process's memory cap when it starts, so a new pod is the only way to resize it", pick.why)
 		return true
 	case apierrors.IsTooManyRequests(err) && pick.drain && apierrors.HasStatusCause(err, policyv1.DisruptionBudgetCause):
 		// Emptying a GPU is worth no wait: another GPU is emptied meanwhile, and this one is
 		// left alone for a while.
-		c.endDrainLocked(pick.move, now.Add(engine.DrainGiveUp))
-		c.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonResizeBlocked,
+		s.endDrainLocked(pick.move, now.Add(engine.DrainGiveUp))
+		s.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonResizeBlocked,
 			"sizing Auto would recreate it (%s), but the eviction was refused: %v; GPU %s is not emptied, for %s", pick.why, err, pick.move, engine.DrainGiveUp)
 	case apierrors.IsTooManyRequests(err):
 		pick.notBefore, pick.since = now.Add(autoRetryAfter), now
 		if !pick.refusedTold {
 			pick.refusedTold = true
-			c.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonResizeBlocked,
+			s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonResizeBlocked,
 				"sizing Auto would recreate it (%s), but the eviction was refused: %v; tried again every %s", pick.why, err, autoRetryAfter)
 		}
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):

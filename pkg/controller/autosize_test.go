@@ -101,12 +101,12 @@ func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		e.report(claim.Name, i, 7<<10)
 	}
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 0 {
 		t.Fatalf("evicted %v while use stayed at 70%% of the cap", e.evicted)
 	}
 	e.report(claim.Name, 4, 9900)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 1 || e.evicted[0] != pod.Name {
 		t.Fatalf("evicted %v; want %s", e.evicted, pod.Name)
 	}
@@ -119,7 +119,7 @@ func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
 	}
 	// The evicted pod is still there (terminating takes a while): no second eviction.
 	e.clock.Step(time.Hour)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 1 {
 		t.Errorf("evicted %v; want one eviction", e.evicted)
 	}
@@ -142,9 +142,9 @@ func TestSizingAutoRetriesAnEvictionAPDBRefuses(t *testing.T) {
 		e.report(claim.Name, i, 7<<10)
 	}
 	e.report(claim.Name, 4, 9900)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	e.clock.Step(autoEvictInterval)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if attempts != 1 {
 		t.Errorf("%d eviction attempts within %s of a refusal; want 1", attempts, autoRetryAfter)
 	}
@@ -153,7 +153,7 @@ func TestSizingAutoRetriesAnEvictionAPDBRefuses(t *testing.T) {
 	}
 	e.refuse = nil
 	e.clock.Step(autoRetryAfter)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if attempts != 2 || len(e.evicted) != 1 {
 		t.Errorf("%d attempts, evicted %v after the retry delay; want the second attempt to evict", attempts, e.evicted)
 	}
@@ -176,14 +176,14 @@ func TestSizingAutoShrinksAndTellsWhatItCannotDo(t *testing.T) {
 	for i := 1; i <= 11; i++ {
 		e.report(claim.Name, i, 5<<10)
 		e.report(standalone.Name, i, 5<<10)
-		e.c.evictForResize(e.ctx)
+		e.c.sizing.evictForResize(e.ctx)
 		if len(e.evicted) != 0 {
 			t.Fatalf("evicted %v after %d minutes of low use; want none before an hour", e.evicted, i*5)
 		}
 	}
 	e.report(claim.Name, 13, 5<<10)
 	e.report(standalone.Name, 13, 5<<10)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 1 || e.evicted[0] != pod.Name {
 		t.Fatalf("evicted %v; want only %s (the standalone claim's pod would keep its size)", e.evicted, pod.Name)
 	}
@@ -196,7 +196,7 @@ func TestSizingAutoShrinksAndTellsWhatItCannotDo(t *testing.T) {
 		t.Errorf("events %q; want one telling the pod to ask for more", ev)
 	}
 	e.clock.Step(time.Hour)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 1 {
 		t.Errorf("evicted %v; a pod at its claim's request would come back the same", e.evicted)
 	}
@@ -213,7 +213,7 @@ func TestSizingAutoDoesNotShrinkWhatComesBackWhole(t *testing.T) {
 	for i := 1; i <= 16; i++ {
 		e.reportSM("team-a", busy.Name, i, 5<<10, 98)
 		e.reportSM("team-b", calm.Name, i, 5<<10, 35)
-		e.c.evictForResize(e.ctx)
+		e.c.sizing.evictForResize(e.ctx)
 	}
 	if len(e.evicted) != 1 || e.evicted[0] != calmPod.Name {
 		t.Fatalf("evicted %v; want only %s (the busy pod would come back on the whole GPU)", e.evicted, calmPod.Name)
@@ -241,13 +241,13 @@ func TestSizingAutoSizesNewClaims(t *testing.T) {
 // near its cap does.
 func (e *autoEnv) wantGrow(claim *resourceapi.ResourceClaim, pod *corev1.Pod) {
 	w := api.SizingWorkload{Namespace: pod.Namespace, Kind: "Deployment", Name: "web", Request: "gpu"}
-	e.c.sizer.mu.Lock()
-	defer e.c.sizer.mu.Unlock()
-	a := e.c.sizer.auto
+	e.c.sizing.sizer.mu.Lock()
+	defer e.c.sizing.sizer.mu.Unlock()
+	a := e.c.sizing.sizer.auto
 	// A report at its 10Gi cap, with the workload recommended 20Gi: the floor is 20Gi.
 	a.resizer.Decide(engine.Report{Workload: w, Share: "s-" + pod.Name, Usage: api.ShareUsage{MemoryMaxBytes: 10 << 30}, Cap: 10 << 30},
 		api.SizingRecommendation{MemoryBytes: 20 << 30}, true)
-	e.c.wantResize(a, claim, pod, autoReport{w: w, share: "s-" + pod.Name}, 10<<30, true, "near cap")
+	e.c.sizing.wantResize(a, claim, pod, autoReport{w: w, share: "s-" + pod.Name}, 10<<30, true, "near cap")
 }
 
 // claimIn is claimOf in namespace ns.
@@ -287,7 +287,7 @@ func TestSizingAutoRefusedEvictionsDoNotStarveOtherNamespaces(t *testing.T) {
 		e.wantGrow(w.claim, w.pod)
 		e.clock.Step(time.Second)
 	}
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 1 || e.evicted[0] != "web-7c9d5-z" {
 		t.Fatalf("evicted %v; want team-b's pod, whatever team-a's budget refuses", e.evicted)
 	}
@@ -303,16 +303,16 @@ func TestSizingAutoRechecksAQueuedWant(t *testing.T) {
 	small, other := (&autoEnv{}).claimOf("web-7c9d5-b", "", 40)
 	e := newAutoEnv(t, claim, pod, small, other)
 	queued := func() int {
-		e.c.sizer.mu.Lock()
-		defer e.c.sizer.mu.Unlock()
-		return len(e.c.sizer.auto.wants)
+		e.c.sizing.sizer.mu.Lock()
+		defer e.c.sizing.sizer.mu.Unlock()
+		return len(e.c.sizing.sizer.auto.wants)
 	}
 	// Nothing keeps share "low" in lowSince: a report since was not far below its cap.
-	e.c.sizer.mu.Lock()
-	e.c.wantResize(e.c.sizer.auto, small, other, autoReport{w: api.SizingWorkload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}, share: "low"},
+	e.c.sizing.sizer.mu.Lock()
+	e.c.sizing.wantResize(e.c.sizing.sizer.auto, small, other, autoReport{w: api.SizingWorkload{Namespace: "team-a", Kind: "Deployment", Name: "web", Request: "gpu"}, share: "low"},
 		40<<30, false, "far below")
-	e.c.sizer.mu.Unlock()
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.sizer.mu.Unlock()
+	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 0 || queued() != 0 {
 		t.Fatalf("evicted %v, %d queued, after the shrink's reason went; want none", e.evicted, queued())
 	}
@@ -330,7 +330,7 @@ func TestSizingAutoRechecksAQueuedWant(t *testing.T) {
 		}
 	}
 	e.clock.Step(time.Hour)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 0 || queued() != 0 {
 		t.Fatalf("evicted %v, %d queued, after the policy turned sizing Off; want none", e.evicted, queued())
 	}

@@ -60,11 +60,11 @@ func (t *tenant) charge() int64 { return t.limit() }
 // its own, in a pod its controller recreates (the only way a GPU that fills is relieved).
 // guaranteed is what it consumes; capBytes what MPS lets it use, never more than the claim
 // asks; zero where it does not burst.
-func (c *Controller) burstSize(in *input, rq *request, w api.SizingWorkload, measured api.SizingRecommendation, asked int64) (guaranteed, capBytes int64) {
+func (s *sizingLoop) burstSize(in *input, rq *request, w api.SizingWorkload, measured api.SizingRecommendation, asked int64) (guaranteed, capBytes int64) {
 	p := in.pol
 	if p.Sizing != api.SizingAuto || p.Latency != api.LatencyBestEffort || p.AllowSharedGPU || p.Isolation == api.IsolationExclusive ||
-		rq.mode != api.SharingModeMPS || rq.count != 1 || rq.userCfg.MemoryLimit != nil || c.cfg.isExclusiveClass(rq.alt.class) ||
-		!recreatable(in.claim, in.consumers) || !c.burst.Measured(w, c.now()) {
+		rq.mode != api.SharingModeMPS || rq.count != 1 || rq.userCfg.MemoryLimit != nil || s.cfg.isExclusiveClass(rq.alt.class) ||
+		!recreatable(in.claim, in.consumers) || !s.burst.Measured(w, s.now()) {
 		return 0, 0
 	}
 	guaranteed, capBytes, ok := engine.BurstSize(measured, asked)
@@ -88,27 +88,27 @@ func recreatable(claim *resourceapi.ResourceClaim, consumers []*corev1.Pod) bool
 // overfull is the bursting tenant to move off GPU key, where its tenants' newest interval
 // peaks together pass engine.NearCap of its memory (engine.Overfull). Caller holds neither
 // the model's nor the sizer's lock.
-func (c *Controller) overfull(key gpuKey) (claimKey, share, why string) {
+func (s *sizingLoop) overfull(key gpuKey) (claimKey, share, why string) {
 	var shares, keys []string
 	var memCap int64
-	c.model.mu.Lock()
-	if g, ok := c.model.gpus[key]; ok && g.known {
+	s.model.mu.Lock()
+	if g, ok := s.model.gpus[key]; ok && g.known {
 		memCap = g.memCap
 		for _, t := range g.tenants {
 			if t.burstCap == 0 {
-				c.model.mu.Unlock()
+				s.model.mu.Unlock()
 				return "", "", ""
 			}
 			shares, keys = append(shares, string(t.shareID)), append(keys, t.key)
 		}
 	}
-	c.model.mu.Unlock()
+	s.model.mu.Unlock()
 	if len(shares) < 2 {
 		return "", "", ""
 	}
 	// Judged at the GPU's newest reported interval, every tenant at its use there (its
 	// newest report where it wrote none since), grown over the interval before.
-	uses, ok := c.burst.Uses(shares)
+	uses, ok := s.burst.Uses(shares)
 	if !ok {
 		return "", "", ""
 	}
@@ -122,7 +122,7 @@ func (c *Controller) overfull(key gpuKey) (claimKey, share, why string) {
 
 // sizeBurst makes a request a bursting share where burstSize allows it, and says so with
 // what it asked; it reports whether it did.
-func (c *Controller) sizeBurst(in *input, rq *request) bool {
+func (s *sizingLoop) sizeBurst(in *input, rq *request) bool {
 	measured, ok := in.sized[rq.alt.name]
 	if !ok || rq.whole || measured.ComputePercent >= engine.BusyComputePercent {
 		return false
@@ -132,7 +132,7 @@ func (c *Controller) sizeBurst(in *input, rq *request) bool {
 		asked = q.Value()
 	}
 	w := api.SizingWorkload{Namespace: in.sizedFor.Namespace, Kind: in.sizedFor.Kind, Name: in.sizedFor.Name, Request: rq.alt.name}
-	guaranteed, capBytes := c.burstSize(in, rq, w, measured, asked)
+	guaranteed, capBytes := s.burstSize(in, rq, w, measured, asked)
 	if capBytes == 0 {
 		return false
 	}
@@ -148,11 +148,11 @@ func (c *Controller) sizeBurst(in *input, rq *request) bool {
 
 // relieve asks Auto to move the bursting tenant that grew most off GPU key, where its
 // tenants' newest reports together near its memory; and drops such a want once they do not.
-func (c *Controller) relieve(key gpuKey) {
-	claimKey, share, why := c.overfull(key)
-	c.sizer.mu.Lock()
-	defer c.sizer.mu.Unlock()
-	a := c.sizer.auto
+func (s *sizingLoop) relieve(key gpuKey) {
+	claimKey, share, why := s.overfull(key)
+	s.sizer.mu.Lock()
+	defer s.sizer.mu.Unlock()
+	a := s.sizer.auto
 	if claimKey == "" {
 		for uid, want := range a.wants {
 			if want.move == key && !want.drain {
@@ -162,11 +162,11 @@ func (c *Controller) relieve(key gpuKey) {
 		return
 	}
 	ns, name, _ := strings.Cut(claimKey, "/")
-	claim, err := c.claims.ResourceClaims(ns).Get(name)
+	claim, err := s.claims.ResourceClaims(ns).Get(name)
 	if err != nil || claim.Status.Allocation == nil {
 		return
 	}
-	pods := c.claimPods(claim)
+	pods := s.claimPods(claim)
 	if !recreatable(claim, pods) || pods[0].DeletionTimestamp != nil {
 		return // nothing would bring it back
 	}
@@ -179,7 +179,7 @@ func (c *Controller) relieve(key gpuKey) {
 		if res.ShareID != nil && string(*res.ShareID) == share {
 			a.wants[pod.UID] = &resizeWant{pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, uid: pod.UID,
 				w: api.SizingWorkload{Namespace: claim.Namespace, Kind: top.Kind, Name: top.Name, Request: res.Request}, claim: claim.Name, share: share,
-				move: key, why: why, since: c.now()}
+				move: key, why: why, since: s.now()}
 		}
 	}
 }
@@ -189,14 +189,14 @@ func (c *Controller) relieve(key gpuKey) {
 // GPU it asked for, with no memory limit of its own, and its workload's use is neither busy
 // (it keeps its whole GPU) nor idle (time-slicing). A pod placed since, that still does not
 // burst, had a reason not to: it is never recreated for this. Caller holds the sizer's lock.
-func (c *Controller) shouldBurst(claim *resourceapi.ResourceClaim, r autoReport, rec api.SizingRecommendation, capBytes, gpuMem int64) bool {
-	since := c.burst.MeasuredSince(r.w)
+func (s *sizingLoop) shouldBurst(claim *resourceapi.ResourceClaim, r autoReport, rec api.SizingRecommendation, capBytes, gpuMem int64) bool {
+	since := s.burst.MeasuredSince(r.w)
 	at := claim.Status.Allocation.AllocationTimestamp
-	if since.IsZero() || at == nil || !at.Time.Before(since) || !c.burst.Measured(r.w, c.now()) {
+	if since.IsZero() || at == nil || !at.Time.Before(since) || !s.burst.Measured(r.w, s.now()) {
 		return false
 	}
-	cfg := allocationConfig(c.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request)
-	if cfg.MemoryLimit != nil || cfg.Mode == api.SharingModeTimeSlicing || c.cfg.isExclusiveClass(classOfRequest(claim, r.result.Request)) {
+	cfg := allocationConfig(s.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request)
+	if cfg.MemoryLimit != nil || cfg.Mode == api.SharingModeTimeSlicing || s.cfg.isExclusiveClass(classOfRequest(claim, r.result.Request)) {
 		return false
 	}
 	shares := 0

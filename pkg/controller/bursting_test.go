@@ -203,14 +203,14 @@ func TestAFillingGPUMovesTheTenantThatGrewMost(t *testing.T) {
 	}
 	reportPeaks(e, web2.Name, 12, 10)
 	reportPeaks(e, batch2.Name, 12, 30)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(*evicted) != 0 {
 		t.Fatalf("evicted %v with 40Gi of 80Gi in use", *evicted)
 	}
 	reportPeaks(e, web2.Name, 13, 45)
 	reportPeaks(e, batch2.Name, 13, 33)
 	e.clock.Step(autoEvictInterval)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(*evicted) != 1 || (*evicted)[0] != web2Pod.Name {
 		t.Fatalf("evicted %v; want %s, whose use grew by 35Gi when the GPU's tenants used 78Gi of 80Gi", *evicted, web2Pod.Name)
 	}
@@ -282,13 +282,13 @@ func TestAPodPlacedBeforeItsWorkloadWasMeasuredIsRecreatedToBurst(t *testing.T) 
 	e := newBurstEnv(t, 3, web, webPod, late, latePod)
 	evicted := recordEvictions(e)
 	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(*evicted) != 0 {
 		t.Fatalf("evicted %v before the workload had %d report intervals", *evicted, engine.MinIntervals)
 	}
 	reportPeaks(e, web.Name, 5, 10)
 	reportPeaks(e, late.Name, 5, 10)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(*evicted) != 1 || (*evicted)[0] != webPod.Name {
 		t.Fatalf("evicted %v; want only %s, placed before its workload was measured", *evicted, webPod.Name)
 	}
@@ -296,9 +296,9 @@ func TestAPodPlacedBeforeItsWorkloadWasMeasuredIsRecreatedToBurst(t *testing.T) 
 		t.Errorf("events %q", ev)
 	}
 	reportPeaks(e, late.Name, 6, 10)
-	e.c.sizer.mu.Lock()
-	_, queued := e.c.sizer.auto.wants[latePod.UID]
-	e.c.sizer.mu.Unlock()
+	e.c.sizing.sizer.mu.Lock()
+	_, queued := e.c.sizing.sizer.auto.wants[latePod.UID]
+	e.c.sizing.sizer.mu.Unlock()
 	if queued {
 		t.Errorf("the pod placed after its workload was measured is queued to be recreated")
 	}
@@ -360,10 +360,10 @@ func TestAPodThatWouldComeBackTheSameIsNotRecreated(t *testing.T) {
 	e := newBurstEnv(t, 2, big, bigPod)
 	evicted := recordEvictions(e)
 	reportPeaks(e, big.Name, 0, 75, 75, 75, 75, 75, 75, 75, 75, 75, 75, 75, 75)
-	e.c.evictForResize(e.ctx)
-	e.c.sizer.mu.Lock()
-	queued := len(e.c.sizer.auto.wants)
-	e.c.sizer.mu.Unlock()
+	e.c.sizing.evictForResize(e.ctx)
+	e.c.sizing.sizer.mu.Lock()
+	queued := len(e.c.sizing.sizer.auto.wants)
+	e.c.sizing.sizer.mu.Unlock()
 	if len(*evicted) != 0 || queued != 0 {
 		t.Errorf("evicted %v, %d queued: a whole GPU its recommendation fills comes back whole", *evicted, queued)
 	}
@@ -393,8 +393,8 @@ func TestConsolidationEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
 	reportPeaks(e, small.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
 	reportPeaks(e, big.Name, 0, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
 	reportPeaks(e, batch.Name, 0, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50)
-	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.Draining(); !ok || key.device != "gpu-0" {
+	e.c.sizing.consolidate(e.ctx)
+	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.device != "gpu-0" {
 		t.Fatalf("draining %v (%v); want gpu-0, whose 10Gi tenant fits next to gpu-1's", key, ok)
 	}
 	// No bursting share is placed on the GPU being emptied: batch's would fit next to
@@ -408,7 +408,7 @@ func TestConsolidationEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
 	if ev := e.events("being emptied by sizing Auto"); len(ev) == 0 {
 		t.Errorf("the waiting claim does not say gpu-0 is being emptied: %q", e.events(""))
 	}
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(*evicted) != 1 || (*evicted)[0] != smallPod.Name {
 		t.Fatalf("evicted %v; want %s", *evicted, smallPod.Name)
 	}
@@ -426,8 +426,8 @@ func TestConsolidationEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
 	if r, capBytes := burstOf(t, e, next.Name); r.Device != "gpu-1" || capBytes == 0 {
 		t.Fatalf("the replacement is on %s with cap %d; want a bursting share on gpu-1", r.Device, capBytes)
 	}
-	e.c.consolidate(e.ctx)
-	if _, _, ok := e.c.burst.Draining(); !ok {
+	e.c.sizing.consolidate(e.ctx)
+	if _, _, ok := e.c.sizing.burst.Draining(); !ok {
 		t.Fatal("the drain ended while gpu-0 still holds the evicted pod's share")
 	}
 	_ = e.client.CoreV1().Pods("team-a").Delete(e.ctx, smallPod.Name, metav1.DeleteOptions{})
@@ -435,8 +435,8 @@ func TestConsolidationEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.settle()
-	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.Draining(); ok {
+	e.c.sizing.consolidate(e.ctx)
+	if key, _, ok := e.c.sizing.burst.Draining(); ok {
 		t.Errorf("still draining %v once gpu-0 is empty", key)
 	}
 	e.checkInvariant()
@@ -455,25 +455,25 @@ func TestConsolidationMovesOnlyWhatFitsAndComesBack(t *testing.T) {
 		return e
 	}
 	e := pair(20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 60)
-	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.Draining(); ok {
+	e.c.sizing.consolidate(e.ctx)
+	if key, _, ok := e.c.sizing.burst.Draining(); ok {
 		t.Fatalf("draining %v: batch's 60Gi next to web's 10Gi passes the 69.6Gi admitted, either way", key)
 	}
 
 	e = pair(20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
 	evicted := recordEvictions(e)
-	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.Draining(); !ok || key.device != "gpu-0" {
+	e.c.sizing.consolidate(e.ctx)
+	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.device != "gpu-0" {
 		t.Fatalf("draining %v (%v); want gpu-0, whose tenant fits next to gpu-1's", key, ok)
 	}
 	// gpu-1's tenant's use grows before the eviction's turn: the tenant of gpu-0 no longer
 	// fits there, and the eviction checks that first: the drain ends.
 	reportPeaks(e, "batch-7c9d5-a-gpu", 12, 60)
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.evictForResize(e.ctx)
 	if len(*evicted) != 0 {
 		t.Errorf("evicted %v though gpu-0's tenant no longer fits on gpu-1", *evicted)
 	}
-	if key, _, ok := e.c.burst.Draining(); ok {
+	if key, _, ok := e.c.sizing.burst.Draining(); ok {
 		t.Fatalf("still draining %v though its tenant no longer fits on gpu-1", key)
 	}
 
@@ -483,8 +483,8 @@ func TestConsolidationMovesOnlyWhatFitsAndComesBack(t *testing.T) {
 	e = newBurstEnv(t, 3, web, webPod, other, otherPod)
 	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
 	reportPeaks(e, other.Name, 0, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
-	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.Draining(); ok && key.device == "gpu-0" {
+	e.c.sizing.consolidate(e.ctx)
+	if key, _, ok := e.c.sizing.burst.Draining(); ok && key.device == "gpu-0" {
 		t.Errorf("draining gpu-0: its tenant's claim is not its pod's own, and nothing would recreate it")
 	}
 }
@@ -507,46 +507,46 @@ func TestConsolidationMovesOnWhenADrainIsHeld(t *testing.T) {
 	})
 	reportPeaks(e, small.Name, 0, 10, 10, 10, 10, 10, 10)
 	reportPeaks(e, big.Name, 0, 20, 20, 20, 20, 20, 20)
-	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.Draining(); !ok || key.device != "gpu-0" {
+	e.c.sizing.consolidate(e.ctx)
+	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.device != "gpu-0" {
 		t.Fatalf("draining %v (%v); want gpu-0", key, ok)
 	}
-	e.c.evictForResize(e.ctx)
-	if key, _, ok := e.c.burst.Draining(); ok {
+	e.c.sizing.evictForResize(e.ctx)
+	if key, _, ok := e.c.sizing.burst.Draining(); ok {
 		t.Fatalf("still draining %v after its eviction was refused", key)
 	}
 	if ev := e.events("is not emptied"); len(ev) != 1 || !strings.Contains(ev[0], "disruption budget") {
 		t.Errorf("events %q; want the pod told that its GPU is not emptied", e.events(""))
 	}
 	// gpu-0 rests; gpu-1's tenant fits beside gpu-0's, so gpu-1 is emptied instead.
-	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.Draining(); !ok || key.device != "gpu-1" {
+	e.c.sizing.consolidate(e.ctx)
+	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.device != "gpu-1" {
 		t.Fatalf("draining %v (%v); want gpu-1 while gpu-0 rests", key, ok)
 	}
 	// No eviction is tried for engine.DrainGiveUp (the budget is not asked again here): the drain
 	// gives up, and that pass starts none.
-	e.c.sizer.mu.Lock()
-	for _, w := range e.c.sizer.auto.wants {
+	e.c.sizing.sizer.mu.Lock()
+	for _, w := range e.c.sizing.sizer.auto.wants {
 		w.notBefore = e.clock.Now().Add(2 * engine.DrainGiveUp)
 	}
-	e.c.sizer.mu.Unlock()
+	e.c.sizing.sizer.mu.Unlock()
 	e.clock.Step(engine.DrainGiveUp)
-	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.Draining(); ok {
+	e.c.sizing.consolidate(e.ctx)
+	if key, _, ok := e.c.sizing.burst.Draining(); ok {
 		t.Fatalf("draining %v in the pass that gave up on gpu-1", key)
 	}
-	e.c.sizer.mu.Lock()
-	wants := len(e.c.sizer.auto.wants)
-	e.c.sizer.mu.Unlock()
+	e.c.sizing.sizer.mu.Lock()
+	wants := len(e.c.sizing.sizer.auto.wants)
+	e.c.sizing.sizer.mu.Unlock()
 	if wants != 0 {
 		t.Errorf("%d evictions still wanted after the drain gave up", wants)
 	}
-	if !e.c.burst.Resting(gpuKey{"n1", "gpu-1"}, e.clock.Now()) {
+	if !e.c.sizing.burst.Resting(gpuKey{"n1", "gpu-1"}, e.clock.Now()) {
 		t.Errorf("gpu-1 is not left alone after its drain gave up")
 	}
 	// gpu-0 rested for engine.DrainGiveUp too: it may be emptied again; gpu-1 rests now.
-	e.c.consolidate(e.ctx)
-	if key, _, ok := e.c.burst.Draining(); !ok || key.device != "gpu-0" {
+	e.c.sizing.consolidate(e.ctx)
+	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.device != "gpu-0" {
 		t.Errorf("draining %v (%v); want gpu-0 again, its rest over", key, ok)
 	}
 }
@@ -560,15 +560,15 @@ func TestConsolidationEvictsNothingForADrainThatEnded(t *testing.T) {
 	evicted := recordEvictions(e)
 	reportPeaks(e, small.Name, 0, 10, 10, 10, 10, 10, 10)
 	reportPeaks(e, big.Name, 0, 20, 20, 20, 20, 20, 20)
-	e.c.consolidate(e.ctx)
-	key, since, ok := e.c.burst.Draining()
+	e.c.sizing.consolidate(e.ctx)
+	key, since, ok := e.c.sizing.burst.Draining()
 	if !ok {
 		t.Fatal("no drain")
 	}
 	// The drain ends, as an eviction's re-check ends it, without the planning pass seeing it.
-	e.c.burst.ClearDraining(key, e.clock.Now(), time.Time{})
-	e.c.wantMoves(key, since, []drainMove{{pod: bigPod, claim: big.Name, share: "x", to: key}}, e.clock.Now())
-	e.c.evictForResize(e.ctx)
+	e.c.sizing.burst.ClearDraining(key, e.clock.Now(), time.Time{})
+	e.c.sizing.wantMoves(key, since, []drainMove{{pod: bigPod, claim: big.Name, share: "x", to: key}}, e.clock.Now())
+	e.c.sizing.evictForResize(e.ctx)
 	if len(*evicted) != 0 {
 		t.Errorf("evicted %v for a drain that ended", *evicted)
 	}

@@ -42,26 +42,26 @@ type drainMove struct {
 
 // consolidate runs every report interval: it ends a drain that is done, stuck, or whose
 // tenants stopped fitting elsewhere, and otherwise starts one where a GPU can be emptied.
-func (c *Controller) consolidate(ctx context.Context) {
-	if c.fenced() != nil {
+func (s *sizingLoop) consolidate(ctx context.Context) {
+	if s.fenced() != nil {
 		return
 	}
-	now := c.now()
-	if key, since, ok := c.burst.Draining(); ok {
+	now := s.now()
+	if key, since, ok := s.burst.Draining(); ok {
 		if now.Sub(since) >= engine.DrainGiveUp {
 			// Left alone for as long, so that one GPU's pods that cannot move (a
 			// PodDisruptionBudget that allows nothing) do not hold every other drain.
-			c.endDrain(key, now.Add(engine.DrainGiveUp))
+			s.endDrain(key, now.Add(engine.DrainGiveUp))
 			return
 		}
-		if c.drainGoesOn(ctx, key, since, now) {
+		if s.drainGoesOn(ctx, key, since, now) {
 			return
 		}
-		c.endDrain(key, time.Time{})
+		s.endDrain(key, time.Time{})
 	}
-	for _, key := range c.drainCandidates(now) {
-		if moves, ok := c.drainMoves(ctx, key); ok && len(moves) > 0 {
-			c.startDrain(ctx, key, moves, now)
+	for _, key := range s.drainCandidates(now) {
+		if moves, ok := s.drainMoves(ctx, key); ok && len(moves) > 0 {
+			s.startDrain(ctx, key, moves, now)
 			return
 		}
 	}
@@ -69,11 +69,11 @@ func (c *Controller) consolidate(ctx context.Context) {
 
 // drainCandidates are the GPUs whose tenants all burst, those guaranteed least first, but
 // those whose drain gave up lately.
-func (c *Controller) drainCandidates(now time.Time) []gpuKey {
+func (s *sizingLoop) drainCandidates(now time.Time) []gpuKey {
 	var all []engine.Candidate[gpuKey]
-	c.model.mu.Lock()
-	for _, g := range c.model.gpus {
-		if !g.known || len(g.tenants) == 0 || c.burst.IsDraining(g.key) || c.burst.Resting(g.key, now) {
+	s.model.mu.Lock()
+	for _, g := range s.model.gpus {
+		if !g.known || len(g.tenants) == 0 || s.burst.IsDraining(g.key) || s.burst.Resting(g.key, now) {
 			continue
 		}
 		if !allBurst(g) {
@@ -81,7 +81,7 @@ func (c *Controller) drainCandidates(now time.Time) []gpuKey {
 		}
 		all = append(all, engine.Candidate[gpuKey]{GPU: g.key, Guaranteed: g.usedMem})
 	}
-	c.model.mu.Unlock()
+	s.model.mu.Unlock()
 	// The engine keeps the given order among GPUs guaranteed as much: by name, so that a
 	// pass is the same whatever the map's order.
 	slices.SortFunc(all, func(a, b engine.Candidate[gpuKey]) int { return cmp.Compare(a.GPU.String(), b.GPU.String()) })
@@ -115,7 +115,7 @@ func allBurst(g *gpu) bool {
 // drainMoves finds, for each tenant of GPU key that is not on its way out, another GPU in
 // use that its pod, placed anew, would be placed on, one tenant per GPU; ok is false where
 // one has none, or would not come back bursting, or nothing would recreate it.
-func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, bool) {
+func (s *sizingLoop) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, bool) {
 	type stay struct {
 		shareID types.UID
 		claim   *resourceapi.ResourceClaim
@@ -123,25 +123,25 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 		request string
 		in      *input
 	}
-	c.model.mu.Lock()
-	g, ok := c.model.gpus[key]
+	s.model.mu.Lock()
+	g, ok := s.model.gpus[key]
 	var tenants []*tenant
 	if ok {
 		for _, t := range g.tenants {
 			tenants = append(tenants, t)
 		}
 	}
-	c.model.mu.Unlock()
+	s.model.mu.Unlock()
 	var stays []stay
 	for _, t := range tenants {
-		claim, leaving := c.tenantClaim(t)
+		claim, leaving := s.tenantClaim(t)
 		if leaving {
 			continue
 		}
 		if claim == nil {
 			return nil, false
 		}
-		pods := c.claimPods(claim)
+		pods := s.claimPods(claim)
 		if len(pods) == 0 && isPodOwned(claim) {
 			continue // its pod is gone (evicted): the claim goes with it
 		}
@@ -153,32 +153,32 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 		if pods[0].DeletionTimestamp != nil {
 			continue
 		}
-		in, ok := c.gather(ctx, claim)
+		in, ok := s.place.gather(ctx, claim)
 		if !ok {
 			return nil, false
 		}
 		if in.pol.Quota.Binds() {
-			if _, queued := c.pending.QuotaAhead(claim.Namespace, "", c.now()); queued {
+			if _, queued := s.pending.QuotaAhead(claim.Namespace, "", s.now()); queued {
 				return nil, false // what the evicted pod frees would go to the claims queued first
 			}
 		}
 		// Placed anew, as its recreated pod would be: on any node its pod fits.
 		in.bound, in.conflict, in.reservedFor, in.pods = "", nil, nil, in.consumers
-		s := stay{shareID: t.shareID, claim: claim, pod: pods[0], in: in}
+		st := stay{shareID: t.shareID, claim: claim, pod: pods[0], in: in}
 		for _, r := range claim.Status.Allocation.Devices.Results {
 			if r.ShareID != nil && *r.ShareID == t.shareID {
-				s.request = r.Request
+				st.request = r.Request
 			}
 		}
-		stays = append(stays, s)
+		stays = append(stays, st)
 	}
 	if len(stays) == 0 {
 		return nil, true
 	}
-	c.model.mu.Lock()
-	defer c.model.mu.Unlock()
-	g, ok = c.model.gpus[key]
-	if !ok || c.model.ensureCore(c.schedPolicy, c) != nil {
+	s.model.mu.Lock()
+	defer s.model.mu.Unlock()
+	g, ok = s.model.gpus[key]
+	if !ok || s.model.ensureCore(s.place.schedPolicy, s.place) != nil {
 		return nil, false
 	}
 	var dom domain
@@ -187,8 +187,8 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 	}
 	// Only a GPU of bursting shares of the same isolation domain can take one (coTenancy):
 	// the others are not worth a node check.
-	others := make([]*gpu, 0, len(c.model.gpus))
-	for _, h := range c.model.gpus {
+	others := make([]*gpu, 0, len(s.model.gpus))
+	for _, h := range s.model.gpus {
 		if h.known && h != g && len(h.tenants) > 0 && h.coreNode >= 0 && allBurst(h) && sameDomain(h, dom) {
 			others = append(others, h)
 		}
@@ -198,30 +198,30 @@ func (c *Controller) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 	// The namespace's quota counts the share it replaces too: a ReplicaSet creates the new pod
 	// while the evicted one still holds its claim.
 	fits := make([]func(node, index int) bool, len(stays))
-	for i, s := range stays {
-		rq := c.recreated(ctx, s.in, s.request)
-		if g.tenants[s.shareID] == nil || rq == nil {
+	for i, st := range stays {
+		rq := s.recreated(ctx, st.in, st.request)
+		if g.tenants[st.shareID] == nil || rq == nil {
 			return nil, false
 		}
-		fits[i] = c.gpuFilter(ctx, s.in, &decision{}, rq, &rejects{})
+		fits[i] = s.place.gpuFilter(ctx, st.in, &decision{}, rq, &rejects{})
 	}
 	to, ok := engine.Assign(len(stays), others, func(i int, h *gpu) bool { return fits[i](h.coreNode, h.coreIndex) })
 	if !ok {
 		return nil, false
 	}
 	moves := make([]drainMove, 0, len(stays))
-	for i, s := range stays {
-		top := topOwner(s.pod)
-		moves = append(moves, drainMove{pod: s.pod, claim: s.claim.Name, share: string(s.shareID), to: to[i].key,
-			w: api.SizingWorkload{Namespace: s.claim.Namespace, Kind: top.Kind, Name: top.Name, Request: s.request}})
+	for i, st := range stays {
+		top := topOwner(st.pod)
+		moves = append(moves, drainMove{pod: st.pod, claim: st.claim.Name, share: string(st.shareID), to: to[i].key,
+			w: api.SizingWorkload{Namespace: st.claim.Namespace, Kind: top.Kind, Name: top.Name, Request: st.request}})
 	}
 	return moves, true
 }
 
 // tenantClaim is a tenant's claim; leaving is true where it is gone or going (its shares are
 // released soon).
-func (c *Controller) tenantClaim(t *tenant) (claim *resourceapi.ResourceClaim, leaving bool) {
-	claim, err := c.claims.ResourceClaims(t.namespace).Get(strings.TrimPrefix(t.key, t.namespace+"/"))
+func (s *sizingLoop) tenantClaim(t *tenant) (claim *resourceapi.ResourceClaim, leaving bool) {
+	claim, err := s.claims.ResourceClaims(t.namespace).Get(strings.TrimPrefix(t.key, t.namespace+"/"))
 	if err != nil || claim.DeletionTimestamp != nil || claim.Status.Allocation == nil {
 		return nil, true
 	}
@@ -230,14 +230,14 @@ func (c *Controller) tenantClaim(t *tenant) (claim *resourceapi.ResourceClaim, l
 
 // recreated is request's resolved alternative as a recreated pod's claim would get it, if
 // it would burst (nil otherwise). Caller holds the model's lock.
-func (c *Controller) recreated(ctx context.Context, in *input, request string) *request {
+func (s *sizingLoop) recreated(ctx context.Context, in *input, request string) *request {
 	for _, r := range in.claim.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {
 			if a.name != request {
 				continue
 			}
-			rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(in))
-			if w != nil || !c.sizeBurst(in, rq) {
+			rq, w := resolveRequest(s.cfg, in, a, s.place.smallestGPU(in))
+			if w != nil || !s.sizeBurst(in, rq) {
 				return nil
 			}
 			return rq
@@ -247,21 +247,21 @@ func (c *Controller) recreated(ctx context.Context, in *input, request string) *
 }
 
 // startDrain marks GPU key draining and asks Auto to recreate its tenants' pods.
-func (c *Controller) startDrain(ctx context.Context, key gpuKey, moves []drainMove, now time.Time) {
-	c.burst.SetDraining(key, now)
-	c.wantMoves(key, now, moves, now)
+func (s *sizingLoop) startDrain(ctx context.Context, key gpuKey, moves []drainMove, now time.Time) {
+	s.burst.SetDraining(key, now)
+	s.wantMoves(key, now, moves, now)
 	klog.FromContext(ctx).Info("Emptying a GPU whose bursting tenants fit on GPUs in use", "gpu", key, "tenants", len(moves))
 }
 
 // wantMoves asks Auto to recreate the pods of moves, off GPU key, if the drain of key that
 // began at since still goes on (an eviction may have ended it meanwhile).
-func (c *Controller) wantMoves(key gpuKey, since time.Time, moves []drainMove, now time.Time) {
-	c.sizer.mu.Lock()
-	defer c.sizer.mu.Unlock()
-	if k, s, ok := c.burst.Draining(); !ok || k != key || !s.Equal(since) {
+func (s *sizingLoop) wantMoves(key gpuKey, since time.Time, moves []drainMove, now time.Time) {
+	s.sizer.mu.Lock()
+	defer s.sizer.mu.Unlock()
+	if k, at, ok := s.burst.Draining(); !ok || k != key || !at.Equal(since) {
 		return
 	}
-	a := c.sizer.auto
+	a := s.sizer.auto
 	for _, m := range moves {
 		if _, ok := a.wants[m.pod.UID]; ok {
 			continue // recreated anyway; its new pod is not placed on a draining GPU
@@ -276,35 +276,35 @@ func (c *Controller) wantMoves(key gpuKey, since time.Time, moves []drainMove, n
 // drainGoesOn says whether the drain of GPU key goes on: it still has tenants, and those not
 // on their way out still fit elsewhere; one whose eviction was dropped (it had another want
 // that went, or the informer had not shown it leaving yet) is asked for again.
-func (c *Controller) drainGoesOn(ctx context.Context, key gpuKey, since, now time.Time) bool {
-	c.model.mu.Lock()
-	g, ok := c.model.gpus[key]
+func (s *sizingLoop) drainGoesOn(ctx context.Context, key gpuKey, since, now time.Time) bool {
+	s.model.mu.Lock()
+	g, ok := s.model.gpus[key]
 	tenants := ok && len(g.tenants) > 0
-	c.model.mu.Unlock()
+	s.model.mu.Unlock()
 	if !tenants {
 		return false
 	}
-	moves, ok := c.drainMoves(ctx, key)
+	moves, ok := s.drainMoves(ctx, key)
 	if ok {
-		c.wantMoves(key, since, moves, now)
+		s.wantMoves(key, since, moves, now)
 	}
 	return ok
 }
 
 // endDrain ends the drain of GPU key and drops the evictions it still waits for; the GPU is
 // not drained again before restUntil.
-func (c *Controller) endDrain(key gpuKey, restUntil time.Time) {
-	c.sizer.mu.Lock()
-	defer c.sizer.mu.Unlock()
-	c.endDrainLocked(key, restUntil)
+func (s *sizingLoop) endDrain(key gpuKey, restUntil time.Time) {
+	s.sizer.mu.Lock()
+	defer s.sizer.mu.Unlock()
+	s.endDrainLocked(key, restUntil)
 }
 
 // endDrainLocked is endDrain with the sizer's lock held.
-func (c *Controller) endDrainLocked(key gpuKey, restUntil time.Time) {
-	c.burst.ClearDraining(key, c.now(), restUntil)
-	for uid, want := range c.sizer.auto.wants {
+func (s *sizingLoop) endDrainLocked(key gpuKey, restUntil time.Time) {
+	s.burst.ClearDraining(key, s.now(), restUntil)
+	for uid, want := range s.sizer.auto.wants {
 		if want.drain && want.move == key {
-			delete(c.sizer.auto.wants, uid)
+			delete(s.sizer.auto.wants, uid)
 		}
 	}
 }

@@ -9,6 +9,11 @@
 // the placement core) → commit (write the allocation, report). The state each step keeps
 // has one owner type with its own lock: claimQueue (queue.go), podLedger (ledger.go), model
 // (model.go), statusMemo (status.go).
+//
+// Beside that path, sizingLoop (sizing.go; burst.go, autosize.go, consolidate.go) reads the
+// claims' usage reports: it recommends sizes, sizes bursting shares for decide and under
+// sizing Auto recreates pods. It gets what it reads and writes from New, the decision path
+// as placementPath.
 package controller
 
 import (
@@ -121,10 +126,10 @@ type Controller struct {
 	fgpuClient  versioned.Interface
 	policyQueue workqueue.TypedRateLimitingInterface[string]
 
-	// sizer recommends workload sizes from measured use.
-	sizer *sizer
-	burst *engine.History[gpuKey]
-	idle  *idleTracker
+	// sizing recommends workload sizes from measured use and, under sizing Auto, resizes,
+	// relieves and consolidates.
+	sizing *sizingLoop
+	idle   *idleTracker
 }
 
 // New builds the controller and its informers (not started). fgpuClient reads the
@@ -151,14 +156,12 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		cfg.Sizing = sizing.DefaultOptions()
 		c.cfg.Sizing = cfg.Sizing
 	}
-	c.sizer = newSizer(cfg.Sizing, cfg.SizingShrinkAfter)
 	if cfg.SizingReportInterval <= 0 {
 		cfg.SizingReportInterval, c.cfg.SizingReportInterval = 5*time.Minute, 5*time.Minute
 	}
 	if cfg.SizingBurstWindow < cfg.SizingReportInterval {
 		cfg.SizingBurstWindow, c.cfg.SizingBurstWindow = 24*time.Hour, 24*time.Hour
 	}
-	c.burst = engine.NewHistory[gpuKey](sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))})
 	c.idle = newIdleTracker()
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedMaxOfRateLimiter(
@@ -174,6 +177,9 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	c.listers = c.informers.listers
 	c.bcast = record.NewBroadcaster()
 	c.recorder = c.bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "fgpu-allocator"})
+	c.sizing = &sizingLoop{sizer: newSizer(cfg.Sizing, cfg.SizingShrinkAfter),
+		burst: engine.NewHistory[gpuKey](sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))}),
+		cfg:   &c.cfg, listers: c.listers, model: c.model, pending: c.pending, place: c, client: client, recorder: c.recorder, metrics: c.metrics, fenced: c.fenced}
 	return c
 }
 
@@ -207,9 +213,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		go c.policyWorker(ctx)
 	}
 	go wait.UntilWithContext(ctx, c.expire, 10*time.Second)
-	go wait.UntilWithContext(ctx, c.sweepUsage, usageSweepInterval)
-	go wait.UntilWithContext(ctx, c.evictForResize, autoEvictInterval)
-	go wait.UntilWithContext(ctx, c.consolidate, c.cfg.SizingReportInterval)
+	go wait.UntilWithContext(ctx, c.sizing.sweepUsage, usageSweepInterval)
+	go wait.UntilWithContext(ctx, c.sizing.evictForResize, autoEvictInterval)
+	go wait.UntilWithContext(ctx, c.sizing.consolidate, c.cfg.SizingReportInterval)
 	go wait.UntilWithContext(ctx, c.scaleIdle, idleInterval)
 	<-ctx.Done()
 	return nil
@@ -221,6 +227,11 @@ func (c *Controller) RecordEvents(ctx context.Context) {
 	c.bcast.StartStructuredLogging(3)
 	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
 	context.AfterFunc(ctx, c.bcast.Shutdown)
+}
+
+// Recommendation is the recommender's current size for a workload.
+func (c *Controller) Recommendation(w api.SizingWorkload) (api.SizingRecommendation, bool) {
+	return c.sizing.Recommendation(w)
 }
 
 // Synced reports whether the informers have synced (Run then places claims).

@@ -164,7 +164,7 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 		return nil, w
 	}
 	plain := *rq
-	if !c.sizeBurst(in, rq) {
+	if !c.sizing.sizeBurst(in, rq) {
 		return c.placeRequest(ctx, in, d, rq)
 	}
 	res, w := c.placeRequest(ctx, in, d, rq)

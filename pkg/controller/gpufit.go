@@ -57,10 +57,10 @@ func (c *Controller) gpuFits(in *input, own usage, rq *request, g *gpu) (string,
 		return why, ex
 	}
 	if rq.capOn(g, mem) > 0 {
-		if c.burst.IsDraining(g.key) {
+		if c.sizing.burst.IsDraining(g.key) {
 			return "being emptied by sizing Auto: its bursting tenants move to GPUs in use", g.key.String()
 		}
-		return burstAdmits(c.burst, g, rq.burstFor, c.cfg.Sizing.Headroom, c.now())
+		return burstAdmits(c.sizing.burst, g, rq.burstFor, c.cfg.Sizing.Headroom, c.now())
 	}
 	return "", ""
 }

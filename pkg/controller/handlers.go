@@ -54,7 +54,7 @@ func (c *Controller) onClaim(claim *resourceapi.ResourceClaim) {
 	}
 	if ours {
 		c.queue.Add(claimKey(claim))
-		c.observeUsage(claim)
+		c.sizing.observeUsage(claim)
 		c.observeIdle(claim)
 	}
 }
@@ -69,7 +69,7 @@ func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	c.status.Forget(key)
 	c.refused.Forget(claim.UID)
 	c.restores.forget(claim.UID)
-	c.forgetUsage(claim)
+	c.sizing.forgetUsage(claim)
 	c.forgetIdle(claim)
 	c.forget(key)
 	// A worker may be deciding on the claim now and keep state for it after this: its

@@ -169,7 +169,7 @@ func (c *Controller) gather(ctx context.Context, claim *resourceapi.ResourceClai
 		for _, r := range claim.Spec.Devices.Requests {
 			for _, a := range alternatives(r) {
 				w := api.SizingWorkload{Namespace: claim.Namespace, Kind: top.Kind, Name: top.Name, Request: a.name}
-				if rec, ok := c.Recommendation(w); ok {
+				if rec, ok := c.sizing.Recommendation(w); ok {
 					if in.sized == nil {
 						in.sized = map[string]api.SizingRecommendation{}
 					}

@@ -12,10 +12,56 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
+	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
+
+// sizingLoop drives the sizing engine (pkg/sizing, pkg/sizing/engine) from the claims'
+// usage reports: it recommends workload sizes, sizes bursting shares for the decision path,
+// and under sizing Auto recreates pods larger, smaller, off a GPU that fills (relieve) or
+// off one it empties (consolidate). It owns the recommender's and Auto's state (sizer,
+// under its lock) and the burst history (engine.History, its own lock); what it reads and
+// writes besides is handed to it by New.
+//
+// Lock order: the sizer's lock and the model's are never held together (considerResize
+// reads the GPU's memory and overfull the GPU's tenants before the sizer's lock is
+// taken); the burst history's lock is a leaf, taken under either.
+type sizingLoop struct {
+	sizer *sizer
+	burst *engine.History[gpuKey]
+
+	cfg *Config // the controller's, as New completed it
+	listers
+	model *model
+	// pending: a drain waits while the quota queue of a tenant's namespace is not empty.
+	pending *claimQueue
+	// place is the decision path, asked where a drained GPU's tenants would go.
+	place    placementPath
+	client   kubernetes.Interface // evictions
+	recorder record.EventRecorder
+	metrics  *Metrics
+	// fenced says why the allocator may not write now (nil: it may): no eviction then.
+	fenced func() error
+}
+
+// placementPath is what consolidation asks of the decision path to place a drained GPU's
+// tenants anew, as their recreated pods' claims would be: a claim's decision input (outside
+// the model's lock), and under it the placement core brought up to date, the smallest GPU
+// a whole request may get and the core's filter for a request. The Controller is it.
+type placementPath interface {
+	gather(ctx context.Context, claim *resourceapi.ResourceClaim) (*input, bool)
+	schedPolicy(l api.LatencyClass, w placement.Workload) placement.Policy
+	nodeSource
+	smallestGPU(in *input) func(*request) int64
+	gpuFilter(ctx context.Context, in *input, d *decision, rq *request, rj *rejects) func(ni, gi int) bool
+}
+
+func (s *sizingLoop) now() time.Time { return s.cfg.Now() }
 
 // sizer feeds the claims' measured use to the recommender and says when a workload's
 // recommendation is new or moved enough to tell a person.
@@ -34,23 +80,23 @@ func newSizer(opts sizing.Options, shrinkAfter time.Duration) *sizer {
 // status.devices (which a tenant cannot write) for the shares of its allocation, for the
 // workload of the claim's pods, and records an event on the claim when the workload's
 // recommendation appears or moves.
-func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
-	if c.sizer == nil || claim.Status.Allocation == nil || len(claim.Status.Devices) == 0 {
+func (s *sizingLoop) observeUsage(claim *resourceapi.ResourceClaim) {
+	if s.sizer == nil || claim.Status.Allocation == nil || len(claim.Status.Devices) == 0 {
 		return
 	}
-	pods := c.claimPods(claim)
+	pods := s.claimPods(claim)
 	if len(pods) == 0 {
 		return
 	}
 	top := topOwner(pods[0])
-	pol := c.policyOf(claim, pods[0])
+	pol := s.policyOf(claim, pods[0])
 	mode := pol.Sizing
 	burstable := pol.Latency == api.LatencyBestEffort && !pol.AllowSharedGPU && pol.Isolation != api.IsolationExclusive
 	var changed []api.SizingRecord
 	var auto []autoReport
-	c.sizer.mu.Lock()
+	s.sizer.mu.Lock()
 	for _, st := range claim.Status.Devices {
-		if st.Driver != c.cfg.DriverName || st.Data == nil || st.ShareID == nil {
+		if st.Driver != s.cfg.DriverName || st.Data == nil || st.ShareID == nil {
 			continue
 		}
 		req := allocatedRequest(claim.Status.Allocation, st)
@@ -62,32 +108,32 @@ func (c *Controller) observeUsage(claim *resourceapi.ResourceClaim) {
 			continue
 		}
 		w := api.SizingWorkload{Namespace: claim.Namespace, Kind: top.Kind, Name: top.Name, Request: req}
-		if !c.sizer.rec.Add(w, *st.ShareID, *data.Usage) {
+		if !s.sizer.rec.Add(w, *st.ShareID, *data.Usage) {
 			continue
 		}
 		if mode == api.SizingAuto {
-			c.burst.Record(w, *st.ShareID, *data.Usage, c.now())
+			s.burst.Record(w, *st.ShareID, *data.Usage, s.now())
 		}
 		if mode == api.SizingAuto && len(pods) == 1 {
 			auto = append(auto, autoReport{w: w, share: *st.ShareID, result: allocatedResult(claim.Status.Allocation, st), u: *data.Usage, burstable: burstable})
 		}
-		rec, ok := c.sizer.rec.Recommend(w)
+		rec, ok := s.sizer.rec.Recommend(w)
 		if !ok || mode == api.SizingOff {
 			continue // an Off workload's history is kept, so that Recommend has it at once
 		}
-		if prev, had := c.sizer.announced[w]; !had || moved(prev, rec) {
-			c.sizer.announced[w] = rec
+		if prev, had := s.sizer.announced[w]; !had || moved(prev, rec) {
+			s.sizer.announced[w] = rec
 			changed = append(changed, api.SizingRecord{Workload: w, Recommendation: rec})
 		}
 	}
-	c.sizer.mu.Unlock()
+	s.sizer.mu.Unlock()
 	for _, r := range auto {
-		c.considerResize(claim, pods[0], r)
-		c.relieve(gpuKey{r.result.Pool, r.result.Device})
+		s.considerResize(claim, pods[0], r)
+		s.relieve(gpuKey{r.result.Pool, r.result.Device})
 	}
 	for _, r := range changed {
 		raw, _ := json.Marshal(r)
-		c.recorder.AnnotatedEventf(claim, map[string]string{api.AnnotationSizingRecord: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
+		s.recorder.AnnotatedEventf(claim, map[string]string{api.AnnotationSizingRecord: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
 			"%s %s/%s request %s: recommended memory %s, compute %d%% (peak seen %s, from %d samples); sizing %s: %s",
 			r.Workload.Kind, r.Workload.Namespace, r.Workload.Name, r.Workload.Request, quantity(r.Recommendation.MemoryBytes),
 			r.Recommendation.ComputePercent, quantity(r.Recommendation.PeakBytes), r.Recommendation.Samples, mode, modeEffect[mode])
@@ -102,25 +148,25 @@ var modeEffect = map[api.SizingMode]string{
 }
 
 // forgetUsage drops what the recommender keeps of a deleted claim's shares.
-func (c *Controller) forgetUsage(claim *resourceapi.ResourceClaim) {
-	if c.sizer == nil {
+func (s *sizingLoop) forgetUsage(claim *resourceapi.ResourceClaim) {
+	if s.sizer == nil {
 		return
 	}
-	c.sizer.mu.Lock()
-	defer c.sizer.mu.Unlock()
+	s.sizer.mu.Lock()
+	defer s.sizer.mu.Unlock()
 	for _, st := range claim.Status.Devices {
 		if st.ShareID != nil {
-			c.sizer.rec.Forget(*st.ShareID)
-			c.burst.ForgetShare(*st.ShareID)
+			s.sizer.rec.Forget(*st.ShareID)
+			s.burst.ForgetShare(*st.ShareID)
 			// A tenant gone from a GPU that filled may have made room: its move waits for
 			// the GPU's next report.
-			for uid, want := range c.sizer.auto.wants {
+			for uid, want := range s.sizer.auto.wants {
 				if want.move == (gpuKey{st.Pool, st.Device}) && !want.drain {
-					delete(c.sizer.auto.wants, uid)
+					delete(s.sizer.auto.wants, uid)
 				}
 			}
-			c.sizer.auto.resizer.ForgetShare(*st.ShareID)
-			delete(c.sizer.auto.toldAtRequest, *st.ShareID)
+			s.sizer.auto.resizer.ForgetShare(*st.ShareID)
+			delete(s.sizer.auto.toldAtRequest, *st.ShareID)
 		}
 	}
 }
@@ -132,37 +178,37 @@ const usageSweepInterval = time.Hour
 // sweepUsage forgets the workloads no claim reported for sizing.ForgetAfterHalfLives
 // half-lives, and what was told of them, so that the allocator's memory follows the
 // workloads that run, not every one that ever did.
-func (c *Controller) sweepUsage(context.Context) {
-	if c.sizer == nil {
+func (s *sizingLoop) sweepUsage(context.Context) {
+	if s.sizer == nil {
 		return
 	}
-	c.sizer.mu.Lock()
-	defer c.sizer.mu.Unlock()
-	c.sizer.rec.Prune(c.now())
-	c.burst.KeepWorkloads(c.sizer.rec.Has)
-	for w := range c.sizer.announced {
-		if !c.sizer.rec.Has(w) {
-			delete(c.sizer.announced, w)
+	s.sizer.mu.Lock()
+	defer s.sizer.mu.Unlock()
+	s.sizer.rec.Prune(s.now())
+	s.burst.KeepWorkloads(s.sizer.rec.Has)
+	for w := range s.sizer.announced {
+		if !s.sizer.rec.Has(w) {
+			delete(s.sizer.announced, w)
 		}
 	}
-	for w := range c.sizer.auto.last {
-		if !c.sizer.rec.Has(w) && c.sizer.auto.resizer.Floor(w) > 0 {
-			delete(c.sizer.auto.last, w) // as its floor is, below
+	for w := range s.sizer.auto.last {
+		if !s.sizer.rec.Has(w) && s.sizer.auto.resizer.Floor(w) > 0 {
+			delete(s.sizer.auto.last, w) // as its floor is, below
 		}
 	}
-	c.sizer.auto.resizer.KeepWorkloads(c.sizer.rec.Has)
+	s.sizer.auto.resizer.KeepWorkloads(s.sizer.rec.Has)
 }
 
 // Recommendation is the recommender's current size for a workload.
-func (c *Controller) Recommendation(w api.SizingWorkload) (api.SizingRecommendation, bool) {
-	if c.sizer == nil {
+func (s *sizingLoop) Recommendation(w api.SizingWorkload) (api.SizingRecommendation, bool) {
+	if s.sizer == nil {
 		return api.SizingRecommendation{}, false
 	}
-	c.sizer.mu.Lock()
-	defer c.sizer.mu.Unlock()
-	rec, ok := c.sizer.rec.Recommend(w)
+	s.sizer.mu.Lock()
+	defer s.sizer.mu.Unlock()
+	rec, ok := s.sizer.rec.Recommend(w)
 	if ok {
-		rec.MemoryBytes = max(rec.MemoryBytes, c.sizer.auto.resizer.Floor(w))
+		rec.MemoryBytes = max(rec.MemoryBytes, s.sizer.auto.resizer.Floor(w))
 	}
 	return rec, ok
 }

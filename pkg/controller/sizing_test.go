@@ -287,12 +287,12 @@ func TestSizingForgetsASilentWorkload(t *testing.T) {
 	}
 	last := time.Date(2026, 1, 1, 0, 15, 0, 0, time.UTC)
 	e.clock.SetTime(last.Add(sizing.ForgetAfterHalfLives*e.c.cfg.Sizing.HalfLife - time.Minute))
-	e.c.sweepUsage(e.ctx)
+	e.c.sizing.sweepUsage(e.ctx)
 	if _, ok := e.c.Recommendation(e.w); !ok {
 		t.Fatal("forgotten before its time")
 	}
 	e.clock.SetTime(last.Add(sizing.ForgetAfterHalfLives*e.c.cfg.Sizing.HalfLife + time.Minute))
-	e.c.sweepUsage(e.ctx)
+	e.c.sizing.sweepUsage(e.ctx)
 	if _, ok := e.c.Recommendation(e.w); ok {
 		t.Fatal("a workload silent for 8 half-lives is still recommended")
 	}

@@ -10,10 +10,10 @@
 // has one owner type with its own lock: claimQueue (queue.go), podLedger (ledger.go), model
 // (model.go), statusMemo (status.go).
 //
-// Beside that path, sizingLoop (sizing.go; burst.go, autosize.go, consolidate.go) reads the
-// claims' usage reports: it recommends sizes, sizes bursting shares for decide and under
-// sizing Auto recreates pods. It gets what it reads and writes from New, the decision path
-// as placementPath.
+// Beside that path, the sizing loops read the claims' usage reports: sizingLoop (sizing.go;
+// burst.go, autosize.go, consolidate.go) recommends sizes, sizes bursting shares for decide
+// and under sizing Auto recreates pods; idleScaler (idle.go) scales idle workloads to zero.
+// Each gets what it reads and writes from New, the decision path as placementPath.
 package controller
 
 import (
@@ -127,9 +127,9 @@ type Controller struct {
 	policyQueue workqueue.TypedRateLimitingInterface[string]
 
 	// sizing recommends workload sizes from measured use and, under sizing Auto, resizes,
-	// relieves and consolidates.
+	// relieves and consolidates; idle scales idle workloads to zero.
 	sizing *sizingLoop
-	idle   *idleTracker
+	idle   *idleScaler
 }
 
 // New builds the controller and its informers (not started). fgpuClient reads the
@@ -162,7 +162,6 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	if cfg.SizingBurstWindow < cfg.SizingReportInterval {
 		cfg.SizingBurstWindow, c.cfg.SizingBurstWindow = 24*time.Hour, 24*time.Hour
 	}
-	c.idle = newIdleTracker()
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedMaxOfRateLimiter(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second)),
@@ -180,6 +179,8 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	c.sizing = &sizingLoop{sizer: newSizer(cfg.Sizing, cfg.SizingShrinkAfter),
 		burst: engine.NewHistory[gpuKey](sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))}),
 		cfg:   &c.cfg, listers: c.listers, model: c.model, pending: c.pending, place: c, client: client, recorder: c.recorder, metrics: c.metrics, fenced: c.fenced}
+	c.idle = &idleScaler{spans: engine.NewIdle[workloadRef](),
+		cfg: &c.cfg, listers: c.listers, model: c.model, client: client, recorder: c.recorder, fenced: c.fenced, kick: c.kick}
 	return c
 }
 
@@ -216,7 +217,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	go wait.UntilWithContext(ctx, c.sizing.sweepUsage, usageSweepInterval)
 	go wait.UntilWithContext(ctx, c.sizing.evictForResize, autoEvictInterval)
 	go wait.UntilWithContext(ctx, c.sizing.consolidate, c.cfg.SizingReportInterval)
-	go wait.UntilWithContext(ctx, c.scaleIdle, idleInterval)
+	go wait.UntilWithContext(ctx, c.idle.scaleIdle, idleInterval)
 	<-ctx.Done()
 	return nil
 }

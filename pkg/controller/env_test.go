@@ -66,8 +66,8 @@ func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPo
 	e.fgpu = fgpufake.NewSimpleClientset(pols...)
 	e.c = New(cfg, e.client, e.fgpu, NewMetrics(e.reg))
 	e.rec = record.NewFakeRecorder(10000)
-	// The sizing loop records its events itself, with the recorder New gave it.
-	e.c.recorder, e.c.sizing.recorder = e.rec, e.rec
+	// The sizing loops record their events themselves, with the recorder New gave them.
+	e.c.recorder, e.c.sizing.recorder, e.c.idle.recorder = e.rec, e.rec, e.rec
 	if !e.c.WaitForCacheSync(ctx) {
 		t.Fatal("caches did not sync")
 	}

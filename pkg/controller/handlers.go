@@ -23,12 +23,13 @@ func (c *Controller) handlers() eventHandlers {
 		node:   handlerFuncs(c.onNode, c.onNodeUpdate, c.onNode),
 		pod:    handlerFuncs(func(p *corev1.Pod) { c.onPod(nil, p) }, c.onPod, c.onPodDelete),
 		policy: handlerFuncs(c.onPolicy, func(_, p *api.SharingPolicy) { c.onPolicy(p) }, func(*api.SharingPolicy) { c.kick() }),
-		workload: cache.ResourceEventHandlerFuncs{AddFunc: c.onWorkload, UpdateFunc: func(_, o any) { c.onWorkload(o) },
+		// c.idle is built after the informers (it reads their listers): looked up per event.
+		workload: cache.ResourceEventHandlerFuncs{AddFunc: func(o any) { c.idle.onWorkload(o) }, UpdateFunc: func(_, o any) { c.idle.onWorkload(o) },
 			DeleteFunc: func(o any) {
 				if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
 					o = d.Obj
 				}
-				c.onWorkload(o)
+				c.idle.onWorkload(o)
 			}},
 		other: cache.ResourceEventHandlerFuncs{AddFunc: kick, UpdateFunc: func(any, any) { c.kick() }, DeleteFunc: kick},
 	}
@@ -55,7 +56,7 @@ func (c *Controller) onClaim(claim *resourceapi.ResourceClaim) {
 	if ours {
 		c.queue.Add(claimKey(claim))
 		c.sizing.observeUsage(claim)
-		c.observeIdle(claim)
+		c.idle.observeIdle(claim)
 	}
 }
 
@@ -70,7 +71,7 @@ func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	c.refused.Forget(claim.UID)
 	c.restores.forget(claim.UID)
 	c.sizing.forgetUsage(claim)
-	c.forgetIdle(claim)
+	c.idle.forgetIdle(claim)
 	c.forget(key)
 	// A worker may be deciding on the claim now and keep state for it after this: its
 	// next Sync finds the claim gone and forgets it again.

@@ -70,7 +70,7 @@ func (e *idleEnv) report(claimName string, i, smMax, smSamples int) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.c.observeIdle(cached)
+	e.c.idle.observeIdle(cached)
 }
 
 func (e *idleEnv) web() *appsv1.Deployment {
@@ -107,13 +107,13 @@ func TestIdleScaleDownScalesIdleDeployment(t *testing.T) {
 	e.report("web-b-gpu", 1, 0, 30)
 	e.report("web-a-gpu", 2, 0, 30)
 	e.report("web-b-gpu", 2, 0, 30)
-	e.c.scaleIdle(e.ctx)
+	e.c.idle.scaleIdle(e.ctx)
 	if r := *e.web().Spec.Replicas; r != 2 {
 		t.Fatalf("scaled to %d after 9m59s of idle reports; want 10m first", r)
 	}
 	e.report("web-a-gpu", 3, 0, 30)
 	e.report("web-b-gpu", 3, 60, 30) // busy again
-	e.c.scaleIdle(e.ctx)
+	e.c.idle.scaleIdle(e.ctx)
 	if r := *e.web().Spec.Replicas; r != 2 {
 		t.Fatalf("scaled to %d while web-b was busy", r)
 	}
@@ -121,7 +121,7 @@ func TestIdleScaleDownScalesIdleDeployment(t *testing.T) {
 		e.report("web-a-gpu", i, 0, 30)
 		e.report("web-b-gpu", i, 0, 30)
 	}
-	e.c.scaleIdle(e.ctx)
+	e.c.idle.scaleIdle(e.ctx)
 	web := e.web()
 	if r := *web.Spec.Replicas; r != 0 {
 		t.Fatalf("replicas %d after both claims idled 14m59s; want 0", r)
@@ -154,7 +154,7 @@ func TestIdleScaleDownNeedsSMSamplesAndOptIn(t *testing.T) {
 				e.report("web-a-gpu", i, 0, tc.smSamples)
 				e.report("web-b-gpu", i, 0, tc.smSamples)
 			}
-			e.c.scaleIdle(e.ctx)
+			e.c.idle.scaleIdle(e.ctx)
 			if r := *e.web().Spec.Replicas; r != 2 {
 				t.Fatalf("scaled to %d", r)
 			}
@@ -170,7 +170,7 @@ func TestIdleScaleDownFenced(t *testing.T) {
 		e.report("web-a-gpu", i, 0, 30)
 		e.report("web-b-gpu", i, 0, 30)
 	}
-	e.c.scaleIdle(e.ctx)
+	e.c.idle.scaleIdle(e.ctx)
 	if r := *e.web().Spec.Replicas; r != 2 {
 		t.Fatalf("a fenced allocator scaled to %d", r)
 	}
@@ -181,7 +181,7 @@ func TestIdleScaleDownFenced(t *testing.T) {
 func TestIdleScaleDownDropsAnnotationsWhenWoken(t *testing.T) {
 	e := newIdleEnv(t, deployment("team-a", "web", 3, map[string]string{
 		api.AnnotationScaledDownReplicas: "3", api.AnnotationScaledDownReserve: `{"memory":"20Gi","compute":40}`, "keep": "me"}))
-	e.c.scaleIdle(e.ctx)
+	e.c.idle.scaleIdle(e.ctx)
 	a := e.web().Annotations
 	if _, ok := a[api.AnnotationScaledDownReplicas]; ok || a[api.AnnotationScaledDownReserve] != "" || a["keep"] != "me" {
 		t.Fatalf("annotations %v after waking; want only keep", a)
@@ -332,7 +332,7 @@ func TestIdleReserveOfABurstingShareIsItsCap(t *testing.T) {
 		e.report("web-a-gpu", i, 0, 30)
 		e.report("web-b-gpu", i, 0, 30)
 	}
-	e.c.scaleIdle(e.ctx)
+	e.c.idle.scaleIdle(e.ctx)
 	web := e.web()
 	if got := reserveOf(web, ptr.To[int32](0)); got != (usage{mem: 40 << 30, comp: 40}) {
 		t.Errorf("reserve %+v (annotation %q); want 40Gi (web-a's 30Gi cap and web-b's 10Gi) and 40%%", got, web.Annotations[api.AnnotationScaledDownReserve])

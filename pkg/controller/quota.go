@@ -115,7 +115,7 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 		if used := addSat(c.model.nsMem[ns], c.model.nsReserve[ns].mem); !rq.whole && overBy(used, need.mem, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU memory quota of namespace %s (SharingPolicy %s: %s): %s in use%s, this claim needs %s, %s over; it will be placed when quota frees up",
-				ns, q.MemoryFrom, q.Memory.String(), fmtBytes(used), c.reserveText(ns, fmtBytes(c.model.nsReserve[ns].mem)), what, fmtBytes(overBy(used, need.mem, limit)))}
+				ns, q.MemoryFrom, q.Memory.String(), fmtBytes(used), c.idle.reserveText(ns, fmtBytes(c.model.nsReserve[ns].mem)), what, fmtBytes(overBy(used, need.mem, limit)))}
 		}
 	}
 	if q.Compute != nil && compKnown {
@@ -128,7 +128,7 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 		if used := addSat(c.model.nsComp[ns], c.model.nsReserve[ns].comp); !rq.whole && overBy(used, need.comp, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): %d%% in use%s, this claim needs %d%%, %d%% over; it will be placed when quota frees up",
-				ns, q.ComputeFrom, limit, used, c.reserveText(ns, fmt.Sprintf("%d%%", c.model.nsReserve[ns].comp)), need.comp, overBy(used, need.comp, limit))}
+				ns, q.ComputeFrom, limit, used, c.idle.reserveText(ns, fmt.Sprintf("%d%%", c.model.nsReserve[ns].comp)), need.comp, overBy(used, need.comp, limit))}
 		}
 	}
 	return nil

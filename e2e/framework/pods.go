@@ -32,7 +32,6 @@ type GPUPod struct {
 	config   map[string]any
 	labels   map[string]string
 	cpu      string
-	selector string
 }
 
 // MakeGPUPod starts a GPU pod of the share class.
@@ -70,9 +69,6 @@ func (p *GPUPod) Label(k, v string) *GPUPod {
 	return p
 }
 
-// Selector adds a CEL device selector to the request.
-func (p *GPUPod) Selector(expr string) *GPUPod { p.selector = expr; return p }
-
 // CPU sets the container's CPU request.
 func (p *GPUPod) CPU(q string) *GPUPod { p.cpu = q; return p }
 
@@ -84,9 +80,6 @@ func (p *GPUPod) Template() *resourceapi.ResourceClaimTemplate {
 	}
 	if p.count > 0 {
 		req.Exactly.AllocationMode, req.Exactly.Count = resourceapi.DeviceAllocationModeExactCount, p.count
-	}
-	if p.selector != "" {
-		req.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: p.selector}}}
 	}
 	spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}
 	if p.config != nil {

@@ -150,39 +150,3 @@ func TestSubDomainClaimsPayForTheGPUsTheyHold(t *testing.T) {
 	running(t, ns, "d1")
 	healthy(t, ns)
 }
-
-// One small share pinned to each GPU used to keep every whole-GPU, exclusive and critical
-// claim off the cluster for a few GiB of quota, where the namespace may share GPUs. The
-// tenant's first 1Gi pod runs; a second, pinned by its selector to the other GPU, would leave
-// the namespace alone on two GPUs that one would do: it waits, saying why, while an unpinned
-// one joins the first. Once another namespace's share is on the other GPU, the pinned one
-// keeps no GPU from anyone and runs.
-func TestPinnedSharesPayForTheGPUsTheyHoldAlone(t *testing.T) {
-	useMode(t, allocatorMode)
-	ctx := context.Background()
-	key := "fgpu.dev/e2e-tenancy-pinned"
-	nss := namespaces(t, "pinned", key, 2)
-	attackerNS, otherNS := nss[0], nss[1]
-	createPolicy(t, builders.MakePolicy("e2e-tenancy-pinned").Priority(10).Isolation(api.IsolationNone).Namespaces(key, attackerNS).QuotaMemory("20Gi").Obj())
-	tenant := cluster.Tenant(t, attackerNS, "attacker")
-	if _, err := framework.MakeGPUPod(attackerNS, "first").Memory("1Gi").CreateAs(ctx, tenant.Client); err != nil {
-		t.Fatal(err)
-	}
-	first, _ := gpuOf(t, running(t, attackerNS, "first"))
-	index := strings.TrimPrefix(first, "gpu-")
-	otherGPU := `device.attributes["gpu.fgpu.dev"].index != ` + index
-	pinned, err := framework.MakeGPUPod(attackerNS, "pinned").Memory("1Gi").Selector(otherGPU).CreateAs(ctx, tenant.Client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitClaimStatus(t, pinned, 30*time.Second, "over quota with the free room", "whole on every GPU only its shares use", "over its 20Gi quota")
-	notAllocated(t, pinned)
-	if _, err := cluster.Create(ctx, framework.MakeGPUPod(otherNS, "neighbour").Memory("1Gi").Selector(otherGPU)); err != nil {
-		t.Fatal(err)
-	}
-	other, _ := gpuOf(t, running(t, otherNS, "neighbour"))
-	if got, _ := gpuOf(t, running(t, attackerNS, "pinned")); got != other {
-		t.Errorf("the pinned share runs on %s, want %s beside the other namespace", got, other)
-	}
-	healthy(t, attackerNS, otherNS)
-}

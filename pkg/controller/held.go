@@ -53,10 +53,6 @@ type heldRoom struct {
 	// top and next are the largest and second largest room, per resource: the namespace
 	// does not pay for its roomiest GPU.
 	top, next usage
-	// alone are the GPUs the namespace has to itself without keeping them; spread is what
-	// those beyond as many as its shares need are charged (spread.go).
-	alone  []aloneOn
-	spread usage
 }
 
 func (h *heldRoom) add(g *gpu, r usage) {
@@ -77,17 +73,11 @@ func top2(top, next, v int64) (int64, int64) {
 }
 
 // charge is what the held room adds to the namespace's quota use.
-func (h heldRoom) charge() usage {
-	k := h.keptCharge()
-	return usage{addSat(k.mem, h.spread.mem), addSat(k.comp, h.spread.comp)}
-}
+func (h heldRoom) charge() usage { return usage{h.sum.mem - h.top.mem, h.sum.comp - h.top.comp} }
 
-// keptCharge is what the kept GPUs' room is charged: all of it but the roomiest's.
-func (h heldRoom) keptCharge() usage { return usage{h.sum.mem - h.top.mem, h.sum.comp - h.top.comp} }
-
-// keptWith is the kept GPUs' charge if GPU g had room r and were kept (kept) or not: the
-// same set of GPUs but for g.
-func (h heldRoom) keptWith(g *gpu, r usage, kept bool) usage {
+// chargeWith is the charge if GPU g had room r and were kept (kept) or not: the same set of
+// GPUs but for g.
+func (h heldRoom) chargeWith(g *gpu, r usage, kept bool) usage {
 	sum, top := h.sum, h.top
 	if old, ok := h.rooms[g]; ok {
 		sum.mem, sum.comp = sum.mem-old.mem, sum.comp-old.comp
@@ -115,18 +105,11 @@ func (m *model) held(ns string) heldRoom {
 	if len(m.nsGPUs[ns]) == 0 {
 		return h // not memoised: only a namespace with tenants has an entry to drop
 	}
-	var spread []spreadGPU
 	for g := range m.nsGPUs[ns] {
-		switch {
-		case g.keptBy(ns, nil):
+		if g.keptBy(ns, nil) {
 			h.add(g, g.room())
-		case m.alone(ns, g):
-			a := aloneOn{gpu: g, spreadGPU: spreadOn(g)}
-			h.alone = append(h.alone, a)
-			spread = append(spread, a.spreadGPU)
 		}
 	}
-	h.spread = spreadCharge(spread)
 	m.heldMemo[ns] = h
 	return h
 }

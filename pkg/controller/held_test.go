@@ -43,7 +43,7 @@ func TestHeldRoomCharge(t *testing.T) {
 		"unchanged room, unchanged charge":   {b, usage{70 * gi, 10}, true, usage{90 * gi, 60}},
 		"a kept GPU takes the whole of room": {b, usage{0, 0}, true, usage{20 * gi, 50}},
 	} {
-		if got := h.keptWith(tc.g, tc.r, tc.kept); got != tc.want {
+		if got := h.chargeWith(tc.g, tc.r, tc.kept); got != tc.want {
 			t.Errorf("%s: charge %v, want %v", name, got, tc.want)
 		}
 	}

@@ -20,7 +20,7 @@ const (
 	reasonBeyondQuota = "more than the namespace's whole quota"
 	// reasonOverQuotaHeld is reasonOverQuota once the free room that the namespace's claims
 	// keep from other namespaces counts (held.go).
-	reasonOverQuotaHeld = "over quota with the free room its namespace would keep from other namespaces, which counts on every GPU it keeps to itself but its roomiest, and whole on every GPU only its shares use beyond as many as they need"
+	reasonOverQuotaHeld = "over quota with the free room its namespace would keep from other namespaces, which counts on every GPU it keeps to itself but its roomiest"
 	// reasonHeldRoomRefused is the rejection of a GPU on which the claim would make its
 	// namespace keep free room from other namespaces on a GPU beyond its roomiest, which its
 	// quota refuses (quota.heldRoom: Refuse).
@@ -236,8 +236,7 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 	if limit > mem {
 		device.burstCap = limit
 	}
-	t := tenantOf(in, device)
-	kept := g.keptBy(ns, t)
+	kept := g.keptBy(ns, tenantOf(in, device))
 	r := g.room()
 	r = usage{max(r.mem-limit, 0), max(r.comp-comp, 0)}
 	take := usage{limit * rq.count, comp * rq.count}
@@ -253,15 +252,13 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 		}
 	}
 	h := c.model.held(ns)
-	held := h.keptCharge()
+	held := h.charge()
 	switch _, was := h.rooms[g]; {
 	case rq.count == 1:
-		held = h.keptWith(g, r, kept)
+		held = h.chargeWith(g, r, kept)
 	case kept && !was:
 		held.mem, held.comp = addSat(held.mem, rq.count*r.mem), addSat(held.comp, rq.count*r.comp)
 	}
-	spread := c.model.spreadWith(ns, h, g, t, rq.count, kept)
-	held = usage{addSat(held.mem, spread.mem), addSat(held.comp, spread.comp)}
 	if q.RefuseHeldRoom {
 		before := h.charge()
 		if kept && rq.count > 1 && (r.mem > 0 || r.comp > 0) {

@@ -430,11 +430,9 @@ type Quota struct {
 	// HeldRoom is what the free room the namespace's claims keep from other namespaces
 	// costs it (an isolation domain, time-slicing, a whole GPU, a burst or a co-tenant
 	// limit keeps a GPU's room to the namespace). Charge (the default): the room of every
-	// GPU it keeps but its roomiest counts against Memory and Compute, and so does every GPU
-	// that only its shares use beyond as many as they need, whole. Refuse: the namespace
-	// may keep room on one GPU only, and be alone on no more GPUs than its shares need; a
-	// placement that would do more is not made, and the claim waits for a GPU where it keeps
-	// nothing more. Use Refuse where
+	// GPU it keeps but its roomiest counts against Memory and Compute. Refuse: the namespace
+	// may keep room on one GPU only; a placement that would keep room on another is not
+	// made, and the claim waits for a GPU where it keeps nothing more. Use Refuse where
 	// Kueue owns the namespace's quota: Kueue charges what the claims ask, and under Refuse
 	// that is what the namespace holds, but for one GPU's room.
 	// +optional

@@ -223,3 +223,29 @@ func TestRefusedHeldRoomKeepsANamespaceToOneGPU(t *testing.T) {
 		t.Errorf("d1 not placed once the time-sliced claims left: %s", e.claim("a", "d1").Annotations[api.AnnotationStatus])
 	}
 }
+
+// A claim turned down for quota on the GPUs it was asked about, and by the placement core
+// on a node its pod does not fit, waits for that node as much as for quota: it must not hold
+// its namespace's quota queue. Its namespace keeps n1's GPU (namespace isolation); its second
+// pod's CPU fits only n2, where the room kept on n1 would put it over quota. The younger
+// claim, whose pod fits n1, is placed beside the first.
+func TestClaimWaitingForANodeToo(t *testing.T) {
+	pols := []*api.SharingPolicy{builders.MakePolicy("q").Namespaces("kubernetes.io/metadata.name", "a").QuotaMemory("40Gi").Obj()}
+	e := newEnv(t, pols, builders.MakeNode("n1").CPU("4").Obj(), builders.MakeSlice("n1", 1, "80Gi"),
+		builders.MakeNode("n2").CPU("16").Obj(), builders.MakeSlice("n2", 1, "80Gi"), namespaceObj("a"),
+		builders.MakeClaim("a", "first").Memory("10Gi").Created(0).Obj(), builders.MakePod("a", "first").Claim("first").CPU("3").Obj())
+	e.run()
+	first := e.placedOn("a", "first")
+	if first != "n1/gpu-0" {
+		t.Fatalf("first on %q, want n1/gpu-0 (the best fit for its CPU): %s", first, e.claim("a", "first").Annotations[api.AnnotationStatus])
+	}
+	e.create(builders.MakeClaim("a", "wide").Memory("10Gi").Created(1).Obj(), builders.MakePod("a", "wide").Claim("wide").CPU("8").Obj(),
+		builders.MakeClaim("a", "narrow").Memory("10Gi").Created(2).Obj(), builders.MakePod("a", "narrow").Claim("narrow").CPU("500m").Obj())
+	e.run()
+	if got := e.placedOn("a", "wide"); got != "" {
+		t.Fatalf("wide placed on %s: with n1's room kept it is over quota on n2", got)
+	}
+	if got := e.placedOn("a", "narrow"); got != first {
+		t.Errorf("narrow on %q, want %s beside first: %s", got, first, e.claim("a", "narrow").Annotations[api.AnnotationStatus])
+	}
+}

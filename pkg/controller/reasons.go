@@ -86,10 +86,13 @@ func (r *rejects) add(cat, example string) {
 }
 
 // onlyQuota reports whether every GPU turned down was turned down for quota, and some of
-// them only for what the namespace uses now.
+// them for what the namespace uses now, wherever the claim went. The room a namespace would
+// keep on a new GPU does not count there: it depends on where the claim goes (a pod that
+// fits only another node), and a younger claim that fits where the namespace keeps room
+// already takes nothing the older one could have, so it must not wait behind it.
 func (r *rejects) onlyQuota() bool {
-	now := r.counts[reasonOverQuota] + r.counts[reasonOverQuotaHeld]
-	return now > 0 && now+r.counts[reasonBeyondQuota] == r.total()
+	now := r.counts[reasonOverQuota]
+	return now > 0 && now+r.counts[reasonOverQuotaHeld]+r.counts[reasonBeyondQuota] == r.total()
 }
 
 // onlyBeyondQuota reports whether every GPU turned down would have put the claim over the

@@ -174,13 +174,13 @@ type otherClaim struct {
 
 // otherClaims are the pod's other claims that are allocated to nodes, with their node
 // selectors. Called outside the model's lock: a pod may name any number of claims.
-func (c *Controller) otherClaims(pod *corev1.Pod, self *resourceapi.ResourceClaim) []otherClaim {
+func (l *listers) otherClaims(pod *corev1.Pod, self *resourceapi.ResourceClaim) []otherClaim {
 	var out []otherClaim
 	for _, name := range podClaimNames(pod) {
 		if name == self.Name {
 			continue
 		}
-		other, err := c.claims.ResourceClaims(pod.Namespace).Get(name)
+		other, err := l.claims.ResourceClaims(pod.Namespace).Get(name)
 		if err != nil || other.Status.Allocation == nil || other.Status.Allocation.NodeSelector == nil {
 			continue
 		}

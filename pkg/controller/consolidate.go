@@ -153,7 +153,7 @@ func (s *sizingLoop) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 		if pods[0].DeletionTimestamp != nil {
 			continue
 		}
-		in, ok := s.place.gather(ctx, claim)
+		in, ok := s.gather(ctx, claim)
 		if !ok {
 			return nil, false
 		}

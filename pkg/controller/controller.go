@@ -5,15 +5,17 @@
 // assumed claims and the quota queue.
 //
 // A pending claim goes one way: Sync → place: gather (pods, classes, policy) → the quota
-// queue's gate (claimQueue) → decide (model: GPU fit, node fit through the podLedger, quota,
-// the placement core) → commit (write the allocation, report). The state each step keeps
-// has one owner type with its own lock: claimQueue (queue.go), podLedger (ledger.go), model
-// (model.go), statusMemo (status.go).
+// queue's gate (claimQueue) → decide (decider, under the model's lock: quota, GPU fit, node
+// fit through the podLedger, the placement core) → commit (write the allocation, report).
+// The state each step keeps has one owner type with its own lock: claimQueue (queue.go),
+// podLedger (ledger.go), model (model.go), statusMemo (status.go); the decider (decide.go;
+// quota.go, gpufit.go, nodefit.go) keeps none and works on the model's.
 //
 // Beside that path, the sizing loops read the claims' usage reports: sizingLoop (sizing.go;
-// burst.go, autosize.go, consolidate.go) recommends sizes, sizes bursting shares for decide
-// and under sizing Auto recreates pods; idleScaler (idle.go) scales idle workloads to zero.
-// Each gets what it reads and writes from New, the decision path as placementPath.
+// burst.go, autosize.go, consolidate.go) recommends sizes, sizes bursting shares for the
+// decider and under sizing Auto recreates pods; idleScaler (idle.go) scales idle workloads
+// to zero. Each gets what it reads and writes from New: the decider, place's gather, and
+// the decider as placementPath for the sizing loop.
 package controller
 
 import (
@@ -126,6 +128,8 @@ type Controller struct {
 	fgpuClient  versioned.Interface
 	policyQueue workqueue.TypedRateLimitingInterface[string]
 
+	// decider decides, under the model's lock, where a pending claim goes.
+	decider *decider
 	// sizing recommends workload sizes from measured use and, under sizing Auto, resizes,
 	// relieves and consolidates; idle scales idle workloads to zero.
 	sizing *sizingLoop
@@ -176,11 +180,14 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	c.listers = c.informers.listers
 	c.bcast = record.NewBroadcaster()
 	c.recorder = c.bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "fgpu-allocator"})
-	c.sizing = &sizingLoop{sizer: newSizer(cfg.Sizing, cfg.SizingShrinkAfter),
-		burst: engine.NewHistory[gpuKey](sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))}),
-		cfg:   &c.cfg, listers: c.listers, model: c.model, pending: c.pending, place: c, client: client, recorder: c.recorder, metrics: c.metrics, fenced: c.fenced}
 	c.idle = &idleScaler{spans: engine.NewIdle[workloadRef](),
 		cfg: &c.cfg, listers: c.listers, model: c.model, client: client, recorder: c.recorder, fenced: c.fenced, kick: c.kick}
+	burst := engine.NewHistory[gpuKey](sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))})
+	c.decider = &decider{cfg: &c.cfg, model: c.model, ledger: c.ledger, nodes: c.nodes, refused: c.refused, burst: burst, reserveText: c.idle.reserveText}
+	c.sizing = &sizingLoop{sizer: newSizer(cfg.Sizing, cfg.SizingShrinkAfter), burst: burst,
+		cfg: &c.cfg, listers: c.listers, model: c.model, pending: c.pending, gather: c.gather, place: c.decider, client: client, recorder: c.recorder, metrics: c.metrics, fenced: c.fenced}
+	// Consolidation asks the decider, which sizes bursting shares as the sizing loop says.
+	c.decider.sizeBurst = c.sizing.sizeBurst
 	return c
 }
 

@@ -4,17 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	corelisters "k8s.io/client-go/listers/core/v1"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 	"github.com/fgpu-dev/fgpu/pkg/selectors"
+	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
 
 // input is everything a decision depends on besides the model.
@@ -81,9 +84,82 @@ type result struct {
 	burstCap int64
 }
 
+// decider is the decision on a pending claim: its namespace's quota, the placement core's
+// choice of node and GPUs among those the claim's pods fit (node fit, through the
+// podLedger) and which can take its devices (GPU fit), the shares' sizes, and their
+// reservation in the model. It keeps no state of its own; what it reads and writes is
+// handed to it by New, each collaborator by itself rather than the Controller.
+//
+// Caller holds the model's lock, for every method: decideInQueue around decide, and
+// consolidation around what it asks as placementPath. Under it the decider takes only
+// leaf locks (the pod ledger's, the refused-GPU memo's, the burst history's), never the
+// sizer's, which is never held with the model's (sizingLoop).
+type decider struct {
+	cfg    *Config // the controller's, as New completed it
+	model  *model
+	ledger *podLedger // what bound and assumed pods request per node
+	nodes  corelisters.NodeLister
+	// refused: GPUs whose kubelet plugin refused to prepare the claim are avoided a while.
+	refused *refusedGPUs
+	// burst is the sizing loop's burst history, which admits bursting shares to a GPU;
+	// sizeBurst is the sizing loop's size for a share that may burst.
+	burst     *engine.History[gpuKey]
+	sizeBurst func(in *input, rq *request) bool
+	// reserveText is the idle scaler's: what of the quota in use is kept for workloads
+	// scaled to zero, in words.
+	reserveText func(ns, amount string) string
+}
+
+func (dc *decider) now() time.Time { return dc.cfg.Now() }
+
+// schedPolicy is the placement core's policy for a latency class: critical claims spread
+// over the least-loaded GPUs, best-effort ones pack onto the fullest, standard ones use the
+// configured policy, measuring against workload w (learned from the claims seen).
+func (dc *decider) schedPolicy(l api.LatencyClass, w placement.Workload) placement.Policy {
+	switch l {
+	case api.LatencyCritical:
+		return placement.Spread{}
+	case api.LatencyBestEffort:
+		return placement.Pack{}
+	}
+	p, err := placement.New(dc.cfg.Placement, w)
+	if err != nil { // the allocator's flags refuse unknown policies; a test's config gets the default
+		p = placement.NewFGPU(w, placement.DefaultOptions())
+	}
+	return p
+}
+
+// allocatable is a Node's allocatable CPU (milli-cores) and memory (MiB) for the placement
+// core: none without a Node object (pod fit refuses the node then), and a resource the
+// Node does not report is not limited, as in pod fit.
+func (dc *decider) allocatable(name string) (cpuMilli, memMiB int64) {
+	node, err := dc.nodes.Get(name)
+	if err != nil {
+		return 0, 0
+	}
+	cpuMilli, memMiB = unlimited, unlimited
+	if q, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
+		cpuMilli = q.MilliValue()
+	}
+	if q, ok := node.Status.Allocatable[corev1.ResourceMemory]; ok {
+		memMiB = q.Value() >> 20
+	}
+	return cpuMilli, memMiB
+}
+
+// unlimited stands for a resource a Node does not report: more than any node has, and
+// small enough for the core's arithmetic.
+const unlimited = int64(1) << 31
+
+// requested is what bound and assumed pods request on a node.
+func (dc *decider) requested(name string) podfit.Requests { return dc.ledger.Requested(name, nil) }
+
+// changedNodes are the nodes whose Node or pods changed since it was last asked.
+func (dc *decider) changedNodes() []string { return dc.ledger.TakeChanged() }
+
 // decide chooses node, GPUs and sizes for a pending claim and reserves its shares in the
 // model, or says why it waits. Caller holds the model's lock.
-func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitReason) {
+func (dc *decider) decide(ctx context.Context, in *input) (*decision, *waitReason) {
 	claim := in.claim
 	if in.conflict != nil {
 		return nil, in.conflict
@@ -94,19 +170,19 @@ func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitRea
 	if len(claim.Spec.Devices.Constraints) > 0 {
 		return nil, &waitReason{reason: ReasonUnsupported, message: "the fgpu allocator does not support device constraints (spec.devices.constraints) yet"}
 	}
-	if err := c.model.ensureCore(c.schedPolicy, c); err != nil {
+	if err := dc.model.ensureCore(dc.schedPolicy, dc); err != nil {
 		return nil, &waitReason{reason: ReasonWaiting, message: "cannot model the cluster: " + err.Error()}
 	}
-	if w := c.claimQuotaCheck(ctx, in); w != nil {
+	if w := dc.claimQuotaCheck(ctx, in); w != nil {
 		return nil, w
 	}
-	d := &decision{pol: in.pol, rec: &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace, assumed: c.now()}}
+	d := &decision{pol: in.pol, rec: &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace, assumed: dc.now()}}
 	for _, req := range claim.Spec.Devices.Requests {
 		// The claim waits for the request it could not place, not for an alternative an
 		// earlier request did without: that one may say the claim is beyond its quota.
-		placed, w := c.decideRequest(ctx, in, d, req)
+		placed, w := dc.decideRequest(ctx, in, d, req)
 		if !placed {
-			c.model.remove(d.rec.key)
+			dc.model.remove(d.rec.key)
 			if w == nil {
 				w = &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf("request %q has no way to be satisfied", req.Name)}
 			}
@@ -118,7 +194,7 @@ func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitRea
 	}
 	if n := mpsShares(d); n > 1 {
 		// The plugin refuses to prepare it, and a bound pod would wait for ever.
-		c.model.remove(d.rec.key)
+		dc.model.remove(d.rec.key)
 		return nil, &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf(
 			"the claim would share %d GPUs through MPS, but a container reaches one MPS server: ask for whole GPUs, one share, or mode %s", n, api.SharingModeTimeSlicing)}
 	}
@@ -132,22 +208,22 @@ func (c *Controller) decide(ctx context.Context, in *input) (*decision, *waitRea
 // shares in the model so that the claim's next requests see them. It returns the first
 // reason an alternative gave for not fitting, unless that one is beyond the quota and a
 // later one is not: a claim that can fit its quota must not be told it never will.
-func (c *Controller) decideRequest(ctx context.Context, in *input, d *decision, req resourceapi.DeviceRequest) (bool, *waitReason) {
+func (dc *decider) decideRequest(ctx context.Context, in *input, d *decision, req resourceapi.DeviceRequest) (bool, *waitReason) {
 	var firstWait *waitReason
 	for _, a := range alternatives(req) {
-		res, w := c.placeAlt(ctx, in, d, a)
+		res, w := dc.placeAlt(ctx, in, d, a)
 		if w != nil {
 			if firstWait == nil || (firstWait.beyondQuota && !w.beyondQuota) {
 				firstWait = w
 			}
 			continue
 		}
-		c.model.remove(d.rec.key)
+		dc.model.remove(d.rec.key)
 		for _, r := range res {
 			d.results = append(d.results, r)
 			d.rec.shares = append(d.rec.shares, &tenantAt{gpu: r.gpu, t: tenantOf(in, r)})
 		}
-		c.model.add(d.rec)
+		dc.model.add(d.rec)
 		return true, firstWait
 	}
 	return false, firstWait
@@ -158,20 +234,20 @@ func (c *Controller) decideRequest(ctx context.Context, in *input, d *decision, 
 // that may burst but fits nowhere as one (no GPU admits it, the quota does not take its cap)
 // is placed as Initial sizes it: a best-effort pod runs rather than wait for room to burst.
 // If neither fits, the claim waits for the burst's reason.
-func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt) ([]result, *waitReason) {
-	rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(in))
+func (dc *decider) placeAlt(ctx context.Context, in *input, d *decision, a alt) ([]result, *waitReason) {
+	rq, w := resolveRequest(dc.cfg, in, a, dc.smallestGPU(in))
 	if w != nil {
 		return nil, w
 	}
 	plain := *rq
-	if !c.sizing.sizeBurst(in, rq) {
-		return c.placeRequest(ctx, in, d, rq)
+	if !dc.sizeBurst(in, rq) {
+		return dc.placeRequest(ctx, in, d, rq)
 	}
-	res, w := c.placeRequest(ctx, in, d, rq)
+	res, w := dc.placeRequest(ctx, in, d, rq)
 	if w == nil {
 		return res, nil
 	}
-	if res, w2 := c.placeRequest(ctx, in, d, &plain); w2 == nil {
+	if res, w2 := dc.placeRequest(ctx, in, d, &plain); w2 == nil {
 		d.sized = append(d.sized, fmt.Sprintf("request %q does not burst, for now: %s", a.name, w.message))
 		return res, nil
 	}
@@ -179,14 +255,14 @@ func (c *Controller) placeAlt(ctx context.Context, in *input, d *decision, a alt
 }
 
 // placeRequest places a resolved request.
-func (c *Controller) placeRequest(ctx context.Context, in *input, d *decision, rq *request) ([]result, *waitReason) {
-	if w := c.quotaCheck(in, d, rq); w != nil {
+func (dc *decider) placeRequest(ctx context.Context, in *input, d *decision, rq *request) ([]result, *waitReason) {
+	if w := dc.quotaCheck(in, d, rq); w != nil {
 		return nil, w
 	}
 	var rj rejects
 	share := int64(0)
 	if !rq.whole {
-		share = milliOf(rq.mem, c.model.refMem, false)
+		share = milliOf(rq.mem, dc.model.refMem, false)
 	}
 	// The core gets what the simulator gives it: the pods' CPU and memory with the GPUs.
 	var pods podfit.Requests
@@ -194,21 +270,21 @@ func (c *Controller) placeRequest(ctx context.Context, in *input, d *decision, r
 		pods.Add(podfit.PodRequests(p))
 	}
 	pr := &placement.Request{Name: claimKey(in.claim), CPUMilli: pods.MilliCPU, MemoryMiB: mebibytesUp(pods.Memory), GPUs: int(rq.count), Share: share,
-		Filter: c.gpuFilter(ctx, in, d, rq, &rj)}
-	c.model.observe(in.claim.UID, pr, c.schedPolicy)
-	p, err := c.model.scheduler(in.pol.Latency).Place(pr)
+		Filter: dc.gpuFilter(ctx, in, d, rq, &rj)}
+	dc.model.observe(in.claim.UID, pr, dc.schedPolicy)
+	p, err := dc.model.scheduler(in.pol.Latency).Place(pr)
 	if err != nil {
-		return nil, c.unplaceable(in, rq, err, &rj)
+		return nil, dc.unplaceable(in, rq, err, &rj)
 	}
 	out := make([]result, 0, len(p.GPUs))
 	for _, gi := range p.GPUs {
-		g := c.model.coreGPU[p.Node][gi]
+		g := dc.model.coreGPU[p.Node][gi]
 		mem, comp := rq.size(in.pol, g)
 		tol := append([]resourceapi.DeviceToleration{api.FenceToleration()}, rq.alt.tolerations...)
 		out = append(out, result{request: rq.alt.name, gpu: g, mem: mem, comp: comp, whole: rq.whole, mode: rq.mode, domain: rq.domain,
 			userCfg: rq.userCfg, tolerations: tol, shareID: uuid.NewUUID(), burstCap: rq.capOn(g, mem)})
 	}
-	d.node = c.model.coreGPU[p.Node][0].node
+	d.node = dc.model.coreGPU[p.Node][0].node
 	if rq.sized != "" {
 		d.sized = append(d.sized, rq.sized)
 	}
@@ -218,10 +294,10 @@ func (c *Controller) placeRequest(ctx context.Context, in *input, d *decision, r
 // smallestGPU gives the memory of the smallest GPU the cluster publishes that a request's
 // class and selectors allow (0 where none does), for sizing a whole-GPU request: asked only
 // then, as it looks at every GPU. Caller holds the model's lock.
-func (c *Controller) smallestGPU(in *input) func(*request) int64 {
+func (dc *decider) smallestGPU(in *input) func(*request) int64 {
 	return func(rq *request) int64 {
 		least := int64(0)
-		for _, gs := range c.model.coreGPU {
+		for _, gs := range dc.model.coreGPU {
 			in.checks += len(gs)
 			for _, g := range gs {
 				if ok, _, _ := in.selectors[rq.alt.name].At(g.keyText, g.version); ok && g.memCap > 0 && (least == 0 || g.memCap < least) {
@@ -235,7 +311,7 @@ func (c *Controller) smallestGPU(in *input) func(*request) int64 {
 
 // gpuFilter is the placement core's filter for a request: the GPUs whose node the pods fit
 // and which can take one of its devices. It counts the GPUs it turns down by reason.
-func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *request, rj *rejects) func(ni, gi int) bool {
+func (dc *decider) gpuFilter(ctx context.Context, in *input, d *decision, rq *request, rj *rejects) func(ni, gi int) bool {
 	fixed := d.node
 	if fixed == "" {
 		fixed = in.bound
@@ -247,10 +323,10 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 	own := d.use()
 	return func(ni, gi int) bool {
 		in.checks++
-		if gi < 0 || ni >= len(c.model.coreGPU) || gi >= len(c.model.coreGPU[ni]) {
+		if gi < 0 || ni >= len(dc.model.coreGPU) || gi >= len(dc.model.coreGPU[ni]) {
 			return false
 		}
-		g := c.model.coreGPU[ni][gi]
+		g := dc.model.coreGPU[ni][gi]
 		if fixed != "" && g.node != fixed {
 			rj.add("not the node the claim's other devices or pod are on", "")
 			return false
@@ -259,15 +335,15 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 			rj.add("already used by this claim", "")
 			return false
 		}
-		if c.refused.Avoid(in.claim.UID, g.key, g.use(), c.now(), c.cfg.BindTimeout) {
-			rj.add(fmt.Sprintf("its kubelet plugin refused to prepare this claim on it (tried again once what the GPU holds changes, or %s after the refusal)", c.cfg.BindTimeout), "")
+		if dc.refused.Avoid(in.claim.UID, g.key, g.use(), dc.now(), dc.cfg.BindTimeout) {
+			rj.add(fmt.Sprintf("its kubelet plugin refused to prepare this claim on it (tried again once what the GPU holds changes, or %s after the refusal)", dc.cfg.BindTimeout), "")
 			return false
 		}
-		if err := c.nodeFitsAt(in, ni, g.node); err != nil {
+		if err := dc.nodeFitsAt(in, ni, g.node); err != nil {
 			rj.add("pod does not fit the node", err.Error())
 			return false
 		}
-		if why, ex := c.gpuFits(in, own, rq, g); why != "" {
+		if why, ex := dc.gpuFits(in, own, rq, g); why != "" {
 			rj.add(why, ex)
 			return false
 		}
@@ -276,7 +352,7 @@ func (c *Controller) gpuFilter(ctx context.Context, in *input, d *decision, rq *
 }
 
 // unplaceable says why no GPU could take a request.
-func (c *Controller) unplaceable(in *input, rq *request, err error, rj *rejects) *waitReason {
+func (dc *decider) unplaceable(in *input, rq *request, err error, rj *rejects) *waitReason {
 	what := "a whole GPU"
 	if !rq.whole {
 		what = fmtBytes(rq.mem)
@@ -289,7 +365,7 @@ func (c *Controller) unplaceable(in *input, rq *request, err error, rj *rejects)
 	if errors.As(err, &ue) && len(rj.counts) == 0 {
 		msg += ": " + ue.Reason.String()
 	}
-	if len(c.model.coreGPU) == 0 {
+	if len(dc.model.coreGPU) == 0 {
 		msg += ": no node publishes fgpu GPUs"
 	}
 	if s := rj.String(); s != "" {

@@ -26,7 +26,7 @@ import (
 func BenchmarkDecide(b *testing.B) {
 	for _, nodes := range []int{500, 2000} {
 		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
-			once := decider(b, nodes)
+			once := oneDecision(b, nodes)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				once()
@@ -40,7 +40,7 @@ func BenchmarkDecide(b *testing.B) {
 // which cost a 10,917-node decision 185 KB and a share of the collector's work).
 func TestDecideMemoryDoesNotGrowWithNodes(t *testing.T) {
 	perDecision := func(nodes int) uint64 {
-		once := decider(t, nodes)
+		once := oneDecision(t, nodes)
 		var before, after runtime.MemStats
 		const n = 50
 		runtime.ReadMemStats(&before)
@@ -56,10 +56,10 @@ func TestDecideMemoryDoesNotGrowWithNodes(t *testing.T) {
 	}
 }
 
-// decider sets up a controller over nodes empty nodes × 8 GPUs and returns one decision on
+// oneDecision sets up a controller over nodes empty nodes × 8 GPUs and returns one decision on
 // a 10Gi claim there (undone after it), to be called as the worker calls decide: the model's
 // lock is held from here to the end of the test.
-func decider(tb testing.TB, nodes int) func() {
+func oneDecision(tb testing.TB, nodes int) func() {
 	ctx := context.Background()
 	c, claim, pods, class := benchController(tb, nodes)
 	sel := &input{claim: claim, classes: map[string]*resourceapi.DeviceClass{class.Name: class}}
@@ -67,7 +67,7 @@ func decider(tb testing.TB, nodes int) func() {
 	once := func() {
 		in := &input{claim: claim, consumers: pods, pods: pods, pol: policy.Resolve(nil, nil, nil), avoid: map[string]bool{},
 			classes: sel.classes, selectors: sel.selectors}
-		d, w := c.decide(ctx, in)
+		d, w := c.decider.decide(ctx, in)
 		if w != nil {
 			tb.Fatal(w.message)
 		}
@@ -110,7 +110,7 @@ func BenchmarkDecideBeside(b *testing.B) {
 				}
 				c.model.mu.Lock()
 				defer c.model.mu.Unlock()
-				if d, w := c.decide(ctx, in); w == nil {
+				if d, w := c.decider.decide(ctx, in); w == nil {
 					c.model.remove(d.rec.key)
 				}
 				if charged {

@@ -13,7 +13,7 @@ import (
 // gpuFits says why GPU g cannot take one device of the request ("" if it can), with an
 // example for the waiting message; own is what the claim's earlier requests hold. The
 // request's selectors were evaluated before (gather). Caller holds the model's lock.
-func (c *Controller) gpuFits(in *input, own usage, rq *request, g *gpu) (string, string) {
+func (dc *decider) gpuFits(in *input, own usage, rq *request, g *gpu) (string, string) {
 	switch ok, failed, known := in.selectors[rq.alt.name].At(g.keyText, g.version); {
 	case !known:
 		// Published or changed since the claim's selectors were evaluated: the change
@@ -50,17 +50,17 @@ func (c *Controller) gpuFits(in *input, own usage, rq *request, g *gpu) (string,
 	if g.usedComp+comp > g.compCap {
 		return "not enough free compute", fmt.Sprintf("%s has %d%% free", g.key, g.compCap-g.usedComp)
 	}
-	if why, ex := c.quotaFits(in, own, rq, g, mem, max(mem, rq.capOn(g, mem)), comp); why != "" {
+	if why, ex := dc.quotaFits(in, own, rq, g, mem, max(mem, rq.capOn(g, mem)), comp); why != "" {
 		return why, ex
 	}
 	if why, ex := coTenancy(in, rq, g); why != "" {
 		return why, ex
 	}
 	if rq.capOn(g, mem) > 0 {
-		if c.sizing.burst.IsDraining(g.key) {
+		if dc.burst.IsDraining(g.key) {
 			return "being emptied by sizing Auto: its bursting tenants move to GPUs in use", g.key.String()
 		}
-		return burstAdmits(c.sizing.burst, g, rq.burstFor, c.cfg.Sizing.Headroom, c.now())
+		return burstAdmits(dc.burst, g, rq.burstFor, dc.cfg.Sizing.Headroom, dc.now())
 	}
 	return "", ""
 }

@@ -25,17 +25,17 @@ type nodeFit struct {
 // nodeFitsAt checks the claim's pods against node ni of the placement core: affinity,
 // taints, CPU, memory, pods, the pods' other claims, and nodes where an earlier allocation
 // timed out. Caller holds the model's lock.
-func (c *Controller) nodeFitsAt(in *input, ni int, nodeName string) error {
+func (dc *decider) nodeFitsAt(in *input, ni int, nodeName string) error {
 	f := &in.fit
-	m := &c.model.fit
+	m := &dc.model.fit
 	if f.gen == 0 {
-		f.gen = m.next(len(c.model.coreGPU))
+		f.gen = m.next(len(dc.model.coreGPU))
 	}
 	if ni >= len(m.at) {
 		if err, ok := f.byName[nodeName]; ok {
 			return err
 		}
-		err := c.nodeFits(in, nodeName, -1)
+		err := dc.nodeFits(in, nodeName, -1)
 		if f.byName == nil {
 			f.byName = map[string]error{}
 		}
@@ -45,7 +45,7 @@ func (c *Controller) nodeFitsAt(in *input, ni int, nodeName string) error {
 	if m.at[ni] == f.gen {
 		return m.err[ni]
 	}
-	err := c.nodeFits(in, nodeName, ni)
+	err := dc.nodeFits(in, nodeName, ni)
 	m.at[ni], m.err[ni] = f.gen, err
 	return err
 }
@@ -72,18 +72,18 @@ func (m *fitMemo) next(nodes int) uint64 {
 
 // nodeFits checks the pods against node nodeName, which is node ni of the placement core
 // (-1: unknown). Caller holds the model's lock.
-func (c *Controller) nodeFits(in *input, nodeName string, ni int) error {
+func (dc *decider) nodeFits(in *input, nodeName string, ni int) error {
 	if in.avoid[nodeName] {
 		return fmt.Errorf("an earlier allocation on node %s timed out: the pod did not bind there", nodeName)
 	}
-	node, err := c.nodes.Get(nodeName)
+	node, err := dc.nodes.Get(nodeName)
 	if err != nil {
 		return fmt.Errorf("node %s: no Node object", nodeName)
 	}
 	if len(in.pods) == 0 {
 		return nil
 	}
-	requested := c.ledger.Requested(nodeName, in.pods)
+	requested := dc.ledger.Requested(nodeName, in.pods)
 	// The claim's share may need an MPS daemon pod of its own on the node, which requests
 	// nothing but takes a pod slot: keep one free, or a tenant that filled the node's pod
 	// slots would leave the pod waiting in ContainerCreating for a daemon the kubelet refuses.
@@ -99,7 +99,7 @@ func (c *Controller) nodeFits(in *input, nodeName string, ni int) error {
 		// Each pod costs its namespace's share on every node it is checked on, with its
 		// other claims: a tenant's many pods of one claim are its own work to pay for.
 		in.checks++
-		if err := c.fitsNode(in, i, ni, node); err != nil {
+		if err := dc.fitsNode(in, i, ni, node); err != nil {
 			return err
 		}
 		if err := f.checkers[i].FitsResources(node, requested); err != nil {
@@ -134,10 +134,10 @@ const maxPodShapes = 256
 // fitsNode is podfit's FitsNode for pending pod i, remembered across decisions. A verdict
 // holds while the informer keeps the same Node object (any update replaces it). Caller
 // holds the model's lock.
-func (c *Controller) fitsNode(in *input, i, ni int, node *corev1.Node) error {
+func (dc *decider) fitsNode(in *input, i, ni int, node *corev1.Node) error {
 	f := &in.fit
 	checker := f.checkers[i]
-	nodes := len(c.model.coreGPU)
+	nodes := len(dc.model.coreGPU)
 	if ni < 0 || ni >= nodes {
 		return checker.FitsNode(node)
 	}
@@ -147,7 +147,7 @@ func (c *Controller) fitsNode(in *input, i, ni int, node *corev1.Node) error {
 	vs := f.verdicts[i]
 	if len(vs) != nodes {
 		key := checker.ConstraintsKey()
-		all := c.model.verdicts
+		all := dc.model.verdicts
 		vs = all[key]
 		if len(vs) != nodes {
 			if len(all) >= maxPodShapes {

@@ -31,7 +31,7 @@ func TestCoreCountsNodeCPUAndMemory(t *testing.T) {
 		m := e.c.model
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		if err := m.ensureCore(e.c.schedPolicy, e.c); err != nil {
+		if err := m.ensureCore(e.c.decider.schedPolicy, e.c.decider); err != nil {
 			t.Fatal(err)
 		}
 		return m.core.FreeCPU(m.coreIdx[node])
@@ -70,20 +70,20 @@ func TestLearnsWorkloadFromClaims(t *testing.T) {
 	m := e.c.model
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.ensureCore(e.c.schedPolicy, e.c); err != nil {
+	if err := m.ensureCore(e.c.decider.schedPolicy, e.c.decider); err != nil {
 		t.Fatal(err)
 	}
 	first := m.scheduler(api.LatencyStandard).Policy()
 	r := &placement.Request{CPUMilli: 3000, GPUs: 1, Share: 300}
 	minSeen := placement.DefaultLearnOptions().MinSeen
 	for i := range minSeen - 1 {
-		m.observe(types.UID(fmt.Sprint(i)), r, e.c.schedPolicy)
-		m.observe(types.UID(fmt.Sprint(i)), r, e.c.schedPolicy) // decided again: counted once
+		m.observe(types.UID(fmt.Sprint(i)), r, e.c.decider.schedPolicy)
+		m.observe(types.UID(fmt.Sprint(i)), r, e.c.decider.schedPolicy) // decided again: counted once
 	}
 	if m.scheduler(api.LatencyStandard).Policy() != first || m.learn.Seen() != minSeen-1 {
 		t.Fatalf("policy replaced, or %d claims counted, before %d distinct claims were seen", m.learn.Seen(), minSeen)
 	}
-	m.observe("last", r, e.c.schedPolicy)
+	m.observe("last", r, e.c.decider.schedPolicy)
 	if m.scheduler(api.LatencyStandard).Policy() == first {
 		t.Fatal("the standard policy still measures against the default workload")
 	}
@@ -95,8 +95,8 @@ func TestLearnsWorkloadFromClaims(t *testing.T) {
 	var got placement.Workload
 	if err := m.ensureCore(func(l api.LatencyClass, w placement.Workload) placement.Policy {
 		got = w
-		return e.c.schedPolicy(l, w)
-	}, e.c); err != nil {
+		return e.c.decider.schedPolicy(l, w)
+	}, e.c.decider); err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || got[0].Share != 300 {

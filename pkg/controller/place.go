@@ -295,7 +295,7 @@ func (c *Controller) decideInQueue(ctx context.Context, in *input) (d *decision,
 		}
 	}
 	if w == nil {
-		d, w = c.decide(ctx, in)
+		d, w = c.decider.decide(ctx, in)
 	}
 	c.pending.Decided(key)
 	// Placed, or waiting for something else than quota: claims queued behind it go on.

@@ -81,7 +81,7 @@ func (d *decision) use() usage {
 // would exceed the quota with nothing but its claim's earlier requests in use is refused:
 // no quota freed would let it in, so it must not hold the namespace's quota queue.
 // Caller holds the model's lock.
-func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason {
+func (dc *decider) quotaCheck(in *input, d *decision, rq *request) *waitReason {
 	p, q, ns := in.pol, in.pol.Quota, in.claim.Namespace
 	if !q.Binds() {
 		return nil
@@ -94,8 +94,8 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 			rq.alt.name, ns, q.ComputeFrom, *q.Compute, p.DisplayName())}
 	}
 	own := d.use()
-	need, compKnown := c.leastNeed(rq)
-	what := c.needText(rq, need)
+	need, compKnown := dc.leastNeed(rq)
+	what := dc.needText(rq, need)
 	ownMem, ownComp := "", ""
 	if own.mem > 0 {
 		ownMem = fmt.Sprintf(" on top of the %s of its other requests", fmtBytes(own.mem))
@@ -112,10 +112,10 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 		}
 		// Whole GPUs: their size is known per GPU only (quotaFits), and a lower bound that
 		// queued the claim for quota could hold the namespace for a claim that never fits.
-		if used := addSat(c.model.nsMem[ns], c.model.nsReserve[ns].mem); !rq.whole && overBy(used, need.mem, limit) > 0 {
+		if used := addSat(dc.model.nsMem[ns], dc.model.nsReserve[ns].mem); !rq.whole && overBy(used, need.mem, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU memory quota of namespace %s (SharingPolicy %s: %s): %s in use%s, this claim needs %s, %s over; it will be placed when quota frees up",
-				ns, q.MemoryFrom, q.Memory.String(), fmtBytes(used), c.idle.reserveText(ns, fmtBytes(c.model.nsReserve[ns].mem)), what, fmtBytes(overBy(used, need.mem, limit)))}
+				ns, q.MemoryFrom, q.Memory.String(), fmtBytes(used), dc.reserveText(ns, fmtBytes(dc.model.nsReserve[ns].mem)), what, fmtBytes(overBy(used, need.mem, limit)))}
 		}
 	}
 	if q.Compute != nil && compKnown {
@@ -125,10 +125,10 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 				"larger than the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): this claim needs %d%%%s; it will not be placed unless the quota is raised",
 				ns, q.ComputeFrom, limit, need.comp, ownComp)}
 		}
-		if used := addSat(c.model.nsComp[ns], c.model.nsReserve[ns].comp); !rq.whole && overBy(used, need.comp, limit) > 0 {
+		if used := addSat(dc.model.nsComp[ns], dc.model.nsReserve[ns].comp); !rq.whole && overBy(used, need.comp, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): %d%% in use%s, this claim needs %d%%, %d%% over; it will be placed when quota frees up",
-				ns, q.ComputeFrom, limit, used, c.idle.reserveText(ns, fmt.Sprintf("%d%%", c.model.nsReserve[ns].comp)), need.comp, overBy(used, need.comp, limit))}
+				ns, q.ComputeFrom, limit, used, dc.reserveText(ns, fmt.Sprintf("%d%%", dc.model.nsReserve[ns].comp)), need.comp, overBy(used, need.comp, limit))}
 		}
 	}
 	return nil
@@ -137,7 +137,7 @@ func (c *Controller) quotaCheck(in *input, d *decision, rq *request) *waitReason
 // claimQuotaCheck refuses a claim that needs more than its namespace's whole quota
 // whichever alternatives it gets: a request of it that waited in the quota queue would
 // hold the namespace's younger claims for ever. Caller holds the model's lock.
-func (c *Controller) claimQuotaCheck(ctx context.Context, in *input) *waitReason {
+func (dc *decider) claimQuotaCheck(ctx context.Context, in *input) *waitReason {
 	q, ns := in.pol.Quota, in.claim.Namespace
 	if q.Invalid != nil {
 		return &waitReason{reason: ReasonInvalidPolicy, message: q.Invalid.Error()}
@@ -152,17 +152,17 @@ func (c *Controller) claimQuotaCheck(ctx context.Context, in *input) *waitReason
 		alts := alternatives(req)
 		var low *usage
 		for _, a := range alts {
-			rq, w := resolveRequest(&c.cfg, in, a, c.smallestGPU(in))
+			rq, w := resolveRequest(dc.cfg, in, a, dc.smallestGPU(in))
 			if w != nil {
 				continue // said when the request is decided
 			}
-			need, _ := c.leastNeed(rq)
+			need, _ := dc.leastNeed(rq)
 			if low == nil {
 				low = &need
 			}
 			low.mem, low.comp = min(low.mem, need.mem), min(low.comp, need.comp)
 			if len(reqs) == 1 && len(alts) == 1 {
-				memText, compText = c.needText(rq, need), fmt.Sprintf("%d%%", need.comp)
+				memText, compText = dc.needText(rq, need), fmt.Sprintf("%d%%", need.comp)
 			}
 		}
 		if low != nil {
@@ -187,9 +187,9 @@ func (c *Controller) claimQuotaCheck(ctx context.Context, in *input) *waitReason
 
 // needText is a request's need of quota memory in words: "10Gi", or "4 whole GPU(s) of at
 // least 80Gi" when the GPUs are not chosen yet. Caller holds the model's lock.
-func (c *Controller) needText(rq *request, need usage) string {
+func (dc *decider) needText(rq *request, need usage) string {
 	if rq.whole {
-		return fmt.Sprintf("%d whole GPU(s) of at least %s", rq.count, fmtBytes(c.model.minMem))
+		return fmt.Sprintf("%d whole GPU(s) of at least %s", rq.count, fmtBytes(dc.model.minMem))
 	}
 	return fmtBytes(need.mem)
 }
@@ -197,9 +197,9 @@ func (c *Controller) needText(rq *request, need usage) string {
 // leastNeed is the least that all of a request's devices take of the quota, whichever GPUs
 // they get, and whether its compute is known before a GPU is chosen (not when it is
 // derived from the GPU's memory). Caller holds the model's lock.
-func (c *Controller) leastNeed(rq *request) (need usage, compKnown bool) {
+func (dc *decider) leastNeed(rq *request) (need usage, compKnown bool) {
 	if rq.whole {
-		return usage{rq.count * c.model.minMem, rq.count * c.model.minComp}, true
+		return usage{rq.count * dc.model.minMem, rq.count * dc.model.minComp}, true
 	}
 	// A bursting share's cap is charged per GPU, bounded by the GPU (quotaFits): the least
 	// is its guarantee.
@@ -227,7 +227,7 @@ func uncappedCompute(p policy.Effective, rq *request) bool {
 // device would keep from other namespaces on g counts too (held.go): exactly for one
 // device; for several, as if each kept g's room, as each GPU picked passed that way. The
 // example says what the held room adds. Caller holds the model's lock.
-func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, limit, comp int64) (string, string) {
+func (dc *decider) quotaFits(in *input, own usage, rq *request, g *gpu, mem, limit, comp int64) (string, string) {
 	q, ns := in.pol.Quota, in.claim.Namespace
 	if !q.Binds() && !q.RefuseHeldRoom {
 		return "", ""
@@ -251,7 +251,7 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 				g.key, rq.count, fmtBytes(r.mem), r.comp)
 		}
 	}
-	h := c.model.held(ns)
+	h := dc.model.held(ns)
 	held := h.charge()
 	switch _, was := h.rooms[g]; {
 	case rq.count == 1:
@@ -270,8 +270,8 @@ func (c *Controller) quotaFits(in *input, own usage, rq *request, g *gpu, mem, l
 				g.key, ns, fmtBytes(held.mem-before.mem), held.comp-before.comp, q.RefuseHeldRoomFrom)
 		}
 	}
-	res := c.model.nsReserve[ns]
-	used := usage{addSat(c.model.nsMem[ns], res.mem), addSat(c.model.nsComp[ns], res.comp)}
+	res := dc.model.nsReserve[ns]
+	used := usage{addSat(dc.model.nsMem[ns], res.mem), addSat(dc.model.nsComp[ns], res.comp)}
 	if over(q, used, take) {
 		return reasonOverQuota, ""
 	}

@@ -40,7 +40,9 @@ type sizingLoop struct {
 	model *model
 	// pending: a drain waits while the quota queue of a tenant's namespace is not empty.
 	pending *claimQueue
-	// place is the decision path, asked where a drained GPU's tenants would go.
+	// gather is place's: a claim's decision input, outside the model's lock. place is the
+	// decider, asked under it where a drained GPU's tenants would go.
+	gather   func(ctx context.Context, claim *resourceapi.ResourceClaim) (*input, bool)
 	place    placementPath
 	client   kubernetes.Interface // evictions
 	recorder record.EventRecorder
@@ -49,12 +51,11 @@ type sizingLoop struct {
 	fenced func() error
 }
 
-// placementPath is what consolidation asks of the decision path to place a drained GPU's
-// tenants anew, as their recreated pods' claims would be: a claim's decision input (outside
-// the model's lock), and under it the placement core brought up to date, the smallest GPU
-// a whole request may get and the core's filter for a request. The Controller is it.
+// placementPath is what consolidation asks of the decision to place a drained GPU's
+// tenants anew, as their recreated pods' claims would be: under the model's lock, the
+// placement core brought up to date, the smallest GPU a whole request may get and the
+// core's filter for a request. The decider is it.
 type placementPath interface {
-	gather(ctx context.Context, claim *resourceapi.ResourceClaim) (*input, bool)
 	schedPolicy(l api.LatencyClass, w placement.Workload) placement.Policy
 	nodeSource
 	smallestGPU(in *input) func(*request) int64

@@ -147,8 +147,8 @@ func (c *Controller) onPodDelete(pod *corev1.Pod) {
 
 // consumers returns the live pods that use a claim: by name in their spec or status, or as
 // the claim's owner.
-func (c *Controller) consumers(claim *resourceapi.ResourceClaim) []*corev1.Pod {
-	out := c.claimPods(claim)
+func (l *listers) consumers(claim *resourceapi.ResourceClaim) []*corev1.Pod {
+	out := l.claimPods(claim)
 	live := out[:0]
 	for _, p := range out {
 		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	testingclock "k8s.io/utils/clock/testing"
 
@@ -36,6 +38,9 @@ type env struct {
 	clock  *testingclock.FakeClock
 	kept   []string
 	reg    *prometheus.Registry
+	// claimsHandled and podsHandled are what the controller's claim and pod handlers have
+	// finished with (watchHandlers).
+	claimsHandled, podsHandled *handledObjects
 }
 
 func newEnv(t *testing.T, policies []*api.SharingPolicy, objs ...runtime.Object) *env {
@@ -65,6 +70,7 @@ func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPo
 	}
 	e.fgpu = fgpufake.NewSimpleClientset(pols...)
 	e.c = New(cfg, e.client, e.fgpu, NewMetrics(e.reg))
+	e.watchHandlers()
 	e.rec = record.NewFakeRecorder(10000)
 	// The sizing loops record their events themselves, with the recorder New gave them.
 	e.c.recorder, e.c.sizing.recorder, e.c.idle.recorder = e.rec, e.rec, e.rec
@@ -75,7 +81,8 @@ func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPo
 	return e
 }
 
-// settle waits until the informers show what the fake API server holds.
+// settle waits until the informers show what the fake API server holds, and the
+// controller's claim and pod handlers have finished with what they show.
 func (e *env) settle() {
 	e.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -84,12 +91,134 @@ func (e *env) settle() {
 		cached, _ := e.c.claims.List(everything())
 		pods, _ := e.client.CoreV1().Pods("").List(e.ctx, metav1.ListOptions{})
 		cachedPods, _ := e.c.pods.List(everything())
-		if sameClaims(cl.Items, cached) && len(pods.Items) == len(cachedPods) {
+		if sameClaims(cl.Items, cached) && len(pods.Items) == len(cachedPods) &&
+			handledAll(e.claimsHandled, cached) && handledAll(e.podsHandled, cachedPods) {
 			return
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	e.t.Fatal("informers did not catch up")
+}
+
+// watchHandlers gives the controller informers like those New made (New's are never
+// started) whose claim and pod handlers note what they have finished with, for settle. An
+// informer updates its cache before it tells its handlers, and runs each handler on a
+// goroutine of its own: neither the cache nor another handler registered beside the
+// controller's says that the controller's handler has run. Every part of the controller
+// that reads the caches is given the new ones; readsListers fails the test where one is not.
+func (e *env) watchHandlers() {
+	e.t.Helper()
+	old := e.c.listers
+	e.claimsHandled, e.podsHandled = newHandledObjects(), newHandledObjects()
+	h := e.c.handlers()
+	h.claim, h.pod = e.claimsHandled.wrap(h.claim), e.podsHandled.wrap(h.pod)
+	e.c.informers = newInformerSet(e.client, e.fgpu, h)
+	e.c.listers = e.c.informers.listers
+	e.c.sizing.listers, e.c.idle.listers = e.c.listers, e.c.listers
+	if path := readsListers(reflect.ValueOf(e.c), listerPointers(old), "Controller", map[uintptr]bool{}); path != "" {
+		e.t.Fatalf("%s still reads the caches of informers that never start: give it the env's in watchHandlers", path)
+	}
+}
+
+// listerPointers are the listers' own pointers.
+func listerPointers(l listers) map[uintptr]bool {
+	out := map[uintptr]bool{}
+	v := reflect.ValueOf(l)
+	for i := range v.NumField() {
+		if f := v.Field(i); !f.IsNil() && f.Elem().Kind() == reflect.Pointer {
+			out[f.Elem().Pointer()] = true
+		}
+	}
+	return out
+}
+
+// readsListers is the path to a field, in v or in what it points to of this package's
+// types, that holds one of the listers old; "" if none does.
+func readsListers(v reflect.Value, old map[uintptr]bool, path string, seen map[uintptr]bool) string {
+	switch v.Kind() {
+	case reflect.Interface:
+		if v.IsNil() {
+			return ""
+		}
+		if v.Elem().Kind() == reflect.Pointer && old[v.Elem().Pointer()] {
+			return path
+		}
+		return readsListers(v.Elem(), old, path, seen)
+	case reflect.Pointer:
+		if v.IsNil() || seen[v.Pointer()] || v.Elem().Type().PkgPath() != reflect.TypeFor[env]().PkgPath() {
+			return ""
+		}
+		seen[v.Pointer()] = true
+		return readsListers(v.Elem(), old, path, seen)
+	case reflect.Struct:
+		if v.Type().PkgPath() != reflect.TypeFor[env]().PkgPath() {
+			return ""
+		}
+		for i := range v.NumField() {
+			if p := readsListers(v.Field(i), old, path+"."+v.Type().Field(i).Name, seen); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
+}
+
+// handledObjects is, per object (namespace/name), the object an event handler last
+// finished with; a deleted one is absent once the handler has finished with its deletion.
+type handledObjects struct {
+	mu   sync.Mutex
+	objs map[string]any
+}
+
+func newHandledObjects() *handledObjects { return &handledObjects{objs: map[string]any{}} }
+
+// wrap is h, recording each object once h has returned from its event.
+func (ho *handledObjects) wrap(h cache.ResourceEventHandler) cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			h.OnAdd(obj, initial)
+			ho.record(obj, false)
+		},
+		UpdateFunc: func(old, cur any) {
+			h.OnUpdate(old, cur)
+			ho.record(cur, false)
+		},
+		DeleteFunc: func(obj any) {
+			h.OnDelete(obj)
+			ho.record(obj, true)
+		},
+	}
+}
+
+func (ho *handledObjects) record(obj any, deleted bool) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return
+	}
+	ho.mu.Lock()
+	defer ho.mu.Unlock()
+	if deleted {
+		delete(ho.objs, key)
+	} else {
+		ho.objs[key] = obj
+	}
+}
+
+// handledAll says whether the handler has finished with each object of cached, as the
+// cache holds it now (the cache hands its handlers the very object it stores), and with the
+// deletion of every other.
+func handledAll[T metav1.Object](ho *handledObjects, cached []T) bool {
+	ho.mu.Lock()
+	defer ho.mu.Unlock()
+	if len(ho.objs) != len(cached) {
+		return false
+	}
+	for _, o := range cached {
+		if ho.objs[cache.MetaObjectToName(o).String()] != any(o) {
+			return false
+		}
+	}
+	return true
 }
 
 func sameClaims(a []resourceapi.ResourceClaim, b []*resourceapi.ResourceClaim) bool {
@@ -233,8 +362,8 @@ func (e *env) events(substr string) []string {
 	return out
 }
 
-// awaitEvents is events for something an informer's event handler records: settle returns
-// once the caches hold what the API server holds, and a handler may run just after.
+// awaitEvents is events for something an informer's event handler records: settle waits
+// for the claim and pod handlers only, and another handler may run just after it returns.
 func (e *env) awaitEvents(substr string, n int) []string {
 	deadline := time.Now().Add(10 * time.Second)
 	for {

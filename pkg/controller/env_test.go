@@ -115,7 +115,7 @@ func (e *env) watchHandlers() {
 	e.c.informers = newInformerSet(e.client, e.fgpu, h)
 	e.c.listers = e.c.informers.listers
 	e.c.sizing.listers, e.c.idle.listers = e.c.listers, e.c.listers
-	e.c.decider.nodes = e.c.listers.nodes
+	e.c.decider.nodes = e.c.nodes
 	if path := readsListers(reflect.ValueOf(e.c), listerPointers(old), "Controller", map[uintptr]bool{}); path != "" {
 		e.t.Fatalf("%s still reads the caches of informers that never start: give it the env's in watchHandlers", path)
 	}

@@ -17,17 +17,23 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/controller"
+	"github.com/fgpu-dev/fgpu/pkg/extendedresource"
 	"github.com/fgpu-dev/fgpu/pkg/leader"
 	"github.com/fgpu-dev/fgpu/pkg/serve"
 )
@@ -46,6 +52,7 @@ type flags struct {
 	retryPeriod      time.Duration
 	qps              float32
 	burst            int
+	extendedResource string
 }
 
 func main() {
@@ -80,6 +87,7 @@ func main() {
 	fs.DurationVar(&f.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "Lease duration: how long other replicas wait after the leader's last renew before they take over; must exceed the renew deadline")
 	fs.DurationVar(&f.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "renew deadline: the leader stops writing this long after its last successful renew (the rest of the lease duration is the margin for a write in flight)")
 	fs.DurationVar(&f.retryPeriod, "leader-elect-retry-period", 2*time.Second, "retry period")
+	fs.StringVar(&f.extendedResource, "extended-resource", "", "make the ResourceClaimTemplates fgpu-gpu-N that the chart's admission policy rewrites this extended resource's requests (e.g. nvidia.com/gpu) to use; empty: none")
 	fs.Float32Var(&f.qps, "kube-api-qps", 1000, "API requests per second (a placement costs 3 writes: finalizer and status annotation, allocation, an event on its pod)")
 	fs.IntVar(&f.burst, "kube-api-burst", 2000, "API request burst")
 	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
@@ -145,6 +153,9 @@ func run(ctx context.Context, f flags) error {
 	}
 	defer stopMetrics()
 	runCtrl := func(ctx context.Context) error {
+		if f.extendedResource != "" {
+			go keepTemplates(ctx, ctrlClient, f.extendedResource)
+		}
 		return controller.New(f.cfg, ctrlClient, fgpuClient, metrics).Run(ctx)
 	}
 	if !f.leaderElect {
@@ -204,6 +215,18 @@ func run(ctx context.Context, f flags) error {
 	default:
 	}
 	return runErr
+}
+
+// keepTemplates runs the extended-resource template keeper while this replica leads: its
+// writes go through the same fenced client as the allocator's.
+func keepTemplates(ctx context.Context, client kubernetes.Interface, resource string) {
+	bcast := record.NewBroadcaster(record.WithContext(ctx))
+	bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer bcast.Shutdown()
+	recorder := bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "fgpu-allocator"})
+	if err := extendedresource.NewTemplateKeeper(client, recorder, resource, api.DeviceClassShared).Run(ctx); err != nil {
+		klog.FromContext(ctx).Error(err, "Extended-resource templates are not kept")
+	}
 }
 
 func splitList(s string) []string {

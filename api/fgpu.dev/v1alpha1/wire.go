@@ -114,6 +114,26 @@ const (
 	AnnotationScaledDownReserve = "fgpu.dev/scaled-down-reserve"
 )
 
+// Pods that ask for an extended resource such as nvidia.com/gpu (written for NVIDIA's device
+// plugin): the chart's admission policy fgpu-extended-resource-pods rewrites a container's
+// request for N of it into a claim, named ExtendedResourcePodClaimPrefix<i> in the pod
+// (ExtendedResourceInitClaimPrefix<i> for init container i), from the ResourceClaimTemplate
+// ExtendedResourceTemplatePrefix<N>, which the allocator keeps in the pod's namespace.
+const (
+	// LabelExtendedResource "true" marks the pods the policy rewrote and the templates the
+	// allocator made for them; "false" on a namespace leaves its pods to whatever else
+	// serves the resource.
+	LabelExtendedResource           = "fgpu.dev/extended-resource"
+	ExtendedResourcePodClaimPrefix  = "fgpu-gpu-"
+	ExtendedResourceInitClaimPrefix = "fgpu-init-gpu-"
+	ExtendedResourceTemplatePrefix  = "fgpu-gpu-"
+	// ExtendedResourceMaxGPUs is the most GPUs one container may ask for this way: the most
+	// devices an allocation holds (resource.k8s.io's AllocationResultsMaxSize).
+	ExtendedResourceMaxGPUs = resourceapi.AllocationResultsMaxSize
+	// ExtendedResourceRequest is the name of the one request in those templates.
+	ExtendedResourceRequest = "gpu"
+)
+
 // The environment a container of a claim gets for each of its shares (the CDI spec). fgpu's
 // own names: a claim of one device gets NAME, and every claim NAME_<i> for its device i.
 const (

@@ -68,6 +68,13 @@ func wireNames() map[string]any {
 		"CDIVendor":              CDIVendor,
 		"CDIClass":               CDIClass,
 
+		"LabelExtendedResource":           LabelExtendedResource,
+		"ExtendedResourcePodClaimPrefix":  ExtendedResourcePodClaimPrefix,
+		"ExtendedResourceInitClaimPrefix": ExtendedResourceInitClaimPrefix,
+		"ExtendedResourceTemplatePrefix":  ExtendedResourceTemplatePrefix,
+		"ExtendedResourceMaxGPUs":         ExtendedResourceMaxGPUs,
+		"ExtendedResourceRequest":         ExtendedResourceRequest,
+
 		"AnnotationIdleScaleDown":      AnnotationIdleScaleDown,
 		"AnnotationScaledDownReplicas": AnnotationScaledDownReplicas,
 		"AnnotationScaledDownReserve":  AnnotationScaledDownReserve,

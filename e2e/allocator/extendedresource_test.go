@@ -1,0 +1,166 @@
+package allocator
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+)
+
+const gpuResource corev1.ResourceName = "nvidia.com/gpu"
+
+// devicePluginPod is a pod as written for NVIDIA's device plugin: no claim, gpus of
+// nvidia.com/gpu in its limits; its fgpu-probe replays steps on whatever GPU it gets.
+func devicePluginPod(ns, name, steps string, gpus int64) *corev1.Pod {
+	p := replayPod(ns, name, "", steps)
+	p.Spec.ResourceClaims = nil
+	c := &p.Spec.Containers[0]
+	c.Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{gpuResource: *resource.NewQuantity(gpus, resource.DecimalSI)}}
+	return p
+}
+
+// devicePluginDeployment is one replica of devicePluginPod, its pods labelled app=name.
+func devicePluginDeployment(t *testing.T, ns, name, steps string) {
+	t.Helper()
+	labels := map[string]string{"app": name}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: devicePluginPod(ns, name, steps, 1).Spec}},
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(context.Background(), dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runningPod waits for the one running pod labelled app=name that is not old, and returns it.
+func runningPod(t *testing.T, ns, name, old string) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	if err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+		if err != nil {
+			return false, nil
+		}
+		for i := range pods.Items {
+			if p := &pods.Items[i]; p.Name != old && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+				pod = p
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("no running pod of Deployment %s/%s", ns, name)
+	}
+	return pod
+}
+
+// Two Deployments written for NVIDIA's device plugin (nvidia.com/gpu: 1, no claim) run on
+// fgpu unchanged: each pod gets a claim of one whole GPU from the template the allocator
+// keeps, so the two hold both GPUs. Under sizing Auto, once their use is measured, their next
+// pods are right-sized shares and share one GPU, with MPS caps of the recommended size.
+func TestDevicePluginWorkloadsRunUnchangedAndShareOnceSized(t *testing.T) {
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "devplugin")
+	cluster.LabelNamespace(t, ns, "fgpu.dev/e2e-sizing", ns)
+	createPolicy(t, builders.MakePolicy("sizing-"+ns).Namespaces("fgpu.dev/e2e-sizing", ns).Sizing(api.SizingAuto).Obj())
+	for _, name := range []string{"train", "serve"} {
+		devicePluginDeployment(t, ns, name, "0:2Gi:20")
+	}
+
+	before := map[string]string{}
+	for _, name := range []string{"train", "serve"} {
+		pod := runningPod(t, ns, name, "")
+		if pod.Labels[api.LabelExtendedResource] != "true" || len(pod.Spec.ResourceClaims) != 1 ||
+			ptr.Deref(pod.Spec.ResourceClaims[0].ResourceClaimTemplateName, "") != "fgpu-gpu-1" {
+			t.Fatalf("pod %s was not rewritten to a claim of fgpu-gpu-1: labels %v, claims %+v", pod.Name, pod.Labels, pod.Spec.ResourceClaims)
+		}
+		if _, asks := pod.Spec.Containers[0].Resources.Limits[gpuResource]; asks {
+			t.Errorf("pod %s still asks for %s", pod.Name, gpuResource)
+		}
+		gpu, claim := gpuOf(t, pod)
+		before[name] = gpu
+		if got := claim.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]; got.Cmp(resource.MustParse("40Gi")) < 0 {
+			t.Errorf("pod %s's claim got %s of memory; want the whole GPU", pod.Name, got.String())
+		}
+		report, err := cluster.Probe(ctx, ns, pod.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if report.Env["FGPU_DEVICE"] != gpu || report.Env["FGPU_MEMORY_CAP"] != "whole-gpu" {
+			t.Errorf("pod %s received device %q, cap %q; want %s, whole-gpu", pod.Name, report.Env["FGPU_DEVICE"], report.Env["FGPU_MEMORY_CAP"], gpu)
+		}
+		if _, err := cluster.WaitEvent(ctx, ns, claim.Name, "Deployment "+ns+"/"+name+" request gpu: recommended memory", 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if before["train"] == before["serve"] {
+		t.Fatalf("two whole GPUs on one GPU %s", before["train"])
+	}
+
+	// A rollout (as Auto's shrink does after --sizing-shrink-after) brings the pods back at
+	// their recommended size: shares, side by side.
+	after := map[string]string{}
+	for _, name := range []string{"train", "serve"} {
+		old := runningPod(t, ns, name, "")
+		if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pod := runningPod(t, ns, name, old.Name)
+		gpu, claim := gpuOf(t, pod)
+		after[name] = gpu
+		got := claim.Status.Allocation.Devices.Results[0].ConsumedCapacity[api.CapacityMemory]
+		if got.Cmp(resource.MustParse("2Gi")) < 0 || got.Cmp(resource.MustParse("4Gi")) > 0 {
+			t.Errorf("pod %s's claim got %s; want its recommendation above the 2Gi it uses", pod.Name, got.String())
+		}
+		report, err := cluster.Probe(ctx, ns, pod.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cap := report.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]; !strings.HasPrefix(cap, "0=") {
+			t.Errorf("pod %s's MPS memory cap %q; want one of its size", pod.Name, cap)
+		}
+	}
+	if after["train"] != after["serve"] {
+		t.Errorf("right-sized pods on GPUs %s and %s; want them sharing one", after["train"], after["serve"])
+	}
+	checkInvariant(t)
+}
+
+// What fgpu cannot serve is said where the user sees it: a count that is not 1 to 32 is
+// refused at admission, and a count no node has waits with the allocator's reason on the pod.
+func TestDevicePluginRequestsFgpuCannotServeSayWhy(t *testing.T) {
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "devplugin-bad")
+	_, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, devicePluginPod(ns, "many", "0:1Gi:10", 33), metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "from 1 to 32") {
+		t.Errorf("a pod asking for 33 %s: %v; want a refusal that says 1 to 32", gpuResource, err)
+	}
+	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, devicePluginPod(ns, "three", "0:1Gi:10", 3), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.WaitEvent(ctx, ns, "three", "no GPU can take 3 × a whole GPU", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+
+	// A namespace an admin leaves to another device plugin is not rewritten.
+	other := cluster.Namespace(t, "devplugin-off")
+	cluster.LabelNamespace(t, other, api.LabelExtendedResource, "false")
+	pod, err := cluster.Client.CoreV1().Pods(other).Create(ctx, devicePluginPod(other, "left", "0:1Gi:10", 1), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pod.Spec.ResourceClaims) != 0 || pod.Spec.Containers[0].Resources.Limits.Name(gpuResource, resource.DecimalSI).Value() != 1 {
+		t.Errorf("a pod of a namespace labelled %s=false was rewritten: %+v", api.LabelExtendedResource, pod.Spec)
+	}
+}

@@ -2,10 +2,11 @@
 // container received from fgpu (CUDA_MPS_* and FGPU_* variables, GPU device nodes, the MPS
 // mounts, the driver's files), once as text for people and once as a JSON line for tests, then sleeps.
 //
-// With --replay-usage STEPS --usage-dir DIR [--speed N] it then plays a usage pattern on a
-// fake GPU (DIR: the plugin's fake device directory, mounted; the pod needs hostPID so that
-// its PID is the node's): "SECONDS:MEMORY:SM,..." reported as its own use, N times faster,
-// failing with "out of memory" (exit status 2) past its MPS memory cap.
+// With --replay-usage STEPS --usage-dir DIR [--speed N] [--gpu I] it then plays a usage
+// pattern on a fake GPU (DIR: the plugin's fake device directory, mounted; the pod needs
+// hostPID so that its PID is the node's): "SECONDS:MEMORY:SM,..." reported as its own use, N
+// times faster, failing with "out of memory" (exit status 2) past its MPS memory cap. The GPU
+// is the one fgpu gave the container, or fake GPU I, for a pod fgpu did not serve.
 package main
 
 import (
@@ -102,6 +103,7 @@ func main() {
 	stepsFlag := fs.String("replay-usage", "", "usage pattern to play on a fake GPU: SECONDS:MEMORY:SM,...")
 	devDir := fs.String("usage-dir", "", "the fake GPUs' device directory (the plugin's --dev-root)")
 	speed := fs.Float64("speed", 1, "play the pattern this many times faster")
+	onGPU := fs.Int("gpu", -1, "replay on this fake GPU (its index) instead of the one fgpu gave the container: a process fgpu did not start, as a device plugin's pod's")
 	_ = fs.Parse(os.Args[1:])
 	if *once {
 		return
@@ -116,8 +118,8 @@ func main() {
 	if err == nil && (*devDir == "" || *speed <= 0) {
 		err = errors.New("--replay-usage needs --usage-dir and a positive --speed")
 	}
-	var index int
-	if err == nil {
+	index := *onGPU
+	if err == nil && index < 0 {
 		index, err = gpuIndex(r.Devices)
 	}
 	if err == nil {

@@ -164,3 +164,71 @@ func TestDevicePluginRequestsFgpuCannotServeSayWhy(t *testing.T) {
 		t.Errorf("a pod of a namespace labelled %s=false was rewritten: %+v", api.LabelExtendedResource, pod.Spec)
 	}
 }
+
+// A GPU pod that runs before fgpu is installed (here a device plugin's: a process on fake GPU
+// 0 that fgpu did not start) is not restarted by the install, and its GPU is not offered while
+// it runs: an unchanged nvidia.com/gpu pod created then gets the other GPU. When the device
+// plugin's pod ends, its GPU passes to fgpu, and the next such pod gets it.
+func TestInstallRestartsNoRunningGPUPodAndTakesItsGPUOnlyOnceFree(t *testing.T) {
+	ctx := context.Background()
+	reinstall := func() {
+		if err := cluster.Install(ctx, suiteValues...); err != nil {
+			t.Fatalf("installing the chart: %v", err)
+		}
+		if err := cluster.WaitAllocatorReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cluster.Uninstall(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			reinstall()
+		}
+	})
+	ns := cluster.Namespace(t, "handover")
+	// Not rewritten: the chart (and its admission policy) is not installed yet.
+	old := devicePluginPod(ns, "old", "0:20Gi:60", 1)
+	old.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	old.Spec.Containers[0].Args = append(old.Spec.Containers[0].Args, "--gpu", "0")
+	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, old, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := cluster.WaitRunning(ctx, ns, "old", 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	reinstall()
+	after, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "old", metav1.GetOptions{})
+	if err != nil || after.UID != before.UID || after.Status.Phase != corev1.PodRunning || after.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Fatalf("the GPU pod that ran before the install: %v; want it untouched", err)
+	}
+	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, devicePluginPod(ns, "new", "0:1Gi:10", 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := cluster.WaitRunning(ctx, ns, "new", 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gpu, _ := gpuOf(t, pod); gpu != "gpu-1" {
+		t.Errorf("the new pod got %s; want gpu-1, the GPU the old pod does not use", gpu)
+	}
+
+	// The old pod ends: its GPU passes to fgpu.
+	if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, "old", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, devicePluginPod(ns, "next", "0:1Gi:10", 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod, err = cluster.WaitRunning(ctx, ns, "next", 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gpu, _ := gpuOf(t, pod); gpu != "gpu-0" {
+		t.Errorf("the next pod got %s; want gpu-0, free once the old pod ended", gpu)
+	}
+	checkInvariant(t)
+}

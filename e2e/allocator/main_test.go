@@ -16,30 +16,33 @@ var (
 	fgpuClient versioned.Interface
 )
 
+// suiteValues install the chart for the suite, and again after a test uninstalled it.
+// allocationMode and sizing are the chart's defaults (allocator, Recommend):
+// TestAllocatorPlacesShares and TestSizingRecommendChangesNothing show what a plain install
+// gives.
+var suiteValues = []string{
+	"kubeletPlugin.gpus=fake:2xH100-80GB",
+	"allocator.hostNetwork=true",
+	"allocator.bindTimeout=" + bindTimeout,
+	"allocator.orphanGrace=10s",
+	"allocator.verbosity=4",
+	// Sizing within a test's time: measure every second, report every 5 s, recommend
+	// after 20 samples.
+	"kubeletPlugin.usage.pollInterval=1s",
+	"kubeletPlugin.usage.reportInterval=5s",
+	// Steady use is reported only at the heartbeat: within the test, not after 30 minutes.
+	"kubeletPlugin.usage.heartbeat=5s",
+	"allocator.sizing.minSamples=20",
+	// Burst admission compares the last 10 minutes of 5 s reports.
+	"allocator.sizing.burstWindow=10m",
+}
+
 // bindTimeout is short so that the timeout-and-replace path runs within a test.
 const bindTimeout = "20s"
 
 func TestMain(m *testing.M) {
 	framework.Main(m, framework.Suite{
-		// allocationMode and sizing are the chart's defaults (allocator, Recommend):
-		// TestAllocatorPlacesShares and TestSizingRecommendChangesNothing show what a plain
-		// install gives.
-		Values: []string{
-			"kubeletPlugin.gpus=fake:2xH100-80GB",
-			"allocator.hostNetwork=true",
-			"allocator.bindTimeout=" + bindTimeout,
-			"allocator.orphanGrace=10s",
-			"allocator.verbosity=4",
-			// Sizing within a test's time: measure every second, report every 5 s, recommend
-			// after 20 samples.
-			"kubeletPlugin.usage.pollInterval=1s",
-			"kubeletPlugin.usage.reportInterval=5s",
-			// Steady use is reported only at the heartbeat: within the test, not after 30 minutes.
-			"kubeletPlugin.usage.heartbeat=5s",
-			"allocator.sizing.minSamples=20",
-			// Burst admission compares the last 10 minutes of 5 s reports.
-			"allocator.sizing.burstWindow=10m",
-		},
+		Values: suiteValues,
 		Ready: func(ctx context.Context, c *framework.Cluster) (err error) {
 			cluster = c
 			if fgpuClient, err = versioned.NewForConfig(c.Config); err != nil {

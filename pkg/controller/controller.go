@@ -26,6 +26,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -113,9 +114,10 @@ type Controller struct {
 	model   *model
 	status  *statusMemo
 	refused *refusedGPUs
-	gone    *goneClaims
 	// restores rate-limits restoring a claim's finalizer.
 	restores *finalizerRestores
+	// gone holds the shares of claims deleted while their pods run.
+	gone *goneClaims
 
 	selectors  *selectors.Evaluator
 	shares     *decisionShare
@@ -150,7 +152,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		cfg.Selectors.Now = cfg.Now
 	}
 	c := &Controller{cfg: cfg, client: client,
-		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(), refused: newRefusedGPUs(), gone: newGoneClaims(),
+		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(), refused: newRefusedGPUs(),
 		restores: newFinalizerRestores(), selectors: selectors.New(cfg.Selectors), shares: newDecisionShare(), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
@@ -180,6 +182,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	c.listers = c.informers.listers
 	c.bcast = record.NewBroadcaster()
 	c.recorder = c.bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "fgpu-allocator"})
+	c.gone = &goneClaims{byKey: map[string]map[types.UID]podRef{}, listers: c.listers, model: c.model, recorder: c.recorder, kick: c.kick}
 	c.idle = &idleScaler{spans: engine.NewIdle[workloadRef](),
 		cfg: &c.cfg, listers: c.listers, model: c.model, client: client, recorder: c.recorder, fenced: c.fenced, kick: c.kick}
 	burst := engine.NewHistory[gpuKey](sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))})
@@ -319,5 +322,5 @@ func (c *Controller) requeueNamespace(ns, except string) {
 // the allocator watched, and releases deleted claims' shares whose pods ended unseen.
 func (c *Controller) expire(context.Context) {
 	c.ledger.Expire(c.now().Add(-(c.cfg.BindTimeout + time.Minute)))
-	c.recheckGone(nil)
+	c.gone.recheck(nil)
 }

@@ -72,8 +72,9 @@ func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPo
 	e.c = New(cfg, e.client, e.fgpu, NewMetrics(e.reg))
 	e.watchHandlers()
 	e.rec = record.NewFakeRecorder(10000)
-	// The sizing loops record their events themselves, with the recorder New gave them.
-	e.c.recorder, e.c.sizing.recorder, e.c.idle.recorder = e.rec, e.rec, e.rec
+	// The parts New built record their events themselves, with the recorder it gave them.
+	e.c.recorder, e.c.gone.recorder = e.rec, e.rec
+	e.c.sizing.recorder, e.c.idle.recorder = e.rec, e.rec
 	if !e.c.WaitForCacheSync(ctx) {
 		t.Fatal("caches did not sync")
 	}
@@ -114,7 +115,7 @@ func (e *env) watchHandlers() {
 	h.claim, h.pod = e.claimsHandled.wrap(h.claim), e.podsHandled.wrap(h.pod)
 	e.c.informers = newInformerSet(e.client, e.fgpu, h)
 	e.c.listers = e.c.informers.listers
-	e.c.sizing.listers, e.c.idle.listers = e.c.listers, e.c.listers
+	e.c.sizing.listers, e.c.idle.listers, e.c.gone.listers = e.c.listers, e.c.listers, e.c.listers
 	e.c.decider.nodes = e.c.nodes
 	if path := readsListers(reflect.ValueOf(e.c), listerPointers(old), "Controller", map[uintptr]bool{}); path != "" {
 		e.t.Fatalf("%s still reads the caches of informers that never start: give it the env's in watchHandlers", path)

@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 )
 
@@ -20,11 +21,15 @@ type goneClaims struct {
 	mu sync.Mutex
 	// byKey maps the model key a gone claim's shares are held under to the pods holding them.
 	byKey map[string]map[types.UID]podRef
+
+	listers  // the pods that may still run on a claim's shares
+	model    *model
+	recorder record.EventRecorder
+	// kick looks at the pending claims again (released shares free capacity and quota).
+	kick func()
 }
 
 type podRef struct{ namespace, name string }
-
-func newGoneClaims() *goneClaims { return &goneClaims{byKey: map[string]map[types.UID]podRef{}} }
 
 // heldKey is the model key of a gone claim's shares: never the key of a live claim, so a new
 // claim of the same name is accounted on its own.
@@ -82,17 +87,17 @@ func holdsShare(p *corev1.Pod) bool {
 
 // runningOn returns the pods that may still run on a claim's devices: those in its
 // reservedFor, and those bound to a node that use it.
-func (c *Controller) runningOn(claim *resourceapi.ResourceClaim) map[types.UID]podRef {
+func (g *goneClaims) runningOn(claim *resourceapi.ResourceClaim) map[types.UID]podRef {
 	out := map[types.UID]podRef{}
 	for _, r := range claim.Status.ReservedFor {
 		if r.APIGroup != "" || r.Resource != "pods" {
 			continue
 		}
-		if p, err := c.pods.Pods(claim.Namespace).Get(r.Name); err == nil && p.UID == r.UID && holdsShare(p) {
+		if p, err := g.pods.Pods(claim.Namespace).Get(r.Name); err == nil && p.UID == r.UID && holdsShare(p) {
 			out[p.UID] = podRef{p.Namespace, p.Name}
 		}
 	}
-	for _, p := range c.claimPods(claim) {
+	for _, p := range g.claimPods(claim) {
 		if p.Spec.NodeName != "" && holdsShare(p) {
 			out[p.UID] = podRef{p.Namespace, p.Name}
 		}
@@ -100,14 +105,14 @@ func (c *Controller) runningOn(claim *resourceapi.ResourceClaim) map[types.UID]p
 	return out
 }
 
-// holdGone keeps the shares of a claim deleted while pods still run on them; it reports
-// whether it did.
-func (c *Controller) holdGone(claim *resourceapi.ResourceClaim) bool {
-	pods := c.runningOn(claim)
-	if len(pods) == 0 || !c.model.Rekey(claimKey(claim), heldKey(claim)) {
+// holdIfRunning keeps the shares of a claim deleted while pods still run on them; it
+// reports whether it did.
+func (g *goneClaims) holdIfRunning(claim *resourceapi.ResourceClaim) bool {
+	pods := g.runningOn(claim)
+	if len(pods) == 0 || !g.model.Rekey(claimKey(claim), heldKey(claim)) {
 		return false
 	}
-	c.gone.hold(heldKey(claim), pods)
+	g.hold(heldKey(claim), pods)
 	names := make([]string, 0, len(pods))
 	for _, p := range pods {
 		names = append(names, p.name)
@@ -116,24 +121,24 @@ func (c *Controller) holdGone(claim *resourceapi.ResourceClaim) bool {
 		"claim", klog.KObj(claim), "pods", names)
 	msg := fmt.Sprintf("claim %s was deleted while this pod still runs on its GPU share; fgpu keeps the share and its namespace's quota usage until the pod ends", claim.Name)
 	for _, p := range pods {
-		if pod, err := c.pods.Pods(p.namespace).Get(p.name); err == nil {
-			c.recorder.Event(pod, corev1.EventTypeWarning, ReasonClaimDeletedInUse, msg)
+		if pod, err := g.pods.Pods(p.namespace).Get(p.name); err == nil {
+			g.recorder.Event(pod, corev1.EventTypeWarning, ReasonClaimDeletedInUse, msg)
 		}
 	}
 	return true
 }
 
-// recheckGone releases the shares of gone claims none of whose pods run any more; only
-// those pod (nil: every gone claim) is looked at.
-func (c *Controller) recheckGone(pod *corev1.Pod) {
-	held := c.gone.all()
+// recheck releases the shares of gone claims none of whose pods run any more; only the
+// gone claims pod holds (nil: every gone claim) are looked at.
+func (g *goneClaims) recheck(pod *corev1.Pod) {
+	held := g.all()
 	if pod != nil {
-		held = c.gone.holding(pod.UID)
+		held = g.holding(pod.UID)
 	}
 	for key, pods := range held {
 		running := false
 		for uid, ref := range pods {
-			if p, err := c.pods.Pods(ref.namespace).Get(ref.name); err == nil && p.UID == uid && holdsShare(p) {
+			if p, err := g.pods.Pods(ref.namespace).Get(ref.name); err == nil && p.UID == uid && holdsShare(p) {
 				running = true
 				break
 			}
@@ -141,10 +146,10 @@ func (c *Controller) recheckGone(pod *corev1.Pod) {
 		if running {
 			continue
 		}
-		c.gone.drop(key)
-		if c.model.Release(key) {
+		g.drop(key)
+		if g.model.Release(key) {
 			klog.Background().Info("Pods of a deleted claim ended; released its GPU shares", "claim", key)
-			c.kick()
+			g.kick()
 		}
 	}
 }

@@ -61,10 +61,10 @@ func (c *Controller) onClaim(claim *resourceapi.ResourceClaim) {
 }
 
 // onClaimDelete forgets a deleted claim, except the shares its pods still run on
-// (holdGone): the claim can go while they run, and their GPU memory stays in use.
+// (goneClaims): the claim can go while they run, and their GPU memory stays in use.
 func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	key := claimKey(claim)
-	if !c.holdGone(claim) && c.model.Release(key) {
+	if !c.gone.holdIfRunning(claim) && c.model.Release(key) {
 		c.kick()
 	}
 	c.status.Forget(key)
@@ -118,7 +118,7 @@ func (c *Controller) onNodeUpdate(old, cur *corev1.Node) {
 
 func (c *Controller) onPod(old, pod *corev1.Pod) {
 	c.ledger.Bound(pod, false)
-	c.recheckGone(pod)
+	c.gone.recheck(pod)
 	if old != nil && podfit.Counts(old) && !podfit.Counts(pod) {
 		c.kick() // the pod finished: its node's CPU and memory are free
 	}
@@ -138,7 +138,7 @@ func (c *Controller) onPod(old, pod *corev1.Pod) {
 
 func (c *Controller) onPodDelete(pod *corev1.Pod) {
 	c.ledger.Bound(pod, true)
-	c.recheckGone(pod)
+	c.gone.recheck(pod)
 	for _, n := range podClaimNames(pod) {
 		c.queue.Add(claimKeyIn(pod.Namespace, n))
 	}

@@ -126,9 +126,8 @@ type Controller struct {
 	requeueAll chan struct{}
 	metrics    *Metrics
 
-	// fgpuClient and policyQueue write SharingPolicy status; nil without an fgpu client.
-	fgpuClient  versioned.Interface
-	policyQueue workqueue.TypedRateLimitingInterface[string]
+	// policyStatus writes SharingPolicy status; nil without an fgpu client.
+	policyStatus *policyStatus
 
 	// decider decides, under the model's lock, where a pending claim goes.
 	decider *decider
@@ -172,16 +171,16 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		workqueue.NewTypedMaxOfRateLimiter(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second)),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "fgpu-claims"})
-	if fgpuClient != nil {
-		c.fgpuClient = fgpuClient
-		c.policyQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 5*time.Minute),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "fgpu-policies"})
-	}
 	c.informers = newInformerSet(client, fgpuClient, c.handlers())
 	c.listers = c.informers.listers
 	c.bcast = record.NewBroadcaster()
 	c.recorder = c.bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "fgpu-allocator"})
+	if fgpuClient != nil {
+		c.policyStatus = &policyStatus{queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 5*time.Minute),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "fgpu-policies"}),
+			policies: c.policies, client: fgpuClient, recorder: c.recorder}
+	}
 	c.gone = &goneClaims{byKey: map[string]map[types.UID]podRef{}, listers: c.listers, model: c.model, recorder: c.recorder, kick: c.kick}
 	c.idle = &idleScaler{spans: engine.NewIdle[workloadRef](),
 		cfg: &c.cfg, listers: c.listers, model: c.model, client: client, recorder: c.recorder, fenced: c.fenced, kick: c.kick}
@@ -219,9 +218,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		go wait.UntilWithContext(ctx, c.worker, time.Second)
 	}
 	go c.requeueLoop(ctx)
-	if c.policyQueue != nil {
-		defer c.policyQueue.ShutDown()
-		go c.policyWorker(ctx)
+	if c.policyStatus != nil {
+		defer c.policyStatus.queue.ShutDown()
+		go c.policyStatus.worker(ctx)
 	}
 	go wait.UntilWithContext(ctx, c.expire, 10*time.Second)
 	go wait.UntilWithContext(ctx, c.sizing.sweepUsage, usageSweepInterval)

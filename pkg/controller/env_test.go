@@ -73,7 +73,7 @@ func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPo
 	e.watchHandlers()
 	e.rec = record.NewFakeRecorder(10000)
 	// The parts New built record their events themselves, with the recorder it gave them.
-	e.c.recorder, e.c.gone.recorder = e.rec, e.rec
+	e.c.recorder, e.c.gone.recorder, e.c.policyStatus.recorder = e.rec, e.rec, e.rec
 	e.c.sizing.recorder, e.c.idle.recorder = e.rec, e.rec
 	if !e.c.WaitForCacheSync(ctx) {
 		t.Fatal("caches did not sync")
@@ -116,6 +116,7 @@ func (e *env) watchHandlers() {
 	e.c.informers = newInformerSet(e.client, e.fgpu, h)
 	e.c.listers = e.c.informers.listers
 	e.c.sizing.listers, e.c.idle.listers, e.c.gone.listers = e.c.listers, e.c.listers, e.c.listers
+	e.c.policyStatus.policies = e.c.policies
 	e.c.decider.nodes = e.c.nodes
 	if path := readsListers(reflect.ValueOf(e.c), listerPointers(old), "Controller", map[uintptr]bool{}); path != "" {
 		e.t.Fatalf("%s still reads the caches of informers that never start: give it the env's in watchHandlers", path)
@@ -281,7 +282,7 @@ func (e *env) syncPolicies() {
 	e.t.Helper()
 	list, _ := e.c.policies.List(everything())
 	for _, p := range list {
-		if err := e.c.syncPolicy(e.ctx, p.Name); err != nil {
+		if err := e.c.policyStatus.sync(e.ctx, p.Name); err != nil {
 			e.t.Logf("status of SharingPolicy %s: %v", p.Name, err)
 		}
 	}

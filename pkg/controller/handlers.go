@@ -35,12 +35,12 @@ func (c *Controller) handlers() eventHandlers {
 	}
 }
 
-// onPolicy queues a SharingPolicy whose Accepted condition must change (policyWorker
+// onPolicy queues a SharingPolicy whose Accepted condition must change (policyStatus
 // writes it, with an event if it became invalid: policy.Resolve skips an invalid policy,
 // and claims its quota may bind wait), and looks at the pending claims again.
 func (c *Controller) onPolicy(p *api.SharingPolicy) {
-	if c.policyQueue != nil && acceptedChanged(p) {
-		c.policyQueue.Add(p.Name)
+	if c.policyStatus != nil && acceptedChanged(p) {
+		c.policyStatus.queue.Add(p.Name)
 	}
 	c.kick()
 }

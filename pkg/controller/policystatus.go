@@ -8,9 +8,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
+	fgpulisters "github.com/fgpu-dev/fgpu/pkg/client/listers/fgpu.dev/v1alpha1"
 )
 
 // acceptedChanged reports whether a policy's Accepted condition is not what its spec earns.
@@ -21,11 +25,20 @@ func acceptedChanged(p *api.SharingPolicy) bool {
 		got.Message != want.Message || got.ObservedGeneration != want.ObservedGeneration
 }
 
-// syncPolicy writes a SharingPolicy's Accepted condition when it changed, and says in an
-// event when the policy became invalid. Nothing is written while the condition holds: every
-// write is one more for the API server, and would come back as an update.
-func (c *Controller) syncPolicy(ctx context.Context, name string) error {
-	p, err := c.policies.Get(name)
+// policyStatus writes the SharingPolicies' Accepted condition, one policy of its queue at a
+// time (onPolicy queues those whose condition must change).
+type policyStatus struct {
+	queue    workqueue.TypedRateLimitingInterface[string]
+	policies fgpulisters.SharingPolicyLister
+	client   versioned.Interface
+	recorder record.EventRecorder
+}
+
+// sync writes a SharingPolicy's Accepted condition when it changed, and says in an event
+// when the policy became invalid. Nothing is written while the condition holds: every write
+// is one more for the API server, and would come back as an update.
+func (ps *policyStatus) sync(ctx context.Context, name string) error {
+	p, err := ps.policies.Get(name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -43,29 +56,29 @@ func (c *Controller) syncPolicy(ctx context.Context, name string) error {
 		if want.Reason == api.ReasonUnboundPrivileges {
 			what = "applies to no pod"
 		}
-		c.recorder.Event(ref, corev1.EventTypeWarning, ReasonInvalidPolicy, fmt.Sprintf("SharingPolicy %s %s: %s", p.Name, what, want.Message))
+		ps.recorder.Event(ref, corev1.EventTypeWarning, ReasonInvalidPolicy, fmt.Sprintf("SharingPolicy %s %s: %s", p.Name, what, want.Message))
 	}
 	p = p.DeepCopy()
 	meta.SetStatusCondition(&p.Status.Conditions, want)
-	if _, err := c.fgpuClient.FgpuV1alpha1().SharingPolicies().UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+	if _, err := ps.client.FgpuV1alpha1().SharingPolicies().UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("status of SharingPolicy %s: %w", name, err)
 	}
 	klog.FromContext(ctx).V(2).Info("SharingPolicy status written", "policy", name, "accepted", want.Status, "reason", want.Reason)
 	return nil
 }
 
-func (c *Controller) policyWorker(ctx context.Context) {
+func (ps *policyStatus) worker(ctx context.Context) {
 	for {
-		name, quit := c.policyQueue.Get()
+		name, quit := ps.queue.Get()
 		if quit {
 			return
 		}
-		if err := c.syncPolicy(ctx, name); err != nil {
+		if err := ps.sync(ctx, name); err != nil {
 			klog.FromContext(ctx).V(3).Info("Writing a SharingPolicy's status failed, retrying", "err", err)
-			c.policyQueue.AddRateLimited(name)
+			ps.queue.AddRateLimited(name)
 		} else {
-			c.policyQueue.Forget(name)
+			ps.queue.Forget(name)
 		}
-		c.policyQueue.Done(name)
+		ps.queue.Done(name)
 	}
 }

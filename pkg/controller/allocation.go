@@ -30,7 +30,7 @@ func (c *Controller) write(ctx context.Context, claim *resourceapi.ResourceClaim
 		cl.Annotations = map[string]string{}
 	}
 	if cl.Annotations[api.AnnotationStatus] != status {
-		// Written with the finalizer, in the same request: setStatus then has nothing to patch.
+		// Written with the finalizer, in the same request: the status teller then has nothing to patch.
 		cl.Annotations[api.AnnotationStatus] = status
 		changed = true
 	}

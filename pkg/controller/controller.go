@@ -15,7 +15,9 @@
 // burst.go, autosize.go, consolidate.go) recommends sizes, sizes bursting shares for the
 // decider and under sizing Auto recreates pods; idleScaler (idle.go) scales idle workloads
 // to zero. Each gets what it reads and writes from New: the decider, place's gather, and
-// the decider as placementPath for the sizing loop.
+// the decider as placementPath for the sizing loop. So do the smaller parts the handlers
+// and Sync call on: statusTeller (status.go), goneClaims (gone.go) and the SharingPolicy
+// status writer policyStatus (policystatus.go).
 package controller
 
 import (
@@ -112,12 +114,13 @@ type Controller struct {
 	pending *claimQueue
 	ledger  *podLedger
 	model   *model
-	status  *statusMemo
 	refused *refusedGPUs
 	// restores rate-limits restoring a claim's finalizer.
 	restores *finalizerRestores
-	// gone holds the shares of claims deleted while their pods run.
-	gone *goneClaims
+	// status tells where a claim stands; gone holds the shares of claims deleted while
+	// their pods run.
+	status *statusTeller
+	gone   *goneClaims
 
 	selectors  *selectors.Evaluator
 	shares     *decisionShare
@@ -151,7 +154,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		cfg.Selectors.Now = cfg.Now
 	}
 	c := &Controller{cfg: cfg, client: client,
-		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), status: newStatusMemo(), refused: newRefusedGPUs(),
+		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), refused: newRefusedGPUs(),
 		restores: newFinalizerRestores(), selectors: selectors.New(cfg.Selectors), shares: newDecisionShare(), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
@@ -181,6 +184,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "fgpu-policies"}),
 			policies: c.policies, client: fgpuClient, recorder: c.recorder}
 	}
+	c.status = &statusTeller{memo: newStatusMemo(), client: client, recorder: c.recorder, fenced: c.fenced}
 	c.gone = &goneClaims{byKey: map[string]map[types.UID]podRef{}, listers: c.listers, model: c.model, recorder: c.recorder, kick: c.kick}
 	c.idle = &idleScaler{spans: engine.NewIdle[workloadRef](),
 		cfg: &c.cfg, listers: c.listers, model: c.model, client: client, recorder: c.recorder, fenced: c.fenced, kick: c.kick}

@@ -73,7 +73,7 @@ func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPo
 	e.watchHandlers()
 	e.rec = record.NewFakeRecorder(10000)
 	// The parts New built record their events themselves, with the recorder it gave them.
-	e.c.recorder, e.c.gone.recorder, e.c.policyStatus.recorder = e.rec, e.rec, e.rec
+	e.c.recorder, e.c.status.recorder, e.c.gone.recorder, e.c.policyStatus.recorder = e.rec, e.rec, e.rec, e.rec
 	e.c.sizing.recorder, e.c.idle.recorder = e.rec, e.rec
 	if !e.c.WaitForCacheSync(ctx) {
 		t.Fatal("caches did not sync")

@@ -67,7 +67,7 @@ func (c *Controller) onClaimDelete(claim *resourceapi.ResourceClaim) {
 	if !c.gone.holdIfRunning(claim) && c.model.Release(key) {
 		c.kick()
 	}
-	c.status.Forget(key)
+	c.status.memo.Forget(key)
 	c.refused.Forget(claim.UID)
 	c.restores.forget(claim.UID)
 	c.sizing.forgetUsage(claim)

@@ -98,7 +98,7 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 		if w.quota || w.beyondQuota {
 			msg += kueueHint(in.consumers)
 		}
-		c.setStatus(ctx, claim, in.consumers, "Pending: "+msg, w.reason)
+		c.status.tell(ctx, claim, in.consumers, "Pending: "+msg, w.reason)
 		if w.retryAfter > 0 {
 			return w.retryAfter, nil
 		}
@@ -348,7 +348,7 @@ func (c *Controller) commit(ctx context.Context, in *input, d *decision) (time.D
 		written.Annotations = map[string]string{}
 	}
 	written.Annotations[api.AnnotationStatus] = msg
-	c.setStatus(ctx, written, in.consumers, msg, ReasonPlaced)
+	c.status.tell(ctx, written, in.consumers, msg, ReasonPlaced)
 	for _, note := range d.sized {
 		c.recorder.Event(claim, corev1.EventTypeNormal, ReasonSized, note)
 	}

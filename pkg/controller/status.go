@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 )
 
@@ -43,18 +45,26 @@ func (m *statusMemo) Forget(key string) {
 	delete(m.last, key)
 }
 
-// setStatus tells people where a claim stands: events on its pods and the status
-// annotation on the claim, each only when the message changed. Nothing is repeated as an
-// event on the claim: the annotation there says it, and under a burst every write counts
-// (the API server is what limits placements per second). Nothing is said while the fence
-// is closed.
-func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceClaim, pods []*corev1.Pod, msg, reason string) {
-	if err := c.fenced(); err != nil {
+// statusTeller tells people where a claim stands, each message once (memo).
+type statusTeller struct {
+	memo     *statusMemo
+	client   kubernetes.Interface // the claim's status annotation
+	recorder record.EventRecorder
+	// fenced says why the allocator may not write now (nil: it may): nothing is said then.
+	fenced func() error
+}
+
+// tell says where a claim stands: events on its pods and the status annotation on the
+// claim, each only when the message changed. Nothing is repeated as an event on the claim:
+// the annotation there says it, and under a burst every write counts (the API server is
+// what limits placements per second). Nothing is said while the fence is closed.
+func (st *statusTeller) tell(ctx context.Context, claim *resourceapi.ResourceClaim, pods []*corev1.Pod, msg, reason string) {
+	if err := st.fenced(); err != nil {
 		// Said by the leader, which looks at the claim again.
 		klog.FromContext(ctx).V(3).Info("Not telling the claim's status", "err", err)
 		return
 	}
-	if !c.status.Changed(claimKey(claim), msg) {
+	if !st.memo.Changed(claimKey(claim), msg) {
 		return
 	}
 	typ := corev1.EventTypeNormal
@@ -62,14 +72,14 @@ func (c *Controller) setStatus(ctx context.Context, claim *resourceapi.ResourceC
 		typ = corev1.EventTypeWarning
 	}
 	for _, p := range pods {
-		c.recorder.Event(p, typ, reason, fmt.Sprintf("claim %s: %s", claim.Name, msg))
+		st.recorder.Event(p, typ, reason, fmt.Sprintf("claim %s: %s", claim.Name, msg))
 	}
 	if claim.Annotations[api.AnnotationStatus] == msg {
 		return
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationStatus: msg}}})
 	if err == nil {
-		_, err = c.client.ResourceV1().ResourceClaims(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		_, err = st.client.ResourceV1().ResourceClaims(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	}
 	if err != nil {
 		utilruntime.HandleErrorWithContext(ctx, err, "Patching the claim's status annotation", "claim", klog.KObj(claim))

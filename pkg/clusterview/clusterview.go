@@ -56,9 +56,59 @@ func (g GPU) Used() (mem, compute int64) {
 
 // Gather lists the driver's GPUs and their tenants.
 func Gather(ctx context.Context, c kubernetes.Interface, driver string) ([]GPU, error) {
+	byKey, order, err := published(ctx, c, driver)
+	if err != nil {
+		return nil, err
+	}
+	claims, err := c.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list ResourceClaims: %w", err)
+	}
+	for _, cl := range claims.Items {
+		if cl.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range cl.Status.Allocation.Devices.Results {
+			g := byKey[r.Pool+"/"+r.Device]
+			if r.Driver != driver || g == nil {
+				continue
+			}
+			t := Tenant{Namespace: cl.Namespace, Claim: cl.Name, Memory: heldMemory(r, g), Compute: g.Compute, Mode: modeOf(cl, r), Pods: []string{}}
+			if len(r.ConsumedCapacity) > 0 {
+				t.Compute = 0
+			}
+			if q, ok := r.ConsumedCapacity[api.CapacityCompute]; ok {
+				t.Compute = q.Value()
+			}
+			if r.ShareID != nil {
+				t.ShareID = string(*r.ShareID)
+			}
+			t.BurstCap = burstCap(cl.Status.Allocation, driver, r.Request)
+			for _, ref := range cl.Status.ReservedFor {
+				if ref.Resource == "pods" {
+					t.Pods = append(t.Pods, ref.Name)
+				}
+			}
+			g.Tenants = append(g.Tenants, t)
+		}
+	}
+	out := make([]GPU, 0, len(order))
+	for _, k := range order {
+		g := byKey[k]
+		sort.Slice(g.Tenants, func(i, j int) bool {
+			return g.Tenants[i].Namespace+g.Tenants[i].Claim < g.Tenants[j].Namespace+g.Tenants[j].Claim
+		})
+		out = append(out, *g)
+	}
+	return out, nil
+}
+
+// published lists the GPUs the driver's ResourceSlices publish, by pool/device, with the
+// keys in name order; their tenants are left to the caller.
+func published(ctx context.Context, c kubernetes.Interface, driver string) (map[string]*GPU, []string, error) {
 	slices, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("list ResourceSlices: %w", err)
+		return nil, nil, fmt.Errorf("list ResourceSlices: %w", err)
 	}
 	byKey := map[string]*GPU{}
 	var order []string
@@ -83,52 +133,17 @@ func Gather(ctx context.Context, c kubernetes.Interface, driver string) ([]GPU, 
 			order = append(order, key)
 		}
 	}
-	claims, err := c.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list ResourceClaims: %w", err)
-	}
-	for _, cl := range claims.Items {
-		if cl.Status.Allocation == nil {
-			continue
-		}
-		for _, r := range cl.Status.Allocation.Devices.Results {
-			g := byKey[r.Pool+"/"+r.Device]
-			if r.Driver != driver || g == nil {
-				continue
-			}
-			// A whole GPU (no consumed capacity) holds all of it, as the allocator counts it.
-			t := Tenant{Namespace: cl.Namespace, Claim: cl.Name, Memory: g.Memory, Compute: g.Compute, Mode: modeOf(cl, r), Pods: []string{}}
-			if len(r.ConsumedCapacity) > 0 {
-				t.Compute = 0
-			}
-			if q, ok := r.ConsumedCapacity[api.CapacityMemory]; ok {
-				t.Memory = q.Value()
-			}
-			if q, ok := r.ConsumedCapacity[api.CapacityCompute]; ok {
-				t.Compute = q.Value()
-			}
-			if r.ShareID != nil {
-				t.ShareID = string(*r.ShareID)
-			}
-			t.BurstCap = burstCap(cl.Status.Allocation, driver, r.Request)
-			for _, ref := range cl.Status.ReservedFor {
-				if ref.Resource == "pods" {
-					t.Pods = append(t.Pods, ref.Name)
-				}
-			}
-			g.Tenants = append(g.Tenants, t)
-		}
-	}
 	sort.Strings(order)
-	out := make([]GPU, 0, len(order))
-	for _, k := range order {
-		g := byKey[k]
-		sort.Slice(g.Tenants, func(i, j int) bool {
-			return g.Tenants[i].Namespace+g.Tenants[i].Claim < g.Tenants[j].Namespace+g.Tenants[j].Claim
-		})
-		out = append(out, *g)
+	return byKey, order, nil
+}
+
+// heldMemory is the memory an allocation result holds on g: what it consumes, or, a whole
+// GPU (no consumed memory), all of it, as the allocator counts it.
+func heldMemory(r resourceapi.DeviceRequestAllocationResult, g *GPU) int64 {
+	if q, ok := r.ConsumedCapacity[api.CapacityMemory]; ok {
+		return q.Value()
 	}
-	return out, nil
+	return g.Memory
 }
 
 func modeOf(cl resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) string {

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -66,17 +67,7 @@ func Top(ctx context.Context, c kubernetes.Interface, driver, namespace string) 
 			if b := burstCap(cl.Status.Allocation, driver, res.Request); b > 0 {
 				s.MemoryGuaranteed, s.MemoryCap = s.MemoryCap, b
 			}
-			for _, st := range cl.Status.Devices {
-				if st.Driver != res.Driver || st.Pool != res.Pool || st.Device != res.Device || st.Data == nil {
-					continue
-				}
-				if res.ShareID != nil && (st.ShareID == nil || *st.ShareID != string(*res.ShareID)) {
-					continue // the status of an earlier allocation
-				}
-				var data api.DeviceStatusData
-				if json.Unmarshal(st.Data.Raw, &data) != nil {
-					continue
-				}
+			if data, ok := shareStatus(&cl, res); ok {
 				if data.Mode != "" {
 					s.Mode = data.Mode
 				}
@@ -96,6 +87,27 @@ func Top(ctx context.Context, c kubernetes.Interface, driver, namespace string) 
 		return a.GPU < b.GPU
 	})
 	return out, nil
+}
+
+// shareStatus is what the kubelet plugin wrote into the claim's status for the share of an
+// allocation result (which only the plugin may write), and whether it wrote anything.
+func shareStatus(cl *resourceapi.ResourceClaim, res resourceapi.DeviceRequestAllocationResult) (api.DeviceStatusData, bool) {
+	var data api.DeviceStatusData
+	found := false
+	for _, st := range cl.Status.Devices {
+		if st.Driver != res.Driver || st.Pool != res.Pool || st.Device != res.Device || st.Data == nil {
+			continue
+		}
+		if res.ShareID != nil && (st.ShareID == nil || *st.ShareID != string(*res.ShareID)) {
+			continue // the status of an earlier allocation
+		}
+		var d api.DeviceStatusData
+		if json.Unmarshal(st.Data.Raw, &d) != nil {
+			continue
+		}
+		data, found = d, true
+	}
+	return data, found
 }
 
 // PrintTop writes the shares as a table within 80 columns: memory is the peak measured in

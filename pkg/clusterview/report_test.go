@@ -1,0 +1,334 @@
+package clusterview
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+)
+
+// ownedBy makes pod the child of a controller: a ReplicaSet named <deployment>-<hash> is
+// its Deployment's, as the allocator names workloads.
+func ownedBy(pod *corev1.Pod, kind, name string) *corev1.Pod {
+	pod.OwnerReferences = []metav1.OwnerReference{{Kind: kind, Name: name, Controller: ptr.To(true)}}
+	if kind == "ReplicaSet" {
+		pod.Labels["pod-template-hash"] = name[strings.LastIndex(name, "-")+1:]
+	}
+	return pod
+}
+
+// held is a claim pod uses, allocated on node/device: whole when mem is "" (no memory
+// consumed), else a share of mem.
+func held(pod *corev1.Pod, node, device, mem string) *resourceapi.ResourceClaim {
+	b := builders.MakeClaim(pod.Namespace, pod.Name+"-gpu")
+	if mem != "" {
+		b = b.Memory(mem)
+	}
+	cl := b.AllocatedOn(node, device).Obj()
+	cl.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
+	return cl
+}
+
+// measured writes the plugin's usage report into the claim's status: memory p95 and peak in
+// GiB, SM p95 and mean (no SM samples where both are 0), ending at to.
+func measured(cl *resourceapi.ResourceClaim, p95, peak float64, smP95, smMean int, to time.Time) *resourceapi.ResourceClaim {
+	res := cl.Status.Allocation.Devices.Results[0]
+	sm := 0
+	if smP95 > 0 {
+		sm = 30
+	}
+	u := api.ShareUsage{From: to.Add(-5 * time.Minute), To: to, Samples: 30, MemoryP95Bytes: int64(p95 * (1 << 30)), MemoryMaxBytes: int64(peak * (1 << 30)),
+		SMSamples: sm, SMP95Percent: smP95, SMMeanPercent: smMean}
+	raw, err := json.Marshal(api.DeviceStatusData{Mode: "mps", Usage: &u})
+	if err != nil {
+		panic(err)
+	}
+	sid := string(*res.ShareID)
+	cl.Status.Devices = []resourceapi.AllocatedDeviceStatus{{Driver: res.Driver, Pool: res.Pool, Device: res.Device, ShareID: &sid, Data: &runtime.RawExtension{Raw: raw}}}
+	return cl
+}
+
+// recommended is the allocator's recommendation event for w: memGiB, compute percent.
+func recommended(t *testing.T, name, source string, w api.SizingWorkload, memGiB int64, compute int, at time.Time) *corev1.Event {
+	ev := recEvent(t, w.Namespace, name, source, at, w, memGiB)
+	raw, err := json.Marshal(api.SizingRecord{Workload: w, Recommendation: api.SizingRecommendation{MemoryBytes: memGiB << 30, ComputePercent: compute, Samples: 400, PeakBytes: memGiB << 29}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.Annotations[api.AnnotationSizingRecord] = string(raw)
+	return ev
+}
+
+func workload(ns, kind, name string) api.SizingWorkload {
+	return api.SizingWorkload{Namespace: ns, Kind: kind, Name: name, Request: "gpu"}
+}
+
+// reportCluster: two nodes of two 80Gi GPUs. team-a's Deployment web runs two replicas on a
+// whole GPU each, measured at 6-7Gi, recommended 8Gi. team-b's Job train holds a whole GPU it
+// keeps busy; its bare pod notebook holds a 10Gi share, measured last two hours ago, never
+// recommended. Someone in team-b forged a recommendation for notebook.
+func reportCluster(t *testing.T) []runtime.Object {
+	now := t0
+	webA := ownedBy(builders.MakePod("team-a", "web-7c9d5-a1").Obj(), "ReplicaSet", "web-7c9d5")
+	webB := ownedBy(builders.MakePod("team-a", "web-7c9d5-b2").Obj(), "ReplicaSet", "web-7c9d5")
+	train := ownedBy(builders.MakePod("team-b", "train-x1").Obj(), "Job", "train")
+	notebook := builders.MakePod("team-b", "notebook").Obj()
+	return []runtime.Object{builders.MakeSlice("n1", 2, "80Gi"), builders.MakeSlice("n2", 2, "80Gi"), webA, webB, train, notebook,
+		measured(held(webA, "n1", "gpu-0", ""), 6, 7, 20, 10, now.Add(-time.Minute)),
+		measured(held(webB, "n1", "gpu-1", ""), 6.5, 7, 30, 20, now.Add(-3*time.Minute)),
+		measured(held(train, "n2", "gpu-0", ""), 30, 31, 97, 92, now.Add(-2*time.Minute)),
+		measured(held(notebook, "n2", "gpu-1", "10Gi"), 2, 3, 0, 0, now.Add(-2*time.Hour)),
+		recommended(t, "e1", "fgpu-allocator", workload("team-a", "Deployment", "web"), 8, 40, now.Add(-10*time.Minute)),
+		recommended(t, "e2", "fgpu-allocator", workload("team-b", "Job", "train"), 36, 95, now.Add(-20*time.Minute)),
+		recommended(t, "e3", "someone-else", workload("team-b", "Pod", "notebook"), 1, 5, now.Add(-time.Minute)),
+	}
+}
+
+func TestReportPerWorkloadAndTheGPUsNeeded(t *testing.T) {
+	r, err := Report(context.Background(), fake.NewClientset(reportCluster(t)...), api.DriverName, "", time.Hour, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Workloads) != 3 {
+		t.Fatalf("workloads %+v; want web, train and notebook", r.Workloads)
+	}
+	web, train, notebook := r.Workloads[0], r.Workloads[1], r.Workloads[2]
+	if web.Kind != "Deployment" || web.Name != "web" || web.Shares != 2 || web.GPUs != 2 || web.MemoryHeldBytes != 160<<30 {
+		t.Errorf("web %+v; want Deployment/web, 2 shares on 2 GPUs, 160Gi", web)
+	}
+	if u := web.Used; u == nil || u.Shares != 2 || u.MemoryP95Bytes != 12.5*(1<<30) || u.MemoryPeakBytes != 14<<30 || *u.SMP95Percent != 30 || *u.SMMeanPercent != 15 ||
+		!u.From.Equal(t0.Add(-8*time.Minute)) || !u.To.Equal(t0.Add(-time.Minute)) {
+		t.Errorf("web used %+v; want the two replicas' sums, SM 30%% p95 and 15%% mean", u)
+	}
+	if web.Recommendation == nil || web.Recommendation.MemoryBytes != 8<<30 || web.KeepsWhole {
+		t.Errorf("web recommendation %+v", web.Recommendation)
+	}
+	if train.Kind != "Job" || train.Recommendation == nil || !train.KeepsWhole || train.Used.SMP95Percent == nil {
+		t.Errorf("train %+v; want a busy Job that keeps its whole GPU", train)
+	}
+	if notebook.Kind != "Pod" || notebook.Used != nil || notebook.Recommendation != nil || notebook.MemoryHeldBytes != 10<<30 {
+		t.Errorf("notebook %+v; want not measured in the last hour and no recommendation (the forged one is not fgpu's)", notebook)
+	}
+	// web's two 8Gi and notebook's 10Gi share one GPU; train keeps its own.
+	if r.GPUsHeld != 4 || r.MemoryHeldBytes != 250<<30 || r.GPUsNeeded == nil || *r.GPUsNeeded != 2 || r.MeasuredWorkloads != 2 || r.RecommendedWorkloads != 2 {
+		t.Errorf("report %+v; want 4 GPUs (250Gi) held, 2 needed, 2 measured and recommended", r)
+	}
+	var out bytes.Buffer
+	if err := PrintReport(&out, r); err != nil {
+		t.Fatal(err)
+	}
+	fits80(t, out.String())
+	flat := strings.Join(strings.Fields(out.String()), " ")
+	for _, want := range []string{"4 GPUs held now (250Gi); 2 would hold the same workloads at their measured sizes (2 fewer, 50 %).",
+		"2 of 3 workloads measured in the last 1h, 2 with a recommendation.", "workloads without a recommendation in the last 1h: 1 of 3, counted at what they hold now",
+		"team-a/Deployment/web 2 160Gi 12.5Gi/14.0Gi 30%/15% 2×8Gi", "team-b/Job/train 1 80Gi 30.0Gi/31.0Gi 97%/92% whole, busy",
+		"team-b/Pod/notebook 1 10Gi not measured - -"} {
+		if !strings.Contains(flat, want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// The packing is the placement core's, from the sizes: a table of small clusters.
+func TestReportPacksTheRecommendedSizes(t *testing.T) {
+	a := ownedBy(builders.MakePod("ns", "a-5f6b7-x").Obj(), "ReplicaSet", "a-5f6b7")
+	b := ownedBy(builders.MakePod("ns", "b-5f6b7-x").Obj(), "ReplicaSet", "b-5f6b7")
+	wa, wb := workload("ns", "Deployment", "a"), workload("ns", "Deployment", "b")
+	at := t0.Add(-time.Minute)
+	for _, tc := range []struct {
+		name       string
+		gpus       int // on n1 alone; 0: two nodes of two
+		objs       []runtime.Object
+		held       int
+		needed     *int
+		unplaced   int
+		notesAbout string
+	}{
+		{name: "two whole GPUs recommended 8Gi share one", held: 2, needed: ptr.To(1),
+			objs: []runtime.Object{held(a, "n1", "gpu-0", ""), held(b, "n1", "gpu-1", ""),
+				recommended(t, "ra", "fgpu-allocator", wa, 8, 40, at), recommended(t, "rb", "fgpu-allocator", wb, 8, 40, at)}},
+		{name: "one without a recommendation keeps its whole GPU", held: 2, needed: ptr.To(2),
+			objs: []runtime.Object{held(a, "n1", "gpu-0", ""), held(b, "n1", "gpu-1", ""), recommended(t, "ra", "fgpu-allocator", wa, 8, 40, at)}},
+		{name: "a share without a recommendation packs at what it holds", held: 2, needed: ptr.To(1),
+			objs: []runtime.Object{held(a, "n1", "gpu-0", ""), held(b, "n2", "gpu-0", "70Gi"), recommended(t, "ra", "fgpu-allocator", wa, 10, 40, at)}},
+		{name: "a busy workload keeps its whole GPU", held: 2, needed: ptr.To(2),
+			objs: []runtime.Object{held(a, "n1", "gpu-0", ""), held(b, "n1", "gpu-1", ""),
+				recommended(t, "ra", "fgpu-allocator", wa, 8, 95, at), recommended(t, "rb", "fgpu-allocator", wb, 8, 40, at)}},
+		{name: "a busy workload that holds a share is sized", held: 2, needed: ptr.To(1),
+			objs: []runtime.Object{held(a, "n1", "gpu-0", "30Gi"), held(b, "n1", "gpu-1", "30Gi"),
+				recommended(t, "ra", "fgpu-allocator", wa, 8, 95, at), recommended(t, "rb", "fgpu-allocator", wb, 8, 40, at)}},
+		{name: "recommendations larger than what is held need more GPUs", held: 1, needed: ptr.To(2),
+			objs: []runtime.Object{held(a, "n1", "gpu-0", "30Gi"), held(b, "n1", "gpu-0", "30Gi"),
+				recommended(t, "ra", "fgpu-allocator", wa, 50, 40, at), recommended(t, "rb", "fgpu-allocator", wb, 50, 40, at)}},
+		{name: "no recommendation: nothing to compare", held: 2, notesAbout: "no GPU use measured in the last 1h",
+			objs: []runtime.Object{held(a, "n1", "gpu-0", ""), held(b, "n1", "gpu-1", "")}},
+		{name: "what the cluster cannot hold is told", gpus: 1, held: 1, needed: ptr.To(1), unplaced: 1, notesAbout: "no room for 1 share",
+			objs: []runtime.Object{held(a, "n1", "gpu-0", "40Gi"), held(b, "n1", "gpu-0", "40Gi"),
+				recommended(t, "ra", "fgpu-allocator", wa, 100, 40, at), recommended(t, "rb", "fgpu-allocator", wb, 100, 40, at)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := []runtime.Object{builders.MakeSlice("n1", 2, "80Gi"), builders.MakeSlice("n2", 2, "80Gi"), a, b}
+			if tc.gpus > 0 {
+				objs = []runtime.Object{builders.MakeSlice("n1", tc.gpus, "80Gi"), a, b}
+			}
+			objs = append(objs, tc.objs...)
+			r, err := Report(context.Background(), fake.NewClientset(objs...), api.DriverName, "ns", time.Hour, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.GPUsHeld != tc.held || fmt.Sprint(ptr.Deref(r.GPUsNeeded, -1)) != fmt.Sprint(ptr.Deref(tc.needed, -1)) || r.UnplacedShares != tc.unplaced {
+				t.Errorf("held %d, needed %v, unplaced %d; want %d, %v, %d", r.GPUsHeld, ptr.Deref(r.GPUsNeeded, -1), r.UnplacedShares, tc.held, ptr.Deref(tc.needed, -1), tc.unplaced)
+			}
+			if notes := strings.Join(r.Notes, "; "); !strings.Contains(notes, tc.notesAbout) {
+				t.Errorf("notes %q; want one about %q", notes, tc.notesAbout)
+			}
+		})
+	}
+}
+
+func TestReportSaysWhatWasNotMeasured(t *testing.T) {
+	web := ownedBy(builders.MakePod("team-a", "web-7c9d5-a1").Obj(), "ReplicaSet", "web-7c9d5")
+	old := t0.Add(-3 * time.Hour)
+	c := fake.NewClientset(builders.MakeSlice("n1", 1, "80Gi"), web, measured(held(web, "n1", "gpu-0", ""), 6, 7, 20, 10, old),
+		recommended(t, "e1", "fgpu-allocator", workload("team-a", "Deployment", "web"), 8, 40, old))
+	for _, tc := range []struct {
+		since    time.Duration
+		measured bool
+		want     string
+	}{
+		{time.Hour, false, "no GPU use measured in the last 1h: of the 1 share placed in any namespace, none has a usage report that recent"},
+		{90 * time.Minute, false, "no GPU use measured in the last 1h30m"},
+		{4 * time.Hour, true, "1 GPU held now (80Gi); 1 would hold the same workloads at their measured sizes (no fewer)."},
+	} {
+		r, err := Report(context.Background(), c, api.DriverName, "", tc.since, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Workloads[0].Used != nil; got != tc.measured || (r.Workloads[0].Recommendation != nil) != tc.measured || (r.GPUsNeeded != nil) != tc.measured {
+			t.Errorf("since %s: measured %v, recommendation %+v, needed %v; want measured and recommended %v", tc.since, got, r.Workloads[0].Recommendation, r.GPUsNeeded, tc.measured)
+		}
+		var out bytes.Buffer
+		if err := PrintReport(&out, r); err != nil {
+			t.Fatal(err)
+		}
+		fits80(t, out.String())
+		if flat := strings.Join(strings.Fields(out.String()), " "); !strings.Contains(flat, tc.want) {
+			t.Errorf("since %s: report lacks %q:\n%s", tc.since, tc.want, out.String())
+		}
+		if !tc.measured && (strings.Contains(out.String(), "0Ki") || !strings.Contains(out.String(), "not measured")) {
+			t.Errorf("since %s: zeros where nothing was measured:\n%s", tc.since, out.String())
+		}
+	}
+	if _, err := Report(context.Background(), c, api.DriverName, "", 0, t0); err == nil {
+		t.Error("a window of 0 was taken")
+	}
+	r, err := Report(context.Background(), c, api.DriverName, "team-c", time.Hour, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := PrintReport(&out, r); err != nil || out.String() != "no GPU is held through fgpu's claims in namespace team-c: nothing to report.\n" {
+		t.Errorf("an empty namespace: %v %q", err, out.String())
+	}
+	if raw, _ := json.Marshal(r); !strings.Contains(string(raw), `"workloads":[]`) {
+		t.Errorf("no workloads: %s; want [] for scripts", raw)
+	}
+}
+
+func TestReportMarksAPartlyMeasuredWorkload(t *testing.T) {
+	webA := ownedBy(builders.MakePod("team-a", "web-7c9d5-a1").Obj(), "ReplicaSet", "web-7c9d5")
+	webB := ownedBy(builders.MakePod("team-a", "web-7c9d5-b2").Obj(), "ReplicaSet", "web-7c9d5")
+	c := fake.NewClientset(builders.MakeSlice("n1", 2, "80Gi"), webA, webB,
+		measured(held(webA, "n1", "gpu-0", ""), 6, 7, 0, 0, t0), held(webB, "n1", "gpu-1", ""))
+	r, err := Report(context.Background(), c, api.DriverName, "team-a", time.Hour, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := r.Workloads[0].Used; u == nil || u.Shares != 1 || u.MemoryHeldBytes != 80<<30 || u.SMP95Percent != nil || r.Workloads[0].Shares != 2 {
+		t.Fatalf("web %+v used %+v; want one of two shares measured, against its 80Gi, no SM samples", r.Workloads[0], u)
+	}
+	var out bytes.Buffer
+	if err := PrintReport(&out, r); err != nil {
+		t.Fatal(err)
+	}
+	fits80(t, out.String())
+	for _, want := range []string{"team-a/Deployment/web  2     160Gi  6.0Gi/7.0Gi*   -", "* only some of its shares measured in the window"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// The report only reads, with the caller's client: one namespace needs no right beyond it.
+func TestReportReadsOnlyWhatTheCallerMayList(t *testing.T) {
+	c := fake.NewClientset(reportCluster(t)...)
+	c.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if v := a.GetVerb(); v != "list" && v != "get" {
+			t.Errorf("the report %ss %s", v, a.GetResource().Resource)
+		}
+		if r := a.GetResource().Resource; a.GetNamespace() == "" && (r == "resourceclaims" || r == "pods" || r == "events") {
+			return true, nil, apierrors.NewForbidden(a.GetResource().GroupResource(), "", fmt.Errorf("team-a's user"))
+		}
+		return false, nil, nil
+	})
+	r, err := Report(context.Background(), c, api.DriverName, "team-a", time.Hour, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Workloads) != 1 || r.Workloads[0].Namespace != "team-a" || r.GPUsHeld != 2 || *r.GPUsNeeded != 1 {
+		t.Errorf("team-a's report %+v; want web alone, 2 GPUs held, 1 needed", r)
+	}
+	if _, err := Report(context.Background(), c, api.DriverName, "", time.Hour, t0); !apierrors.IsForbidden(err) {
+		t.Errorf("every namespace without the right to list them: %v; want forbidden", err)
+	}
+}
+
+// -o json: the names are the report's contract with scripts.
+func TestReportJSON(t *testing.T) {
+	r, err := Report(context.Background(), fake.NewClientset(reportCluster(t)...), api.DriverName, "", time.Hour, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{`"since":"1h"`, `"from":"2026-01-01T11:00:00Z"`, `"gpusHeld":4`, `"memoryHeldBytes":268435456000`, `"gpusNeeded":2`,
+		`"measuredWorkloads":2`, `"recommendedWorkloads":2`, `"namespace":"team-a","kind":"Deployment","name":"web","request":"gpu"`, `"shares":2`, `"gpus":2`,
+		`"used":{"shares":2,"memoryHeldBytes":171798691840,"memoryP95Bytes":13421772800,"memoryPeakBytes":15032385536,"smP95Percent":30,"smMeanPercent":15`,
+		`"recommendation":{"memoryBytes":8589934592,"computePercent":40`, `"recommendedAt":"2026-01-01T11:50:00Z"`, `"keepsWhole":true`, `"notes":["workloads without a recommendation in the last 1h: 1 of 3`} {
+		if !strings.Contains(string(raw), name) {
+			t.Errorf("json lacks %s:\n%s", name, raw)
+		}
+	}
+	var back UsageReport
+	roundTrip(t, r, &back)
+	if back.GPUsHeld != 4 || *back.GPUsNeeded != 2 || len(back.Workloads) != 3 || back.Workloads[0].Used.MemoryPeakBytes != 14<<30 ||
+		*back.Workloads[0].Used.SMP95Percent != 30 || back.Workloads[2].Used != nil || back.Workloads[0].Name != "web" {
+		t.Errorf("json round trip %+v", back)
+	}
+}
+
+func TestWindow(t *testing.T) {
+	for d, want := range map[time.Duration]string{24 * time.Hour: "24h", 90 * time.Minute: "1h30m", 30 * time.Minute: "30m", 90 * time.Second: "1m30s",
+		time.Hour + 30*time.Second: "1h0m30s", time.Second: "1s"} {
+		if got := window(d); got != want {
+			t.Errorf("window(%s) = %q, want %q", d, got, want)
+		}
+	}
+}

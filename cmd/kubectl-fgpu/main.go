@@ -1,5 +1,5 @@
 // Command kubectl-fgpu is the cluster views of the fgpu CLI (internal/cli) as a kubectl
-// plugin: on the PATH, `kubectl fgpu gpus|why|top|quota|recommendations|wake` runs it.
+// plugin: on the PATH, `kubectl fgpu gpus|why|top|quota|recommendations|report|wake` runs it.
 package main
 
 import "github.com/fgpu-dev/fgpu/internal/cli"

@@ -32,6 +32,7 @@ const (
 	clusterScope   scope = iota // no -n: the view is of the cluster
 	namespaceScope              // -n
 	anyNamespace                // -n or -A
+	namespaceOrAll              // -n, else every namespace: a report on the cluster, narrowed
 )
 
 // addKubeFlags binds the connection flags to cmd, with the namespace flags of its scope.
@@ -68,9 +69,10 @@ func (f *kubeFlags) clients() (kubernetes.Interface, versioned.Interface, error)
 	return kc, fc, nil
 }
 
-// namespace is the namespace to look in: "" with -A, else -n or the context's (as kubectl).
+// namespace is the namespace to look in: "" with -A, or without -n where that means every
+// namespace, else -n or the context's (as kubectl).
 func (f *kubeFlags) namespace() (string, error) {
-	if f.all {
+	if f.all || (f.scope == namespaceOrAll && f.overrides.Context.Namespace == "") {
 		return "", nil
 	}
 	ns, _, err := f.config.Namespace()

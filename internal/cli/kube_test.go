@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fgpu-dev/fgpu/pkg/clusterview"
@@ -41,7 +44,7 @@ func TestKubectlFlags(t *testing.T) {
 		cmd       string
 		namespace bool
 		all       bool
-	}{{"gpus", false, false}, {"why", true, false}, {"top", true, true}, {"quota", true, true}, {"recommendations", true, true}} {
+	}{{"gpus", false, false}, {"why", true, false}, {"top", true, true}, {"quota", true, true}, {"recommendations", true, true}, {"report", true, false}} {
 		c, _, err := root.Find([]string{tc.cmd})
 		if err != nil {
 			t.Fatal(err)
@@ -70,6 +73,43 @@ func TestKubectlFlags(t *testing.T) {
 	for _, line := range strings.Split(help.String(), "\n") {
 		if len([]rune(line)) > 80 {
 			t.Errorf("help line over 80 columns: %q", line)
+		}
+	}
+}
+
+// A report is on the whole cluster unless -n narrows it, whatever the context's namespace;
+// top follows kubectl: the context's namespace unless -n or -A.
+func TestNamespaceDefaults(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "config")
+	const config = `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: u, user: {}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: team-b}}]
+current-context: x
+`
+	if err := os.WriteFile(kubeconfig, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", kubeconfig)
+	for _, tc := range []struct {
+		sc   scope
+		args []string
+		want string
+	}{
+		{namespaceOrAll, nil, ""},
+		{namespaceOrAll, []string{"-n", "team-a"}, "team-a"},
+		{anyNamespace, nil, "team-b"},
+		{anyNamespace, []string{"-A"}, ""},
+		{anyNamespace, []string{"-n", "team-a"}, "team-a"},
+	} {
+		cmd := &cobra.Command{Use: "x"}
+		f := addKubeFlags(cmd, tc.sc)
+		if err := cmd.ParseFlags(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if ns, err := f.namespace(); err != nil || ns != tc.want {
+			t.Errorf("scope %d %v: namespace %q, %v; want %q", tc.sc, tc.args, ns, err, tc.want)
 		}
 	}
 }

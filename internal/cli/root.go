@@ -21,7 +21,7 @@ func NewRoot(use, displayName string) *cobra.Command {
 		SilenceErrors: true,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: displayName},
 	}
-	root.AddCommand(newGPUsCmd(), newWhyCmd(), newTopCmd(), newQuotaCmd(), newRecommendationsCmd(), newWakeCmd())
+	root.AddCommand(newGPUsCmd(), newWhyCmd(), newTopCmd(), newQuotaCmd(), newRecommendationsCmd(), newReportCmd(), newWakeCmd())
 	return root
 }
 

@@ -102,7 +102,7 @@ type share struct {
 // the recommended sizes onto the cluster's published GPUs.
 func Report(ctx context.Context, c kubernetes.Interface, driver, namespace string, since time.Duration, now time.Time) (*UsageReport, error) {
 	if since <= 0 {
-		return nil, fmt.Errorf("the window must be positive, not %s", since)
+		return nil, fmt.Errorf("a window of %s: --since must be positive", since)
 	}
 	r := &UsageReport{Namespace: namespace, Since: window(since), From: now.Add(-since), To: now, Workloads: []WorkloadReport{}}
 	gpus, order, err := published(ctx, c, driver)

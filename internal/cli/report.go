@@ -1,0 +1,35 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
+	"github.com/fgpu-dev/fgpu/pkg/clusterview"
+)
+
+func newReportCmd() *cobra.Command {
+	var driver string
+	var since time.Duration
+	cmd := viewCmd(&cobra.Command{
+		Use:   "report",
+		Short: "GPUs held now against those needed at measured sizes",
+		Long: `For each workload with fgpu claims (every namespace, or -n's): the GPUs and memory its
+claims hold, the memory and SM activity the kubelet plugin measured within --since, and
+the size fgpu recommends. Then the GPUs they all hold now against the GPUs the same
+workloads would need at the recommended sizes, packed by the allocator's placement core.
+It only reads, with your own credentials.`,
+		Args: cobra.NoArgs,
+	}, namespaceOrAll, func(ctx context.Context, kc kubernetes.Interface, _ versioned.Interface, ns string, _ []string) (any, func(io.Writer) error, error) {
+		r, err := clusterview.Report(ctx, kc, driver, ns, since, time.Now())
+		return r, func(w io.Writer) error { return clusterview.PrintReport(w, r) }, err
+	})
+	cmd.Flags().StringVar(&driver, "driver", api.DriverName, "DRA driver name")
+	cmd.Flags().DurationVar(&since, "since", 24*time.Hour, "count only use and recommendations measured this recently")
+	return cmd
+}

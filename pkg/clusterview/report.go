@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -143,6 +144,9 @@ func Report(ctx context.Context, c kubernetes.Interface, driver, namespace strin
 // each with its workload and its newest usage report where it is not older than from.
 func placedShares(ctx context.Context, c kubernetes.Interface, driver, namespace string, gpus map[string]*GPU, from time.Time) ([]share, error) {
 	claims, err := c.ResourceV1().ResourceClaims(namespace).List(ctx, metav1.ListOptions{})
+	if namespace == "" && apierrors.IsForbidden(err) {
+		return nil, fmt.Errorf("list ResourceClaims in every namespace: %w (name one you may read with -n)", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list ResourceClaims: %w", err)
 	}

@@ -66,7 +66,7 @@ func measured(cl *resourceapi.ResourceClaim, p95, peak float64, smP95, smMean in
 // recommended is the allocator's recommendation event for w: memGiB, compute percent.
 func recommended(t *testing.T, name, source string, w api.SizingWorkload, memGiB int64, compute int, at time.Time) *corev1.Event {
 	ev := recEvent(t, w.Namespace, name, source, at, w, memGiB)
-	raw, err := json.Marshal(api.SizingRecord{Workload: w, Recommendation: api.SizingRecommendation{MemoryBytes: memGiB << 30, ComputePercent: compute, Samples: 400, PeakBytes: memGiB << 29}})
+	raw, err := json.Marshal(api.SizingRecord{Workload: w, Recommendation: api.SizingRecommendation{MemoryBytes: memGiB << 30, ComputePercent: compute, Samples: 400, PeakBytes: (memGiB - 1) << 30}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,8 +293,8 @@ func TestReportReadsOnlyWhatTheCallerMayList(t *testing.T) {
 	if len(r.Workloads) != 1 || r.Workloads[0].Namespace != "team-a" || r.GPUsHeld != 2 || *r.GPUsNeeded != 1 {
 		t.Errorf("team-a's report %+v; want web alone, 2 GPUs held, 1 needed", r)
 	}
-	if _, err := Report(context.Background(), c, api.DriverName, "", time.Hour, t0); !apierrors.IsForbidden(err) {
-		t.Errorf("every namespace without the right to list them: %v; want forbidden", err)
+	if _, err := Report(context.Background(), c, api.DriverName, "", time.Hour, t0); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "with -n") {
+		t.Errorf("every namespace without the right to list them: %v; want forbidden, and to name one with -n", err)
 	}
 }
 

@@ -282,7 +282,7 @@ func (r *UsageReport) tally(shares []share, recs map[api.SizingWorkload]Recommen
 		r.Workloads = append(r.Workloads, w.WorkloadReport)
 	}
 	sort.Slice(r.Workloads, func(i, j int) bool {
-		return r.Workloads[i].SizingWorkload.String() < r.Workloads[j].SizingWorkload.String()
+		return r.Workloads[i].String() < r.Workloads[j].String()
 	})
 }
 

@@ -74,6 +74,16 @@ func recommended(t *testing.T, name, source string, w api.SizingWorkload, memGiB
 	return ev
 }
 
+// asJSON shows a report in a failure: a WorkloadReport's %v is its workload's name alone
+// (the embedded SizingWorkload's String).
+func asJSON(v any) string {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err.Error()
+	}
+	return string(raw)
+}
+
 func workload(ns, kind, name string) api.SizingWorkload {
 	return api.SizingWorkload{Namespace: ns, Kind: kind, Name: name, Request: "gpu"}
 }
@@ -105,11 +115,11 @@ func TestReportPerWorkloadAndTheGPUsNeeded(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(r.Workloads) != 3 {
-		t.Fatalf("workloads %+v; want web, train and notebook", r.Workloads)
+		t.Fatalf("workloads %s; want web, train and notebook", asJSON(r.Workloads))
 	}
 	web, train, notebook := r.Workloads[0], r.Workloads[1], r.Workloads[2]
 	if web.Kind != "Deployment" || web.Name != "web" || web.Shares != 2 || web.GPUs != 2 || web.MemoryHeldBytes != 160<<30 {
-		t.Errorf("web %+v; want Deployment/web, 2 shares on 2 GPUs, 160Gi", web)
+		t.Errorf("web %s; want Deployment/web, 2 shares on 2 GPUs, 160Gi", asJSON(web))
 	}
 	if u := web.Used; u == nil || u.Shares != 2 || u.MemoryP95Bytes != 12.5*(1<<30) || u.MemoryPeakBytes != 14<<30 || *u.SMP95Percent != 30 || *u.SMMeanPercent != 15 ||
 		!u.From.Equal(t0.Add(-8*time.Minute)) || !u.To.Equal(t0.Add(-time.Minute)) {
@@ -119,14 +129,14 @@ func TestReportPerWorkloadAndTheGPUsNeeded(t *testing.T) {
 		t.Errorf("web recommendation %+v", web.Recommendation)
 	}
 	if train.Kind != "Job" || train.Recommendation == nil || !train.KeepsWhole || train.Used.SMP95Percent == nil {
-		t.Errorf("train %+v; want a busy Job that keeps its whole GPU", train)
+		t.Errorf("train %s; want a busy Job that keeps its whole GPU", asJSON(train))
 	}
 	if notebook.Kind != "Pod" || notebook.Used != nil || notebook.Recommendation != nil || notebook.MemoryHeldBytes != 10<<30 {
-		t.Errorf("notebook %+v; want not measured in the last hour and no recommendation (the forged one is not fgpu's)", notebook)
+		t.Errorf("notebook %s; want not measured in the last hour and no recommendation (the forged one is not fgpu's)", asJSON(notebook))
 	}
 	// web's two 8Gi and notebook's 10Gi share one GPU; train keeps its own.
 	if r.GPUsHeld != 4 || r.MemoryHeldBytes != 250<<30 || r.GPUsNeeded == nil || *r.GPUsNeeded != 2 || r.MeasuredWorkloads != 2 || r.RecommendedWorkloads != 2 {
-		t.Errorf("report %+v; want 4 GPUs (250Gi) held, 2 needed, 2 measured and recommended", r)
+		t.Errorf("report %s; want 4 GPUs (250Gi) held, 2 needed, 2 measured and recommended", asJSON(r))
 	}
 	var out bytes.Buffer
 	if err := PrintReport(&out, r); err != nil {
@@ -260,7 +270,7 @@ func TestReportMarksAPartlyMeasuredWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	if u := r.Workloads[0].Used; u == nil || u.Shares != 1 || u.MemoryHeldBytes != 80<<30 || u.SMP95Percent != nil || r.Workloads[0].Shares != 2 {
-		t.Fatalf("web %+v used %+v; want one of two shares measured, against its 80Gi, no SM samples", r.Workloads[0], u)
+		t.Fatalf("web %s; want one of two shares measured, against its 80Gi, no SM samples", asJSON(r.Workloads[0]))
 	}
 	var out bytes.Buffer
 	if err := PrintReport(&out, r); err != nil {
@@ -291,7 +301,7 @@ func TestReportReadsOnlyWhatTheCallerMayList(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(r.Workloads) != 1 || r.Workloads[0].Namespace != "team-a" || r.GPUsHeld != 2 || *r.GPUsNeeded != 1 {
-		t.Errorf("team-a's report %+v; want web alone, 2 GPUs held, 1 needed", r)
+		t.Errorf("team-a's report %s; want web alone, 2 GPUs held, 1 needed", asJSON(r))
 	}
 	if _, err := Report(context.Background(), c, api.DriverName, "", time.Hour, t0); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "with -n") {
 		t.Errorf("every namespace without the right to list them: %v; want forbidden, and to name one with -n", err)
@@ -320,7 +330,7 @@ func TestReportJSON(t *testing.T) {
 	roundTrip(t, r, &back)
 	if back.GPUsHeld != 4 || *back.GPUsNeeded != 2 || len(back.Workloads) != 3 || back.Workloads[0].Used.MemoryPeakBytes != 14<<30 ||
 		*back.Workloads[0].Used.SMP95Percent != 30 || back.Workloads[2].Used != nil || back.Workloads[0].Name != "web" {
-		t.Errorf("json round trip %+v", back)
+		t.Errorf("json round trip %s", asJSON(back))
 	}
 }
 

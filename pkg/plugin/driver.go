@@ -99,6 +99,9 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	go d.watchForeign(ctx)
 	go d.watchHealth(ctx)
 	go d.watchMPS(ctx)
+	if state.spares.enabled() {
+		go state.spares.run(ctx)
+	}
 	if d.usage != nil {
 		go d.watchUsage(ctx, cfg.usagePoll())
 	}

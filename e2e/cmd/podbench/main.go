@@ -75,6 +75,11 @@ func run(rounds, claims int, mode string) error {
 		if err := createNamespace(ctx, c, fresh); err != nil {
 			return err
 		}
+		// What any pod of a new namespace waits for is not the claim's: its service account
+		// and the API server's CA, which kube-controller-manager adds after the namespace.
+		if err := namespaceReady(ctx, c, fresh); err != nil {
+			return err
+		}
 		d, err = timePod(ctx, c, fresh, "gpu", framework.MakeGPUPod(fresh, "gpu").Memory("1Gi"))
 		if err != nil {
 			return err
@@ -154,6 +159,17 @@ func createNamespace(ctx context.Context, c *framework.Cluster, ns string) error
 		return err
 	}
 	return nil
+}
+
+// namespaceReady waits for the service account and the CA bundle every pod of ns mounts.
+func namespaceReady(ctx context.Context, c *framework.Cluster, ns string) error {
+	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if _, err := c.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			return false, nil
+		}
+		_, err := c.Client.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+		return err == nil, nil
+	})
 }
 
 // deleteAll deletes ns and waits until it is gone.

@@ -1,0 +1,111 @@
+package plugin
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+)
+
+// A domain's first claim on a GPU takes the spare daemon started ahead there: no daemon pod
+// is created for it, the domain's next claim joins the same daemon, and another spare is
+// started behind it. Unprepares stop the domain's daemon, never a spare.
+func TestFirstClaimOfADomainTakesTheGPUsSpareDaemon(t *testing.T) {
+	e, client, kubelet := newPodEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	if !s.spares.enabled() {
+		t.Fatal("daemons run in pods, but spares are off")
+	}
+	s.spares.fill(ctx)
+	spares := map[string]string{}
+	for uuid, key := range s.spares.byGPU {
+		spares[uuid] = key
+	}
+	if len(spares) != 2 || kubelet.Created() != 2 || len(daemonPodNames(t, client)) != 2 {
+		t.Fatalf("want a spare on each of the 2 GPUs: %v, %d pods created", spares, kubelet.Created())
+	}
+	for _, key := range spares {
+		if !strings.HasPrefix(key, SparePrefix) || !s.daemons.mps.Running(ctx, key) {
+			t.Errorf("spare %s: not a spare's key, or not answering", key)
+		}
+		// As a real control daemon with no client: no server process on the GPU.
+		if pids, err := s.daemons.mps.ServerPIDs(ctx, key); err != nil || len(pids) != 0 {
+			t.Errorf("spare %s runs servers %v (%v)", key, pids, err)
+		}
+	}
+	if changes := s.RefreshForeign(ctx); len(changes) != 0 {
+		t.Errorf("the spares made GPUs foreign-busy: %v", changes)
+	}
+
+	gpu0 := s.devices["gpu-0"].UUID
+	first := builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	second := builders.MakeClaim("ns-a", "a2").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.cp.Claims[string(first.UID)].Devices[0].MPSKey; got != spares[gpu0] {
+		t.Fatalf("the domain's first claim got daemon %s; want gpu-0's spare %s", got, spares[gpu0])
+	}
+	if kubelet.Created() != 2 {
+		t.Errorf("the first claim waited for a daemon pod of its own: %d pods created", kubelet.Created())
+	}
+	if _, err := s.Prepare(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.cp.Claims[string(second.UID)].Devices[0].MPSKey; got != spares[gpu0] {
+		t.Errorf("the domain's second claim got daemon %s; want its domain's %s", got, spares[gpu0])
+	}
+	// Another domain on the same GPU: no spare is ready until the loop starts one.
+	other := builders.MakeClaim("ns-b", "b1").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.Prepare(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.cp.Claims[string(other.UID)].Devices[0].MPSKey; got == spares[gpu0] || strings.HasPrefix(got, SparePrefix) {
+		t.Errorf("another domain got daemon %s, the first domain's or a spare that was not ready", got)
+	}
+	s.spares.fill(ctx)
+	if k := s.spares.byGPU[gpu0]; k == "" || k == spares[gpu0] || !s.spares.ready[k] {
+		t.Errorf("no new spare on gpu-0 behind the one taken: %q", k)
+	}
+
+	for _, claim := range []string{string(first.UID), string(second.UID), string(other.UID)} {
+		if err := s.Unprepare(ctx, claim); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys, err := s.daemons.mps.Keys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 2 || !s.spares.has(keys[0]) || !s.spares.has(keys[1]) {
+		t.Errorf("after the last claims, daemons %v; want only the two spares %v", keys, s.spares.byGPU)
+	}
+	if s.daemons.mps.Running(ctx, spares[gpu0]) {
+		t.Errorf("the daemon the domain took from the spares still runs after its last claim")
+	}
+}
+
+// A restarted plugin stops the spares of the one before it, which no claim took, and starts
+// its own.
+func TestRestartStopsTheSparesNoClaimTook(t *testing.T) {
+	e, client, _ := newPodEnv(t)
+	ctx := context.Background()
+	s := e.state()
+	s.spares.fill(ctx)
+	old := map[string]bool{}
+	for _, k := range s.spares.byGPU {
+		old[k] = true
+	}
+	restarted := e.state()
+	if keys, _ := restarted.daemons.mps.Keys(ctx); len(keys) != 0 || len(daemonPodNames(t, client)) != 0 {
+		t.Fatalf("the restart kept the spares no claim took: %v", keys)
+	}
+	restarted.spares.fill(ctx)
+	for _, k := range restarted.spares.byGPU {
+		if old[k] {
+			t.Errorf("spare %s reused after a restart", k)
+		}
+	}
+}

@@ -214,7 +214,16 @@ func (d *Driver) Err() error { return context.Cause(d.ctx) }
 func (d *Driver) Stop() {
 	d.helper.Stop()
 	d.cancel(errors.New("driver stopped"))
+	if d.state.spares.enabled() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), spareStopTimeout)
+		defer cancel()
+		d.state.spares.stop(ctx)
+	}
 }
+
+// spareStopTimeout bounds how long a stopping plugin waits for its spares' pods to be
+// deleted (within the pod's termination grace period).
+const spareStopTimeout = 10 * time.Second
 
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {

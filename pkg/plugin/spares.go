@@ -42,11 +42,13 @@ type spareDaemons struct {
 	byGPU map[string]string
 	ready map[string]bool
 	kick  chan struct{}
+	// done is closed when run returns.
+	done chan struct{}
 }
 
 func newSpareDaemons(m *mps.Manager, mu *sync.Mutex, l *ledger, foreign *foreignWatch, devices map[string]gpu.Device) *spareDaemons {
 	return &spareDaemons{mps: m, mu: mu, l: l, foreign: foreign, devices: devices,
-		byGPU: map[string]string{}, ready: map[string]bool{}, kick: make(chan struct{}, 1)}
+		byGPU: map[string]string{}, ready: map[string]bool{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // enabled: daemons start as pods, which is what a spare saves the wait for.
@@ -88,6 +90,7 @@ func (sp *spareDaemons) assign(planned []checkpoint.PreparedDevice) {
 // run keeps a spare on each GPU until ctx ends: at once, after each one taken, and every
 // spareCheckEvery (a spare that stopped answering is replaced).
 func (sp *spareDaemons) run(ctx context.Context) {
+	defer close(sp.done)
 	t := time.NewTicker(spareCheckEvery)
 	defer t.Stop()
 	for {
@@ -125,7 +128,10 @@ func (sp *spareDaemons) fill(ctx context.Context) {
 		sp.mu.Unlock()
 		if _, err := sp.mps.Ensure(ctx, key, d.UUID, mps.Limits{}); err != nil {
 			logger.Error(err, "Starting a spare MPS daemon; a domain's first claim on the GPU waits for a daemon of its own", "gpu", d.UUID)
-			sp.drop(ctx, d.UUID, key)
+			// Also when ctx ended (the plugin stops): a pod half started is not left behind.
+			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), spareStopTimeout)
+			sp.drop(stopCtx, d.UUID, key)
+			cancel()
 			continue
 		}
 		servers := sp.foreign.serversOf(ctx, key)
@@ -134,6 +140,26 @@ func (sp *spareDaemons) fill(ctx context.Context) {
 		sp.ready[key] = true
 		sp.mu.Unlock()
 		logger.V(2).Info("Started a spare MPS daemon", "daemon", key, "gpu", d.UUID)
+	}
+}
+
+// stop waits for run to end and stops the spares no claim took: the plugin is going away
+// (an upgrade, or an uninstall, after which nothing would stop them), and the next one starts
+// its own.
+func (sp *spareDaemons) stop(ctx context.Context) {
+	<-sp.done
+	sp.mu.Lock()
+	keys := make([]string, 0, len(sp.byGPU))
+	for _, k := range sp.byGPU {
+		keys = append(keys, k)
+	}
+	clear(sp.byGPU)
+	clear(sp.ready)
+	sp.mu.Unlock()
+	for _, k := range keys {
+		if err := sp.mps.Stop(ctx, k); err != nil {
+			klog.FromContext(ctx).Error(err, "Stopping a spare MPS daemon; the next plugin stops it", "daemon", k)
+		}
 	}
 }
 

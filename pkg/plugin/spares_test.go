@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 )
@@ -107,5 +108,39 @@ func TestRestartStopsTheSparesNoClaimTook(t *testing.T) {
 		if old[k] {
 			t.Errorf("spare %s reused after a restart", k)
 		}
+	}
+}
+
+// A plugin that stops (an upgrade, an uninstall) stops the spares no claim took; the daemons
+// of claims stay, as they outlive the plugin.
+func TestStoppingPluginStopsItsSparesOnly(t *testing.T) {
+	e, client, _ := newPodEnv(t)
+	s := e.state()
+	ctx, cancel := context.WithCancel(context.Background())
+	go s.spares.run(ctx)
+	claim := builders.MakeClaim("ns-a", "a1").Memory("10Gi").AllocatedOn(node, "gpu-1").Obj()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		s.mu.Lock()
+		ready := len(s.spares.ready)
+		s.mu.Unlock()
+		if ready == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no spares started")
+		}
+	}
+	if _, err := s.Prepare(context.Background(), claim); err != nil {
+		t.Fatal(err)
+	}
+	domain := s.cp.Claims[string(claim.UID)].Devices[0].MPSKey
+	cancel()
+	s.spares.stop(context.Background())
+	keys, err := s.daemons.mps.Keys(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 1 || keys[0] != domain || len(daemonPodNames(t, client)) != 1 {
+		t.Errorf("after the stop: daemons %v, pods %v; want only the domain's %s", keys, daemonPodNames(t, client), domain)
 	}
 }

@@ -2,18 +2,21 @@ package allocator
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/e2e/framework"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 )
 
@@ -182,6 +185,12 @@ func TestInstallRestartsNoRunningGPUPodAndTakesItsGPUOnlyOnceFree(t *testing.T) 
 	if err := cluster.Uninstall(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// As on a cluster fgpu never ran on: the kubelet would delete the gone plugin's slices
+	// only later, and until the new plugin publishes its own the allocator would place on them.
+	if err := cluster.Client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+		metav1.ListOptions{FieldSelector: "spec.nodeName=" + cluster.Node + ",spec.driver=" + framework.Driver}); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			reinstall()
@@ -201,6 +210,23 @@ func TestInstallRestartsNoRunningGPUPodAndTakesItsGPUOnlyOnceFree(t *testing.T) 
 	}
 
 	reinstall()
+	// The GPU the old pod uses is published as busy with processes fgpu did not start.
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := cluster.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + cluster.Node})
+		if err != nil {
+			return false, nil
+		}
+		for _, sl := range list.Items {
+			for _, d := range sl.Spec.Devices {
+				if d.Name == "gpu-0" && slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == api.ForeignTaintKey }) {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatal("gpu-0, which the old pod uses, is not published with the foreign-processes taint")
+	}
 	after, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "old", metav1.GetOptions{})
 	if err != nil || after.UID != before.UID || after.Status.Phase != corev1.PodRunning || after.Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Fatalf("the GPU pod that ran before the install: %v; want it untouched", err)

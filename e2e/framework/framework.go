@@ -197,12 +197,17 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// Uninstall removes the chart and waits for the plugin pod to be gone.
+// Uninstall removes the chart and waits for the plugin's pods to be gone: helm waits for the
+// DaemonSet only, and its pods go a moment later, long enough for an Install right after to
+// take one for its own. (The kubelet deletes the plugin's ResourceSlices some time after.)
 func (c *Cluster) Uninstall(ctx context.Context) error {
 	if _, err := Run(ctx, Bin("helm"), "uninstall", "fgpu", "-n", Namespace, "--wait", "--timeout", "2m"); err != nil && !strings.Contains(err.Error(), "not found") {
 		return err
 	}
-	return nil
+	return wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := c.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=kubelet-plugin"})
+		return err == nil && len(pods.Items) == 0, nil
+	})
 }
 
 // waitForDevices waits until this node's slices publish exactly n GPUs, each with the

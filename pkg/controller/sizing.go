@@ -65,16 +65,28 @@ type placementPath interface {
 func (s *sizingLoop) now() time.Time { return s.cfg.Now() }
 
 // sizer feeds the claims' measured use to the recommender and says when a workload's
-// recommendation is new or moved enough to tell a person.
+// recommendation is new, moved enough to tell a person, or told long enough ago to be told
+// again.
 type sizer struct {
 	mu        sync.Mutex
 	rec       *sizing.Recommender
-	announced map[api.SizingWorkload]api.SizingRecommendation
+	announced map[api.SizingWorkload]announcement
 	auto      *autoState
 }
 
+// announcement is the recommendation last told for a workload, and when.
+type announcement struct {
+	rec api.SizingRecommendation
+	at  time.Time
+}
+
+// retellEvery is how often a recommendation that did not move is told again: the API server
+// keeps an event an hour by default, and readers (kubectl fgpu recommendations and report)
+// find a steady workload's recommendation only in an event it still keeps.
+const retellEvery = 30 * time.Minute
+
 func newSizer(opts sizing.Options, shrinkAfter time.Duration) *sizer {
-	return &sizer{rec: sizing.NewRecommender(opts), announced: map[api.SizingWorkload]api.SizingRecommendation{}, auto: newAutoState(opts.Headroom, shrinkAfter)}
+	return &sizer{rec: sizing.NewRecommender(opts), announced: map[api.SizingWorkload]announcement{}, auto: newAutoState(opts.Headroom, shrinkAfter)}
 }
 
 // observeUsage takes the usage summaries the kubelet plugin wrote into the claim's
@@ -122,8 +134,8 @@ func (s *sizingLoop) observeUsage(claim *resourceapi.ResourceClaim) {
 		if !ok || mode == api.SizingOff {
 			continue // an Off workload's history is kept, so that Recommend has it at once
 		}
-		if prev, had := s.sizer.announced[w]; !had || moved(prev, rec) {
-			s.sizer.announced[w] = rec
+		if prev, had := s.sizer.announced[w]; !had || moved(prev.rec, rec) || s.now().Sub(prev.at) >= retellEvery {
+			s.sizer.announced[w] = announcement{rec: rec, at: s.now()}
 			changed = append(changed, api.SizingRecord{Workload: w, Recommendation: rec})
 		}
 	}

@@ -118,6 +118,13 @@ func TestRecommendationFromMeasuredUsage(t *testing.T) {
 	if got, _ := e.c.Recommendation(e.w); got.Samples != 120 {
 		t.Fatalf("samples %d; want 120 (the repeated report counted once)", got.Samples)
 	}
+	// Told again once the first event may have expired, though it did not move: readers
+	// find recommendations only in the events the API server still keeps.
+	e.clock.Step(retellEvery)
+	e.report(5, 10, e.share)
+	if ev := e.awaitEvents(ReasonSizingRecommendation, 2); len(ev) != 2 {
+		t.Fatalf("events %q; want the unmoved recommendation told again after %s", ev, retellEvery)
+	}
 	// Recommend changes no new claim of the workload.
 	e.create(builders.MakeClaim("team-a", "c2").Memory("40Gi").Obj(), sizedPod("web-7c9d5-fghij", "c2"))
 	e.run()

@@ -2,16 +2,13 @@ package framework
 
 import (
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
-	"github.com/fgpu-dev/fgpu/pkg/plugin"
 )
 
 // NodeState is what the plugin holds on the node, read from the host.
@@ -24,9 +21,6 @@ type NodeState struct {
 	Daemons map[string][]int
 	// Checkpoint is the plugin's checkpoint.
 	Checkpoint *checkpoint.Checkpoint
-	// Spares are the keys of the spare MPS daemons no claim took: the plugin keeps one on
-	// each GPU, and MPSDirs and Daemons leave them out.
-	Spares []string
 }
 
 // ReadNodeState inspects the host as root.
@@ -63,30 +57,7 @@ func ReadNodeState() (NodeState, error) {
 		return s, err
 	}
 	s.Checkpoint = cp
-	s.MPSDirs = slices.DeleteFunc(s.MPSDirs, func(key string) bool {
-		if IdleSpare(cp, key) {
-			s.Spares = append(s.Spares, key)
-			return true
-		}
-		return false
-	})
-	maps.DeleteFunc(s.Daemons, func(pipe string, _ []int) bool { return IdleSpare(cp, filepath.Base(filepath.Dir(pipe))) })
 	return s, nil
-}
-
-// IdleSpare says whether daemon key is a spare that no claim in cp took.
-func IdleSpare(cp *checkpoint.Checkpoint, key string) bool {
-	if !strings.HasPrefix(key, plugin.SparePrefix) {
-		return false
-	}
-	for _, e := range cp.Claims {
-		for _, d := range e.Devices {
-			if d.MPSKey == key {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // isStandInDaemon: the stand-in MPS daemon, detached (-d, the plugin's child outside

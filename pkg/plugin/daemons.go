@@ -30,8 +30,6 @@ type daemons struct {
 	modes   *computeModes
 	guards  *daemonGuards
 	foreign *foreignWatch
-	// spares are daemons started ahead that no claim uses and none may stop.
-	spares *spareDaemons
 	// client records Node events; nil outside a cluster.
 	client   kubernetes.Interface
 	nodeName string
@@ -95,7 +93,7 @@ func (d *daemons) release(ctx context.Context, own []string, release bool) error
 	}
 	used := d.l.usedDaemons()
 	for _, k := range all {
-		if !used[k] && !slices.Contains(own, k) && !d.spares.has(k) {
+		if !used[k] && !slices.Contains(own, k) {
 			d.unstopped[k] = true
 		}
 	}
@@ -121,11 +119,10 @@ func (d *daemons) stopStray(ctx context.Context) error {
 func (d *daemons) stopUnused(ctx context.Context, keys []string, release bool) error {
 	used := d.l.usedDaemons()
 	keys = slices.DeleteFunc(slices.Compact(slices.Sorted(slices.Values(keys))), func(k string) bool {
-		if used[k] || d.spares.has(k) {
+		if used[k] {
 			delete(d.unstopped, k)
-			return true
 		}
-		return false
+		return used[k]
 	})
 	stillUsed := func(key string) func() bool {
 		if !release {

@@ -50,7 +50,6 @@ type State struct {
 	guards   *daemonGuards
 	caps     *memoryCaps
 	foreign  *foreignWatch
-	spares   *spareDaemons
 }
 
 // NewState loads the checkpoint and recovers from whatever a previous run left half done.
@@ -133,8 +132,7 @@ func newState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 	s.foreign = newForeignWatch(cfg, backend, m, s.ledger)
 	s.modes = &computeModes{backend: backend, l: s.ledger, foreign: s.foreign}
 	s.guards = &daemonGuards{mps: m, l: s.ledger, mu: &s.mu}
-	s.spares = newSpareDaemons(m, &s.mu, s.ledger, s.foreign, s.devices)
-	s.daemons = &daemons{mps: m, l: s.ledger, mu: &s.mu, devices: s.devices, modes: s.modes, guards: s.guards, foreign: s.foreign, spares: s.spares,
+	s.daemons = &daemons{mps: m, l: s.ledger, mu: &s.mu, devices: s.devices, modes: s.modes, guards: s.guards, foreign: s.foreign,
 		client: client, nodeName: cfg.NodeName,
 		diedUnder: map[string]map[string]bool{}, unanswered: map[string]int{}, unstopped: map[string]bool{}}
 	s.caps = &memoryCaps{l: s.ledger, mu: &s.mu, devices: s.devices, specs: s.cdi, background: ctx}
@@ -197,7 +195,6 @@ func (s *State) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, p
 	}
 	planned, err := s.planner.plan(claim)
 	if err == nil {
-		s.sameDomainDaemons(planned)
 		err = s.checkRoom(ctx, claim, planned, deadline)
 	}
 	if errors.Is(err, errPrepareAgain) {
@@ -207,7 +204,6 @@ func (s *State) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, p
 		s.refusals.remember(ctx, claim, err)
 		return nil, err
 	}
-	s.spares.assign(planned)
 	entry := &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted, Devices: planned, Pods: pods}
 	s.cp.Claims[uid] = entry
 	if err := s.save(); err != nil {

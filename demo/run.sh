@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# make demo: a real local Kubernetes cluster, fgpu in allocator mode on two fake 80Gi GPUs,
+# make demo: a real local Kubernetes cluster, fgpu in allocator mode on three fake 80Gi GPUs,
 # four pods of 10, 20, 30 and 60Gi from two teams sharing them under sharing policies (one of
-# them latency-critical), and a table of who got what.
+# them latency-critical), a table of who got what, and a third team's notebook written for
+# NVIDIA's device plugin that runs unchanged, is measured, and comes back at its size.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -53,12 +54,38 @@ $kubectl get pods -n team-b -o wide
 step "Who got what"
 go run ./cmd/fgpu gpus
 
+step "A workload written for NVIDIA's device plugin, unchanged: team-c's notebook asks for nvidia.com/gpu: 1"
+$kubectl apply -f demo/specs/20-team-c.yaml >/dev/null
+$kubectl -n team-c rollout status deploy/notebook --timeout 3m >/dev/null
+echo "its Deployment asks for: $($kubectl -n team-c get deploy notebook -o jsonpath='{.spec.template.spec.containers[0].resources.limits}')"
+$kubectl -n team-c get pods -l app=notebook \
+  -o custom-columns='POD (REWRITTEN AT ADMISSION):.metadata.name,LIMITS:.spec.containers[0].resources.limits,CLAIM FROM TEMPLATE:.spec.resourceClaims[0].resourceClaimTemplateName'
+go run ./cmd/fgpu gpus
+
+step "fgpu measures the notebook (sizing Auto; a recommendation after 20 samples here) and reports"
+for _ in $(seq 1 120); do
+  [[ -n $($kubectl -n team-c get events --field-selector reason=FgpuSizingRecommendation -o name 2>/dev/null) ]] && break
+  sleep 1
+done
+go run ./cmd/fgpu report --since 1h
+
+step "Its next pod (a rollout; Auto makes one itself after its shrink window) gets its measured size"
+$kubectl -n team-c rollout restart deploy/notebook >/dev/null
+$kubectl -n team-c rollout status deploy/notebook --timeout 3m >/dev/null
+$kubectl -n team-c get events --field-selector reason=FgpuSized -o custom-columns=SIZED:.message --no-headers | tail -1
+go run ./cmd/fgpu gpus
+sleep 10 # the new pod's first usage report (every 5 s here)
+go run ./cmd/fgpu report --since 1h
+
 step "What the 10Gi pod's container received (printed by fgpu-probe inside it)"
 $kubectl logs -n team-a a-10gi | grep -v '^FGPU-PROBE'
 
 step "What each GPU's MPS server was told (recorded by the fake backend's MPS stand-in)"
 for state in /var/run/fgpu/mps/*/log/fake-mps-state.json; do
-  echo "$(basename "$(dirname "$(dirname "$state")")"): $(cat "$state")"
+  key=$(basename "$(dirname "$(dirname "$state")")")
+  # A spare no namespace took yet (started ahead so that a namespace's first pod does not wait).
+  [[ $key == spare-* ]] && ! grep -q "\"$key\"" /var/lib/kubelet/plugins/gpu.fgpu.dev/checkpoint.json 2>/dev/null && key="$key (spare)"
+  echo "$key: $(cat "$state")"
 done
 
 printf '\nThe cluster is still up: KUBECONFIG=%s %s get pods -A\n`make demo-down` tears it down.\n' "$KUBECONFIG" "$kubectl"

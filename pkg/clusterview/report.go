@@ -374,7 +374,7 @@ func (r *UsageReport) explain(placed int) {
 			counted = ", counted at what they hold now"
 		}
 		r.Notes = append(r.Notes, fmt.Sprintf("workloads without a recommendation in the last %s: %d of %d%s "+
-			"(fgpu recommends after half an hour of a workload's samples and tells it again only when it moves; the API server keeps events an hour by default)",
+			"(fgpu recommends after half an hour of a workload's samples, and tells it again when it moves or every 30 minutes)",
 			r.Since, len(r.Workloads)-r.RecommendedWorkloads, len(r.Workloads), counted))
 	}
 	if r.UnplacedShares > 0 {

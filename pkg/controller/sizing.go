@@ -3,8 +3,6 @@ package controller
 import (
 	"context"
 	"encoding/json"
-	"regexp"
-	"strings"
 	"sync"
 	"time"
 
@@ -248,31 +246,11 @@ func allocatedResult(a *resourceapi.AllocationResult, st resourceapi.AllocatedDe
 	return resourceapi.DeviceRequestAllocationResult{}
 }
 
-// cronJobRun matches the name the CronJob controller gives a Job: the CronJob's name and its
-// scheduled time in minutes.
-var cronJobRun = regexp.MustCompile(`^(.+)-[0-9]{8,}$`)
-
-// topOwner is the workload a pod belongs to, from its controller reference and the names
-// Kubernetes' controllers give what they create, without reading the owners: a ReplicaSet
-// named <deployment>-<pod-template-hash> is its Deployment's, a Job named
-// <cronjob>-<minutes> its CronJob's. All of it is the tenant's to write, which only ever
-// moves its pods among the workloads of its own namespace.
+// topOwner is the workload a pod belongs to (api.WorkloadOf, which readers outside the
+// allocator name workloads by too), as the kind and name of its top owner.
 func topOwner(pod *corev1.Pod) metav1.OwnerReference {
-	ref := metav1.GetControllerOf(pod)
-	if ref == nil {
-		return metav1.OwnerReference{Kind: "Pod", Name: pod.Name}
-	}
-	switch ref.Kind {
-	case "ReplicaSet":
-		if h := pod.Labels["pod-template-hash"]; h != "" && strings.HasSuffix(ref.Name, "-"+h) {
-			return metav1.OwnerReference{Kind: "Deployment", Name: strings.TrimSuffix(ref.Name, "-"+h)}
-		}
-	case "Job":
-		if m := cronJobRun.FindStringSubmatch(ref.Name); m != nil {
-			return metav1.OwnerReference{Kind: "CronJob", Name: m[1]}
-		}
-	}
-	return metav1.OwnerReference{Kind: ref.Kind, Name: ref.Name}
+	w := api.WorkloadOf(pod, "")
+	return metav1.OwnerReference{Kind: w.Kind, Name: w.Name}
 }
 
 func quantity(b int64) string { return resource.NewQuantity(b, resource.BinarySI).String() }

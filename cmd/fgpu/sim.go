@@ -138,6 +138,9 @@ func printTable(w io.Writer, s *sim.Summary) {
 	}
 	fmt.Fprintf(w, "failed GPU demand (GPUs): fractional %.1f, one-GPU %.1f, multi-GPU %.1f\n",
 		s.FailedGPUs["fractional"], s.FailedGPUs["one_gpu"], s.FailedGPUs["multi_gpu"])
+	l := s.Locality
+	fmt.Fprintf(w, "multi-GPU pods placed: %.1f; in one NVLink island: %.1f of the %.1f with room in one (%.1f%%); under one PCIe root: %.1f of %.1f (%.1f%%)\n",
+		l.Pods, l.InIsland, l.IslandRoom, l.InIslandPct, l.InRoot, l.RootRoom, l.InRootPct)
 	fmt.Fprintf(w, "decision latency: p50 %.1f us, p99 %.1f us; wall %.1f s\n", s.P50us, s.P99us, s.Wall)
 }
 

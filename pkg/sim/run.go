@@ -91,6 +91,7 @@ type Result struct {
 	// (Config.Learn).
 	Rebuilds int
 	Waste    Waste
+	Locality Locality
 }
 
 // Waste splits the GPU share left unallocated at the end of a replay and
@@ -172,6 +173,15 @@ func Run(cfg Config) (*Result, error) {
 	batch := make([]*placement.Request, 0, cfg.Batch)
 	errs := make([]error, 0, cfg.Batch)
 	frac := newFracLog()
+	topos := make([]Topology, len(cfg.Nodes))
+	for i, n := range cfg.Nodes {
+		topos[i] = topologyOf(n)
+	}
+	placed := func(p placement.Placement) {
+		frac.add(c, p)
+		free, _ := c.GPUs(p.Node)
+		res.Locality.add(topos[p.Node], p, free)
+	}
 	for start := 0; start < len(seq); start += cfg.Batch {
 		batch = batch[:0]
 		for _, k := range seq[start:min(start+cfg.Batch, len(seq))] {
@@ -190,7 +200,7 @@ func Run(cfg Config) (*Result, error) {
 			for i := range batch {
 				res.Decisions = append(res.Decisions, per)
 				if es[i] == nil {
-					frac.add(c, ps[i])
+					placed(ps[i])
 				}
 			}
 			errs = append(errs, es...)
@@ -211,7 +221,7 @@ func Run(cfg Config) (*Result, error) {
 			res.Scored = append(res.Scored, int32(s.Scored()-scored))
 			errs = append(errs, err)
 			if err == nil {
-				frac.add(c, p)
+				placed(p)
 			}
 		}
 		for i, r := range batch {

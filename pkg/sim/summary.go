@@ -38,6 +38,22 @@ type Summary struct {
 	FailedPods     map[string]float64 `json:"failed_pods"`
 	Reasons        map[string]int     `json:"failure_reasons"`
 	Curve          []CurvePoint       `json:"curve"`
+	// Locality is where the placed multi-GPU pods' GPUs lie in the
+	// topology model (topology.go).
+	Locality LocalitySummary `json:"multi_gpu_locality"`
+}
+
+// LocalitySummary is Locality's counts as means per seed, and the percent
+// of the pods with room in one island (root) that got one (0 when none
+// had room).
+type LocalitySummary struct {
+	Pods        float64 `json:"placed"`
+	IslandRoom  float64 `json:"island_room"`
+	InIsland    float64 `json:"in_one_island"`
+	InIslandPct float64 `json:"in_one_island_pct"`
+	RootRoom    float64 `json:"pcie_root_room"`
+	InRoot      float64 `json:"in_one_pcie_root"`
+	InRootPct   float64 `json:"in_one_pcie_root_pct"`
 }
 
 // CurvePoint is the mean (and std over seeds) allocation ratio, in percent,
@@ -122,6 +138,12 @@ func Summarize(cfg Config, seeds []int64, results []*Result) *Summary {
 		s.UnallocPartial += r.Waste.PartialGPUs / n
 		s.RepackBound += 100 * r.Waste.RepackAlloc / n
 		bounded = bounded && r.Waste.RepackGPUs >= 0
+		l := &s.Locality
+		l.Pods += float64(r.Locality.Pods) / n
+		l.IslandRoom += float64(r.Locality.IslandRoom) / n
+		l.InIsland += float64(r.Locality.InIsland) / n
+		l.RootRoom += float64(r.Locality.RootRoom) / n
+		l.InRoot += float64(r.Locality.InRoot) / n
 		for c := Class(0); c < numClasses; c++ {
 			s.FailedGPUs[c.String()] += float64(r.FailedMilli[c]) / 1000 / n
 			s.FailedPods[c.String()] += float64(r.Failed[c]) / n
@@ -136,6 +158,8 @@ func Summarize(cfg Config, seeds []int64, results []*Result) *Summary {
 	if !bounded {
 		s.RepackBound = 0
 	}
+	s.Locality.InIslandPct = percent(s.Locality.InIsland, s.Locality.IslandRoom)
+	s.Locality.InRootPct = percent(s.Locality.InRoot, s.Locality.RootRoom)
 	sort.Float64s(durs)
 	if len(durs) > 0 {
 		s.P50us = durs[len(durs)/2]
@@ -151,6 +175,14 @@ func Summarize(cfg Config, seeds []int64, results []*Result) *Summary {
 		s.Curve = append(s.Curve, CurvePoint{ArrivedPct: math.Round(x * 100), AllocPct: m, StdPct: sd})
 	}
 	return s
+}
+
+// percent is 100 a/b, 0 when b is (JSON has no NaN).
+func percent(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return 100 * a / b
 }
 
 func meanStd(v []float64) (mean, std float64) {

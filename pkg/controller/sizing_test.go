@@ -312,31 +312,6 @@ func TestSizingForgetsASilentWorkload(t *testing.T) {
 	}
 }
 
-func TestTopOwner(t *testing.T) {
-	for _, tc := range []struct {
-		kind, owner string
-		labels      map[string]string
-		want        string
-	}{
-		{"ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"}, "Deployment/web"},
-		{"ReplicaSet", "plain-rs", nil, "ReplicaSet/plain-rs"},
-		{"ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "other"}, "ReplicaSet/web-7c9d5"},
-		{"StatefulSet", "db", nil, "StatefulSet/db"},
-		{"Job", "nightly-29471040", nil, "CronJob/nightly"},
-		{"Job", "train", nil, "Job/train"},
-		{"", "", nil, "Pod/p"},
-	} {
-		p := ownedPod("ns", "p", tc.kind, tc.owner, tc.labels)
-		if tc.kind == "" {
-			p.OwnerReferences = nil
-		}
-		got := topOwner(p)
-		if got.Kind+"/"+got.Name != tc.want {
-			t.Errorf("%s %s: %s/%s, want %s", tc.kind, tc.owner, got.Kind, got.Name, tc.want)
-		}
-	}
-}
-
 // Mode auto's rule: what a policy or the claim names stands; without a measurement, MPS;
 // a workload that keeps a GPU busy gains nothing from sharing; a best-effort, mostly idle one
 // is time-sliced; every other one, latency-critical always, gets MPS with caps.

@@ -8,8 +8,8 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// The same table as the allocator's topOwner test: recommendations and reports must name a
-// pod's workload alike.
+// The allocator's recommendations (its topOwner) and fgpu report both name a pod's workload by
+// WorkloadOf.
 func TestWorkloadOf(t *testing.T) {
 	for _, tc := range []struct {
 		kind, owner string

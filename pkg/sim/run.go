@@ -179,8 +179,11 @@ func Run(cfg Config) (*Result, error) {
 	}
 	placed := func(p placement.Placement) {
 		frac.add(c, p)
-		free, _ := c.GPUs(p.Node)
-		res.Locality.add(topos[p.Node], p, free)
+		// Only multi-GPU pods are counted: the node's GPUs are not read for the rest.
+		if len(p.GPUs) > 1 {
+			free, _ := c.GPUs(p.Node)
+			res.Locality.add(topos[p.Node], p, free)
+		}
 	}
 	for start := 0; start < len(seq); start += cfg.Batch {
 		batch = batch[:0]

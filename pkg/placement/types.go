@@ -8,6 +8,10 @@ const DefaultGPUCapacity = 1000
 type GPUSpec struct {
 	Model    string
 	Capacity int64 // share units; 0 means DefaultGPUCapacity
+	// Where the GPU sits on its node, nearest first; "" where unknown. GPUs of one
+	// node with equal values talk faster to each other: one NVLink island, one PCIe
+	// root complex, one NUMA node.
+	Island, PCIeRoot, NUMA string
 }
 
 // NodeSpec describes a node's allocatable resources.
@@ -36,6 +40,11 @@ type Request struct {
 	// topology, tenancy) without changing this package. gpu is -1 for a
 	// request that needs no GPU.
 	Filter func(node, gpu int) bool
+	// Together, when set, gives each (node, GPU) a group, and the request's GPUs all
+	// come from one group (a DRA matchAttribute constraint); a GPU in group -1 is not
+	// used. Apart is the same for GPUs that must all come from different groups
+	// (distinctAttribute).
+	Together, Apart func(node, gpu int) int
 }
 
 // Whole reports whether the request takes whole GPUs rather than a share.

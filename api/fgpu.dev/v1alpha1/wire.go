@@ -34,6 +34,18 @@ const (
 	AttributeCUDADriverVersion     resourceapi.QualifiedName = "cudaDriverVersion"
 	AttributeNUMANode              resourceapi.QualifiedName = "numaNode"
 
+	// Where a GPU sits on its node, for claims that ask for GPUs that talk fast to each
+	// other (matchAttribute) and for the allocator's placement. AttributePCIeRoot is the
+	// Kubernetes standard name: the PCIe root complex ("pci0000:00"). AttributeNVLinkIsland
+	// names the node's GPUs that reach each other over NVLink (the same value on each);
+	// a GPU without NVLink peers has none. AttributeFabricClique is the NVLink fabric's
+	// "<cluster UUID>.<clique id>" on GPUs that belong to one (multi-node NVLink).
+	// AttributeCPUAffinity is the CPU list ("0-31,64-95") nearest the GPU.
+	AttributePCIeRoot     resourceapi.QualifiedName = "resource.kubernetes.io/pcieRoot"
+	AttributeNVLinkIsland resourceapi.QualifiedName = "nvlinkIsland"
+	AttributeFabricClique resourceapi.QualifiedName = "fabricClique"
+	AttributeCPUAffinity  resourceapi.QualifiedName = "cpuAffinity"
+
 	// MemoryStep is the granularity of memory shares (the devices' requestPolicy step):
 	// published memory is rounded down to it, requests up.
 	MemoryStep = int64(256) << 20

@@ -46,6 +46,10 @@ func wireNames() map[string]any {
 		"AttributeCUDAComputeCapability": AttributeCUDAComputeCapability,
 		"AttributeDriverVersion":         AttributeDriverVersion,
 		"AttributeCUDADriverVersion":     AttributeCUDADriverVersion,
+		"AttributePCIeRoot":              AttributePCIeRoot,
+		"AttributeNVLinkIsland":          AttributeNVLinkIsland,
+		"AttributeFabricClique":          AttributeFabricClique,
+		"AttributeCPUAffinity":           AttributeCPUAffinity,
 		"AttributeNUMANode":              AttributeNUMANode,
 
 		"FenceTaintKey":                  FenceTaintKey,

@@ -18,6 +18,12 @@ type Device struct {
 	PCIBusID              string // "0000:3b:00.0"
 	NUMANode              int    // -1 when unknown
 	ComputeMode           ComputeMode
+	// Where the GPU sits on its node, for claims that want GPUs that talk fast to each other;
+	// each is "" where unknown (or, for the island and the clique, where the GPU has none).
+	PCIeRoot     string // the PCIe root complex, "pci0000:00"
+	NVLinkIsland string // the same on the node's GPUs that reach each other over NVLink: "nvl-0"
+	FabricClique string // a multi-node NVLink fabric's "<cluster UUID>.<clique id>"
+	CPUAffinity  string // the CPUs nearest the GPU, "0-31,64-95"
 	// DeviceNodes are the host paths a container needs to use this GPU
 	// (its own /dev/nvidiaN plus the control nodes shared by all GPUs).
 	DeviceNodes []string

@@ -115,6 +115,18 @@ func attributes(d gpu.Device, cgroupCap bool) map[resourceapi.QualifiedName]reso
 	if d.NUMANode >= 0 {
 		a[configapi.AttributeNUMANode] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d.NUMANode))}
 	}
+	// Only where known: under a claim's matchAttribute a missing attribute matches nothing,
+	// where an empty one would make all the GPUs that lack it look alike.
+	for name, v := range map[resourceapi.QualifiedName]string{
+		configapi.AttributePCIeRoot:     d.PCIeRoot,
+		configapi.AttributeNVLinkIsland: d.NVLinkIsland,
+		configapi.AttributeFabricClique: d.FabricClique,
+		configapi.AttributeCPUAffinity:  d.CPUAffinity,
+	} {
+		if v != "" {
+			a[name] = resourceapi.DeviceAttribute{StringValue: ptr.To(v)}
+		}
+	}
 	return a
 }
 

@@ -52,7 +52,7 @@ func main() {
 	fs := cmd.Flags()
 	fs.StringVar(&f.cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	fs.StringVar(&f.cfg.DriverName, "driver-name", api.DriverName, "DRA driver name")
-	fs.StringVar(&f.gpus, "gpus", "nvml", `GPU backend: "nvml", "fake:<count>x<model>[,...]" (e.g. fake:4xH100-80GB) or "fake-file:<fleet.yaml>"`)
+	fs.StringVar(&f.gpus, "gpus", "nvml", `GPU backend: "nvml", "fake:<count>x<model>[,...][/<topology>]" (e.g. fake:4xH100-80GB, fake:8xH100-80GB/nvlink-2x4) or "fake-file:<fleet.yaml>"`)
 	fs.StringVar(&f.cfg.DevRoot, "dev-root", "", "directory of the GPU device nodes (default /dev; fake GPUs: /var/run/fgpu/fake-dev)")
 	fs.StringVar(&f.cfg.DriverRoot, "driver-root", "", `host path of the NVIDIA driver installation that claims' containers get (libraries, tools, IPC sockets): "/" (the default) or e.g. /run/nvidia/driver (GPU Operator); fake GPUs: a fake driver laid out at /var/run/fgpu/fake-driver (default) or the given path`)
 	fs.StringVar(&f.cfg.DriverRootLocal, "driver-root-container-path", "", "where the plugin's container sees --driver-root (default: the same path)")

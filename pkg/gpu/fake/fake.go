@@ -1,5 +1,6 @@
 // Package fake is a GPU backend that needs no GPU: a deterministic fleet described by a flag
-// or a small YAML file, with real device node files so CDI specs that name them apply.
+// or a small YAML file, with real device node files so CDI specs that name them apply, wired
+// (PCIe roots, NUMA nodes, NVLink islands) as a topology preset says (topology.go).
 //
 // Beside each device node nvidiaN it keeps the state a real GPU keeps across restarts of
 // whoever drives it: nvidiaN.compute-mode holds the GPU's compute mode, and nvidiaN.processes
@@ -55,6 +56,9 @@ var Models = map[string]Model{
 type Fleet struct {
 	// GPUs lists the node's GPUs in index order.
 	GPUs []FleetGPU `json:"gpus"`
+	// Topology is how they are wired: a preset such as nvlink-2x4 (topology.go); none puts
+	// them all under one PCIe root.
+	Topology string `json:"topology,omitempty"`
 }
 
 // FleetGPU is one entry of a Fleet: a model name, optionally repeated.
@@ -82,16 +86,30 @@ type Backend struct {
 
 var specRE = regexp.MustCompile(`^(\d+)x([A-Za-z0-9-]+)$`)
 
-// ParseSpec parses "4xH100-80GB" or "2xH100-80GB,1xA100-40GB" into a fleet.
+// ParseSpec parses "4xH100-80GB" or "2xH100-80GB,1xA100-40GB" into a fleet, and a topology
+// preset after a slash: "8xH100-80GB/nvlink-2x4".
 func ParseSpec(spec string) (Fleet, error) {
 	var f Fleet
-	for _, part := range strings.Split(spec, ",") {
+	gpus, topo, slash := strings.Cut(spec, "/")
+	n := 0
+	for _, part := range strings.Split(gpus, ",") {
 		m := specRE.FindStringSubmatch(strings.TrimSpace(part))
 		if m == nil {
 			return Fleet{}, fmt.Errorf("fake GPU spec %q: want <count>x<model>, e.g. 4xH100-80GB", part)
 		}
-		n, _ := strconv.Atoi(m[1])
-		f.GPUs = append(f.GPUs, FleetGPU{Model: m[2], Count: n})
+		count, _ := strconv.Atoi(m[1])
+		f.GPUs = append(f.GPUs, FleetGPU{Model: m[2], Count: count})
+		n += max(count, 1)
+	}
+	if slash {
+		if topo == "" {
+			return Fleet{}, fmt.Errorf("fake GPU spec %q: no topology after the slash, e.g. 8xH100-80GB/nvlink-2x4", spec)
+		}
+		// Checked here too, so that a malformed flag fails as one.
+		if _, err := parseTopology(topo, n); err != nil {
+			return Fleet{}, fmt.Errorf("fake GPU spec %q: %w", spec, err)
+		}
+		f.Topology = topo
 	}
 	return f, nil
 }
@@ -122,24 +140,32 @@ func New(f Fleet, nodeName, devDir, mpsControlBinary string) (*Backend, error) {
 			return nil, err
 		}
 	}
+	total := 0
 	for _, g := range f.GPUs {
-		model, ok := Models[g.Model]
-		if !ok {
+		if _, ok := Models[g.Model]; !ok {
 			return nil, fmt.Errorf("unknown fake GPU model %q (known: %s)", g.Model, knownModels())
 		}
-		count := g.Count
-		if count == 0 {
-			count = 1
-		}
-		if count < 0 || len(b.devices)+count > 64 {
+		if g.Count < 0 || total+max(g.Count, 1) > 64 {
 			return nil, fmt.Errorf("fake GPU count %d out of range (a node has 1-64 GPUs)", g.Count)
 		}
-		for i := 0; i < count; i++ {
+		total += max(g.Count, 1)
+	}
+	if total == 0 {
+		return nil, errors.New("fake GPU fleet is empty")
+	}
+	topo, err := parseTopology(f.Topology, total)
+	if err != nil {
+		return nil, err
+	}
+	for _, g := range f.GPUs {
+		model := Models[g.Model]
+		for range max(g.Count, 1) {
 			idx := len(b.devices)
 			node := filepath.Join(devDir, fmt.Sprintf("nvidia%d", idx))
 			if err := ensureDeviceNode(node); err != nil {
 				return nil, err
 			}
+			p := topo.place(idx)
 			b.devices = append(b.devices, gpu.Device{
 				Index:                 idx,
 				UUID:                  fakeUUID(nodeName, idx),
@@ -150,15 +176,16 @@ func New(f Fleet, nodeName, devDir, mpsControlBinary string) (*Backend, error) {
 				CUDADriverVersion:     cudaDriverVersion,
 				MemoryBytes:           model.MemoryBytes,
 				Minor:                 idx,
-				PCIBusID:              fmt.Sprintf("0000:%02x:00.0", 0x18+idx*0x10),
-				NUMANode:              idx * 2 / max(len(f.GPUs), 2),
+				PCIBusID:              p.busID,
+				NUMANode:              p.numa,
 				ComputeMode:           gpu.ComputeModeDefault,
+				PCIeRoot:              p.root,
+				NVLinkIsland:          p.island,
+				FabricClique:          p.clique,
+				CPUAffinity:           p.cpus,
 				DeviceNodes:           append([]string{node}, shared...),
 			})
 		}
-	}
-	if len(b.devices) == 0 {
-		return nil, errors.New("fake GPU fleet is empty")
 	}
 	return b, nil
 }

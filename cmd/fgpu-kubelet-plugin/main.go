@@ -172,7 +172,7 @@ func run(ctx context.Context, f flags) error {
 func newBackend(logger klog.Logger, f *flags) (gpu.Backend, error) {
 	switch {
 	case f.gpus == "nvml":
-		var opts []nvml.Option
+		opts := []nvml.Option{nvml.WithLogger(logger)}
 		if f.cfg.DevRoot != "" {
 			opts = append(opts, nvml.WithDevRoot(f.cfg.DevRoot))
 		}

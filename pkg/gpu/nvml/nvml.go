@@ -38,6 +38,9 @@ type Backend struct {
 	// ProcessUsage has read, so that each call averages only the samples since the last one.
 	umu        sync.Mutex
 	lastSample map[string]uint64
+
+	// topo reads where each GPU sits, for Devices.
+	topo *topologyReader
 }
 
 var (
@@ -80,7 +83,8 @@ func New(lib gonvml.Interface, opts ...Option) (*Backend, error) {
 		}
 		return nil, fmt.Errorf("nvml Init: %w", ret)
 	}
-	return &Backend{lib: lib, opts: o, latched: map[string][]gpu.Fault{}}, nil
+	return &Backend{lib: lib, opts: o, latched: map[string][]gpu.Fault{},
+		topo: &topologyReader{sysfsRoot: o.sysfsRoot, logger: o.logger}}, nil
 }
 
 var errClosed = errors.New("nvml backend is closed")
@@ -109,15 +113,22 @@ func (b *Backend) Devices() ([]gpu.Device, error) {
 	numaSupported := b.lib.Extensions().LookupSymbol("nvmlDeviceGetNumaNodeId") == nil
 
 	devices := make([]gpu.Device, 0, count)
+	handles := make([]gonvml.Device, 0, count)
 	for i := 0; i < count; i++ {
-		d, err := b.device(i, numaSupported)
+		h, ret := b.lib.DeviceGetHandleByIndex(i)
+		if ret != gonvml.SUCCESS {
+			return nil, fmt.Errorf("nvml DeviceGetHandleByIndex on GPU %d: %w", i, ret)
+		}
+		d, err := b.device(i, h, numaSupported)
 		if err != nil {
 			return nil, err
 		}
 		d.DriverVersion = driver
 		d.CUDADriverVersion = formatCUDAVersion(cudaVersion)
 		devices = append(devices, d)
+		handles = append(handles, h)
 	}
+	b.topo.read(devices, handles)
 	b.fmu.Lock()
 	b.uuids = b.uuids[:0]
 	for _, d := range devices {
@@ -127,17 +138,15 @@ func (b *Backend) Devices() ([]gpu.Device, error) {
 	return devices, nil
 }
 
-// device queries the GPU at index i; every failure names the call and index.
-func (b *Backend) device(i int, numaSupported bool) (gpu.Device, error) {
+// device queries the GPU at index i, whose handle is h; every failure names the call and
+// index. Where the GPU sits is the topology reader's.
+func (b *Backend) device(i int, h gonvml.Device, numaSupported bool) (gpu.Device, error) {
 	fail := func(call string, ret gonvml.Return) error {
 		return fmt.Errorf("nvml %s on GPU %d: %w", call, i, ret)
 	}
 	d := gpu.Device{Index: i}
 
-	h, ret := b.lib.DeviceGetHandleByIndex(i)
-	if ret != gonvml.SUCCESS {
-		return d, fail("DeviceGetHandleByIndex", ret)
-	}
+	var ret gonvml.Return
 	if d.UUID, ret = h.GetUUID(); ret != gonvml.SUCCESS {
 		return d, fail("GetUUID", ret)
 	}

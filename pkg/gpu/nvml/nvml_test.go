@@ -22,7 +22,7 @@ import (
 // newMock returns go-nvml's 8×H100 DGX mock with the device calls it leaves
 // unset filled in the way a real H100 answers them: a bus id in NVML's own
 // "00000000:XX:00.0" upper-case form, NUMA node 0 for GPUs 0-3 and 1 for 4-7,
-// and a compute mode that SetComputeMode changes.
+// a compute mode that SetComputeMode changes, and a DGX H100's topology.
 func newMock(t *testing.T) *server.Server {
 	t.Helper()
 	s := dgxh100.New()
@@ -67,6 +67,7 @@ func newMock(t *testing.T) *server.Server {
 			mode = m
 			return gonvml.SUCCESS
 		}
+		dgxH100Topology(d, numa)
 	}
 	return s
 }
@@ -97,7 +98,7 @@ func (f *fakeFS) exists(p string) bool {
 func newBackend(t *testing.T, s *server.Server, opts ...Option) *Backend {
 	t.Helper()
 	fs := &fakeFS{}
-	b, err := New(s, append([]Option{WithPathExists(fs.exists)}, opts...)...)
+	b, err := New(s, append([]Option{WithPathExists(fs.exists), WithSysfsRoot(fakeSysfs(t, s))}, opts...)...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -142,6 +143,9 @@ func TestDevicesDGXH100(t *testing.T) {
 			PCIBusID:              fmt.Sprintf("0000:%02x:00.0", 0x1b+i),
 			NUMANode:              i / 4,
 			ComputeMode:           gpu.ComputeModeDefault,
+			PCIeRoot:              dgxH100Root(i),
+			NVLinkIsland:          "nvl-0",
+			CPUAffinity:           dgxH100CPUs(i / 4).String(),
 			DeviceNodes: []string{
 				fmt.Sprintf("/dev/nvidia%d", i),
 				"/dev/nvidiactl",

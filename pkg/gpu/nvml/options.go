@@ -10,6 +10,8 @@ package nvml
 import (
 	"errors"
 	"os"
+
+	"k8s.io/klog/v2"
 )
 
 const (
@@ -17,6 +19,9 @@ const (
 	DefaultDevRoot = "/dev"
 	// DefaultMPSControlBinary is the MPS control daemon's binary, found on PATH.
 	DefaultMPSControlBinary = "nvidia-cuda-mps-control"
+	// DefaultSysfsRoot is where the PCI devices are looked up. A container's own /sys is
+	// enough: the kernel shows every container the host's PCI tree.
+	DefaultSysfsRoot = "/sys"
 )
 
 // ErrNotAvailable is wrapped by the error Open and New return when the NVML
@@ -31,6 +36,8 @@ type options struct {
 	pathExists  func(string) bool
 	mpsControl  string
 	libraryPath string
+	sysfsRoot   string
+	logger      klog.Logger
 }
 
 func defaultOptions() options {
@@ -38,6 +45,8 @@ func defaultOptions() options {
 		devRoot:    DefaultDevRoot,
 		pathExists: pathExists,
 		mpsControl: DefaultMPSControlBinary,
+		sysfsRoot:  DefaultSysfsRoot,
+		logger:     klog.Background(),
 	}
 }
 
@@ -68,4 +77,14 @@ func WithLibraryPath(path string) Option {
 func pathExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// WithSysfsRoot sets where sysfs is read for each GPU's PCIe root.
+func WithSysfsRoot(dir string) Option {
+	return func(o *options) { o.sysfsRoot = dir }
+}
+
+// WithLogger sets the logger that says which GPU's topology attributes could not be read.
+func WithLogger(logger klog.Logger) Option {
+	return func(o *options) { o.logger = logger }
 }

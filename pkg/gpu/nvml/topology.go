@@ -145,15 +145,15 @@ func (r *topologyReader) nvlinkIslands(devs []gpu.Device, handles []gonvml.Devic
 		size[find(i)]++
 	}
 	for i := range devs {
-		if r := find(i); size[r] > 1 {
-			devs[i].NVLinkIsland = fmt.Sprintf("nvl-%d", devs[r].Index)
+		if root := find(i); size[root] > 1 {
+			devs[i].NVLinkIsland = fmt.Sprintf("nvl-%d", devs[root].Index)
 		}
 	}
 }
 
 // nvlinkPeers lists the node's GPUs that d's active links reach, and says whether one of them
-// reaches an NVSwitch. Where NVML does not say what is at a link's far end, a device that is
-// not one of the node's GPUs is taken for an NVSwitch.
+// reaches an NVSwitch. Where NVML does not say what is at a link's far end (or says it does
+// not know), a device that is not one of the node's GPUs is taken for an NVSwitch.
 func (r *topologyReader) nvlinkPeers(d *gpu.Device, h gonvml.Device, byBus map[string]int) (peers []int, toSwitch bool) {
 	for link := range gonvml.NVLINK_MAX_LINKS {
 		state, ret := h.GetNvLinkState(link)
@@ -169,7 +169,7 @@ func (r *topologyReader) nvlinkPeers(d *gpu.Device, h gonvml.Device, byBus map[s
 			continue
 		}
 		kind, ret := h.GetNvLinkRemoteDeviceType(link)
-		typed := ret == gonvml.SUCCESS
+		typed := ret == gonvml.SUCCESS && kind != gonvml.NVLINK_DEVICE_TYPE_UNKNOWN
 		switch {
 		case typed && kind == gonvml.NVLINK_DEVICE_TYPE_SWITCH:
 			toSwitch = true

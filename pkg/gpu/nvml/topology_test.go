@@ -208,6 +208,20 @@ func TestNVLinkIslands(t *testing.T) {
 	}
 }
 
+// A far end NVML types as unknown is told by its PCI bus id, as an untyped one is.
+func TestNVLinkFarEndOfUnknownType(t *testing.T) {
+	s := newMock(t)
+	for i := range s.Devices {
+		mockDevice(t, s, i).GetNvLinkRemoteDeviceTypeFunc = func(int) (gonvml.IntNvLinkDeviceType, gonvml.Return) {
+			return gonvml.NVLINK_DEVICE_TYPE_UNKNOWN, gonvml.SUCCESS
+		}
+	}
+	want := []string{"nvl-0", "nvl-0", "nvl-0", "nvl-0", "nvl-0", "nvl-0", "nvl-0", "nvl-0"}
+	if got := islands(t, newBackend(t, s)); !reflect.DeepEqual(got, want) {
+		t.Errorf("islands %q, want %q", got, want)
+	}
+}
+
 // loggedFor counts the "not published" lines about an attribute.
 func loggedFor(t *testing.T, logger klog.Logger, attribute string) int {
 	t.Helper()

@@ -17,6 +17,12 @@ type node struct {
 	gpuFree          []int64
 	gpuModel         []uint8
 	models           uint64 // union of the node's GPU models
+	// loc holds each GPU's group per level of the node's wiring, nearest first
+	// (topology.go); none where its specs group no GPUs.
+	loc [][]int32
+	// wiring numbers the node's wiring among the cluster's (0: none): it is part
+	// of the node's state, as policies that see it pick GPUs by it.
+	wiring uint32
 }
 
 // Cluster is the free capacity of every node. It is not safe for concurrent
@@ -33,11 +39,17 @@ type Cluster struct {
 	// tooLarge remembers whyNot's answer per request shape: it depends on
 	// capacities only, which SetCapacity alone changes.
 	tooLarge map[shapeOf]bool
+	// scratch of the wiring choices (topology.go), sized to the largest node
+	topoCount           []int
+	topoIn              []bool
+	topoCands, topoSame []int
 }
 
 // NewCluster builds the state of an empty cluster.
 func NewCluster(specs []NodeSpec) (*Cluster, error) {
 	c := &Cluster{modelID: map[string]uint8{}, nodes: make([]node, len(specs))}
+	wirings := map[string]uint32{}
+	var sig []byte
 	for i, s := range specs {
 		if s.CPUMilli < 0 || s.MemoryMiB < 0 {
 			return nil, fmt.Errorf("node %q: negative capacity", s.Name)
@@ -66,6 +78,17 @@ func NewCluster(specs []NodeSpec) (*Cluster, error) {
 			n.gpuCap[g], n.gpuFree[g], n.gpuModel[g] = capa, capa, id
 			n.models |= 1 << id
 			c.gpuCap += capa
+		}
+		if sig = n.wire(s.GPUs, sig); len(sig) > 0 {
+			id, ok := wirings[string(sig)]
+			if !ok {
+				id = uint32(len(wirings) + 1)
+				wirings[string(sig)] = id
+			}
+			n.wiring = id
+		}
+		if len(s.GPUs) > len(c.topoCount) {
+			c.topoCount, c.topoIn = make([]int, len(s.GPUs)), make([]bool, len(s.GPUs))
 		}
 		c.nodes[i] = n
 	}

@@ -9,7 +9,11 @@ package placement
 // node states are memoised. On top of FGD it counts CPU: a sharing shape only
 // reaches the GPU share its copies' CPU allows (CPU reach, with
 // Options.CPUSlack), relaxed towards what the workload's mix could reach when
-// the workload is GPU-bound (Options.MixReach). The batch planner
+// the workload is GPU-bound (Options.MixReach). Inside the node it places by the
+// node's wiring (topology.go): several GPUs from one NVLink island, PCIe root or
+// NUMA node, a share off the groups still whole. For whole GPUs and a share of
+// one it chooses among GPUs the score finds alike, so the node's score, and the
+// node chosen, do not change. The batch planner
 // (Scheduler.AllocateBatch) uses TotalFrag to compare plans.
 //
 // NewFGPU builds the shipped policy; NewAblatedFGPU builds the variants
@@ -150,6 +154,7 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 				best, bestG, bestPts = s, g, pts
 			}
 		}
+		bestG = c.likeGPU(n, elig, bestG) // as good a GPU, placed by the node's wiring
 		f.tmp[bestG] -= r.Share
 		f.lastDec = best
 		if f.lp == nil {
@@ -157,9 +162,10 @@ func (f *FGPU) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, [
 		}
 		return f.adjust(nd, bestPts, cpu), append(out, bestG)
 	}
-	out = append(out, elig[:r.GPUs]...)
+	start := len(out)
+	out = c.appendNear(out, n, r, elig)
 	var price float64 // whole GPUs the LP counts, one each
-	for _, g := range elig[:r.GPUs] {
+	for _, g := range out[start:] {
 		f.tmp[g] -= c.take(n, g, r)
 		if nd.gpuCap[g] == DefaultGPUCapacity {
 			price++

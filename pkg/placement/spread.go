@@ -33,12 +33,20 @@ func (Pack) Score(c *Cluster, n int, r *Request, elig, out []int) (float64, []in
 
 // pick chooses r.GPUs of the eligible GPUs, most free first (most) or least free first, and scores the node by the
 // fraction of the chosen GPUs' capacity left free after the placement,
-// negated for pack.
+// negated for pack. On a wired node, several GPUs come from the group that fits
+// them best, one whole GPU from the group with the fewest usable ones, and a
+// share from the group with the fewest whole free GPUs among the GPUs it finds
+// as good (topology.go).
 func pick(c *Cluster, n int, r *Request, elig, out []int, most bool) (float64, []int) {
 	free, capa := c.GPUs(n)
-	chosen := append([]int(nil), elig...)
-	// Selection sort of the first r.GPUs: elig is at most a node's GPUs.
 	k := max(r.GPUs, 1)
+	var chosen []int
+	if l, id, ok := c.fitGroup(n, elig, k); ok && oneCapacity(c, n, elig) {
+		chosen = c.appendGroup(nil, n, elig, len(elig), l, id) // all of one group: the best fit
+	} else {
+		chosen = append([]int(nil), elig...)
+	}
+	// Selection sort of the first r.GPUs: elig is at most a node's GPUs.
 	for i := 0; i < k && i < len(chosen); i++ {
 		b := i
 		for j := i + 1; j < len(chosen); j++ {
@@ -49,6 +57,15 @@ func pick(c *Cluster, n int, r *Request, elig, out []int, most bool) (float64, [
 		chosen[i], chosen[b] = chosen[b], chosen[i]
 	}
 	chosen = chosen[:min(k, len(chosen))]
+	switch {
+	case k > 1 || len(chosen) == 0:
+	case r.Whole() || r.Share >= capa[chosen[0]]:
+		if oneCapacity(c, n, elig) {
+			chosen[0] = c.leastCrowdedOf(n, elig)
+		}
+	default:
+		chosen[0] = c.likeGPU(n, elig, chosen[0])
+	}
 	var left, total float64
 	for _, g := range chosen {
 		take := r.Share
@@ -70,12 +87,21 @@ func pick(c *Cluster, n int, r *Request, elig, out []int, most bool) (float64, [
 
 // subsetBound implements stateScorer: among GPUs of one capacity, the most free (spread)
 // or least free (pack) of all usable ones leave at least as good a fraction as those of
-// any subset.
-func (Spread) subsetBound(c *Cluster, n int, _ *Request, elig []int) bool {
-	return oneCapacity(c, n, elig)
+// any subset. Shares of several GPUs on a wired node come from the group that fits them
+// best, and a subset may leave a group whose GPUs score better.
+func (Spread) subsetBound(c *Cluster, n int, r *Request, elig []int) bool {
+	return pickBound(c, n, r, elig)
 }
 
 // subsetBound implements stateScorer, as Spread's does.
-func (Pack) subsetBound(c *Cluster, n int, _ *Request, elig []int) bool {
-	return oneCapacity(c, n, elig)
+func (Pack) subsetBound(c *Cluster, n int, r *Request, elig []int) bool {
+	return pickBound(c, n, r, elig)
+}
+
+// pickBound is Spread's and Pack's subsetBound.
+func pickBound(c *Cluster, n int, r *Request, elig []int) bool {
+	if !oneCapacity(c, n, elig) {
+		return false
+	}
+	return r.GPUs < 2 || !c.nodes[n].wired() || r.Whole() || r.Share >= c.nodes[n].gpuCap[elig[0]]
 }

@@ -6,8 +6,9 @@ import (
 	"sort"
 )
 
-// The state index groups nodes whose state is identical: the same capacities, free CPU
-// and memory, and per GPU the same model, capacity and free share, in the same order.
+// The state index groups nodes whose state is identical: the same wiring (the groups its
+// GPUs form, numbered alike on every node), the same capacities, free CPU and memory, and
+// per GPU the same model, capacity and free share, in the same order.
 // Policies whose score depends on a node's state only (stateScorer) give every node of a
 // group the same score and GPUs, so a decision scores one node per group, the one with
 // the smallest name, which is the node equal scores go to anyway: the decision is the
@@ -106,6 +107,7 @@ func (c *Cluster) indexStates() {
 func (c *Cluster) stateKey(n int) []byte {
 	nd := &c.nodes[n]
 	b := c.states.scratch[:0]
+	b = binary.AppendUvarint(b, uint64(nd.wiring))
 	b = binary.AppendVarint(b, nd.cpuCap)
 	b = binary.AppendVarint(b, nd.memCap)
 	b = binary.AppendVarint(b, nd.cpuFree)

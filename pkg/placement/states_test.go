@@ -30,6 +30,23 @@ func mixedCapacityFleet(k int, rng *rand.Rand) []NodeSpec {
 	})
 }
 
+// wiredFleet has machines alike but for their wiring (islands of consecutive GPUs or of
+// odd and even ones, none), so that a state's GPU pick is right only for nodes wired as
+// its first.
+func wiredFleet(k int, rng *rand.Rand) []NodeSpec {
+	interleaved := wiredGPUs("G2", 8, 0, 8)
+	for g := range interleaved {
+		interleaved[g].Island = fmt.Sprint(g % 2)
+	}
+	return fleetOf(k, rng, []NodeSpec{
+		{CPUMilli: 96000, MemoryMiB: 393216, GPUs: wiredGPUs("G2", 8, 4, 4)},
+		{CPUMilli: 96000, MemoryMiB: 393216, GPUs: interleaved},
+		{CPUMilli: 96000, MemoryMiB: 393216, GPUs: gpus("G2", 8)},
+		{CPUMilli: 32000, MemoryMiB: 65536, GPUs: wiredGPUs("T4", 4, 0, 2)},
+		{CPUMilli: 16000, MemoryMiB: 32768},
+	})
+}
+
 func fleetOf(k int, rng *rand.Rand, types []NodeSpec) []NodeSpec {
 	var out []NodeSpec
 	for _, i := range rng.Perm(len(types) * k) {
@@ -46,7 +63,7 @@ func fleetOf(k int, rng *rand.Rand, types []NodeSpec) []NodeSpec {
 func forEveryPolicyAndFleet(t *testing.T, check func(*testing.T, string, Workload, func(int, *rand.Rand) []NodeSpec)) {
 	w := Workload{{CPUMilli: 4000, GPUs: 1, Share: 300, Weight: .3, MemoryMiB: 8192}, {CPUMilli: 8000, GPUs: 1, Share: 1000, Weight: .3},
 		{CPUMilli: 2000, GPUs: 1, Share: 150, Weight: .2, MemoryMiB: 2048}, {CPUMilli: 16000, GPUs: 2, Share: 1000, Weight: .1}, {CPUMilli: 1000, Weight: .1}}
-	fleets := map[string]func(int, *rand.Rand) []NodeSpec{"": statesFleet, "/mixed-capacity": mixedCapacityFleet}
+	fleets := map[string]func(int, *rand.Rand) []NodeSpec{"": statesFleet, "/mixed-capacity": mixedCapacityFleet, "/wired": wiredFleet}
 	for _, name := range []string{"fgpu", "fgd", "bestfit", "spread", "pack"} {
 		for fleet, specs := range fleets {
 			t.Run(name+fleet, func(t *testing.T) { check(t, name, w, specs) })

@@ -10,7 +10,8 @@ type GPUSpec struct {
 	Capacity int64 // share units; 0 means DefaultGPUCapacity
 	// Where the GPU sits on its node, nearest first; "" where unknown. GPUs of one
 	// node with equal values talk faster to each other: one NVLink island, one PCIe
-	// root complex, one NUMA node.
+	// root complex, one NUMA node. fgpu's policy, Spread and Pack place a request's
+	// GPUs inside one where they can (topology.go).
 	Island, PCIeRoot, NUMA string
 }
 

@@ -14,6 +14,9 @@ const (
 	ReasonTooLarge
 	// ReasonNoCapacity: it fits an empty node but no node has room now.
 	ReasonNoCapacity
+	// ReasonConstraint: nodes have room, but no node's usable GPUs meet the request's
+	// Together or Apart constraint.
+	ReasonConstraint
 )
 
 func (r Reason) String() string {
@@ -26,6 +29,8 @@ func (r Reason) String() string {
 		return "larger than any node"
 	case ReasonNoCapacity:
 		return "no node has enough free capacity"
+	case ReasonConstraint:
+		return "no node meets the GPU constraint"
 	}
 	return fmt.Sprintf("reason(%d)", int(r))
 }

@@ -38,7 +38,8 @@ func (s *Scheduler) subsetBound(n int, r *Request, elig []int) bool {
 	return s.ss.subsetBound(s.c, n, r, elig)
 }
 
-// placeFiltered is Place's search for a request with a Filter over the state index.
+// placeFiltered is Place's search for a request with a Filter, or with constraints
+// (constraints.go), over the state index.
 func (s *Scheduler) placeFiltered(r *Request, mask uint64) {
 	x := &s.c.states
 	s.cands, s.short, s.gpuBuf = s.cands[:0], s.short[:0], s.gpuBuf[:0]
@@ -104,6 +105,9 @@ func (s *Scheduler) placeFiltered(r *Request, mask uint64) {
 	}
 	if s.pick.node >= 0 {
 		return
+	}
+	if r.Filter == nil {
+		return // constrained only
 	}
 	// Nothing fits: ask the filter about the GPUs of the states short of GPUs too, as
 	// scoring every node does.
@@ -211,14 +215,14 @@ func (s *Scheduler) walk(r *Request, mask uint64, c *cand) {
 		s.elig = s.elig[:0]
 		if r.GPUs > 0 {
 			for gi := range s.c.nodes[ni].gpuFree {
-				if s.c.fits(int(ni), gi, r, mask) && r.Filter(int(ni), gi) {
+				if s.c.usable(int(ni), gi, r, mask) {
 					s.elig = append(s.elig, gi)
 				}
 			}
-			if len(s.elig) < r.GPUs {
+			if len(s.elig) < r.GPUs || (r.constrained() && !s.constrain(int(ni), r)) {
 				continue
 			}
-		} else if !r.Filter(int(ni), -1) {
+		} else if r.Filter != nil && !r.Filter(int(ni), -1) {
 			continue
 		}
 		if len(s.elig) == int(c.n) {

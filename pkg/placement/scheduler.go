@@ -26,6 +26,10 @@ type Scheduler struct {
 	all     []int       // a state's usable GPUs, unfiltered
 	gpuBuf  []int       // the GPUs each of cands picked, end to end
 	kept    stateScores // placeFiltered's states' outcomes by request shape
+	// constrain's scratch: each GPU's Together and Apart group, an Apart group's
+	// GPUs, the GPU kept of each
+	tg, ag, members, reps []int
+	unmet                 bool // a node with room was turned down by the constraints
 }
 
 // NewScheduler binds policy p to cluster c. seed drives random tie-breaking
@@ -87,8 +91,9 @@ func (s *Scheduler) Place(r *Request) (Placement, error) {
 	}
 	s.pick = choice{node: -1}
 	s.pick.tb, _ = s.p.(TieBreaker)
+	s.unmet = false
 	switch {
-	case s.byState && r.Filter != nil:
+	case s.byState && (r.Filter != nil || r.constrained()):
 		s.placeFiltered(r, mask)
 	case s.byState:
 		// One node per state, the one with the smallest name (states.go); a GPU
@@ -163,7 +168,7 @@ func (s *Scheduler) consider(ni int, r *Request, mask uint64) {
 				s.elig = append(s.elig, g)
 			}
 		}
-		if len(s.elig) < r.GPUs {
+		if len(s.elig) < r.GPUs || (r.constrained() && !s.constrain(ni, r)) {
 			return
 		}
 	} else if r.Filter != nil && !r.Filter(ni, -1) {
@@ -223,6 +228,9 @@ type shapeOf struct {
 
 // whyNot tells a request that fits nowhere now from one that never could.
 func (s *Scheduler) whyNot(r *Request, mask uint64) error {
+	if s.unmet {
+		return unmetError(r)
+	}
 	k := shapeOf{cpu: r.CPUMilli, mem: r.MemoryMiB, share: r.Share, gpus: r.GPUs, mask: mask}
 	large, ok := s.c.tooLarge[k]
 	if !ok {

@@ -190,6 +190,16 @@ func filteredDecidesAsEveryNode(t *testing.T, name string, w Workload, fleet fun
 			}
 			return true
 		}
+		// Constraints (the allocator's, from DRA's match and distinct attributes), in
+		// groups that differ from node to node, some GPUs in none.
+		switch rng.Intn(6) {
+		case 1:
+			r.Together = func(n, g int) int { return orNone(g/(2+n%3), g == n%9) }
+		case 2:
+			r.Apart = func(n, g int) int { return orNone(g%(1+n%3), g == n%7) }
+		case 3:
+			r.Together, r.Apart = func(_, g int) int { return g / 4 }, func(_, g int) int { return g % 2 }
+		}
 		asked = map[pair]int{}
 		s.byState = false
 		want, wantErr := s.Place(r)
@@ -200,6 +210,9 @@ func filteredDecidesAsEveryNode(t *testing.T, name string, w Workload, fleet fun
 		if !reflect.DeepEqual(got, want) || fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || reason(gotErr) != reason(wantErr) {
 			t.Fatalf("request %d %+v (filter %d): index gives %+v, %v; every node gives %+v, %v", i, *r, mode, got, gotErr, want, wantErr)
 		}
+		if gotErr == nil && !meets(r, got) {
+			t.Fatalf("request %d %+v placed on node %d GPUs %v, against its constraints", i, *r, got.Node, got.GPUs)
+		}
 		for k, v := range asked {
 			if v != 1 {
 				t.Fatalf("request %d: the filter was asked %d times about node %d GPU %d", i, v, k.n, k.g)
@@ -209,7 +222,7 @@ func filteredDecidesAsEveryNode(t *testing.T, name string, w Workload, fleet fun
 			t.Fatalf("request %d %+v fits nowhere: the filter was asked about %d GPUs; scoring every node asks about %d", i, *r, len(asked), len(wantAsked))
 		}
 		if wantErr == nil {
-			r.Filter = nil
+			r.Filter, r.Together, r.Apart = nil, nil, nil
 			if err := c.Assign(want, r); err != nil {
 				t.Fatal(err)
 			}
@@ -349,4 +362,32 @@ func TestFilteredRequestScoresOnlyNewStates(t *testing.T) {
 			t.Fatalf("request %d placed on %s %v; a fresh scheduler places it on %s %v (%v)", i, got.NodeName, got.GPUs, want.NodeName, want.GPUs, err)
 		}
 	}
+}
+
+// orNone is group, or -1 (no group: the GPU cannot serve) where none.
+func orNone(group int, none bool) int {
+	if none {
+		return -1
+	}
+	return group
+}
+
+// meets reports whether placement p keeps r's constraints.
+func meets(r *Request, p Placement) bool {
+	together, apart := map[int]bool{}, map[int]bool{}
+	for _, g := range p.GPUs {
+		if r.Together != nil {
+			if r.Together(p.Node, g) < 0 {
+				return false
+			}
+			together[r.Together(p.Node, g)] = true
+		}
+		if r.Apart != nil {
+			if a := r.Apart(p.Node, g); a < 0 || apart[a] {
+				return false
+			}
+			apart[r.Apart(p.Node, g)] = true
+		}
+	}
+	return len(together) <= 1
 }

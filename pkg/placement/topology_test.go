@@ -111,6 +111,69 @@ func TestPlacesByWiring(t *testing.T) {
 	}
 }
 
+// islandOf is a Together or Apart function: each node's GPUs in blocks of four.
+func islandOf(_, g int) int { return g / 4 }
+
+// Together and Apart bind every policy: a node qualifies only where its usable GPUs
+// meet them, and the GPUs come from the group that fits best (Together) or from
+// distinct groups (Apart). When no node with room meets them, the reason says so.
+func TestTogetherApart(t *testing.T) {
+	specs := [][]GPUSpec{gpus("G2", 8), gpus("G2", 8), gpus("G2", 8)}
+	// Usable GPUs per block of four: a 2+2, b 1+3, c 2+1.
+	taken := map[int][]int{0: {0, 1, 4, 5}, 1: {0, 1, 2, 4}, 2: {0, 1, 4, 5, 6}}
+	parity := func(_, g int) int { return g % 2 }
+	for _, tc := range []struct {
+		name string
+		r    Request
+		// want is the node and its GPUs, or the error; where the node is the
+		// policy's choice, wantOn has the GPUs each node gives.
+		want   string
+		wantOn map[string][]int
+	}{
+		{"together: only b has 3 in one block", Request{GPUs: 3, Together: islandOf}, "b [5 6 7]", nil},
+		{"together: the block that fits 2 best", Request{GPUs: 2, Together: islandOf}, "",
+			map[string][]int{"a": {2, 3}, "b": {5, 6}, "c": {2, 3}}},
+		{"together: no block holds 4", Request{GPUs: 4, Together: islandOf},
+			"no node meets the GPU constraint: no node has 4 usable GPUs in one group of the match constraint", nil},
+		{"no node has room for 5: capacity, not the constraint", Request{GPUs: 5, Together: islandOf},
+			"no node has enough free capacity", nil},
+		{"apart: one GPU from each block", Request{GPUs: 2, Apart: islandOf}, "",
+			map[string][]int{"a": {2, 6}, "b": {3, 5}, "c": {2, 7}}},
+		{"apart: 3 blocks asked, 2 on each node", Request{GPUs: 3, Apart: islandOf},
+			"no node meets the GPU constraint: no node has 3 usable GPUs in different groups of the distinct constraint", nil},
+		{"together and apart: one block, odd and even", Request{GPUs: 2, Together: islandOf, Apart: parity}, "",
+			map[string][]int{"a": {2, 3}, "b": {5, 6}, "c": {2, 3}}},
+		{"group -1: GPUs that cannot serve", Request{GPUs: 1, Apart: func(n, g int) int {
+			if n == 2 && g == 7 {
+				return 0
+			}
+			return -1
+		}}, "c [7]", nil},
+	} {
+		for _, name := range Names() {
+			t.Run(name+"/"+tc.name, func(t *testing.T) {
+				c := wiredCluster(t, specs, taken)
+				r := tc.r
+				r.Name = "r"
+				p, err := NewScheduler(c, newPolicy(t, name), 1).Place(&r)
+				got := ""
+				if err != nil {
+					got = strings.TrimPrefix(err.Error(), `cannot place "r": `)
+				} else {
+					slices.Sort(p.GPUs)
+					got = fmt.Sprint(p.NodeName, " ", p.GPUs)
+				}
+				switch {
+				case tc.wantOn == nil && got != tc.want:
+					t.Errorf("got %q, want %q", got, tc.want)
+				case tc.wantOn != nil && (err != nil || !slices.Equal(p.GPUs, tc.wantOn[p.NodeName])):
+					t.Errorf("got %q (%v), want on that node %v", got, err, tc.wantOn[p.NodeName])
+				}
+			})
+		}
+	}
+}
+
 // Nodes in the same state but wired differently are different states: a GPU pick made
 // for one is never reused for the other. Machines wired alike share states whatever
 // their groups are called.

@@ -44,7 +44,8 @@ type Request struct {
 	// Together, when set, gives each (node, GPU) a group, and the request's GPUs all
 	// come from one group (a DRA matchAttribute constraint); a GPU in group -1 is not
 	// used. Apart is the same for GPUs that must all come from different groups
-	// (distinctAttribute).
+	// (distinctAttribute). Every policy keeps them; a request no node with room can
+	// meet them for fails with ReasonConstraint.
 	Together, Apart func(node, gpu int) int
 }
 

@@ -19,7 +19,7 @@ import (
 type simFlags struct {
 	nodes, pods, policy, seeds, output, plot string
 	knobs                                    string
-	learn                                    bool
+	learn, blind                             bool
 	tune                                     float64
 	batch, orders, parallel                  int
 }
@@ -47,6 +47,7 @@ departs. Prints the GPU allocation ratio as arrived demand grows.`,
 	fl.StringVarP(&f.output, "output", "o", "table", "output: table or json")
 	fl.StringVar(&f.plot, "plot", "", "also draw the curve to this PNG file")
 	fl.BoolVar(&f.learn, "learn", false, "give the policy the workload learned from the pods arrived so far, as the allocator learns it from claims (else the whole pod list's)")
+	fl.BoolVar(&f.blind, "topology-blind", false, "withhold the nodes' wiring (the openb model's NVLink islands and PCIe roots) from the policy, as before policies read it; locality is still measured against the model")
 	fl.StringVar(&f.knobs, "knobs", "", "with --policy fgpu: set options and ablations by name, e.g. MixReach=0,TieWhole=all (docs/placement.md, \"Knobs\")")
 	_ = cmd.MarkFlagRequired("nodes")
 	_ = cmd.MarkFlagRequired("pods")
@@ -75,7 +76,7 @@ func runSim(w io.Writer, f simFlags) error {
 	if err != nil {
 		return err
 	}
-	cfg := sim.Config{Nodes: nodes, Pods: pods, Policy: f.policy, Tune: f.tune, Batch: f.batch, Orders: f.orders, Parallel: f.parallel}
+	cfg := sim.Config{Nodes: nodes, Pods: pods, Policy: f.policy, Tune: f.tune, Batch: f.batch, Orders: f.orders, Parallel: f.parallel, TopologyBlind: f.blind}
 	if f.learn {
 		lo := placement.DefaultLearnOptions()
 		cfg.Learn = &lo
@@ -123,6 +124,9 @@ func runSim(w io.Writer, f simFlags) error {
 
 func printTable(w io.Writer, s *sim.Summary) {
 	fmt.Fprintf(w, "policy %s, workload %s, %d seeds, batch %d", s.Policy, s.Workload, len(s.Seeds), s.Batch)
+	if s.TopologyBlind {
+		fmt.Fprint(w, ", topology-blind")
+	}
 	if s.Batch > 1 {
 		fmt.Fprintf(w, " (%d orders)", s.Orders)
 	}

@@ -65,6 +65,10 @@ type Config struct {
 	// Inspect, when set, is called with the final cluster state (for
 	// diagnostics: where the unallocated GPU share is left).
 	Inspect func(seed int64, c *placement.Cluster)
+	// TopologyBlind withholds the nodes' wiring from the policy: it places on
+	// specs that name none, as before the policies read it (the baseline).
+	// Locality is measured against the openb model (topology.go) either way.
+	TopologyBlind bool
 }
 
 // Point is the GPU allocation ratio once arrived demand reached Arrived
@@ -135,7 +139,7 @@ func Run(cfg Config) (*Result, error) {
 	if cfg.Step <= 0 {
 		cfg.Step = 0.1
 	}
-	c, err := placement.NewCluster(cfg.Nodes)
+	c, err := placement.NewCluster(wire(cfg.Nodes, cfg.TopologyBlind))
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ type Summary struct {
 	Tune          float64 `json:"tune"`
 	Batch         int     `json:"batch"`
 	Orders        int     `json:"orders,omitempty"`
+	TopologyBlind bool    `json:"topology_blind,omitempty"` // the policy saw no wiring (Config.TopologyBlind)
 	AllocAt100    float64 `json:"gpu_alloc_ratio_at_100"`
 	AllocAt100Std float64 `json:"gpu_alloc_ratio_at_100_std"`
 	AllocAt130    float64 `json:"gpu_alloc_ratio_at_130"`
@@ -108,7 +109,7 @@ func RunSeeds(cfg Config, seeds []int64, progress func(done, total int)) (*Summa
 
 // Summarize aggregates per-seed results.
 func Summarize(cfg Config, seeds []int64, results []*Result) *Summary {
-	s := &Summary{Policy: cfg.Policy, Seeds: seeds, Tune: cfg.Tune, Batch: max(cfg.Batch, 1),
+	s := &Summary{Policy: cfg.Policy, Seeds: seeds, Tune: cfg.Tune, Batch: max(cfg.Batch, 1), TopologyBlind: cfg.TopologyBlind,
 		FailedGPUs: map[string]float64{}, FailedPods: map[string]float64{}, Reasons: map[string]int{}}
 	if s.Batch > 1 {
 		s.Orders = cfg.Orders

@@ -1,12 +1,17 @@
 package sim
 
-import "github.com/fgpu-dev/fgpu/pkg/placement"
+import (
+	"strconv"
+
+	"github.com/fgpu-dev/fgpu/pkg/placement"
+)
 
 // Topology is how a node's GPUs are wired, as blocks of consecutive
 // node-local GPU indices: GPU g lies in NVLink island g/IslandSize and in
 // PCIe root g/RootSize. The openb trace names no wiring, so this is a model
-// (openbTopologies), there to measure how local the multi-GPU pods' GPUs
-// are; no placement reads it.
+// (openbTopologies). A replay gives it to the policy in the nodes' specs
+// (wire), unless Config.TopologyBlind, and measures against it how local the
+// multi-GPU pods' GPUs are (Locality).
 type Topology struct {
 	// IslandSize is the GPUs per NVLink island: GPUs that reach each other
 	// over NVLink. 0 on PCIe-only nodes.
@@ -60,6 +65,46 @@ func topologyOf(n placement.NodeSpec) Topology {
 		}
 	}
 	return openbTopologies[nodeShape{n.GPUs[0].Model, len(n.GPUs)}]
+}
+
+// wire returns the nodes as the policy sees them: those whose specs name no
+// wiring get the model's, each PCIe root its own NUMA node (a socket's root
+// complex); blind, no node's specs name any.
+func wire(nodes []placement.NodeSpec, blind bool) []placement.NodeSpec {
+	out := make([]placement.NodeSpec, len(nodes))
+	for i, n := range nodes {
+		out[i] = n
+		t := topologyOf(n)
+		if !blind && (t == Topology{} || named(n)) {
+			continue
+		}
+		out[i].GPUs = append([]placement.GPUSpec(nil), n.GPUs...)
+		for g := range out[i].GPUs {
+			gs := &out[i].GPUs[g]
+			gs.Island, gs.PCIeRoot, gs.NUMA = "", "", ""
+			if blind {
+				continue
+			}
+			if t.IslandSize > 0 {
+				gs.Island = strconv.Itoa(g / t.IslandSize)
+			}
+			if t.RootSize > 0 {
+				gs.PCIeRoot = strconv.Itoa(g / t.RootSize)
+				gs.NUMA = gs.PCIeRoot
+			}
+		}
+	}
+	return out
+}
+
+// named reports whether some GPU of n has its wiring named in its spec.
+func named(n placement.NodeSpec) bool {
+	for _, g := range n.GPUs {
+		if g.Island != "" || g.PCIeRoot != "" || g.NUMA != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // Locality counts the placed multi-GPU pods by where their GPUs lie. A pod

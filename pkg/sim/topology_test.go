@@ -133,3 +133,67 @@ func TestLocalityReported(t *testing.T) {
 		t.Error("allocation ratio missing from the JSON")
 	}
 }
+
+// The policy sees the model's wiring in the nodes' specs (NUMA as the PCIe
+// root), wiring a spec names is kept, and a blind replay's specs name none.
+func TestWireGivesTheModel(t *testing.T) {
+	nvswitch := gpuNode("G2", 8)
+	for g := range nvswitch.GPUs {
+		nvswitch.GPUs[g].Island = "all"
+	}
+	nodes := []placement.NodeSpec{gpuNode("G2", 8), gpuNode("T4", 4), gpuNode("B200", 8), nvswitch}
+	island := func(n placement.NodeSpec) (s []string) {
+		for _, g := range n.GPUs {
+			s = append(s, g.Island+"/"+g.PCIeRoot+"/"+g.NUMA)
+		}
+		return s
+	}
+	got := wire(nodes, false)
+	for i, want := range [][]string{
+		{"0/0/0", "0/0/0", "0/0/0", "0/0/0", "1/1/1", "1/1/1", "1/1/1", "1/1/1"},
+		{"/0/0", "/0/0", "/1/1", "/1/1"},
+		{"//", "//", "//", "//", "//", "//", "//", "//"},
+		{"all//", "all//", "all//", "all//", "all//", "all//", "all//", "all//"},
+	} {
+		if s := island(got[i]); strings.Join(s, " ") != strings.Join(want, " ") {
+			t.Errorf("node %d wired %v, want %v", i, s, want)
+		}
+	}
+	if nodes[0].GPUs[0].Island != "" {
+		t.Error("wire changed the caller's specs")
+	}
+	for i, n := range wire(nodes, true) {
+		if named(n) {
+			t.Errorf("blind node %d names wiring: %v", i, island(n))
+		}
+	}
+}
+
+// On openb, fgpu with the wiring keeps every multi-GPU pod that one island
+// (root) could hold inside one, and places exactly as the blind policy does
+// otherwise: it chooses only among GPUs its score finds alike.
+func TestWiringKeepsPodsLocalAtNoCost(t *testing.T) {
+	dir, nodes, _ := openb(t)
+	pods, err := LoadPods(dir + "openb_pod_list_multigpu40.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res [2]*Result
+	for i, blind := range []bool{false, true} {
+		if res[i], err = Run(Config{Nodes: nodes, Pods: pods, Policy: "fgpu", Seed: 42, Tune: 1.3, TopologyBlind: blind}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wired, blind := res[0], res[1]
+	if wired.Final != blind.Final || wired.Failed != blind.Failed {
+		t.Errorf("wired: %+v, failed %v; blind: %+v, failed %v", wired.Final, wired.Failed, blind.Final, blind.Failed)
+	}
+	l := wired.Locality
+	t.Logf("wired %+v, blind %+v", l, blind.Locality)
+	if l.InIsland != l.IslandRoom || l.InRoot != l.RootRoom {
+		t.Errorf("wired: %d of %d pods in one island, %d of %d under one root; want all", l.InIsland, l.IslandRoom, l.InRoot, l.RootRoom)
+	}
+	if blind.Locality.InIsland >= blind.Locality.IslandRoom {
+		t.Errorf("blind: %d of %d pods in one island; the test no longer tells the two apart", blind.Locality.InIsland, blind.Locality.IslandRoom)
+	}
+}

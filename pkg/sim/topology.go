@@ -28,7 +28,7 @@ type nodeShape struct {
 }
 
 // openbTopologies is the wiring assumed for each GPU node shape of the
-// openb node list; docs/placement.md ("Topology baseline") says why.
+// openb node list; docs/placement.md ("Topology") says why.
 var openbTopologies = map[nodeShape]Topology{
 	// V100 SXM2 boards as DGX-1: two quads, each fully connected by NVLink
 	// and under one CPU socket. The hybrid cube-mesh's single links between

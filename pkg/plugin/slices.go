@@ -114,6 +114,7 @@ func attributes(d gpu.Device, cgroupCap bool) map[resourceapi.QualifiedName]reso
 	}
 	if d.NUMANode >= 0 {
 		a[configapi.AttributeNUMANode] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d.NUMANode))}
+		a[configapi.AttributeNUMANodeStandard] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d.NUMANode))}
 	}
 	// Only where known: under a claim's matchAttribute a missing attribute matches nothing,
 	// where an empty one would make all the GPUs that lack it look alike.

@@ -30,15 +30,17 @@ func TestTopologyAttributesOnlyWhereKnown(t *testing.T) {
 			t.Errorf("gpu-4 attribute %s = %+v, want string %q", name, a, want)
 		}
 	}
-	if a := got[configapi.AttributeNUMANode]; a.IntValue == nil || *a.IntValue != 1 {
-		t.Errorf("gpu-4 numaNode = %+v, want 1", a)
+	for _, name := range []resourceapi.QualifiedName{configapi.AttributeNUMANode, configapi.AttributeNUMANodeStandard} {
+		if a := got[name]; a.IntValue == nil || *a.IntValue != 1 {
+			t.Errorf("gpu-4 %s = %+v, want 1", name, a)
+		}
 	}
 
 	// A GPU whose place is unknown, or without NVLink peers, carries none of them: a claim's
 	// matchAttribute must not find it alike to another such GPU.
 	for _, name := range []resourceapi.QualifiedName{
 		configapi.AttributePCIeRoot, configapi.AttributeNVLinkIsland, configapi.AttributeFabricClique,
-		configapi.AttributeCPUAffinity, configapi.AttributeNUMANode, "resource.kubernetes.io/pciBusID",
+		configapi.AttributeCPUAffinity, configapi.AttributeNUMANode, configapi.AttributeNUMANodeStandard, "resource.kubernetes.io/pciBusID",
 	} {
 		if a, ok := devs[1].Attributes[name]; ok {
 			t.Errorf("gpu-5 publishes %s = %+v though it is unknown", name, a)

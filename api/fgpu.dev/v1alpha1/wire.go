@@ -41,10 +41,13 @@ const (
 	// a GPU without NVLink peers has none. AttributeFabricClique is the NVLink fabric's
 	// "<cluster UUID>.<clique id>" on GPUs that belong to one (multi-node NVLink).
 	// AttributeCPUAffinity is the CPU list ("0-31,64-95") nearest the GPU.
-	AttributePCIeRoot     resourceapi.QualifiedName = "resource.kubernetes.io/pcieRoot"
-	AttributeNVLinkIsland resourceapi.QualifiedName = "nvlinkIsland"
-	AttributeFabricClique resourceapi.QualifiedName = "fabricClique"
-	AttributeCPUAffinity  resourceapi.QualifiedName = "cpuAffinity"
+	// AttributeNUMANodeStandard is Kubernetes' standard name for AttributeNUMANode, by which
+	// a claim can match a GPU's NUMA node with other drivers' devices.
+	AttributePCIeRoot         resourceapi.QualifiedName = "resource.kubernetes.io/pcieRoot"
+	AttributeNUMANodeStandard resourceapi.QualifiedName = "resource.kubernetes.io/numaNode"
+	AttributeNVLinkIsland     resourceapi.QualifiedName = "nvlinkIsland"
+	AttributeFabricClique     resourceapi.QualifiedName = "fabricClique"
+	AttributeCPUAffinity      resourceapi.QualifiedName = "cpuAffinity"
 
 	// MemoryStep is the granularity of memory shares (the devices' requestPolicy step):
 	// published memory is rounded down to it, requests up.

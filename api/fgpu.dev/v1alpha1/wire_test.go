@@ -47,6 +47,7 @@ func wireNames() map[string]any {
 		"AttributeDriverVersion":         AttributeDriverVersion,
 		"AttributeCUDADriverVersion":     AttributeCUDADriverVersion,
 		"AttributePCIeRoot":              AttributePCIeRoot,
+		"AttributeNUMANodeStandard":      AttributeNUMANodeStandard,
 		"AttributeNVLinkIsland":          AttributeNVLinkIsland,
 		"AttributeFabricClique":          AttributeFabricClique,
 		"AttributeCPUAffinity":           AttributeCPUAffinity,

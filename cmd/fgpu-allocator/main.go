@@ -72,6 +72,7 @@ func main() {
 	fs.DurationVar(&f.cfg.OrphanGrace, "orphan-grace", f.cfg.OrphanGrace, "take an allocation back when no pod has used the claim for this long")
 	fs.IntVar(&f.cfg.Workers, "workers", f.cfg.Workers, "claims written in parallel (decisions are serialised; each placement waits on two API round trips, so this bounds placements per second)")
 	fs.StringVar(&f.cfg.Placement, "placement", f.cfg.Placement, "placement policy for standard claims: "+strings.Join(placement.Names(), ", "))
+	fs.StringSliceVar(&f.cfg.GangTopologyKeys, "gang-topology-keys", f.cfg.GangTopologyKeys, "node labels, nearest first, by which a gang's next pod (a PodGroup, JobSet or Indexed Job) is placed near its other pods; empty: not kept together")
 	fs.DurationVar(&f.cfg.Sizing.HalfLife, "sizing-half-life", f.cfg.Sizing.HalfLife, "sizing: a measured sample this much older weighs half as much in a workload's recommendation")
 	fs.Float64Var(&f.cfg.Sizing.Headroom, "sizing-headroom", f.cfg.Sizing.Headroom, "sizing: a recommendation is the measured percentile times 1 plus this (0.15: 15% more)")
 	fs.IntVar(&f.cfg.Sizing.MinSamples, "sizing-min-samples", f.cfg.Sizing.MinSamples, "sizing: measured samples (one per claim per kubelet plugin poll) before a workload gets a recommendation")

@@ -203,7 +203,8 @@ func (s *sizingLoop) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 		if g.tenants[st.shareID] == nil || rq == nil {
 			return nil, false
 		}
-		fits[i] = s.place.gpuFilter(ctx, st.in, &decision{}, rq, &rejects{})
+		cons, _ := claimConstraints(st.in.claim)
+		fits[i] = s.place.gpuFilter(ctx, st.in, &decision{}, rq, forAlt(cons, st.request, nil, s.cfg.DriverName), &rejects{})
 	}
 	to, ok := engine.Assign(len(stays), others, func(i int, h *gpu) bool { return fits[i](h.coreNode, h.coreIndex) })
 	if !ok {

@@ -40,6 +40,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
+	"github.com/fgpu-dev/fgpu/pkg/gang"
 	"github.com/fgpu-dev/fgpu/pkg/selectors"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
@@ -58,6 +59,9 @@ type Config struct {
 	Workers     int
 	// Placement is the placement core's policy for standard claims (fgpu, fgd, bestfit).
 	Placement string
+	// GangTopologyKeys are the node labels, nearest first, by which a gang's next pod is
+	// placed near its other pods (pkg/gang); none: gangs are not kept together.
+	GangTopologyKeys []string
 	// Fence, when set, is asked before every write to the API server (allocations,
 	// deallocations, finalizers, status): a replica that may no longer lead must not write.
 	// cmd/fgpu-allocator passes its leader election's (pkg/leader).
@@ -82,7 +86,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{DriverName: api.DriverName, DeviceClasses: []string{api.DeviceClassShared, api.DeviceClassExclusive},
 		ExclusiveClasses: []string{api.DeviceClassExclusive}, BindTimeout: 2 * time.Minute, OrphanGrace: 30 * time.Second,
-		Workers: 32, Placement: "fgpu", Sizing: sizing.DefaultOptions(), SizingShrinkAfter: time.Hour,
+		Workers: 32, Placement: "fgpu", GangTopologyKeys: gang.DefaultTopologyKeys, Sizing: sizing.DefaultOptions(), SizingShrinkAfter: time.Hour,
 		SizingReportInterval: 5 * time.Minute, SizingBurstWindow: 24 * time.Hour}
 }
 

@@ -13,6 +13,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/gang"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
@@ -50,6 +51,9 @@ type input struct {
 	// claims that are allocated: looked up in gather, outside the model's lock, however
 	// many claims the pod names.
 	otherClaims map[types.UID][]otherClaim
+	// gang are the node labels the pods should share with the other pods of their gang,
+	// nearest first (gangLevels).
+	gang []gang.Level
 	// checks counts the GPUs the decision looked at, and the pods and claims checked on
 	// each node: its cost to its namespace's share.
 	checks int
@@ -66,6 +70,8 @@ type decision struct {
 	reservedFor []resourceapi.ResourceClaimConsumerReference
 	// sized says, per request placed at a recommended size, what it asked and got.
 	sized []string
+	// cons are the claim's device constraints.
+	cons []deviceConstraint
 }
 
 // result is one device share the decision hands out.
@@ -167,8 +173,9 @@ func (dc *decider) decide(ctx context.Context, in *input) (*decision, *waitReaso
 	if in.selectorsWait != nil {
 		return nil, in.selectorsWait
 	}
-	if len(claim.Spec.Devices.Constraints) > 0 {
-		return nil, &waitReason{reason: ReasonUnsupported, message: "the fgpu allocator does not support device constraints (spec.devices.constraints) yet"}
+	cons, w := claimConstraints(claim)
+	if w != nil {
+		return nil, w
 	}
 	if err := dc.model.ensureCore(dc.schedPolicy, dc); err != nil {
 		return nil, &waitReason{reason: ReasonWaiting, message: "cannot model the cluster: " + err.Error()}
@@ -176,7 +183,33 @@ func (dc *decider) decide(ctx context.Context, in *input) (*decision, *waitReaso
 	if w := dc.claimQuotaCheck(ctx, in); w != nil {
 		return nil, w
 	}
-	d := &decision{pol: in.pol, rec: &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace, assumed: dc.now()}}
+	d, w := dc.decideClaim(ctx, in, cons)
+	if w == nil {
+		return d, nil
+	}
+	// A match across requests is greedy: the first request's GPUs fix the value. Where that
+	// left a later request none, the claim is decided again with the value fixed first,
+	// each value the GPUs have in turn; it waits for the first attempt's reason.
+	for i := range cons {
+		if !cons[i].spansRequests(claim) {
+			continue
+		}
+		for _, v := range pinValues(dc.model, &cons[i], dc.cfg.DriverName) {
+			cons[i].pinned = v
+			if d, w2 := dc.decideClaim(ctx, in, cons); w2 == nil {
+				return d, nil
+			}
+		}
+		cons[i].pinned = ""
+	}
+	return nil, w
+}
+
+// decideClaim places a claim's requests one after the other under its constraints, or
+// says why it waits, leaving nothing reserved then.
+func (dc *decider) decideClaim(ctx context.Context, in *input, cons []deviceConstraint) (*decision, *waitReason) {
+	claim := in.claim
+	d := &decision{pol: in.pol, cons: cons, rec: &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace, assumed: dc.now()}}
 	for _, req := range claim.Spec.Devices.Requests {
 		// The claim waits for the request it could not place, not for an alternative an
 		// earlier request did without: that one may say the claim is beyond its quota.
@@ -269,16 +302,26 @@ func (dc *decider) placeRequest(ctx context.Context, in *input, d *decision, rq 
 	for _, p := range in.pods {
 		pods.Add(podfit.PodRequests(p))
 	}
+	rc := forAlt(d.cons, rq.alt.name, d.results, dc.cfg.DriverName)
 	pr := &placement.Request{Name: claimKey(in.claim), CPUMilli: pods.MilliCPU, MemoryMiB: mebibytesUp(pods.Memory), GPUs: int(rq.count), Share: share,
-		Filter: dc.gpuFilter(ctx, in, d, rq, &rj)}
+		Filter: dc.gpuFilter(ctx, in, d, rq, rc, &rj)}
+	if rq.count > 1 {
+		pr.Together, pr.Apart = rc.groups(dc.model.coreGPUAt)
+	}
 	dc.model.observe(in.claim.UID, pr, dc.schedPolicy)
-	p, err := dc.model.scheduler(in.pol.Latency).Place(pr)
+	p, err := dc.placeNearGang(ctx, in, d, rq, rc, pr)
 	if err != nil {
-		return nil, dc.unplaceable(in, rq, err, &rj)
+		return nil, dc.unplaceable(in, rq, rc, err, &rj)
+	}
+	chosen := make([]*gpu, len(p.GPUs))
+	for i, gi := range p.GPUs {
+		chosen[i] = dc.model.coreGPU[p.Node][gi]
+	}
+	if msg := rc.satisfied(chosen); msg != "" {
+		return nil, &waitReason{reason: ReasonWaiting, message: msg}
 	}
 	out := make([]result, 0, len(p.GPUs))
-	for _, gi := range p.GPUs {
-		g := dc.model.coreGPU[p.Node][gi]
+	for _, g := range chosen {
 		mem, comp := rq.size(in.pol, g)
 		tol := append([]resourceapi.DeviceToleration{api.FenceToleration()}, rq.alt.tolerations...)
 		out = append(out, result{request: rq.alt.name, gpu: g, mem: mem, comp: comp, whole: rq.whole, mode: rq.mode, domain: rq.domain,
@@ -289,6 +332,34 @@ func (dc *decider) placeRequest(ctx context.Context, in *input, d *decision, rq 
 		d.sized = append(d.sized, rq.sized)
 	}
 	return out, nil
+}
+
+// placeNearGang asks the placement core for pr, first on the nodes that share its gang's
+// labels, nearest level first (input.gang), then on any node. The first request of a claim
+// chooses the node; pr's own filter counts what it turns down on the last try only, which
+// is the one a waiting claim is told about.
+func (dc *decider) placeNearGang(ctx context.Context, in *input, d *decision, rq *request, rc *requestConstraints, pr *placement.Request) (placement.Placement, error) {
+	sched := dc.model.scheduler(in.pol.Latency)
+	if len(in.gang) == 0 || d.node != "" || in.bound != "" {
+		return sched.Place(pr)
+	}
+	all := pr.Filter
+	defer func() { pr.Filter = all }()
+	for _, l := range in.gang {
+		near := make([]bool, len(dc.model.coreGPU))
+		for ni, gs := range dc.model.coreGPU {
+			if n, err := dc.nodes.Get(gs[0].node); err == nil && n.Labels[l.Key] == l.Value {
+				near[ni] = true
+			}
+		}
+		filter := dc.gpuFilter(ctx, in, d, rq, rc, &rejects{})
+		pr.Filter = func(ni, gi int) bool { return ni >= 0 && ni < len(near) && near[ni] && filter(ni, gi) }
+		if p, err := sched.Place(pr); err == nil {
+			return p, nil
+		}
+	}
+	pr.Filter = all
+	return sched.Place(pr)
 }
 
 // smallestGPU gives the memory of the smallest GPU the cluster publishes that a request's
@@ -311,7 +382,7 @@ func (dc *decider) smallestGPU(in *input) func(*request) int64 {
 
 // gpuFilter is the placement core's filter for a request: the GPUs whose node the pods fit
 // and which can take one of its devices. It counts the GPUs it turns down by reason.
-func (dc *decider) gpuFilter(ctx context.Context, in *input, d *decision, rq *request, rj *rejects) func(ni, gi int) bool {
+func (dc *decider) gpuFilter(ctx context.Context, in *input, d *decision, rq *request, rc *requestConstraints, rj *rejects) func(ni, gi int) bool {
 	fixed := d.node
 	if fixed == "" {
 		fixed = in.bound
@@ -335,6 +406,10 @@ func (dc *decider) gpuFilter(ctx context.Context, in *input, d *decision, rq *re
 			rj.add("already used by this claim", "")
 			return false
 		}
+		if why := rc.admits(g); why != "" {
+			rj.add(why, "")
+			return false
+		}
 		if dc.refused.Avoid(in.claim.UID, g.key, g.use(), dc.now(), dc.cfg.BindTimeout) {
 			rj.add(fmt.Sprintf("its kubelet plugin refused to prepare this claim on it (tried again once what the GPU holds changes, or %s after the refusal)", dc.cfg.BindTimeout), "")
 			return false
@@ -352,7 +427,7 @@ func (dc *decider) gpuFilter(ctx context.Context, in *input, d *decision, rq *re
 }
 
 // unplaceable says why no GPU could take a request.
-func (dc *decider) unplaceable(in *input, rq *request, err error, rj *rejects) *waitReason {
+func (dc *decider) unplaceable(in *input, rq *request, rc *requestConstraints, err error, rj *rejects) *waitReason {
 	what := "a whole GPU"
 	if !rq.whole {
 		what = fmtBytes(rq.mem)
@@ -360,9 +435,12 @@ func (dc *decider) unplaceable(in *input, rq *request, err error, rj *rejects) *
 	if rq.count > 1 {
 		what = fmt.Sprintf("%d × %s", rq.count, what)
 	}
+	if rc != nil {
+		what += " " + rc.describe(rq.count)
+	}
 	msg := fmt.Sprintf("no GPU can take %s now", what)
 	var ue *placement.UnplaceableError
-	if errors.As(err, &ue) && len(rj.counts) == 0 {
+	if errors.As(err, &ue) && (len(rj.counts) == 0 || ue.Reason == placement.ReasonConstraint) {
 		msg += ": " + ue.Reason.String()
 	}
 	if len(dc.model.coreGPU) == 0 {

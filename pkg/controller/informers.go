@@ -21,6 +21,7 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
 	fgpuinformers "github.com/fgpu-dev/fgpu/pkg/client/informers/externalversions"
 	fgpulisters "github.com/fgpu-dev/fgpu/pkg/client/listers/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/gang"
 )
 
 // listers are the informer caches the controller reads.
@@ -41,6 +42,8 @@ type listers struct {
 	podsByClaim cache.Indexer
 	// slicesByNode indexes ResourceSlices by node (or pool).
 	slicesByNode cache.Indexer
+	// podsByGang indexes pods by the gang they belong to (gang.Of).
+	podsByGang cache.Indexer
 }
 
 // informerSet is the controller's informers: the factories that start them, their caches,
@@ -98,7 +101,8 @@ func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface,
 		}
 		return out, nil
 	}})
-	s.podsByClaim = podInf.Informer().GetIndexer()
+	_ = podInf.Informer().AddIndexers(cache.Indexers{gang.IndexName: gang.Index})
+	s.podsByClaim, s.podsByGang = podInf.Informer().GetIndexer(), podInf.Informer().GetIndexer()
 	_ = sliceInf.Informer().AddIndexers(cache.Indexers{indexByKey: func(obj any) ([]string, error) {
 		if sl, ok := obj.(*resourceapi.ResourceSlice); ok {
 			return []string{sliceNode(sl)}, nil

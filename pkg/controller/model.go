@@ -233,6 +233,10 @@ func (m *model) SetNodeDevices(node string, devs map[string]resourceapi.Device) 
 		if !g.known || !equality.Semantic.DeepEqual(g.attrs, d.Attributes) || !equality.Semantic.DeepEqual(g.capacity, d.Capacity) {
 			m.versions++
 			g.version, m.snapStale = m.versions, true
+			// The placement core is built with each GPU's place on its node.
+			if wiring(g.attrs) != wiring(d.Attributes) {
+				m.dirty = true
+			}
 		}
 		g.known, g.memCap, g.compCap = true, memCap, compCap
 		g.attrs, g.capacity = d.Attributes, d.Capacity

@@ -2,6 +2,9 @@ package controller
 
 import (
 	"sort"
+	"strconv"
+
+	resourceapi "k8s.io/api/resource/v1"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -82,7 +85,8 @@ func (m *model) ensureCore(policies policyFor, nodes nodeSource) error {
 		m.coreIdx[n] = i
 		for j, g := range gs {
 			g.coreNode, g.coreIndex = i, j
-			specs[i].GPUs[j] = placement.GPUSpec{Model: modelOf(g)}
+			w := wiring(g.attrs)
+			specs[i].GPUs[j] = placement.GPUSpec{Model: modelOf(g), Island: w[0], PCIeRoot: w[1], NUMA: w[2]}
 			memCount[g.memCap]++
 			first := i == 0 && j == 0
 			if first || g.memCap < m.minMem {
@@ -168,4 +172,30 @@ func modelOf(g *gpu) string {
 		return *a.StringValue
 	}
 	return ""
+}
+
+// coreGPUAt is the GPU at the placement core's node ni, GPU gi; nil past the model's.
+// Caller holds mu.
+func (m *model) coreGPUAt(ni, gi int) *gpu {
+	if ni < 0 || ni >= len(m.coreGPU) || gi < 0 || gi >= len(m.coreGPU[ni]) {
+		return nil
+	}
+	return m.coreGPU[ni][gi]
+}
+
+// wiring is where a GPU sits on its node for the placement core, from its attributes:
+// its NVLink island, PCIe root and NUMA node, "" where it has none.
+func wiring(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) [3]string {
+	var w [3]string
+	for i, name := range []resourceapi.QualifiedName{api.AttributeNVLinkIsland, api.AttributePCIeRoot, api.AttributeNUMANode} {
+		a, ok := attrs[name]
+		switch {
+		case !ok:
+		case a.StringValue != nil:
+			w[i] = *a.StringValue
+		case a.IntValue != nil:
+			w[i] = strconv.FormatInt(*a.IntValue, 10)
+		}
+	}
+	return w
 }

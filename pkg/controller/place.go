@@ -148,6 +148,7 @@ func (c *Controller) gather(ctx context.Context, claim *resourceapi.ResourceClai
 			in.otherClaims[p.UID] = others
 		}
 	}
+	in.gang = gangLevels(&c.listers, c.cfg.GangTopologyKeys, c.cfg.DriverName, in.consumers)
 	for _, r := range claim.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {
 			if cl, err := c.classes.Get(a.class); err == nil {

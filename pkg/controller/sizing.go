@@ -57,7 +57,7 @@ type placementPath interface {
 	schedPolicy(l api.LatencyClass, w placement.Workload) placement.Policy
 	nodeSource
 	smallestGPU(in *input) func(*request) int64
-	gpuFilter(ctx context.Context, in *input, d *decision, rq *request, rj *rejects) func(ni, gi int) bool
+	gpuFilter(ctx context.Context, in *input, d *decision, rq *request, rc *requestConstraints, rj *rejects) func(ni, gi int) bool
 }
 
 func (s *sizingLoop) now() time.Time { return s.cfg.Now() }

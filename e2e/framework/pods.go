@@ -32,6 +32,8 @@ type GPUPod struct {
 	config   map[string]any
 	labels   map[string]string
 	cpu      string
+	selector string
+	cons     []resourceapi.DeviceConstraint
 }
 
 // MakeGPUPod starts a GPU pod of the share class.
@@ -69,6 +71,15 @@ func (p *GPUPod) Label(k, v string) *GPUPod {
 	return p
 }
 
+// Selector adds a CEL selector to the request.
+func (p *GPUPod) Selector(expr string) *GPUPod { p.selector = expr; return p }
+
+// Constraint adds a device constraint to the claim.
+func (p *GPUPod) Constraint(c resourceapi.DeviceConstraint) *GPUPod {
+	p.cons = append(p.cons, c)
+	return p
+}
+
 // CPU sets the container's CPU request.
 func (p *GPUPod) CPU(q string) *GPUPod { p.cpu = q; return p }
 
@@ -81,7 +92,10 @@ func (p *GPUPod) Template() *resourceapi.ResourceClaimTemplate {
 	if p.count > 0 {
 		req.Exactly.AllocationMode, req.Exactly.Count = resourceapi.DeviceAllocationModeExactCount, p.count
 	}
-	spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}
+	if p.selector != "" {
+		req.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: p.selector}}}
+	}
+	spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}, Constraints: p.cons}}
 	if p.config != nil {
 		body := map[string]any{"apiVersion": api.SchemeGroupVersion.String(), "kind": api.GpuConfigKind}
 		for k, v := range p.config {

@@ -87,3 +87,29 @@ type SizingRecommendation struct {
 	// share that may burst is guaranteed (sizing Auto's burst model).
 	TypicalBytes int64 `json:"typicalBytes,omitempty"`
 }
+
+// ObservedUsage is what the kubelet plugin measured of the GPU pods on its node that fgpu
+// did not place (NVIDIA's device plugin's, a host job's): observe mode, the "before" of an
+// adoption. It is kept as JSON under ObservedUsageKey in the ConfigMap
+// ObservedUsagePrefix+<node> of the chart's namespace, labelled LabelObservedUsage=<node>,
+// which only the plugins and administrators may write; the allocator reads it into the
+// same sizing histories as its own claims' use.
+type ObservedUsage struct {
+	Node string        `json:"node"`
+	Pods []ObservedPod `json:"pods"`
+}
+
+// ObservedPod is one pod's use of the GPUs fgpu did not give it, per GPU.
+type ObservedPod struct {
+	Namespace string        `json:"namespace"`
+	Name      string        `json:"name"`
+	UID       string        `json:"uid"`
+	GPUs      []ObservedGPU `json:"gpus"`
+}
+
+// ObservedGPU is a pod's use of one GPU over the report interval.
+type ObservedGPU struct {
+	UUID   string     `json:"uuid"`
+	Device string     `json:"device"` // gpu-<index>, as the ResourceSlice names it
+	Usage  ShareUsage `json:"usage"`
+}

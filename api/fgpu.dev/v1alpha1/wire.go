@@ -87,6 +87,12 @@ const (
 	// no conditions). Only the allocator writes it (the chart's
 	// fgpu-claims-status-by-allocator policy) and never reads it back; `fgpu why` shows it.
 	AnnotationStatus = "fgpu.dev/status"
+	// LabelObservedUsage marks the ConfigMaps the kubelet plugins keep their observed
+	// usage in (ObservedUsage); its value is the node. ObservedUsagePrefix+<node> names
+	// them, ObservedUsageKey is their data key.
+	LabelObservedUsage  = "fgpu.dev/observed-usage"
+	ObservedUsagePrefix = "fgpu-observed-"
+	ObservedUsageKey    = "usage.json"
 	// AnnotationSizingRecord carries, on each sizing recommendation event the allocator
 	// records, the workload and its recommendation as JSON (SizingRecord), which
 	// `fgpu recommendations` reads.

@@ -63,6 +63,9 @@ func wireNames() map[string]any {
 		"FinalizerAllocator":     FinalizerAllocator,
 		"AnnotationStatus":       AnnotationStatus,
 		"AnnotationSizingRecord": AnnotationSizingRecord,
+		"LabelObservedUsage":     LabelObservedUsage,
+		"ObservedUsagePrefix":    ObservedUsagePrefix,
+		"ObservedUsageKey":       ObservedUsageKey,
 		"ForeignTaintKey":        ForeignTaintKey,
 		"FaultTaintKey":          FaultTaintKey,
 		"DegradedTaintKey":       DegradedTaintKey,
@@ -137,6 +140,10 @@ func wireStructs() map[string]any {
 			Recommendation: SizingRecommendation{MemoryBytes: 8 << 30, ComputePercent: 30, Samples: 180, PeakBytes: 7 << 30, TypicalBytes: 5 << 30},
 		},
 		"idlereserve": IdleReserve{Memory: resource.MustParse("30Gi"), Compute: 50},
+		"observedusage": ObservedUsage{Node: "node-a", Pods: []ObservedPod{{Namespace: "team-a", Name: "web-0", UID: "0c5b7e4e-pod",
+			GPUs: []ObservedGPU{{UUID: "GPU-0123", Device: "gpu-0", Usage: ShareUsage{From: t0, To: t0.Add(5 * time.Minute), Samples: 30,
+				MemoryMaxBytes: 6 << 30, MemoryP95Bytes: 5 << 30, MemoryMeanBytes: 4 << 30,
+				SMSamples: 28, SMMaxPercent: 90, SMP95Percent: 80, SMMeanPercent: 40}}}}}},
 	}
 }
 

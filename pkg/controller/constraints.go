@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -26,9 +27,9 @@ type deviceConstraint struct {
 	pinned string
 }
 
-// maxPinnedValues bounds how many values a match across requests is tried with: each try
-// decides the whole claim again.
-const maxPinnedValues = 16
+// maxPins bounds how many times a claim is decided again with a match constraint's value
+// and node fixed: each pin decides the whole claim again, at the namespace's cost.
+const maxPins = 8
 
 // claimConstraints reads a claim's constraints, or says why the allocator cannot honour
 // them.
@@ -45,7 +46,13 @@ func claimConstraints(claim *resourceapi.ResourceClaim) ([]deviceConstraint, *wa
 			return nil, &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf(
 				"constraint %d names neither one matchAttribute nor one distinctAttribute, the constraints the fgpu allocator honours", i)}
 		}
-		out = append(out, dc)
+		// A constraint written twice binds no more than once; deciding it twice would
+		// only cost more.
+		if !slices.ContainsFunc(out, func(o deviceConstraint) bool {
+			return o.attr == dc.attr && o.distinct == dc.distinct && slices.Equal(o.requests, dc.requests)
+		}) {
+			out = append(out, dc)
+		}
 	}
 	return out, nil
 }
@@ -254,40 +261,72 @@ func (rc *requestConstraints) describe(count int64) string {
 	for _, b := range rc.apart {
 		parts = append(parts, fmt.Sprintf("each with a different %s (distinctAttribute)", b.c.attr))
 	}
+	if len(parts) > 3 { // the claim's status stays readable
+		parts = append(parts[:3], fmt.Sprintf("%d more constraints", len(parts)-3))
+	}
 	return strings.Join(parts, " and ")
 }
 
 // spansRequests reports whether a match constraint binds devices of more than one of the
-// claim's requests, so that the first one's value can leave the others none.
-func (c *deviceConstraint) spansRequests(claim *resourceapi.ResourceClaim) bool {
+// claim's requests, so that the first one's value and node can leave the others none; need
+// is how many devices it binds at least (each request's smallest alternative).
+func (c *deviceConstraint) spansRequests(claim *resourceapi.ResourceClaim) (spans bool, need int64) {
 	if c.distinct {
-		return false
+		return false, 0
 	}
 	n := 0
 	for _, r := range claim.Spec.Devices.Requests {
+		least := int64(-1)
 		for _, a := range alternatives(r) {
-			if c.binds(a.name) {
-				n++
-				break
+			if c.binds(a.name) && (least < 0 || max(a.count, 1) < least) {
+				least = max(a.count, 1)
 			}
 		}
-	}
-	return n > 1
-}
-
-// pinValues are the values of a match constraint's attribute the model's GPUs have, in
-// order, at most maxPinnedValues of them. Caller holds the model's lock.
-func pinValues(m *model, c *deviceConstraint, driver string) []string {
-	seen := map[string]bool{}
-	for _, g := range m.gpus {
-		if v, ok := attrValue(g, c.attr, driver); ok && g.known {
-			seen[v] = true
+		if least > 0 {
+			n++
+			need += least
 		}
 	}
-	vs := make([]string, 0, len(seen))
-	for v := range seen {
-		vs = append(vs, v)
+	return n > 1, need
+}
+
+// pin is a decision fixed to one value of a match constraint on one node.
+type pin struct {
+	constraint  int
+	node, value string
+}
+
+// pins are where a claim whose match across requests failed greedily is decided again:
+// for its first such constraint, the (node, value) pairs whose GPUs are enough for every
+// device it binds, those with the fewest such GPUs first (they keep the larger groups
+// whole), at most maxPins. A claim whose pod is bound keeps to its node. Caller holds the
+// model's lock.
+func (dc *decider) pins(in *input, cons []deviceConstraint) []pin {
+	for i := range cons {
+		spans, need := cons[i].spansRequests(in.claim)
+		if !spans {
+			continue
+		}
+		type at struct{ node, value string }
+		count := map[at]int64{}
+		for _, gs := range dc.model.coreGPU {
+			in.checks += len(gs)
+			for _, g := range gs {
+				if v, ok := attrValue(g, cons[i].attr, dc.cfg.DriverName); ok && (in.bound == "" || g.node == in.bound) {
+					count[at{g.node, v}]++
+				}
+			}
+		}
+		var out []pin
+		for k, n := range count {
+			if n >= need {
+				out = append(out, pin{constraint: i, node: k.node, value: k.value})
+			}
+		}
+		slices.SortFunc(out, func(a, b pin) int {
+			return cmp.Or(cmp.Compare(count[at{a.node, a.value}], count[at{b.node, b.value}]), strings.Compare(a.node, b.node), strings.Compare(a.value, b.value))
+		})
+		return out[:min(len(out), maxPins)]
 	}
-	slices.Sort(vs)
-	return vs[:min(len(vs), maxPinnedValues)]
+	return nil
 }

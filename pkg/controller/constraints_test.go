@@ -56,6 +56,7 @@ func TestConstraintsChooseDevicesTheyAllow(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		slice *resourceapi.ResourceSlice
+		more  []runtime.Object // other nodes and their slices
 		claim *resourceapi.ResourceClaim
 		want  []string // allocated devices; nil: waits
 		why   string   // in the status while it waits
@@ -127,9 +128,33 @@ func TestConstraintsChooseDevicesTheyAllow(t *testing.T) {
 			return c
 		}(),
 		why: "each with a different resource.kubernetes.io/pcieRoot (distinctAttribute)",
+	}, {
+		name: "a match across requests that fits one node only, where the first request's natural node has no room for the rest",
+		// n1 sorts first and its root b has the fewest free GPUs; only n2 holds three GPUs
+		// under one root.
+		slice: rootedSlice("n1", a, b),
+		more:  []runtime.Object{builders.MakeNode("n2").Obj(), rootedSlice("n2", a, a, a)},
+		claim: func() *resourceapi.ResourceClaim {
+			c := wholeGPUs("t", "c", 1, 0)
+			c = addRequest(c, "more", 2)
+			c.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{match(api.AttributePCIeRoot, "gpu", "more")}
+			return c
+		}(),
+		want: []string{"gpu=n2/gpu-0", "more=n2/gpu-1", "more=n2/gpu-2"},
+	}, {
+		name:  "a constraint written many times is told once",
+		slice: rootedSlice("n1", a, b),
+		claim: func() *resourceapi.ResourceClaim {
+			c := wholeGPUs("t", "c", 2, 0)
+			for range 32 {
+				c.Spec.Devices.Constraints = append(c.Spec.Devices.Constraints, match(api.AttributePCIeRoot))
+			}
+			return c
+		}(),
+		why: "2 × a whole GPU in one resource.kubernetes.io/pcieRoot (matchAttribute) now",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			objs := []runtime.Object{builders.MakeNode("n1").Obj(), tc.slice, tc.claim, builders.MakePod("t", "p").Claim("c").Obj()}
+			objs := append([]runtime.Object{builders.MakeNode("n1").Obj(), tc.slice, tc.claim, builders.MakePod("t", "p").Claim("c").Obj()}, tc.more...)
 			e := newEnv(t, nil, objs...)
 			e.run()
 			c := e.claim("t", "c")

@@ -52,8 +52,9 @@ type input struct {
 	// many claims the pod names.
 	otherClaims map[types.UID][]otherClaim
 	// gang are the node labels the pods should share with the other pods of their gang,
-	// nearest first (gangLevels).
-	gang []gang.Level
+	// nearest first (gangLevels); gangNear marks, per level, the model's nodes that have it.
+	gang     []gang.Level
+	gangNear [][]bool
 	// checks counts the GPUs the decision looked at, and the pods and claims checked on
 	// each node: its cost to its namespace's share.
 	checks int
@@ -183,33 +184,31 @@ func (dc *decider) decide(ctx context.Context, in *input) (*decision, *waitReaso
 	if w := dc.claimQuotaCheck(ctx, in); w != nil {
 		return nil, w
 	}
-	d, w := dc.decideClaim(ctx, in, cons)
-	if w == nil {
-		return d, nil
+	d, w := dc.decideClaim(ctx, in, cons, "")
+	if w == nil || !w.constrained {
+		return d, w
 	}
-	// A match across requests is greedy: the first request's GPUs fix the value. Where that
-	// left a later request none, the claim is decided again with the value fixed first,
-	// each value the GPUs have in turn; it waits for the first attempt's reason.
-	for i := range cons {
-		if !cons[i].spansRequests(claim) {
-			continue
+	// A match across requests is greedy: the first request's GPUs fix the value and the
+	// node. Where that left a later request none, the claim is decided again with both
+	// fixed first, on the nodes that have room for it all under one value (pins); it
+	// waits for the first attempt's reason.
+	for _, p := range dc.pins(in, cons) {
+		cons[p.constraint].pinned = p.value
+		d, w2 := dc.decideClaim(ctx, in, cons, p.node)
+		cons[p.constraint].pinned = ""
+		if w2 == nil {
+			return d, nil
 		}
-		for _, v := range pinValues(dc.model, &cons[i], dc.cfg.DriverName) {
-			cons[i].pinned = v
-			if d, w2 := dc.decideClaim(ctx, in, cons); w2 == nil {
-				return d, nil
-			}
-		}
-		cons[i].pinned = ""
 	}
 	return nil, w
 }
 
 // decideClaim places a claim's requests one after the other under its constraints, or
 // says why it waits, leaving nothing reserved then.
-func (dc *decider) decideClaim(ctx context.Context, in *input, cons []deviceConstraint) (*decision, *waitReason) {
+// A node given fixes the claim's node (a pin).
+func (dc *decider) decideClaim(ctx context.Context, in *input, cons []deviceConstraint, node string) (*decision, *waitReason) {
 	claim := in.claim
-	d := &decision{pol: in.pol, cons: cons, rec: &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace, assumed: dc.now()}}
+	d := &decision{node: node, pol: in.pol, cons: cons, rec: &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace, assumed: dc.now()}}
 	for _, req := range claim.Spec.Devices.Requests {
 		// The claim waits for the request it could not place, not for an alternative an
 		// earlier request did without: that one may say the claim is beyond its quota.
@@ -311,14 +310,16 @@ func (dc *decider) placeRequest(ctx context.Context, in *input, d *decision, rq 
 	dc.model.observe(in.claim.UID, pr, dc.schedPolicy)
 	p, err := dc.placeNearGang(ctx, in, d, rq, rc, pr)
 	if err != nil {
-		return nil, dc.unplaceable(in, rq, rc, err, &rj)
+		w := dc.unplaceable(in, rq, rc, err, &rj)
+		w.constrained = rc != nil && !w.quota && !w.beyondQuota
+		return nil, w
 	}
 	chosen := make([]*gpu, len(p.GPUs))
 	for i, gi := range p.GPUs {
 		chosen[i] = dc.model.coreGPU[p.Node][gi]
 	}
 	if msg := rc.satisfied(chosen); msg != "" {
-		return nil, &waitReason{reason: ReasonWaiting, message: msg}
+		return nil, &waitReason{reason: ReasonWaiting, message: msg, constrained: true}
 	}
 	out := make([]result, 0, len(p.GPUs))
 	for _, g := range chosen {
@@ -345,13 +346,20 @@ func (dc *decider) placeNearGang(ctx context.Context, in *input, d *decision, rq
 	}
 	all := pr.Filter
 	defer func() { pr.Filter = all }()
-	for _, l := range in.gang {
-		near := make([]bool, len(dc.model.coreGPU))
-		for ni, gs := range dc.model.coreGPU {
-			if n, err := dc.nodes.Get(gs[0].node); err == nil && n.Labels[l.Key] == l.Value {
-				near[ni] = true
+	if in.gangNear == nil {
+		// The model's nodes by level, once per decision: alternatives and pins ask again.
+		in.gangNear = make([][]bool, len(in.gang))
+		for i, l := range in.gang {
+			in.gangNear[i] = make([]bool, len(dc.model.coreGPU))
+			for ni, gs := range dc.model.coreGPU {
+				in.checks++
+				if n, err := dc.nodes.Get(gs[0].node); err == nil && n.Labels[l.Key] == l.Value {
+					in.gangNear[i][ni] = true
+				}
 			}
 		}
+	}
+	for _, near := range in.gangNear {
 		filter := dc.gpuFilter(ctx, in, d, rq, rc, &rejects{})
 		pr.Filter = func(ni, gi int) bool { return ni >= 0 && ni < len(near) && near[ni] && filter(ni, gi) }
 		if p, err := sched.Place(pr); err == nil {

@@ -65,6 +65,9 @@ type waitReason struct {
 	// quiet: so soon that there is nothing to tell the user.
 	retryAfter time.Duration
 	quiet      bool
+	// constrained: a request its device constraints bind found no GPUs, which a claim
+	// decided again with the constraint's value and node fixed may find (decide).
+	constrained bool
 }
 
 func (w *waitReason) Error() string { return w.message }

@@ -20,10 +20,6 @@ const (
 	LabelKueuePodGroup = "kueue.x-k8s.io/pod-group-name"
 	// LabelJobSet is the JobSet a pod's Job belongs to.
 	LabelJobSet = "jobset.sigs.k8s.io/jobset-name"
-	// LabelJobName and LabelJobIndex mark the pods of an Indexed Job, the usual shape of a
-	// distributed job's workers; pods of other Jobs are independent and not a gang.
-	LabelJobName  = "batch.kubernetes.io/job-name"
-	LabelJobIndex = "batch.kubernetes.io/job-completion-index"
 )
 
 // IndexName is the pod index by gang (Index).
@@ -41,9 +37,9 @@ func Of(p *corev1.Pod) string {
 		kind, name = "kueue-pod-group", p.Labels[LabelKueuePodGroup]
 	case p.Labels[LabelJobSet] != "":
 		kind, name = "jobset", p.Labels[LabelJobSet]
-	case p.Labels[LabelJobName] != "" && p.Labels[LabelJobIndex] != "":
-		kind, name = "job", p.Labels[LabelJobName]
 	default:
+		// A plain Job's pods, Indexed or not, are often independent (batch inference):
+		// they are placed as any pod is.
 		return ""
 	}
 	return p.Namespace + "/" + kind + "/" + name
@@ -99,7 +95,8 @@ var DefaultTopologyKeys = []string{
 	"topology.kubernetes.io/zone",
 }
 
-// Members are the pods of gang g in the index pods, without those in skip.
+// Members are the running or pending pods of gang g in the index pods, without those in
+// skip: a finished or deleted pod holds no place the gang should stay near.
 func Members(byGang interface {
 	ByIndex(name, value string) ([]any, error)
 }, g string, skip []*corev1.Pod) []*corev1.Pod {
@@ -107,7 +104,8 @@ func Members(byGang interface {
 	out := make([]*corev1.Pod, 0, len(objs))
 	for _, o := range objs {
 		p, ok := o.(*corev1.Pod)
-		if !ok || slices.ContainsFunc(skip, func(s *corev1.Pod) bool { return s.UID == p.UID }) {
+		if !ok || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
+			slices.ContainsFunc(skip, func(s *corev1.Pod) bool { return s.UID == p.UID }) {
 			continue
 		}
 		out = append(out, p)

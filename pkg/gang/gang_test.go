@@ -25,9 +25,8 @@ func TestOf(t *testing.T) {
 		{"scheduling group wins over labels", grouped, "t/podgroup/pg"},
 		{"coscheduling", pod(map[string]string{LabelPodGroup: "g"}), "t/pod-group/g"},
 		{"kueue pod group", pod(map[string]string{LabelKueuePodGroup: "g"}), "t/kueue-pod-group/g"},
-		{"jobset", pod(map[string]string{LabelJobSet: "js", LabelJobName: "js-w-0", LabelJobIndex: "0"}), "t/jobset/js"},
-		{"indexed job", pod(map[string]string{LabelJobName: "j", LabelJobIndex: "3"}), "t/job/j"},
-		{"a job that is not indexed is no gang", pod(map[string]string{LabelJobName: "j"}), ""},
+		{"jobset", pod(map[string]string{LabelJobSet: "js", "batch.kubernetes.io/job-name": "js-w-0"}), "t/jobset/js"},
+		{"a plain Job's pods are no gang", pod(map[string]string{"batch.kubernetes.io/job-name": "j", "batch.kubernetes.io/job-completion-index": "3"}), ""},
 	} {
 		if got := Of(tc.pod); got != tc.want {
 			t.Errorf("%s: Of = %q, want %q", tc.name, got, tc.want)

@@ -128,7 +128,7 @@ func (b *Backend) Devices() ([]gpu.Device, error) {
 		devices = append(devices, d)
 		handles = append(handles, h)
 	}
-	b.topo.read(devices, handles)
+	b.topo.fill(devices, handles)
 	b.fmu.Lock()
 	b.uuids = b.uuids[:0]
 	for _, d := range devices {

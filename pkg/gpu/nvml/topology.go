@@ -33,17 +33,42 @@ type topologyReader struct {
 	// said once and not on every Devices.
 	mu     sync.Mutex
 	logged map[string]bool
+	// read is where each GPU sits, by UUID, as first read: Devices runs on every compute
+	// mode check of a prepare, and the wiring (dozens of NVML calls a GPU) does not change
+	// while the plugin runs.
+	read map[string]place
 }
 
-// read fills in devs; handles[i] is devs[i]'s. Caller holds the backend's mu.
-func (r *topologyReader) read(devs []gpu.Device, handles []gonvml.Device) {
-	for i := range devs {
-		d, h := &devs[i], handles[i]
-		d.PCIeRoot = r.pcieRoot(d)
-		d.CPUAffinity = r.cpuAffinity(d, h)
-		d.FabricClique = r.fabricClique(d, h)
+// place is where one GPU sits.
+type place struct{ pcieRoot, cpuAffinity, fabricClique, nvlinkIsland string }
+
+// fill fills in devs; handles[i] is devs[i]'s. It reads the wiring the first time it sees
+// this set of GPUs. Caller holds the backend's mu.
+func (r *topologyReader) fill(devs []gpu.Device, handles []gonvml.Device) {
+	known := len(r.read) == len(devs)
+	for _, d := range devs {
+		_, ok := r.read[d.UUID]
+		known = known && ok
 	}
-	r.nvlinkIslands(devs, handles)
+	if !known {
+		r.read = make(map[string]place, len(devs))
+		for i := range devs {
+			d, h := &devs[i], handles[i]
+			d.PCIeRoot = r.pcieRoot(d)
+			d.CPUAffinity = r.cpuAffinity(d, h)
+			d.FabricClique = r.fabricClique(d, h)
+		}
+		r.nvlinkIslands(devs, handles)
+		for _, d := range devs {
+			r.read[d.UUID] = place{d.PCIeRoot, d.CPUAffinity, d.FabricClique, d.NVLinkIsland}
+		}
+		return
+	}
+	for i := range devs {
+		d := &devs[i]
+		p := r.read[d.UUID]
+		d.PCIeRoot, d.CPUAffinity, d.FabricClique, d.NVLinkIsland = p.pcieRoot, p.cpuAffinity, p.fabricClique, p.nvlinkIsland
+	}
 }
 
 func (r *topologyReader) pcieRoot(d *gpu.Device) string {

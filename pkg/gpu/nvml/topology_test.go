@@ -353,3 +353,24 @@ func TestPCIeRootUnreadable(t *testing.T) {
 		t.Errorf("logged %d times, want once per GPU (8)", n)
 	}
 }
+
+// Devices runs on every compute mode check of a prepare: the wiring is read once, and the
+// next calls give the same place without asking NVML again.
+func TestWiringIsReadOnce(t *testing.T) {
+	s := newMock(t)
+	calls := 0
+	mockDevice(t, s, 1).GetCpuAffinityFunc = func(n int) ([]uint, gonvml.Return) { calls++; return cpuMask(n, 4, 5), gonvml.SUCCESS }
+	b := newBackend(t, s)
+	for range 3 {
+		devs, err := b.Devices()
+		if err != nil {
+			t.Fatalf("Devices: %v", err)
+		}
+		if devs[1].CPUAffinity != "4-5" {
+			t.Fatalf("gpu-1 CPUs %q, want 4-5", devs[1].CPUAffinity)
+		}
+	}
+	if calls != 1 {
+		t.Errorf("CPU affinity asked %d times over three Devices, want once", calls)
+	}
+}

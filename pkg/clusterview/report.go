@@ -2,6 +2,7 @@ package clusterview
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -68,6 +69,9 @@ type WorkloadReport struct {
 	// KeepsWhole: it holds whole GPUs and its recommendation says it keeps a GPU busy, so
 	// they stay whole (as sizing's mode auto keeps them), and GPUsNeeded counts them so.
 	KeepsWhole bool `json:"keepsWhole,omitempty"`
+	// Observed: it holds its GPUs outside fgpu (NVIDIA's device plugin, whole GPUs), as the
+	// kubelet plugins measured them; its recommendation is what fgpu would give it.
+	Observed bool `json:"observed,omitempty"`
 }
 
 // MeasuredUse sums the newest usage report of each share measured in the window.
@@ -95,13 +99,19 @@ type share struct {
 	held  int64
 	whole bool // it holds all of its GPUs' memory
 	use   *api.ShareUsage
+	// observed: a pod fgpu did not place, which holds its GPUs whole (observe mode).
+	observed bool
 }
 
 // Report reads, with the caller's own client, the claims of namespace ("" for all) and the
 // pods using them, the usage the kubelet plugin wrote into the claims' status and the
 // allocator's recommendations, counting only those newer than since before now; and packs
 // the recommended sizes onto the cluster's published GPUs.
-func Report(ctx context.Context, c kubernetes.Interface, driver, namespace string, since time.Duration, now time.Time) (*UsageReport, error) {
+//
+// The GPU pods fgpu did not place (NVIDIA's device plugin's) count too where the kubelet
+// plugins measured them (observe mode): from the ConfigMaps in fgpuNamespace, the chart's,
+// which only the plugins write; each such pod is a share of the whole GPUs it holds.
+func Report(ctx context.Context, c kubernetes.Interface, driver, fgpuNamespace, namespace string, since time.Duration, now time.Time) (*UsageReport, error) {
 	if since <= 0 {
 		return nil, fmt.Errorf("a window of %s: --since must be positive", since)
 	}
@@ -110,10 +120,28 @@ func Report(ctx context.Context, c kubernetes.Interface, driver, namespace strin
 	if err != nil {
 		return nil, err
 	}
-	shares, err := placedShares(ctx, c, driver, namespace, gpus, r.From)
-	if err != nil {
-		return nil, err
+	claims, err := c.ResourceV1().ResourceClaims(namespace).List(ctx, metav1.ListOptions{})
+	if namespace == "" && apierrors.IsForbidden(err) {
+		return nil, fmt.Errorf("list ResourceClaims in every namespace: %w (name one you may read with -n)", err)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("list ResourceClaims: %w", err)
+	}
+	podList, err := c.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list pods: %w", err)
+	}
+	pods := map[string]*corev1.Pod{}
+	for i := range podList.Items {
+		p := &podList.Items[i]
+		pods[p.Namespace+"/"+p.Name] = p
+	}
+	shares := placedShares(claims.Items, driver, pods, gpus, r.From)
+	observed, err := observedShares(ctx, c, fgpuNamespace, namespace, pods, gpus, r.From)
+	if err != nil {
+		r.Notes = append(r.Notes, fmt.Sprintf("GPU pods fgpu did not place are left out: %v", err))
+	}
+	shares = append(shares, observed...)
 	recs, err := Recommendations(ctx, c, namespace)
 	if err != nil {
 		return nil, err
@@ -140,28 +168,12 @@ func Report(ctx context.Context, c kubernetes.Interface, driver, namespace strin
 	return r, nil
 }
 
-// placedShares lists the shares of the driver's claims in namespace on the published GPUs,
-// each with its workload and its newest usage report where it is not older than from.
-func placedShares(ctx context.Context, c kubernetes.Interface, driver, namespace string, gpus map[string]*GPU, from time.Time) ([]share, error) {
-	claims, err := c.ResourceV1().ResourceClaims(namespace).List(ctx, metav1.ListOptions{})
-	if namespace == "" && apierrors.IsForbidden(err) {
-		return nil, fmt.Errorf("list ResourceClaims in every namespace: %w (name one you may read with -n)", err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list ResourceClaims: %w", err)
-	}
-	podList, err := c.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list pods: %w", err)
-	}
-	pods := map[string]*corev1.Pod{}
-	for i := range podList.Items {
-		p := &podList.Items[i]
-		pods[p.Namespace+"/"+p.Name] = p
-	}
+// placedShares lists the shares of the driver's claims on the published GPUs, each with
+// its workload and its newest usage report where it is not older than from.
+func placedShares(claims []resourceapi.ResourceClaim, driver string, pods map[string]*corev1.Pod, gpus map[string]*GPU, from time.Time) []share {
 	var out []share
-	for i := range claims.Items {
-		cl := &claims.Items[i]
+	for i := range claims {
+		cl := &claims[i]
 		if cl.Status.Allocation == nil {
 			continue
 		}
@@ -189,6 +201,47 @@ func placedShares(ctx context.Context, c kubernetes.Interface, driver, namespace
 		}
 		for _, req := range requests {
 			out = append(out, *byRequest[req])
+		}
+	}
+	return out
+}
+
+// observedShares lists the GPU pods fgpu did not place in namespace ("" for all), as the
+// kubelet plugins measured them into fgpuNamespace's observed-usage ConfigMaps: one share
+// per pod, of the whole GPUs it uses, with its use where measured since from. A pod that
+// no longer runs under the UID measured, or on GPUs no longer published, is left out.
+func observedShares(ctx context.Context, c kubernetes.Interface, fgpuNamespace, namespace string, pods map[string]*corev1.Pod, gpus map[string]*GPU, from time.Time) ([]share, error) {
+	maps, err := c.CoreV1().ConfigMaps(fgpuNamespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelObservedUsage})
+	if err != nil {
+		return nil, fmt.Errorf("list the observed-usage ConfigMaps in %s: %w", fgpuNamespace, err)
+	}
+	var out []share
+	for _, cm := range maps.Items {
+		node := cm.Labels[api.LabelObservedUsage]
+		var u api.ObservedUsage
+		if cm.Name != api.ObservedUsagePrefix+node || json.Unmarshal([]byte(cm.Data[api.ObservedUsageKey]), &u) != nil || u.Node != node {
+			continue
+		}
+		for _, op := range u.Pods {
+			p := pods[op.Namespace+"/"+op.Name]
+			if (namespace != "" && op.Namespace != namespace) || p == nil || string(p.UID) != op.UID || p.Spec.NodeName != node {
+				continue
+			}
+			s := share{w: api.WorkloadOf(p, api.ExtendedResourceRequest), whole: true, observed: true}
+			for _, og := range op.GPUs {
+				g := gpus[node+"/"+og.Device]
+				if g == nil {
+					continue
+				}
+				s.gpus = append(s.gpus, g)
+				s.held += g.Memory
+				if !og.Usage.To.Before(from) {
+					s.use = merged(s.use, &og.Usage)
+				}
+			}
+			if len(s.gpus) > 0 {
+				out = append(out, s)
+			}
 		}
 	}
 	return out, nil
@@ -250,6 +303,7 @@ func (r *UsageReport) tally(shares []share, recs map[api.SizingWorkload]Recommen
 		}
 		w.Shares++
 		w.whole = w.whole && s.whole
+		w.Observed = w.Observed || s.observed
 		w.MemoryHeldBytes += s.held
 		r.MemoryHeldBytes += s.held
 		for _, g := range s.gpus {
@@ -415,9 +469,12 @@ func PrintReport(w io.Writer, r *UsageReport) error {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "WORKLOAD\tGPUS\tHELD\tUSED P95/PEAK\tSM P95/MEAN\tFGPU SIZE")
-	partly := false
+	partly, observed := false, false
 	for _, wl := range r.Workloads {
 		name := wl.Namespace + "/" + wl.Kind + "/" + wl.Name
+		if wl.Observed {
+			name, observed = "+"+name, true
+		}
 		used, sm, size := "not measured", "-", "-"
 		if u := wl.Used; u != nil {
 			used = approx(u.MemoryP95Bytes) + "/" + approx(u.MemoryPeakBytes)
@@ -443,7 +500,12 @@ func PrintReport(w io.Writer, r *UsageReport) error {
 		return err
 	}
 	if partly {
-		_, err := io.WriteString(w, "* only some of its shares measured in the window: the use is theirs alone\n")
+		if _, err := io.WriteString(w, "* only some of its shares measured in the window: the use is theirs alone\n"); err != nil {
+			return err
+		}
+	}
+	if observed {
+		_, err := io.WriteString(w, "+ holds whole GPUs outside fgpu (NVIDIA's device plugin), measured in observe mode\n")
 		return err
 	}
 	return nil

@@ -110,7 +110,7 @@ func reportCluster(t *testing.T) []runtime.Object {
 }
 
 func TestReportPerWorkloadAndTheGPUsNeeded(t *testing.T) {
-	r, err := Report(context.Background(), fake.NewClientset(reportCluster(t)...), api.DriverName, "", time.Hour, t0)
+	r, err := Report(context.Background(), fake.NewClientset(reportCluster(t)...), api.DriverName, "fgpu-system", "", time.Hour, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestReportPacksTheRecommendedSizes(t *testing.T) {
 				objs = []runtime.Object{builders.MakeSlice("n1", tc.gpus, "80Gi"), a, b}
 			}
 			objs = append(objs, tc.objs...)
-			r, err := Report(context.Background(), fake.NewClientset(objs...), api.DriverName, "ns", time.Hour, t0)
+			r, err := Report(context.Background(), fake.NewClientset(objs...), api.DriverName, "fgpu-system", "ns", time.Hour, t0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -225,7 +225,7 @@ func TestReportSaysWhatWasNotMeasured(t *testing.T) {
 		{90 * time.Minute, false, "no GPU use measured in the last 1h30m"},
 		{4 * time.Hour, true, "1 GPU held now (80Gi); 1 would hold the same workloads at their measured sizes (no fewer)."},
 	} {
-		r, err := Report(context.Background(), c, api.DriverName, "", tc.since, t0)
+		r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", tc.since, t0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,10 +244,10 @@ func TestReportSaysWhatWasNotMeasured(t *testing.T) {
 			t.Errorf("since %s: zeros where nothing was measured:\n%s", tc.since, out.String())
 		}
 	}
-	if _, err := Report(context.Background(), c, api.DriverName, "", 0, t0); err == nil {
+	if _, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", 0, t0); err == nil {
 		t.Error("a window of 0 was taken")
 	}
-	r, err := Report(context.Background(), c, api.DriverName, "team-c", time.Hour, t0)
+	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "team-c", time.Hour, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestReportMarksAPartlyMeasuredWorkload(t *testing.T) {
 	webB := ownedBy(builders.MakePod("team-a", "web-7c9d5-b2").Obj(), "ReplicaSet", "web-7c9d5")
 	c := fake.NewClientset(builders.MakeSlice("n1", 2, "80Gi"), webA, webB,
 		measured(held(webA, "n1", "gpu-0", ""), 6, 7, 0, 0, t0), held(webB, "n1", "gpu-1", ""))
-	r, err := Report(context.Background(), c, api.DriverName, "team-a", time.Hour, t0)
+	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "team-a", time.Hour, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,21 +296,21 @@ func TestReportReadsOnlyWhatTheCallerMayList(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	r, err := Report(context.Background(), c, api.DriverName, "team-a", time.Hour, t0)
+	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "team-a", time.Hour, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(r.Workloads) != 1 || r.Workloads[0].Namespace != "team-a" || r.GPUsHeld != 2 || *r.GPUsNeeded != 1 {
 		t.Errorf("team-a's report %s; want web alone, 2 GPUs held, 1 needed", asJSON(r))
 	}
-	if _, err := Report(context.Background(), c, api.DriverName, "", time.Hour, t0); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "with -n") {
+	if _, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", time.Hour, t0); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "with -n") {
 		t.Errorf("every namespace without the right to list them: %v; want forbidden, and to name one with -n", err)
 	}
 }
 
 // -o json: the names are the report's contract with scripts.
 func TestReportJSON(t *testing.T) {
-	r, err := Report(context.Background(), fake.NewClientset(reportCluster(t)...), api.DriverName, "", time.Hour, t0)
+	r, err := Report(context.Background(), fake.NewClientset(reportCluster(t)...), api.DriverName, "fgpu-system", "", time.Hour, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,5 +340,50 @@ func TestWindow(t *testing.T) {
 		if got := window(d); got != want {
 			t.Errorf("window(%s) = %q, want %q", d, got, want)
 		}
+	}
+}
+
+// observedMap is a kubelet plugin's observed-usage ConfigMap for node in namespace ns: pod
+// uses its GPU device at p95 and peak GiB, measured until to.
+func observedMap(ns, node string, pod *corev1.Pod, device string, p95, peak float64, to time.Time) *corev1.ConfigMap {
+	u := api.ObservedUsage{Node: node, Pods: []api.ObservedPod{{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), GPUs: []api.ObservedGPU{{
+		UUID: "GPU-" + device, Device: device, Usage: api.ShareUsage{From: to.Add(-5 * time.Minute), To: to, Samples: 30,
+			MemoryP95Bytes: int64(p95 * (1 << 30)), MemoryMaxBytes: int64(peak * (1 << 30)), SMSamples: 30, SMP95Percent: 20, SMMeanPercent: 10}}}}}}
+	raw, _ := json.Marshal(u)
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: api.ObservedUsagePrefix + node, Labels: map[string]string{api.LabelObservedUsage: node}},
+		Data: map[string]string{api.ObservedUsageKey: string(raw)}}
+}
+
+// A Deployment that NVIDIA's device plugin serves (a whole GPU a pod), measured by observe
+// mode, is reported beside fgpu's claims: the GPUs it holds now, its use, and fgpu's size
+// for it packed into the GPUs needed. The same written in a tenant's namespace counts for
+// nothing.
+func TestReportCountsPodsObservedOutsideFgpu(t *testing.T) {
+	a := ownedBy(builders.MakePod("team-d", "infer-5f-a").Bound("n1").Obj(), "ReplicaSet", "infer-5f")
+	b := ownedBy(builders.MakePod("team-d", "infer-5f-b").Bound("n2").Obj(), "ReplicaSet", "infer-5f")
+	forged := builders.MakePod("team-e", "forged").Bound("n1").Obj()
+	infer := api.SizingWorkload{Namespace: "team-d", Kind: "Deployment", Name: "infer", Request: api.ExtendedResourceRequest}
+	c := fake.NewClientset(builders.MakeSlice("n1", 2, "80Gi"), builders.MakeSlice("n2", 2, "80Gi"), a, b, forged,
+		observedMap("fgpu-system", "n1", a, "gpu-0", 9, 10, t0.Add(-time.Minute)),
+		observedMap("fgpu-system", "n2", b, "gpu-1", 8, 9, t0.Add(-time.Minute)),
+		observedMap("team-e", "n1", forged, "gpu-1", 1, 1, t0.Add(-time.Minute)),
+		recommended(t, "e1", "fgpu-allocator", infer, 12, 30, t0.Add(-time.Minute)))
+	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", time.Hour, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Workloads) != 1 {
+		t.Fatalf("workloads %s; want team-d's Deployment alone", asJSON(r.Workloads))
+	}
+	w := r.Workloads[0]
+	if w.SizingWorkload != infer || !w.Observed || w.GPUs != 2 || w.MemoryHeldBytes != 160<<30 || w.Used == nil || w.Used.MemoryPeakBytes != 19<<30 {
+		t.Errorf("infer %s; want Deployment team-d/infer observed on 2 whole GPUs, peak 19Gi", asJSON(w))
+	}
+	if r.GPUsHeld != 2 || r.GPUsNeeded == nil || *r.GPUsNeeded != 1 {
+		t.Errorf("held %d, needed %v; want 2 held, 1 needed (two 12Gi shares)", r.GPUsHeld, r.GPUsNeeded)
+	}
+	var out strings.Builder
+	if err := PrintReport(&out, r); err != nil || !strings.Contains(out.String(), "+team-d/Deployment/infer") || !strings.Contains(out.String(), "outside fgpu") {
+		t.Errorf("printed %q (%v): want the workload marked as held outside fgpu", out.String(), err)
 	}
 }

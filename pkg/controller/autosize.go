@@ -188,14 +188,14 @@ func (s *sizingLoop) wantResize(a *autoState, claim *resourceapi.ResourceClaim, 
 // smaller one: the share's reports are still far below it). Caller holds the sizer's lock.
 func (s *sizingLoop) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod) bool {
 	claim, err := s.claims.ResourceClaims(want.pod.Namespace).Get(want.claim)
-	if err != nil || claim.Status.Allocation == nil || s.policyOf(claim, pod).Sizing != api.SizingAuto {
+	if err != nil || claim.Status.Allocation == nil || s.policyOf(claim.Namespace, pod).Sizing != api.SizingAuto {
 		return false
 	}
 	if want.grow {
 		return a.resizer.Floor(want.w) > want.capBytes
 	}
 	if want.toBurst {
-		return s.policyOf(claim, pod).Latency == api.LatencyBestEffort
+		return s.policyOf(claim.Namespace, pod).Latency == api.LatencyBestEffort
 	}
 	if want.drain {
 		return s.burst.IsDraining(want.move) // an eviction may have ended its drain
@@ -223,7 +223,7 @@ func (s *sizingLoop) keepsWholeGPU(claim *resourceapi.ResourceClaim, pod *corev1
 			if err != nil {
 				return false
 			}
-			_, note := sharingMode(s.policyOf(claim, pod), userCfg, rec, true)
+			_, note := sharingMode(s.policyOf(claim.Namespace, pod), userCfg, rec, true)
 			return note == busyNote
 		}
 	}

@@ -59,6 +59,9 @@ type Config struct {
 	Workers     int
 	// Placement is the placement core's policy for standard claims (fgpu, fgd, bestfit).
 	Placement string
+	// Namespace is the allocator's (the chart's), where the kubelet plugins keep what they
+	// observe of the GPU pods fgpu did not place (api.ObservedUsage); "": not read.
+	Namespace string
 	// GangTopologyKeys are the node labels, nearest first, by which a gang's next pod is
 	// placed near its other pods (pkg/gang); none: gangs are not kept together.
 	GangTopologyKeys []string
@@ -178,7 +181,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		workqueue.NewTypedMaxOfRateLimiter(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second)),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "fgpu-claims"})
-	c.informers = newInformerSet(client, fgpuClient, c.handlers())
+	c.informers = newInformerSet(client, fgpuClient, c.handlers(), cfg.Namespace)
 	c.listers = c.informers.listers
 	c.bcast = record.NewBroadcaster()
 	c.recorder = c.bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "fgpu-allocator"})

@@ -113,7 +113,7 @@ func (e *env) watchHandlers() {
 	e.claimsHandled, e.podsHandled = newHandledObjects(), newHandledObjects()
 	h := e.c.handlers()
 	h.claim, h.pod = e.claimsHandled.wrap(h.claim), e.podsHandled.wrap(h.pod)
-	e.c.informers = newInformerSet(e.client, e.fgpu, h)
+	e.c.informers = newInformerSet(e.client, e.fgpu, h, e.c.cfg.Namespace)
 	e.c.listers = e.c.informers.listers
 	e.c.sizing.listers, e.c.idle.listers, e.c.gone.listers = e.c.listers, e.c.listers, e.c.listers
 	e.c.policyStatus.policies = e.c.policies

@@ -31,6 +31,9 @@ func (c *Controller) handlers() eventHandlers {
 				}
 				c.idle.onWorkload(o)
 			}},
+		// c.sizing is built after the informers too.
+		observed: handlerFuncs(func(cm *corev1.ConfigMap) { c.sizing.observeForeign(cm) },
+			func(_, cm *corev1.ConfigMap) { c.sizing.observeForeign(cm) }, nil),
 		other: cache.ResourceEventHandlerFuncs{AddFunc: kick, UpdateFunc: func(any, any) { c.kick() }, DeleteFunc: kick},
 	}
 }

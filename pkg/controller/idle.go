@@ -67,7 +67,7 @@ func (sc *idleScaler) observeIdle(claim *resourceapi.ResourceClaim) {
 	}
 	top := topOwner(pods[0])
 	w := workloadRef{claim.Namespace, top.Kind, top.Name}
-	bound := sc.policyOf(claim, pods[0]).IdleScaleDown
+	bound := sc.policyOf(claim.Namespace, pods[0]).IdleScaleDown
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	for _, st := range claim.Status.Devices {
@@ -169,7 +169,7 @@ func (sc *idleScaler) idleWorkload(w workloadRef) *idleWorkload {
 			if claim.Status.Allocation == nil {
 				return nil // a claim still to be placed is not idle
 			}
-			pol := sc.policyOf(claim, p).IdleScaleDown
+			pol := sc.policyOf(claim.Namespace, p).IdleScaleDown
 			if pol == nil {
 				return nil
 			}

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
 	fgpuinformers "github.com/fgpu-dev/fgpu/pkg/client/informers/externalversions"
 	fgpulisters "github.com/fgpu-dev/fgpu/pkg/client/listers/fgpu.dev/v1alpha1"
@@ -52,19 +53,22 @@ type informerSet struct {
 	listers
 	factory     informers.SharedInformerFactory
 	fgpuFactory fgpuinformers.SharedInformerFactory
-	hasSynced   []cache.InformerSynced
+	// observedFactory watches the observed-usage ConfigMaps of the allocator's namespace.
+	observedFactory informers.SharedInformerFactory
+	hasSynced       []cache.InformerSynced
 }
 
 // eventHandlers are the controller's reactions to each kind of object.
 type eventHandlers struct {
 	claim, slice, node, pod, policy cache.ResourceEventHandler
+	observed                        cache.ResourceEventHandler // observed-usage ConfigMaps
 	workload                        cache.ResourceEventHandler // Deployments and StatefulSets
 	other                           cache.ResourceEventHandler // classes and namespaces
 }
 
 const indexByKey = "key"
 
-func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface, h eventHandlers) *informerSet {
+func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface, h eventHandlers, namespace string) *informerSet {
 	// The allocator never reads managed fields: dropping them halves what the caches hold.
 	strip := func(obj any) (any, error) {
 		if a, ok := obj.(metav1.ObjectMetaAccessor); ok {
@@ -122,6 +126,12 @@ func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface,
 		reg, _ := ih.inf.AddEventHandler(ih.h)
 		s.hasSynced = append(s.hasSynced, reg.HasSynced)
 	}
+	if namespace != "" {
+		// Placements do not wait for it: observed use only feeds recommendations.
+		s.observedFactory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = api.LabelObservedUsage }))
+		_, _ = s.observedFactory.Core().V1().ConfigMaps().Informer().AddEventHandler(h.observed)
+	}
 	if fgpuClient != nil {
 		s.fgpuFactory = fgpuinformers.NewSharedInformerFactory(fgpuClient, 0)
 		pInf := s.fgpuFactory.Fgpu().V1alpha1().SharingPolicies()
@@ -144,6 +154,9 @@ func (s *informerSet) start(ctx context.Context) {
 	s.factory.Start(ctx.Done())
 	if s.fgpuFactory != nil {
 		s.fgpuFactory.Start(ctx.Done())
+	}
+	if s.observedFactory != nil {
+		s.observedFactory.Start(ctx.Done())
 	}
 }
 

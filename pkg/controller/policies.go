@@ -2,7 +2,6 @@ package controller
 
 import (
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
@@ -22,9 +21,9 @@ func (l *listers) policyList() []*api.SharingPolicy {
 }
 
 // policyOf is the policy that applies to a claim used by pod, as placing it resolves it.
-func (l *listers) policyOf(claim *resourceapi.ResourceClaim, pod *corev1.Pod) policy.Effective {
+func (l *listers) policyOf(namespace string, pod *corev1.Pod) policy.Effective {
 	nsLabels := map[string]string{}
-	if ns, err := l.namespaces.Get(claim.Namespace); err == nil && ns.Labels != nil {
+	if ns, err := l.namespaces.Get(namespace); err == nil && ns.Labels != nil {
 		nsLabels = ns.Labels
 	}
 	podLabels := pod.Labels

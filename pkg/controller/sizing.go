@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 
@@ -100,7 +101,7 @@ func (s *sizingLoop) observeUsage(claim *resourceapi.ResourceClaim) {
 		return
 	}
 	top := topOwner(pods[0])
-	pol := s.policyOf(claim, pods[0])
+	pol := s.policyOf(claim.Namespace, pods[0])
 	mode := pol.Sizing
 	burstable := pol.Latency == api.LatencyBestEffort && !pol.AllowSharedGPU && pol.Isolation != api.IsolationExclusive
 	var changed []api.SizingRecord
@@ -128,13 +129,8 @@ func (s *sizingLoop) observeUsage(claim *resourceapi.ResourceClaim) {
 		if mode == api.SizingAuto && len(pods) == 1 {
 			auto = append(auto, autoReport{w: w, share: *st.ShareID, result: allocatedResult(claim.Status.Allocation, st), u: *data.Usage, burstable: burstable})
 		}
-		rec, ok := s.sizer.rec.Recommend(w)
-		if !ok || mode == api.SizingOff {
-			continue // an Off workload's history is kept, so that Recommend has it at once
-		}
-		if prev, had := s.sizer.announced[w]; !had || moved(prev.rec, rec) || s.now().Sub(prev.at) >= retellEvery {
-			s.sizer.announced[w] = announcement{rec: rec, at: s.now()}
-			changed = append(changed, api.SizingRecord{Workload: w, Recommendation: rec})
+		if r, ok := s.announce(w, mode); ok {
+			changed = append(changed, r)
 		}
 	}
 	s.sizer.mu.Unlock()
@@ -142,13 +138,32 @@ func (s *sizingLoop) observeUsage(claim *resourceapi.ResourceClaim) {
 		s.considerResize(claim, pods[0], r)
 		s.relieve(gpuKey{r.result.Pool, r.result.Device})
 	}
+	s.tell(claim, changed, mode)
+}
+
+// tell records an event on obj for each recommendation that appeared or moved.
+func (s *sizingLoop) tell(obj runtime.Object, changed []api.SizingRecord, mode api.SizingMode) {
 	for _, r := range changed {
 		raw, _ := json.Marshal(r)
-		s.recorder.AnnotatedEventf(claim, map[string]string{api.AnnotationSizingRecord: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
+		s.recorder.AnnotatedEventf(obj, map[string]string{api.AnnotationSizingRecord: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
 			"%s %s/%s request %s: recommended memory %s, compute %d%% (peak seen %s, from %d samples); sizing %s: %s",
 			r.Workload.Kind, r.Workload.Namespace, r.Workload.Name, r.Workload.Request, quantity(r.Recommendation.MemoryBytes),
 			r.Recommendation.ComputePercent, quantity(r.Recommendation.PeakBytes), r.Recommendation.Samples, mode, modeEffect[mode])
 	}
+}
+
+// announce is the recommendation to tell for w, if it is new, moved, or was told long
+// enough ago. Caller holds the sizer's lock.
+func (s *sizingLoop) announce(w api.SizingWorkload, mode api.SizingMode) (api.SizingRecord, bool) {
+	rec, ok := s.sizer.rec.Recommend(w)
+	if !ok || mode == api.SizingOff {
+		return api.SizingRecord{}, false // an Off workload's history is kept, so that Recommend has it at once
+	}
+	if prev, had := s.sizer.announced[w]; had && !moved(prev.rec, rec) && s.now().Sub(prev.at) < retellEvery {
+		return api.SizingRecord{}, false
+	}
+	s.sizer.announced[w] = announcement{rec: rec, at: s.now()}
+	return api.SizingRecord{Workload: w, Recommendation: rec}, true
 }
 
 // modeEffect says, in the recommendation event, what the sizing mode does with it.

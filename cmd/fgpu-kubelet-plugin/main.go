@@ -59,7 +59,7 @@ func main() {
 	fs.StringVar(&f.mpsControl, "mps-control-binary", "", "MPS control binary (default nvidia-cuda-mps-control; fake GPUs: fake-mps-control)")
 	fs.StringVar(&f.cfg.MPSPods.Image, "mps-daemon-image", "", "image of the MPS control daemons' pods (the plugin's own; fake GPUs: it carries fake-mps-control); empty: the daemons run as the plugin's children and die with it, for use outside Kubernetes")
 	fs.StringVar(&f.mpsPullPolicy, "mps-daemon-image-pull-policy", string(corev1.PullIfNotPresent), "pull policy of --mps-daemon-image")
-	fs.StringVar(&f.cfg.MPSPods.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the plugin's namespace, where the MPS daemons' pods run (default $POD_NAMESPACE)")
+	fs.StringVar(&f.cfg.MPSPods.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the plugin's namespace, where the MPS daemons' pods run and observe mode's ConfigMap is kept (default $POD_NAMESPACE)")
 	fs.StringVar(&f.cfg.MPSPods.ServiceAccount, "mps-daemon-service-account", "", "service account of the MPS daemons' pods (its token is not mounted; empty: the namespace's default)")
 	fs.StringVar(&f.cfg.MPSPods.PriorityClass, "mps-daemon-priority-class", "", "priority class of the MPS daemons' pods; a critical one (system-node-critical) makes the kubelet evict other pods to admit a daemon on a full node")
 	fs.StringVar(&f.mpsShmSize, "mps-shm-size", "256Mi", "size of the tmpfs each MPS server and its clients share as /dev/shm (with --mps-daemon-image)")

@@ -28,9 +28,12 @@ type Driver struct {
 	helper  *kubeletplugin.Helper
 	health  *health
 	// usage measures the prepared shares' GPU use; nil where the backend cannot.
-	usage  *usageMeter
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	usage *usageMeter
+	// observe measures the pods fgpu did not place (observe mode); nil without usage, or
+	// where NVML shows the plugin no such process (OwnPIDNamespace) or it has no namespace.
+	observe *observer
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
 	// evicting are the pods told they are evicted because their MPS server broke (only
 	// watchMPS uses it).
 	evicting map[types.UID]bool
@@ -51,6 +54,9 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	// Set before the kubelet can call Prepare, which publishes the summaries.
 	if source, ok := backend.(gpu.UsageSource); ok && cfg.usagePoll() > 0 {
 		d.usage = newUsageMeter(source, "/proc", cfg.usageReport(), cfg.usageHeartbeat())
+		if !cfg.OwnPIDNamespace && cfg.MPSPods.Namespace != "" {
+			d.observe = newObserver(client, cfg.NodeName, cfg.MPSPods.Namespace, state.Devices(), cfg.usageReport(), cfg.usageHeartbeat())
+		}
 	}
 	metrics.observeState(state)
 	opts := []kubeletplugin.Option{

@@ -65,13 +65,17 @@ const podResync = time.Minute
 // watchPods records (and caps) the pods that join a claim already prepared here. The kubelet
 // prepares a claim once, for the first of its pods on the node, and never again for a later
 // pod sharing it, so such pods are found by watching this node's pods. Run where a GPU is
-// cgroup-capped, GPU use is measured or MPS daemons are guarded against eviction.
+// cgroup-capped, GPU use is measured (observe mode names its pods from it) or MPS daemons are
+// guarded against eviction.
 func (d *Driver) watchPods(ctx context.Context) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(d.client, podResync, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", d.cfg.NodeName).String()
 	}))
 	inf := factory.Core().V1().Pods().Informer()
 	d.state.usePodWatch(factory.Core().V1().Pods().Lister())
+	if d.observe != nil {
+		d.observe.pods = factory.Core().V1().Pods().Lister()
+	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { d.podSeen(ctx, obj) },
 		UpdateFunc: func(_, obj any) { d.podSeen(ctx, obj) },

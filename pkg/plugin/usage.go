@@ -3,6 +3,7 @@ package plugin
 import (
 	"bytes"
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -64,21 +65,38 @@ func newUsageMeter(source gpu.UsageSource, procRoot string, report, heartbeat ti
 	return &usageMeter{source: source, procRoot: procRoot, report: report, heartbeat: heartbeat, shares: map[shareKey]*shareUsage{}}
 }
 
-// sample takes one measurement of every GPU with prepared shares and returns the claims
-// whose report is due.
-func (m *usageMeter) sample(ctx context.Context, now time.Time, claims map[string]checkpoint.ClaimEntry) []string {
-	type share struct {
-		key     shareKey
-		entry   checkpoint.ClaimEntry
-		shareID string
-	}
-	byGPU := map[string][]share{}
+// preparedShare is one share of a prepared claim, as the meter attributes processes to it.
+type preparedShare struct {
+	key     shareKey
+	entry   checkpoint.ClaimEntry
+	shareID string
+}
+
+// unclaimedProcess is a process no prepared share accounts for, on the GPU UUID: fgpu's MPS
+// server, or a process of someone else's (observe mode). PodUID is the pod of its cgroup
+// (owner), "" for none.
+type unclaimedProcess struct {
+	UUID, PodUID string
+	gpu.ProcessUsage
+}
+
+// sample takes one measurement of every GPU with prepared shares, and of the GPUs others
+// (observe mode: every GPU of the node, read here so that each is read once a poll, since a
+// reading consumes NVML's SM samples). It returns the claims whose report is due, and the
+// processes no share accounts for whose pod, if any, is no prepared claim's: a pod fgpu placed
+// is measured through its claims only.
+func (m *usageMeter) sample(ctx context.Context, now time.Time, claims map[string]checkpoint.ClaimEntry, others []string) (due []string, unclaimed []unclaimedProcess) {
+	byGPU := map[string][]preparedShare{}
+	tenants := map[string]bool{}
 	for uid, e := range claims {
 		if e.State != checkpoint.PrepareCompleted {
 			continue
 		}
 		for _, d := range e.Devices {
-			byGPU[d.GPUUUID] = append(byGPU[d.GPUUUID], share{shareKey{uid, d.Request, d.Device}, e, d.ShareID})
+			byGPU[d.GPUUUID] = append(byGPU[d.GPUUUID], preparedShare{shareKey{uid, d.Request, d.Device}, e, d.ShareID})
+		}
+		for _, p := range e.Pods {
+			tenants[p.UID] = true
 		}
 	}
 	m.mu.Lock()
@@ -88,9 +106,12 @@ func (m *usageMeter) sample(ctx context.Context, now time.Time, claims map[strin
 			delete(m.shares, k)
 		}
 	}
-	for uuid, shares := range byGPU {
+	uuids := slices.AppendSeq(slices.Clone(others), maps.Keys(byGPU))
+	slices.Sort(uuids)
+	for _, uuid := range slices.Compact(uuids) {
+		shares := byGPU[uuid]
 		// A claim's choice among several on one GPU must not depend on map order.
-		slices.SortFunc(shares, func(a, b share) int {
+		slices.SortFunc(shares, func(a, b preparedShare) int {
 			return strings.Compare(a.entry.Namespace+"/"+a.entry.Name+"/"+a.key.request, b.entry.Namespace+"/"+b.entry.Name+"/"+b.key.request)
 		})
 		procs, err := m.source.ProcessUsage(uuid)
@@ -98,11 +119,10 @@ func (m *usageMeter) sample(ctx context.Context, now time.Time, claims map[strin
 			klog.FromContext(ctx).Error(err, "Measuring the GPU use of prepared claims", "uuid", uuid)
 			continue
 		}
-		mem := map[shareKey]int64{}
-		sm := map[shareKey]int{}
+		use := map[shareKey]sizing.Sample{}
 		for _, p := range procs {
 			podUID, shareID := m.owner(p.PID)
-			var candidates []share
+			var candidates []preparedShare
 			for _, s := range shares {
 				if podUID != "" && slices.ContainsFunc(s.entry.Pods, func(r checkpoint.PodRef) bool { return r.UID == podUID }) ||
 					podUID == "" && shareID != "" && s.shareID == shareID {
@@ -110,19 +130,19 @@ func (m *usageMeter) sample(ctx context.Context, now time.Time, claims map[strin
 				}
 			}
 			if len(candidates) == 0 {
-				continue // fgpu's MPS server, or a process no prepared share accounts for
+				// fgpu's MPS server, or a process no prepared share accounts for
+				if !tenants[podUID] {
+					unclaimed = append(unclaimed, unclaimedProcess{UUID: uuid, PodUID: podUID, ProcessUsage: p})
+				}
+				continue
 			}
 			pick := candidates[0]
 			// Several claims of one pod on this GPU: the share the process was given names it.
-			if i := slices.IndexFunc(candidates, func(s share) bool { return shareID != "" && s.shareID == shareID }); i >= 0 {
+			if i := slices.IndexFunc(candidates, func(s preparedShare) bool { return shareID != "" && s.shareID == shareID }); i >= 0 {
 				pick = candidates[i]
 			}
-			mem[pick.key] += p.MemoryBytes
-			if p.SMPercent >= 0 {
-				sm[pick.key] = min(100, max(sm[pick.key], 0)+p.SMPercent)
-			} else if _, ok := sm[pick.key]; !ok {
-				sm[pick.key] = -1
-			}
+			u, counted := use[pick.key]
+			use[pick.key] = addUse(u, counted, p)
 		}
 		for _, s := range shares {
 			u := m.shares[s.key]
@@ -130,7 +150,7 @@ func (m *usageMeter) sample(ctx context.Context, now time.Time, claims map[strin
 				u = &shareUsage{}
 				m.shares[s.key] = u
 			}
-			smPct, measured := sm[s.key]
+			got, measured := use[s.key]
 			if measured {
 				u.seen = true
 			}
@@ -138,23 +158,35 @@ func (m *usageMeter) sample(ctx context.Context, now time.Time, claims map[strin
 				continue
 			}
 			if !measured {
-				smPct = 0 // its processes are gone: nothing used
+				got.SMPercent = 0 // its processes are gone: nothing used
 			}
 			if u.window.Len() == 0 && u.published == nil {
 				u.publishedAt = now
 			}
-			u.latest = sizing.Sample{At: now, MemoryBytes: mem[s.key], SMPercent: smPct}
+			u.latest = sizing.Sample{At: now, MemoryBytes: got.MemoryBytes, SMPercent: got.SMPercent}
 			u.window.Add(u.latest)
 		}
 	}
-	var due []string
 	for k, u := range m.shares {
 		if m.due(u, now) && !slices.Contains(due, k.claimUID) {
 			due = append(due, k.claimUID)
 		}
 	}
 	slices.Sort(due)
-	return due
+	return due, unclaimed
+}
+
+// addUse adds a process's use to that of its owner's other processes on the GPU (counted:
+// there were some): memory adds up, and so does SM (at most 100), which stays -1 (no sample)
+// only while none of them has one.
+func addUse(u sizing.Sample, counted bool, p gpu.ProcessUsage) sizing.Sample {
+	u.MemoryBytes += p.MemoryBytes
+	if p.SMPercent >= 0 {
+		u.SMPercent = min(100, max(u.SMPercent, 0)+p.SMPercent)
+	} else if !counted {
+		u.SMPercent = -1
+	}
+	return u
 }
 
 func (m *usageMeter) due(u *shareUsage, now time.Time) bool {
@@ -255,7 +287,8 @@ func (m *usageMeter) owner(pid int) (podUID, shareID string) {
 	return podUID, shareID
 }
 
-// watchUsage samples the prepared shares every poll and publishes the summaries that are due.
+// watchUsage samples the prepared shares every poll and publishes the summaries that are due;
+// in observe mode, also those of the pods fgpu did not place (observer).
 func (d *Driver) watchUsage(ctx context.Context, poll time.Duration) {
 	ticker := time.NewTicker(poll)
 	defer ticker.Stop()
@@ -267,7 +300,11 @@ func (d *Driver) watchUsage(ctx context.Context, poll time.Duration) {
 		}
 		now := time.Now()
 		claims := d.state.PreparedClaims()
-		due := d.usage.sample(ctx, now, claims)
+		var others []string
+		if d.observe != nil {
+			others = d.observe.gpus()
+		}
+		due, unclaimed := d.usage.sample(ctx, now, claims, others)
 		d.metrics.observeUsage(claims, d.usage.latest())
 		for _, uid := range due {
 			e := claims[uid]
@@ -278,6 +315,12 @@ func (d *Driver) watchUsage(ctx context.Context, poll time.Duration) {
 				continue
 			}
 			d.usage.published(sums, now)
+		}
+		if d.observe != nil {
+			d.observe.sample(now, unclaimed, func() []int { return d.state.foreign.ownServerPIDs(ctx) })
+			if err := d.observe.publishIfDue(ctx, now); err != nil {
+				klog.FromContext(ctx).Error(err, "Publishing the measured GPU use of the pods fgpu did not place")
+			}
 		}
 	}
 }

@@ -93,11 +93,11 @@ func TestUsageIsMeasuredPerClaimAndReportedWithinBudget(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := t0.Add
 	for i := range 30 { // every 10 s for 5 min
-		if due := m.sample(ctx, at(time.Duration(i)*10*time.Second), s.PreparedClaims()); len(due) != 0 {
+		if due, _ := m.sample(ctx, at(time.Duration(i)*10*time.Second), s.PreparedClaims(), nil); len(due) != 0 {
 			t.Fatalf("a report was due after %d samples, before the report interval: %v", i+1, due)
 		}
 	}
-	due := m.sample(ctx, at(5*time.Minute), s.PreparedClaims())
+	due, _ := m.sample(ctx, at(5*time.Minute), s.PreparedClaims(), nil)
 	if len(due) != 2 {
 		t.Fatalf("due %v; want both claims after the report interval", due)
 	}
@@ -144,21 +144,21 @@ func TestUsageIsMeasuredPerClaimAndReportedWithinBudget(t *testing.T) {
 	m.published(sumsB, at(5*time.Minute))
 	for i := 1; i <= 170; i++ {
 		now := at(5*time.Minute + time.Duration(i)*10*time.Second)
-		if due := m.sample(ctx, now, s.PreparedClaims()); len(due) != 0 {
+		if due, _ := m.sample(ctx, now, s.PreparedClaims(), nil); len(due) != 0 {
 			t.Fatalf("unchanged use was due at %v: %v", now.Sub(t0), due)
 		}
 	}
-	if due := m.sample(ctx, at(35*time.Minute), s.PreparedClaims()); len(due) != 2 {
+	if due, _ := m.sample(ctx, at(35*time.Minute), s.PreparedClaims(), nil); len(due) != 2 {
 		t.Fatalf("at the heartbeat: due %v; want both", due)
 	}
 	m.published(m.summaries(string(a.UID), at(35*time.Minute)), at(35*time.Minute))
 	report(inA, 9, 30)
 	for i := 1; i < 30; i++ {
-		if due := m.sample(ctx, at(35*time.Minute+time.Duration(i)*10*time.Second), s.PreparedClaims()); len(due) != 1 || due[0] != string(b.UID) {
+		if due, _ := m.sample(ctx, at(35*time.Minute+time.Duration(i)*10*time.Second), s.PreparedClaims(), nil); len(due) != 1 || due[0] != string(b.UID) {
 			t.Fatalf("a grew within the interval: due %v; want only b's heartbeat", due)
 		}
 	}
-	if due := m.sample(ctx, at(40*time.Minute), s.PreparedClaims()); len(due) != 2 {
+	if due, _ := m.sample(ctx, at(40*time.Minute), s.PreparedClaims(), nil); len(due) != 2 {
 		t.Fatalf("a grew: due %v at the interval; want a (and b still)", due)
 	}
 	if u := m.summaries(string(a.UID), at(40*time.Minute))[ka]; u.MemoryMaxBytes != 10<<30 {
@@ -169,7 +169,7 @@ func TestUsageIsMeasuredPerClaimAndReportedWithinBudget(t *testing.T) {
 	if err := s.Unprepare(ctx, string(a.UID)); err != nil {
 		t.Fatal(err)
 	}
-	m.sample(ctx, at(41*time.Minute), s.PreparedClaims())
+	m.sample(ctx, at(41*time.Minute), s.PreparedClaims(), nil)
 	if len(m.lastPublished(string(a.UID))) != 0 {
 		t.Fatal("a released claim's usage is kept")
 	}

@@ -262,7 +262,13 @@ func (c *Controller) Synced() bool { return c.informers.synced() }
 // call it instead of Run.
 func (c *Controller) WaitForCacheSync(ctx context.Context) bool {
 	c.informers.start(ctx)
-	return cache.WaitForCacheSync(ctx.Done(), c.informers.hasSynced...)
+	if !cache.WaitForCacheSync(ctx.Done(), c.informers.hasSynced...) {
+		return false
+	}
+	// Observed usage names pods: read it once the pods are known, or a node's report
+	// would wait for its next write.
+	c.informers.startObserved(ctx)
+	return true
 }
 
 func (c *Controller) worker(ctx context.Context) {

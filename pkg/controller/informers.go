@@ -155,6 +155,10 @@ func (s *informerSet) start(ctx context.Context) {
 	if s.fgpuFactory != nil {
 		s.fgpuFactory.Start(ctx.Done())
 	}
+}
+
+// startObserved starts the observed-usage ConfigMaps' informer (none without a namespace).
+func (s *informerSet) startObserved(ctx context.Context) {
 	if s.observedFactory != nil {
 		s.observedFactory.Start(ctx.Done())
 	}

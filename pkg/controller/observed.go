@@ -32,7 +32,7 @@ func (s *sizingLoop) observeForeign(cm *corev1.ConfigMap) {
 	}
 	for _, op := range u.Pods {
 		pod, err := s.pods.Pods(op.Namespace).Get(op.Name)
-		if err != nil || string(pod.UID) != op.UID || pod.Spec.NodeName != node {
+		if err != nil || string(pod.UID) != op.UID || pod.Spec.NodeName != node || pod.Namespace == s.cfg.Namespace {
 			continue
 		}
 		top := topOwner(pod)

@@ -180,7 +180,9 @@ func (o *observer) usage(sums map[observedKey]configapi.ShareUsage) (configapi.O
 	entries := map[string]*configapi.ObservedPod{}
 	for k, sum := range sums {
 		pod := byUID[k.podUID]
-		if pod == nil {
+		// fgpu's own pods (an MPS server whose PID the daemons did not give on this poll)
+		// are never a workload fgpu did not place.
+		if pod == nil || pod.Namespace == o.namespace {
 			continue
 		}
 		e := entries[k.podUID]

@@ -89,6 +89,12 @@ func attrValue(g *gpu, name resourceapi.FullyQualifiedName, driver string) (stri
 			return "", false
 		}
 	}
+	return typedValue(a)
+}
+
+// typedValue is an attribute's value with its type, so that a string "1" and an integer 1
+// differ; false for a value of no type fgpu compares.
+func typedValue(a resourceapi.DeviceAttribute) (string, bool) {
 	switch {
 	case a.StringValue != nil:
 		return "string:" + *a.StringValue, true

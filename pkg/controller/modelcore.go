@@ -2,7 +2,6 @@ package controller
 
 import (
 	"sort"
-	"strconv"
 
 	resourceapi "k8s.io/api/resource/v1"
 
@@ -184,17 +183,13 @@ func (m *model) coreGPUAt(ni, gi int) *gpu {
 }
 
 // wiring is where a GPU sits on its node for the placement core, from its attributes:
-// its NVLink island, PCIe root and NUMA node, "" where it has none.
+// its NVLink island, PCIe root and NUMA node, "" where it has none. Only equality matters
+// to the core, so the values keep their type prefix.
 func wiring(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) [3]string {
 	var w [3]string
 	for i, name := range []resourceapi.QualifiedName{api.AttributeNVLinkIsland, api.AttributePCIeRoot, api.AttributeNUMANode} {
-		a, ok := attrs[name]
-		switch {
-		case !ok:
-		case a.StringValue != nil:
-			w[i] = *a.StringValue
-		case a.IntValue != nil:
-			w[i] = strconv.FormatInt(*a.IntValue, 10)
+		if a, ok := attrs[name]; ok {
+			w[i], _ = typedValue(a)
 		}
 	}
 	return w

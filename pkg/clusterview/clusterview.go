@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/adoption"
 )
 
 // GPU is one published device and its tenants.
@@ -73,7 +74,7 @@ func Gather(ctx context.Context, c kubernetes.Interface, driver string) ([]GPU, 
 			if r.Driver != driver || g == nil {
 				continue
 			}
-			t := Tenant{Namespace: cl.Namespace, Claim: cl.Name, Memory: heldMemory(r, g), Compute: g.Compute, Mode: modeOf(cl, r), Pods: []string{}}
+			t := Tenant{Namespace: cl.Namespace, Claim: cl.Name, Memory: adoption.HeldMemory(r, g.Memory), Compute: g.Compute, Mode: modeOf(cl, r), Pods: []string{}}
 			if len(r.ConsumedCapacity) > 0 {
 				t.Compute = 0
 			}
@@ -135,15 +136,6 @@ func published(ctx context.Context, c kubernetes.Interface, driver string) (map[
 	}
 	sort.Strings(order)
 	return byKey, order, nil
-}
-
-// heldMemory is the memory an allocation result holds on g: what it consumes, or, a whole
-// GPU (no consumed memory), all of it, as the allocator counts it.
-func heldMemory(r resourceapi.DeviceRequestAllocationResult, g *GPU) int64 {
-	if q, ok := r.ConsumedCapacity[api.CapacityMemory]; ok {
-		return q.Value()
-	}
-	return g.Memory
 }
 
 func modeOf(cl resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) string {

@@ -2,106 +2,43 @@ package clusterview
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"math"
-	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
-	"github.com/fgpu-dev/fgpu/pkg/placement"
-	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
+	"github.com/fgpu-dev/fgpu/pkg/adoption"
 )
 
-// UsageReport is the before and after of sizing from measured use: for each workload that
-// holds GPUs through fgpu's claims, what it holds now, what it was measured using and the
-// size fgpu recommends for it; for them all, the GPUs they hold now against the GPUs they
-// would need at the recommended sizes.
+// UsageReport is the before and after of sizing from measured use (pkg/adoption, which the
+// allocator's metrics count with too): for each workload that holds GPUs through fgpu's
+// claims, or outside fgpu as its observe mode measured them, what it holds now, what it was
+// measured using and the size fgpu recommends for it; for them all, the GPUs they hold now
+// against the GPUs they would need at the recommended sizes.
 type UsageReport struct {
 	// Namespace is the one namespace reported on, "" for every namespace.
 	Namespace string `json:"namespace,omitempty"`
 	// Since is the window: only usage reports and recommendations newer than From count.
-	Since     string           `json:"since"`
-	From      time.Time        `json:"from"`
-	To        time.Time        `json:"to"`
-	Workloads []WorkloadReport `json:"workloads"`
-	// GPUsHeld counts the GPUs the workloads' claims hold now, a GPU they share once;
-	// MemoryHeldBytes is the memory the claims hold of them.
-	GPUsHeld        int   `json:"gpusHeld"`
-	MemoryHeldBytes int64 `json:"memoryHeldBytes"`
-	// GPUsNeeded is how many of the cluster's GPUs the same workloads would take at the sizes
-	// fgpu gives them: each share at its workload's recommended memory, at what it holds now
-	// where its workload has no recommendation, a whole GPU where it holds one and its
-	// workload KeepsWhole. Absent where no workload has a recommendation in the window, as
-	// nothing would change.
-	GPUsNeeded *int `json:"gpusNeeded,omitempty"`
-	// UnplacedShares counts the shares the packing found no room for: GPUsNeeded leaves them out.
-	UnplacedShares       int `json:"unplacedShares,omitempty"`
-	MeasuredWorkloads    int `json:"measuredWorkloads"`
-	RecommendedWorkloads int `json:"recommendedWorkloads"`
+	Since string    `json:"since"`
+	From  time.Time `json:"from"`
+	To    time.Time `json:"to"`
+	adoption.Summary
 	// Notes say in words which figures are missing and why.
 	Notes []string `json:"notes,omitempty"`
 }
 
-// WorkloadReport is one workload: the top owner of its claims' pods, as the allocator's
-// recommendations name it (api.WorkloadOf), or ResourceClaim/<name> for a claim no pod uses.
-type WorkloadReport struct {
-	api.SizingWorkload
-	// Shares counts its placed shares (a claim's GPU each), GPUs the distinct GPUs they are
-	// on, MemoryHeldBytes what they hold (a whole GPU all its memory).
-	Shares          int   `json:"shares"`
-	GPUs            int   `json:"gpus"`
-	MemoryHeldBytes int64 `json:"memoryHeldBytes"`
-	// Used is what its shares used in the window; absent where none was measured.
-	Used *MeasuredUse `json:"used,omitempty"`
-	// Recommendation is the allocator's newest for it within the window; absent where none.
-	Recommendation *api.SizingRecommendation `json:"recommendation,omitempty"`
-	RecommendedAt  *time.Time                `json:"recommendedAt,omitempty"`
-	// KeepsWhole: it holds whole GPUs and its recommendation says it keeps a GPU busy, so
-	// they stay whole (as sizing's mode auto keeps them), and GPUsNeeded counts them so.
-	KeepsWhole bool `json:"keepsWhole,omitempty"`
-	// Observed: it holds its GPUs outside fgpu (NVIDIA's device plugin, whole GPUs), as the
-	// kubelet plugins measured them; its recommendation is what fgpu would give it.
-	Observed bool `json:"observed,omitempty"`
-}
+// WorkloadReport is one workload of the report.
+type WorkloadReport = adoption.Workload
 
 // MeasuredUse sums the newest usage report of each share measured in the window.
-type MeasuredUse struct {
-	// Shares counts the shares measured, MemoryHeldBytes what they hold: the memory figures
-	// are theirs, against it.
-	Shares          int   `json:"shares"`
-	MemoryHeldBytes int64 `json:"memoryHeldBytes"`
-	// MemoryP95Bytes sums each share's 95th percentile, MemoryPeakBytes each share's peak
-	// (an upper bound: the peaks need not coincide).
-	MemoryP95Bytes  int64 `json:"memoryP95Bytes"`
-	MemoryPeakBytes int64 `json:"memoryPeakBytes"`
-	// SMP95Percent is the highest share's 95th percentile of SM activity, SMMeanPercent the
-	// mean over every share's samples; both absent where the driver gave no SM samples.
-	SMP95Percent  *int      `json:"smP95Percent,omitempty"`
-	SMMeanPercent *int      `json:"smMeanPercent,omitempty"`
-	From          time.Time `json:"from"`
-	To            time.Time `json:"to"`
-}
-
-// share is one placed share of a claim request, as the report counts and packs it.
-type share struct {
-	w     api.SizingWorkload
-	gpus  []*GPU // one share asks for all of them on one node
-	held  int64
-	whole bool // it holds all of its GPUs' memory
-	use   *api.ShareUsage
-	// observed: a pod fgpu did not place, which holds its GPUs whole (observe mode).
-	observed bool
-}
+type MeasuredUse = adoption.MeasuredUse
 
 // Report reads, with the caller's own client, the claims of namespace ("" for all) and the
 // pods using them, the usage the kubelet plugin wrote into the claims' status and the
@@ -115,10 +52,17 @@ func Report(ctx context.Context, c kubernetes.Interface, driver, fgpuNamespace, 
 	if since <= 0 {
 		return nil, fmt.Errorf("a window of %s: --since must be positive", since)
 	}
-	r := &UsageReport{Namespace: namespace, Since: window(since), From: now.Add(-since), To: now, Workloads: []WorkloadReport{}}
-	gpus, order, err := published(ctx, c, driver)
+	r := &UsageReport{Namespace: namespace, Since: window(since), From: now.Add(-since), To: now}
+	pub, order, err := published(ctx, c, driver)
 	if err != nil {
 		return nil, err
+	}
+	gpus := make(map[string]*adoption.GPU, len(order))
+	all := make([]*adoption.GPU, 0, len(order))
+	for _, k := range order {
+		g := pub[k]
+		a := &adoption.GPU{Node: g.Node, Device: g.Device, Product: g.Product, Memory: g.Memory}
+		gpus[k], all = a, append(all, a)
 	}
 	claims, err := c.ResourceV1().ResourceClaims(namespace).List(ctx, metav1.ListOptions{})
 	if namespace == "" && apierrors.IsForbidden(err) {
@@ -136,12 +80,14 @@ func Report(ctx context.Context, c kubernetes.Interface, driver, fgpuNamespace, 
 		p := &podList.Items[i]
 		pods[p.Namespace+"/"+p.Name] = p
 	}
-	shares := placedShares(claims.Items, driver, pods, gpus, r.From)
-	observed, err := observedShares(ctx, c, fgpuNamespace, namespace, pods, gpus, r.From)
+	pod := func(ns, name string) *corev1.Pod { return pods[ns+"/"+name] }
+	shares := adoption.PlacedShares(pointers(claims.Items), driver, pod, gpus, r.From)
+	maps, err := c.CoreV1().ConfigMaps(fgpuNamespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelObservedUsage})
 	if err != nil {
-		r.Notes = append(r.Notes, fmt.Sprintf("GPU pods fgpu did not place are left out: %v", err))
+		r.Notes = append(r.Notes, fmt.Sprintf("GPU pods fgpu did not place are left out: list the observed-usage ConfigMaps in %s: %v", fgpuNamespace, err))
+	} else {
+		shares = append(shares, adoption.ObservedShares(pointers(maps.Items), namespace, pod, gpus, r.From)...)
 	}
-	shares = append(shares, observed...)
 	recs, err := Recommendations(ctx, c, namespace)
 	if err != nil {
 		return nil, err
@@ -152,263 +98,26 @@ func Report(ctx context.Context, c kubernetes.Interface, driver, fgpuNamespace, 
 			newest[rec.Workload] = rec
 		}
 	}
-	r.tally(shares, newest)
-	if r.RecommendedWorkloads > 0 {
-		all := make([]*GPU, 0, len(order))
-		for _, k := range order {
-			all = append(all, gpus[k])
-		}
-		needed, unplaced, err := r.pack(all, shares)
-		if err != nil {
-			return nil, err
-		}
-		r.GPUsNeeded, r.UnplacedShares = &needed, unplaced
+	sum, err := adoption.Summarize(all, shares, func(w api.SizingWorkload) (api.SizingRecommendation, time.Time, bool) {
+		rec, ok := newest[w]
+		return rec.Recommendation, rec.At, ok
+	})
+	if err != nil {
+		return nil, err
 	}
+	r.Summary = *sum
 	r.explain(len(shares))
 	return r, nil
 }
 
-// placedShares lists the shares of the driver's claims on the published GPUs, each with
-// its workload and its newest usage report where it is not older than from.
-func placedShares(claims []resourceapi.ResourceClaim, driver string, pods map[string]*corev1.Pod, gpus map[string]*GPU, from time.Time) []share {
-	var out []share
-	for i := range claims {
-		cl := &claims[i]
-		if cl.Status.Allocation == nil {
-			continue
-		}
-		// One share per request: a request of several GPUs has them all on one node.
-		byRequest := map[string]*share{}
-		var requests []string
-		for _, res := range cl.Status.Allocation.Devices.Results {
-			g := gpus[res.Pool+"/"+res.Device]
-			if res.Driver != driver || g == nil {
-				continue
-			}
-			s := byRequest[res.Request]
-			if s == nil {
-				s = &share{w: workloadOf(cl, pods, res.Request), whole: true}
-				byRequest[res.Request] = s
-				requests = append(requests, res.Request)
-			}
-			s.gpus = append(s.gpus, g)
-			held := heldMemory(res, g)
-			s.held += held
-			s.whole = s.whole && held >= g.Memory
-			if data, ok := shareStatus(cl, res); ok && data.Usage != nil && !data.Usage.To.Before(from) {
-				s.use = merged(s.use, data.Usage)
-			}
-		}
-		for _, req := range requests {
-			out = append(out, *byRequest[req])
-		}
+// pointers is a list's items by address, as the shared computation takes them.
+func pointers[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
 	}
 	return out
 }
-
-// observedShares lists the GPU pods fgpu did not place in namespace ("" for all), as the
-// kubelet plugins measured them into fgpuNamespace's observed-usage ConfigMaps: one share
-// per pod, of the whole GPUs it uses, with its use where measured since from. A pod that
-// no longer runs under the UID measured, or on GPUs no longer published, is left out.
-func observedShares(ctx context.Context, c kubernetes.Interface, fgpuNamespace, namespace string, pods map[string]*corev1.Pod, gpus map[string]*GPU, from time.Time) ([]share, error) {
-	maps, err := c.CoreV1().ConfigMaps(fgpuNamespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelObservedUsage})
-	if err != nil {
-		return nil, fmt.Errorf("list the observed-usage ConfigMaps in %s: %w", fgpuNamespace, err)
-	}
-	var out []share
-	for _, cm := range maps.Items {
-		node := cm.Labels[api.LabelObservedUsage]
-		var u api.ObservedUsage
-		if cm.Name != api.ObservedUsagePrefix+node || json.Unmarshal([]byte(cm.Data[api.ObservedUsageKey]), &u) != nil || u.Node != node {
-			continue
-		}
-		for _, op := range u.Pods {
-			p := pods[op.Namespace+"/"+op.Name]
-			if (namespace != "" && op.Namespace != namespace) || p == nil || string(p.UID) != op.UID || p.Spec.NodeName != node {
-				continue
-			}
-			s := share{w: api.WorkloadOf(p, api.ExtendedResourceRequest), whole: true, observed: true}
-			for _, og := range op.GPUs {
-				g := gpus[node+"/"+og.Device]
-				if g == nil {
-					continue
-				}
-				s.gpus = append(s.gpus, g)
-				s.held += g.Memory
-				if !og.Usage.To.Before(from) {
-					s.use = merged(s.use, &og.Usage)
-				}
-			}
-			if len(s.gpus) > 0 {
-				out = append(out, s)
-			}
-		}
-	}
-	return out, nil
-}
-
-// workloadOf names the workload of a claim's request by the first of its pods that still
-// exists, as the allocator's sizing does; a claim no pod uses is its own.
-func workloadOf(cl *resourceapi.ResourceClaim, pods map[string]*corev1.Pod, request string) api.SizingWorkload {
-	for _, ref := range cl.Status.ReservedFor {
-		if p := pods[cl.Namespace+"/"+ref.Name]; ref.Resource == "pods" && p != nil && p.UID == ref.UID {
-			return api.WorkloadOf(p, request)
-		}
-	}
-	return api.SizingWorkload{Namespace: cl.Namespace, Kind: "ResourceClaim", Name: cl.Name, Request: request}
-}
-
-// merged is the usage of a share of several GPUs: their reports side by side, summed.
-func merged(a, b *api.ShareUsage) *api.ShareUsage {
-	if a == nil {
-		u := *b
-		return &u
-	}
-	u := *a
-	if b.From.Before(u.From) {
-		u.From = b.From
-	}
-	if b.To.After(u.To) {
-		u.To = b.To
-	}
-	u.MemoryMaxBytes += b.MemoryMaxBytes
-	u.MemoryP95Bytes += b.MemoryP95Bytes
-	u.MemoryMeanBytes += b.MemoryMeanBytes
-	if b.SMSamples > 0 {
-		u.SMMeanPercent = (u.SMMeanPercent*u.SMSamples + b.SMMeanPercent*b.SMSamples) / (u.SMSamples + b.SMSamples)
-		u.SMSamples += b.SMSamples
-		u.SMP95Percent = max(u.SMP95Percent, b.SMP95Percent)
-		u.SMMaxPercent = max(u.SMMaxPercent, b.SMMaxPercent)
-	}
-	u.Samples += b.Samples
-	return &u
-}
-
-// tally sums the shares per workload and into the report's totals, and gives each workload
-// its recommendation.
-func (r *UsageReport) tally(shares []share, recs map[api.SizingWorkload]Recommendation) {
-	type sums struct {
-		WorkloadReport
-		gpus  map[*GPU]bool
-		whole bool // every share of it holds whole GPUs
-		use   *api.ShareUsage
-	}
-	byWorkload := map[api.SizingWorkload]*sums{}
-	held := map[*GPU]bool{}
-	for _, s := range shares {
-		w := byWorkload[s.w]
-		if w == nil {
-			w = &sums{WorkloadReport: WorkloadReport{SizingWorkload: s.w}, gpus: map[*GPU]bool{}, whole: true}
-			byWorkload[s.w] = w
-		}
-		w.Shares++
-		w.whole = w.whole && s.whole
-		w.Observed = w.Observed || s.observed
-		w.MemoryHeldBytes += s.held
-		r.MemoryHeldBytes += s.held
-		for _, g := range s.gpus {
-			w.gpus[g], held[g] = true, true
-		}
-		if s.use != nil {
-			if w.Used == nil {
-				w.Used = &MeasuredUse{}
-			}
-			w.Used.Shares++
-			w.Used.MemoryHeldBytes += s.held
-			w.use = merged(w.use, s.use)
-		}
-	}
-	r.GPUsHeld = len(held)
-	for key, w := range byWorkload {
-		w.GPUs = len(w.gpus)
-		if rec, ok := recs[key]; ok {
-			w.Recommendation, w.RecommendedAt = &rec.Recommendation, &rec.At
-			w.KeepsWhole = w.whole && rec.Recommendation.ComputePercent >= engine.BusyComputePercent
-			r.RecommendedWorkloads++
-		}
-		if u := w.use; u != nil {
-			r.MeasuredWorkloads++
-			w.Used.MemoryP95Bytes, w.Used.MemoryPeakBytes, w.Used.From, w.Used.To = u.MemoryP95Bytes, u.MemoryMaxBytes, u.From, u.To
-			if u.SMSamples > 0 {
-				w.Used.SMP95Percent, w.Used.SMMeanPercent = &u.SMP95Percent, &u.SMMeanPercent
-			}
-		}
-		r.Workloads = append(r.Workloads, w.WorkloadReport)
-	}
-	sort.Slice(r.Workloads, func(i, j int) bool {
-		return r.Workloads[i].String() < r.Workloads[j].String()
-	})
-}
-
-// pack places every share at its workload's size on empty copies of the cluster's GPUs with
-// the allocator's placement core, as it places best-effort claims (placement.Pack: the
-// fullest GPU that still fits, on a GPU of the model the share is on now), largest first; it
-// returns the GPUs taken and the shares that found no room.
-func (r *UsageReport) pack(gpus []*GPU, shares []share) (needed, unplaced int, err error) {
-	var specs []placement.NodeSpec
-	for i, g := range gpus { // in name order, so a node's GPUs come together
-		if i == 0 || g.Node != gpus[i-1].Node {
-			specs = append(specs, placement.NodeSpec{Name: g.Node})
-		}
-		n := &specs[len(specs)-1]
-		// The core counts in share units: here MiB, so that GPUs of any size pack exactly.
-		n.GPUs = append(n.GPUs, placement.GPUSpec{Model: g.Product, Capacity: max(g.Memory>>20, 1)})
-	}
-	cluster, err := placement.NewCluster(specs)
-	if err != nil {
-		return 0, 0, fmt.Errorf("the cluster's GPUs for packing: %w", err)
-	}
-	workloads := map[api.SizingWorkload]WorkloadReport{}
-	for _, w := range r.Workloads {
-		workloads[w.SizingWorkload] = w
-	}
-	reqs := make([]*placement.Request, 0, len(shares))
-	for _, s := range shares {
-		req := &placement.Request{Name: s.w.String(), GPUs: len(s.gpus)}
-		if p := s.gpus[0].Product; p != "" {
-			req.Models = []string{p}
-		}
-		switch w := workloads[s.w]; {
-		case s.whole && (w.KeepsWhole || w.Recommendation == nil):
-			// Share 0 asks for whole GPUs.
-		case w.Recommendation != nil:
-			req.Share = mebibytes(w.Recommendation.MemoryBytes)
-		default:
-			req.Share = mebibytes(s.held / int64(len(s.gpus)))
-		}
-		reqs = append(reqs, req)
-	}
-	// Largest first: small shares then fill the room the large ones leave.
-	amount := func(req *placement.Request) int64 {
-		if req.Whole() {
-			return math.MaxInt64
-		}
-		return req.Share
-	}
-	sort.SliceStable(reqs, func(i, j int) bool {
-		if reqs[i].GPUs != reqs[j].GPUs {
-			return reqs[i].GPUs > reqs[j].GPUs
-		}
-		return amount(reqs[i]) > amount(reqs[j])
-	})
-	sched := placement.NewScheduler(cluster, placement.Pack{}, 0)
-	for _, req := range reqs {
-		if _, err := sched.Allocate(req); err != nil {
-			unplaced++
-		}
-	}
-	for n := range cluster.Len() {
-		free, capacity := cluster.GPUs(n)
-		for g := range free {
-			if free[g] < capacity[g] {
-				needed++
-			}
-		}
-	}
-	return needed, unplaced, nil
-}
-
-func mebibytes(b int64) int64 { return max((b+(1<<20)-1)>>20, 1) }
 
 // explain says in words which figures are missing; placed counts the shares found.
 func (r *UsageReport) explain(placed int) {

@@ -2,18 +2,17 @@ package clusterview
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
 	"text/tabwriter"
 	"time"
 
-	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/adoption"
 )
 
 // ShareUse is one placed share against its caps: what the allocator gave it (its
@@ -67,7 +66,7 @@ func Top(ctx context.Context, c kubernetes.Interface, driver, namespace string) 
 			if b := burstCap(cl.Status.Allocation, driver, res.Request); b > 0 {
 				s.MemoryGuaranteed, s.MemoryCap = s.MemoryCap, b
 			}
-			if data, ok := shareStatus(&cl, res); ok {
+			if data, ok := adoption.ShareStatus(&cl, res); ok {
 				if data.Mode != "" {
 					s.Mode = data.Mode
 				}
@@ -87,27 +86,6 @@ func Top(ctx context.Context, c kubernetes.Interface, driver, namespace string) 
 		return a.GPU < b.GPU
 	})
 	return out, nil
-}
-
-// shareStatus is what the kubelet plugin wrote into the claim's status for the share of an
-// allocation result (which only the plugin may write), and whether it wrote anything.
-func shareStatus(cl *resourceapi.ResourceClaim, res resourceapi.DeviceRequestAllocationResult) (api.DeviceStatusData, bool) {
-	var data api.DeviceStatusData
-	found := false
-	for _, st := range cl.Status.Devices {
-		if st.Driver != res.Driver || st.Pool != res.Pool || st.Device != res.Device || st.Data == nil {
-			continue
-		}
-		if res.ShareID != nil && (st.ShareID == nil || *st.ShareID != string(*res.ShareID)) {
-			continue // the status of an earlier allocation
-		}
-		var d api.DeviceStatusData
-		if json.Unmarshal(st.Data.Raw, &d) != nil {
-			continue
-		}
-		data, found = d, true
-	}
-	return data, found
 }
 
 // PrintTop writes the shares as a table within 80 columns: memory is the peak measured in

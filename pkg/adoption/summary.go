@@ -87,6 +87,9 @@ type Summary struct {
 
 // Namespace sums a namespace's workloads.
 type Namespace struct {
+	// Workloads counts them; MeasuredWorkloads those with use measured in the window,
+	// RecommendedWorkloads those with a recommendation.
+	Workloads, MeasuredWorkloads, RecommendedWorkloads int
 	// GPUsHeld counts the distinct GPUs its shares are on, ObservedGPUsHeld those of them its
 	// pods fgpu did not place are on.
 	GPUsHeld, ObservedGPUsHeld int
@@ -182,9 +185,14 @@ func (s *Summary) tally(shares []Share, recommend Recommend) {
 			}
 		}
 		ns := s.Namespaces[key.Namespace]
+		ns.Workloads++
+		if w.Recommendation != nil {
+			ns.RecommendedWorkloads++
+		}
 		ns.MemoryHeldBytes += w.MemoryHeldBytes
 		ns.MemoryNeededBytes += w.MemoryNeededBytes()
 		if w.Used != nil {
+			ns.MeasuredWorkloads++
 			ns.MeasuredMemoryHeldBytes += w.Used.MemoryHeldBytes
 			ns.MemoryP95Bytes += w.Used.MemoryP95Bytes
 		}

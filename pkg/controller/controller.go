@@ -237,6 +237,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	go wait.UntilWithContext(ctx, c.sizing.sweepUsage, usageSweepInterval)
 	go wait.UntilWithContext(ctx, c.sizing.evictForResize, autoEvictInterval)
 	go wait.UntilWithContext(ctx, c.sizing.consolidate, c.cfg.SizingReportInterval)
+	go wait.UntilWithContext(ctx, c.sizing.countAdoption, min(adoptionInterval, c.cfg.SizingReportInterval))
 	go wait.UntilWithContext(ctx, c.idle.scaleIdle, idleInterval)
 	<-ctx.Done()
 	return nil

@@ -45,6 +45,9 @@ type listers struct {
 	slicesByNode cache.Indexer
 	// podsByGang indexes pods by the gang they belong to (gang.Of).
 	podsByGang cache.Indexer
+	// observed lists the observed-usage ConfigMaps of the allocator's namespace; nil
+	// without one.
+	observed corelisters.ConfigMapLister
 }
 
 // informerSet is the controller's informers: the factories that start them, their caches,
@@ -130,7 +133,9 @@ func newInformerSet(client kubernetes.Interface, fgpuClient versioned.Interface,
 		// Placements do not wait for it: observed use only feeds recommendations.
 		s.observedFactory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = api.LabelObservedUsage }))
-		_, _ = s.observedFactory.Core().V1().ConfigMaps().Informer().AddEventHandler(h.observed)
+		cmInf := s.observedFactory.Core().V1().ConfigMaps()
+		_, _ = cmInf.Informer().AddEventHandler(h.observed)
+		s.observed = cmInf.Lister()
 	}
 	if fgpuClient != nil {
 		s.fgpuFactory = fgpuinformers.NewSharedInformerFactory(fgpuClient, 0)

@@ -14,9 +14,11 @@ import (
 
 // Metrics are the allocator's Prometheus metrics. Per-GPU and per-namespace figures are read
 // from the allocator's own state at scrape time (no API calls), so decisions pay nothing for
-// them. Label cardinality: node and gpu are bounded by the published GPUs; namespace by the
-// namespaces that hold or wait for fgpu claims, or that a SharingPolicy's quota selects (the
-// counters: that placed or refused claims since the allocator started); policy by the
+// them; the before and after of sizing (adoption.go) is counted by the sizing loop and read
+// at scrape time. Label cardinality: node and gpu are bounded by the published GPUs;
+// namespace by the namespaces that hold or wait for fgpu claims, that a SharingPolicy's quota
+// selects, or whose GPU pods outside fgpu the kubelet plugins measured (the counters: that
+// placed or refused claims since the allocator started); policy by the
 // SharingPolicies; reason by the fixed set refusalReasons, or resizeWant.reason's five.
 type Metrics struct {
 	decision prometheus.Histogram
@@ -32,6 +34,7 @@ type Metrics struct {
 	memCapDesc, compCapDesc, gpuNsDesc, gpuFragDesc, gpuTaintedDesc          *prometheus.Desc
 	nsClaimsDesc, nsMemDesc, nsCompDesc, nsPendingDesc, nsOldestDesc         *prometheus.Desc
 	nsQuotaMemDesc, nsQuotaMemUsedDesc, nsQuotaCompDesc, nsQuotaCompUsedDesc *prometheus.Desc
+	adoption                                                                 adoptionMetrics
 }
 
 // refusalReasons are the reasons fgpu_allocator_namespace_claims_refused_total counts by:
@@ -85,6 +88,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"The namespace's GPU compute quota, and the SharingPolicy that sets it.", quotaLabels, nil),
 		nsQuotaCompUsedDesc: prometheus.NewDesc("fgpu_allocator_namespace_quota_used_compute_percent",
 			"GPU compute the namespace holds against its quota: its claims', the free room they keep from other namespaces on every GPU but one, and what its workloads scaled to zero keep.", quotaLabels, nil),
+		adoption: newAdoptionMetrics(),
 	}
 	if reg != nil {
 		reg.MustRegister(m.decision, m.latency, m.placed, m.writes, m.nsPlaced, m.refused, m.evicted, m)
@@ -114,6 +118,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 		m.nsQuotaMemDesc, m.nsQuotaMemUsedDesc, m.nsQuotaCompDesc, m.nsQuotaCompUsedDesc} {
 		ch <- d
 	}
+	m.adoption.describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -167,6 +172,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(m.fragDesc, frag)
 	m.collectNamespaces(c, gauge)
+	m.adoption.collect(c.sizing.adoption.get(), gauge)
 }
 
 // collectNamespaces reports the namespaces that hold or wait for claims, and their quotas

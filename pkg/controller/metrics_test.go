@@ -6,9 +6,11 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -200,4 +202,136 @@ func TestCollectSendsWithoutTheModelLock(t *testing.T) {
 		}
 	}()
 	<-done
+}
+
+// adoptionSeries are the before-and-after series, cluster-wide and per namespace.
+var adoptionSeries = []string{"fgpu_allocator_sizing_gpus_held", "fgpu_allocator_sizing_gpus_needed", "fgpu_allocator_sizing_unplaced_shares",
+	"fgpu_allocator_sizing_workloads", "fgpu_allocator_sizing_measured_workloads", "fgpu_allocator_sizing_recommended_workloads",
+	"fgpu_allocator_namespace_sizing_gpus_held", "fgpu_allocator_namespace_sizing_observed_gpus_held",
+	"fgpu_allocator_namespace_sizing_held_memory_bytes", "fgpu_allocator_namespace_sizing_measured_held_memory_bytes",
+	"fgpu_allocator_namespace_sizing_used_memory_p95_bytes", "fgpu_allocator_namespace_sizing_needed_memory_bytes"}
+
+// adoptionEnv: on n1's four 80Gi GPUs, team-a's Deployment web holds a 40Gi share of gpu-0
+// through its claim c, measured at a p95 of 9Gi over one report (too few samples for a
+// recommendation); team-b's pod legacy holds gpu-1 outside fgpu, observed using 4Gi (p95)
+// over 200 samples, which gives it a recommendation.
+func adoptionEnv(t *testing.T) (*env, api.SizingWorkload) {
+	t.Helper()
+	pod := ownedPod("team-a", "web-7c9d5-abcde", "ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"})
+	claim := builders.MakeClaim("team-a", "c").Memory("40Gi").AllocatedOn("n1", "gpu-0").Obj()
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
+	claim.Status.Devices = []resourceapi.AllocatedDeviceStatus{usageStatus(t, claim, string(*claim.Status.Allocation.Devices.Results[0].ShareID),
+		api.ShareUsage{From: builders.Created.Time, To: builders.Created.Add(5 * time.Minute), Samples: 30, MemoryMaxBytes: 10 << 30, MemoryP95Bytes: 9 << 30})}
+	legacy := builders.MakePod("team-b", "legacy").Bound("n1").Obj()
+	e := newEnvWith(t, func(c *Config) { c.Namespace = "fgpu-system" }, nil,
+		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"), claim, pod, legacy,
+		observedMap("fgpu-system", "n1", "n1", legacy))
+	e.run()
+	if ev := e.awaitEvents("Pod team-b/legacy request gpu: recommended memory", 1); len(ev) != 1 {
+		t.Fatalf("no recommendation for team-b/legacy: %q", e.events(""))
+	}
+	return e, api.SizingWorkload{Namespace: "team-b", Kind: "Pod", Name: "legacy", Request: api.ExtendedResourceRequest}
+}
+
+// The sizing loop counts what kubectl fgpu report counts, and the metrics serve it: the GPUs
+// fgpu's claims and the pods it did not place hold (2), those they would need at fgpu's sizes
+// (1: web's share at what it holds, legacy's at its recommendation, packed together); per
+// namespace the memory held, the p95 of what was measured and the memory at fgpu's sizes
+// where a workload has a recommendation. Nothing is served before the first count.
+func TestBeforeAndAfterMetrics(t *testing.T) {
+	e, legacy := adoptionEnv(t)
+	if n, _ := testutil.GatherAndCount(e.reg, adoptionSeries...); n != 0 {
+		t.Fatalf("%d series before the sizing loop counted, want 0", n)
+	}
+	e.c.sizing.countAdoption(e.ctx)
+	told, ok := e.c.sizing.told(e.clock.Now().Add(-24 * time.Hour))[legacy]
+	if !ok {
+		t.Fatal("legacy's recommendation is not among those told")
+	}
+	want := fmt.Sprintf(`
+# HELP fgpu_allocator_sizing_gpus_held GPUs the workloads fgpu sizes hold now (fgpu's claims and the GPU pods fgpu did not place that observe mode measured), a shared GPU once: kubectl fgpu report's GPUs held.
+# TYPE fgpu_allocator_sizing_gpus_held gauge
+fgpu_allocator_sizing_gpus_held 2
+# HELP fgpu_allocator_sizing_gpus_needed GPUs the same workloads would need at fgpu's recommended sizes, packed by the placement core (kubectl fgpu report's GPUs needed); absent while no workload has a recommendation.
+# TYPE fgpu_allocator_sizing_gpus_needed gauge
+fgpu_allocator_sizing_gpus_needed 1
+# HELP fgpu_allocator_sizing_unplaced_shares Shares the packing of fgpu_allocator_sizing_gpus_needed found no room for (it leaves them out).
+# TYPE fgpu_allocator_sizing_unplaced_shares gauge
+fgpu_allocator_sizing_unplaced_shares 0
+# HELP fgpu_allocator_sizing_workloads Workloads counted in fgpu_allocator_sizing_gpus_held.
+# TYPE fgpu_allocator_sizing_workloads gauge
+fgpu_allocator_sizing_workloads 2
+# HELP fgpu_allocator_sizing_measured_workloads Of them, the workloads with use measured in the last 24h.
+# TYPE fgpu_allocator_sizing_measured_workloads gauge
+fgpu_allocator_sizing_measured_workloads 2
+# HELP fgpu_allocator_sizing_recommended_workloads Of them, the workloads with a recommendation told in the last 24h (the others count at what they hold).
+# TYPE fgpu_allocator_sizing_recommended_workloads gauge
+fgpu_allocator_sizing_recommended_workloads 1
+# HELP fgpu_allocator_namespace_sizing_gpus_held GPUs the namespace's workloads fgpu sizes hold now, a GPU once per namespace.
+# TYPE fgpu_allocator_namespace_sizing_gpus_held gauge
+fgpu_allocator_namespace_sizing_gpus_held{namespace="team-a"} 1
+fgpu_allocator_namespace_sizing_gpus_held{namespace="team-b"} 1
+# HELP fgpu_allocator_namespace_sizing_observed_gpus_held Of them, the GPUs its pods fgpu did not place hold (NVIDIA's device plugin's, measured in observe mode).
+# TYPE fgpu_allocator_namespace_sizing_observed_gpus_held gauge
+fgpu_allocator_namespace_sizing_observed_gpus_held{namespace="team-a"} 0
+fgpu_allocator_namespace_sizing_observed_gpus_held{namespace="team-b"} 1
+# HELP fgpu_allocator_namespace_sizing_held_memory_bytes GPU memory the namespace's workloads fgpu sizes hold now (a whole GPU all of its memory).
+# TYPE fgpu_allocator_namespace_sizing_held_memory_bytes gauge
+fgpu_allocator_namespace_sizing_held_memory_bytes{namespace="team-a"} %[1]v
+fgpu_allocator_namespace_sizing_held_memory_bytes{namespace="team-b"} %[2]v
+# HELP fgpu_allocator_namespace_sizing_measured_held_memory_bytes Of it, what the shares with use measured in the last 24h hold; absent where none was measured.
+# TYPE fgpu_allocator_namespace_sizing_measured_held_memory_bytes gauge
+fgpu_allocator_namespace_sizing_measured_held_memory_bytes{namespace="team-a"} %[1]v
+fgpu_allocator_namespace_sizing_measured_held_memory_bytes{namespace="team-b"} %[2]v
+# HELP fgpu_allocator_namespace_sizing_used_memory_p95_bytes The 95th percentile of the memory those measured shares used, summed over them; absent where none was measured.
+# TYPE fgpu_allocator_namespace_sizing_used_memory_p95_bytes gauge
+fgpu_allocator_namespace_sizing_used_memory_p95_bytes{namespace="team-a"} %[3]v
+fgpu_allocator_namespace_sizing_used_memory_p95_bytes{namespace="team-b"} %[4]v
+# HELP fgpu_allocator_namespace_sizing_needed_memory_bytes GPU memory the namespace's workloads would hold at fgpu's recommended sizes (what they hold where a workload has no recommendation or keeps its GPUs whole); absent while none of them has a recommendation.
+# TYPE fgpu_allocator_namespace_sizing_needed_memory_bytes gauge
+fgpu_allocator_namespace_sizing_needed_memory_bytes{namespace="team-b"} %[5]v
+`, float64(40<<30), float64(80<<30), float64(9<<30), float64(4<<30), float64(told.rec.MemoryBytes))
+	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(want), adoptionSeries...); err != nil {
+		t.Error(err)
+	}
+	if told.rec.MemoryBytes <= 0 || told.rec.MemoryBytes >= 80<<30 {
+		t.Errorf("legacy recommended %d bytes: want a share of its GPU", told.rec.MemoryBytes)
+	}
+}
+
+// A namespace whose last sized share went drops out at the next count; the cluster's GPUs
+// held stay, at 0, and the GPUs needed go with the last recommendation.
+func TestBeforeAndAfterNamespacesDropOut(t *testing.T) {
+	e, _ := adoptionEnv(t)
+	e.c.sizing.countAdoption(e.ctx)
+	if err := e.client.CoreV1().Pods("team-b").Delete(e.ctx, "legacy", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.settle()
+	e.c.sizing.countAdoption(e.ctx)
+	if n, _ := testutil.GatherAndCount(e.reg, "fgpu_allocator_namespace_sizing_held_memory_bytes"); n != 1 {
+		t.Errorf("%d namespaces after team-b's pod went, want 1 (team-a)", n)
+	}
+	if n, _ := testutil.GatherAndCount(e.reg, "fgpu_allocator_sizing_gpus_needed"); n != 0 {
+		t.Errorf("GPUs needed served without a recommendation")
+	}
+	if err := e.client.ResourceV1().ResourceClaims("team-a").Delete(e.ctx, "c", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.settle()
+	e.c.sizing.countAdoption(e.ctx)
+	want := `
+# HELP fgpu_allocator_sizing_gpus_held GPUs the workloads fgpu sizes hold now (fgpu's claims and the GPU pods fgpu did not place that observe mode measured), a shared GPU once: kubectl fgpu report's GPUs held.
+# TYPE fgpu_allocator_sizing_gpus_held gauge
+fgpu_allocator_sizing_gpus_held 0
+# HELP fgpu_allocator_sizing_workloads Workloads counted in fgpu_allocator_sizing_gpus_held.
+# TYPE fgpu_allocator_sizing_workloads gauge
+fgpu_allocator_sizing_workloads 0
+`
+	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(want), adoptionSeries[:4]...); err != nil {
+		t.Error(err)
+	}
+	if n, _ := testutil.GatherAndCount(e.reg, adoptionSeries[6:]...); n != 0 {
+		t.Errorf("%d per-namespace series with nothing held, want 0", n)
+	}
 }

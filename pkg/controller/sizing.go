@@ -48,6 +48,8 @@ type sizingLoop struct {
 	metrics  *Metrics
 	// fenced says why the allocator may not write now (nil: it may): no eviction then.
 	fenced func() error
+	// adoption is the before and after of sizing countAdoption counted last, for the metrics.
+	adoption beforeAfter
 }
 
 // placementPath is what consolidation asks of the decision to place a drained GPU's

@@ -23,8 +23,13 @@ func TestMain(m *testing.M) {
 			"allocationMode=allocator",
 			"kubeletPlugin.gpus=fake:2xH100-80GB",
 			"allocator.hostNetwork=true",
-			// Claims' measured use within the test's time.
+			// Claims' measured use within the test's time: measure every second, report
+			// every 5 s (steady use too), recommend after 20 samples, so that the
+			// before-and-after panels (GPUs needed, use and size per namespace) have data.
 			"kubeletPlugin.usage.pollInterval=1s",
+			"kubeletPlugin.usage.reportInterval=5s",
+			"kubeletPlugin.usage.heartbeat=5s",
+			"allocator.sizing.minSamples=20",
 		},
 		Ready: func(ctx context.Context, c *framework.Cluster) (err error) {
 			cluster = c

@@ -197,10 +197,13 @@ func TestDashboardAndKEDASignal(t *testing.T) {
 	if _, err := cluster.Client.CoreV1().Pods(a).Create(ctx, usingPod(p2, "0:3Gi:30"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	running := map[[2]string]*corev1.Pod{}
 	for _, p := range [][2]string{{a, "p1"}, {a, "p2"}, {b, "p1"}} {
-		if _, err := cluster.WaitRunning(ctx, p[0], p[1], 2*time.Minute); err != nil {
+		pod, err := cluster.WaitRunning(ctx, p[0], p[1], 2*time.Minute)
+		if err != nil {
 			t.Fatal(err)
 		}
+		running[p] = pod
 	}
 	if _, err := cluster.Create(ctx, framework.MakeGPUPod(a, "p3").Memory("10Gi").Compute(10)); err != nil {
 		t.Fatal(err)
@@ -220,6 +223,16 @@ func TestDashboardAndKEDASignal(t *testing.T) {
 		t.Fatalf("KEDA query %q stays at %v while a claim of %s waits for quota", keda, scalar(t, prom, keda), a)
 	}
 	t.Logf("KEDA query %q = %v while p3 waits", keda, scalar(t, prom, keda))
+
+	// The before-and-after panels' GPUs needed and memory at fgpu's sizes exist once a
+	// workload has a recommendation: p2's, from its measured use (20 samples).
+	p2Claim, err := cluster.ClaimOf(ctx, running[[2]string{a, "p2"}])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.WaitEvent(ctx, a, p2Claim.Name, "Pod "+a+"/p2 request gpu: recommended memory", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
 
 	// Every panel's every query, with the namespace that waits and this node; refusals and
 	// placements need two samples in their window, use a few measurements.

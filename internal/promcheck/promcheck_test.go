@@ -81,7 +81,8 @@ func TestLoadChartDashboard(t *testing.T) {
 			t.Errorf("panel %q: unsubstituted variable in %q", q.Panel, q.Expr)
 		}
 	}
-	for _, want := range []string{"Pending claims by namespace", "GPU memory vs quota", "GPU health"} {
+	for _, want := range []string{"Pending claims by namespace", "GPU memory vs quota", "GPU health",
+		"GPUs held now vs needed at fgpu's sizes", "GPU memory per namespace: held, used (p95), at fgpu's sizes"} {
 		if !panels[want] {
 			t.Errorf("panel %q missing", want)
 		}

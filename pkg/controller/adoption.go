@@ -72,7 +72,7 @@ func (s *sizingLoop) countAdoption(ctx context.Context) {
 			shares = append(shares, adoption.ObservedShares(maps, "", pod, gpus, from)...)
 		}
 	}
-	told := s.told(from)
+	told := s.sizer.told(from)
 	sum, err := adoption.Summarize(all, shares, func(w api.SizingWorkload) (api.SizingRecommendation, time.Time, bool) {
 		a, ok := told[w]
 		return a.rec, a.at, ok
@@ -86,16 +86,16 @@ func (s *sizingLoop) countAdoption(ctx context.Context) {
 	s.adoption.mu.Unlock()
 }
 
-// told is the recommendations this allocator told (as FgpuSizingRecommendation events) at
+// told is the recommendations the allocator told (as FgpuSizingRecommendation events) at
 // from or later, by workload.
-func (s *sizingLoop) told(from time.Time) map[api.SizingWorkload]announcement {
+func (z *sizer) told(from time.Time) map[api.SizingWorkload]announcement {
 	out := map[api.SizingWorkload]announcement{}
-	if s.sizer == nil {
+	if z == nil {
 		return out
 	}
-	s.sizer.mu.Lock()
-	defer s.sizer.mu.Unlock()
-	for w, a := range s.sizer.announced {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	for w, a := range z.announced {
 		if !a.at.Before(from) {
 			out[w] = a
 		}

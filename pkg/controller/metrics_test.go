@@ -244,7 +244,7 @@ func TestBeforeAndAfterMetrics(t *testing.T) {
 		t.Fatalf("%d series before the sizing loop counted, want 0", n)
 	}
 	e.c.sizing.countAdoption(e.ctx)
-	told, ok := e.c.sizing.told(e.clock.Now().Add(-24 * time.Hour))[legacy]
+	told, ok := e.c.sizing.sizer.told(e.clock.Now().Add(-24 * time.Hour))[legacy]
 	if !ok {
 		t.Fatal("legacy's recommendation is not among those told")
 	}

@@ -20,6 +20,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/adoption"
 )
 
 // ownedBy makes pod the child of a controller: a ReplicaSet named <deployment>-<hash> is
@@ -137,6 +138,22 @@ func TestReportPerWorkloadAndTheGPUsNeeded(t *testing.T) {
 	// web's two 8Gi and notebook's 10Gi share one GPU; train keeps its own.
 	if r.GPUsHeld != 4 || r.MemoryHeldBytes != 250<<30 || r.GPUsNeeded == nil || *r.GPUsNeeded != 2 || r.MeasuredWorkloads != 2 || r.RecommendedWorkloads != 2 {
 		t.Errorf("report %s; want 4 GPUs (250Gi) held, 2 needed, 2 measured and recommended", asJSON(r))
+	}
+	// Per namespace, as the allocator's metrics serve it: web at 2×8Gi; train whole, busy and
+	// notebook unrecommended at what they hold; notebook's use is not measured.
+	want := map[string]adoption.Namespace{
+		"team-a": {Workloads: 1, MeasuredWorkloads: 1, RecommendedWorkloads: 1, GPUsHeld: 2,
+			MemoryHeldBytes: 160 << 30, MemoryNeededBytes: 16 << 30, MeasuredMemoryHeldBytes: 160 << 30, MemoryP95Bytes: 12.5 * (1 << 30)},
+		"team-b": {Workloads: 2, MeasuredWorkloads: 1, RecommendedWorkloads: 1, GPUsHeld: 2,
+			MemoryHeldBytes: 90 << 30, MemoryNeededBytes: 90 << 30, MeasuredMemoryHeldBytes: 80 << 30, MemoryP95Bytes: 30 << 30},
+	}
+	if len(r.Namespaces) != len(want) {
+		t.Errorf("namespaces %v; want team-a and team-b", r.Namespaces)
+	}
+	for name, w := range want {
+		if got := r.Namespaces[name]; got == nil || *got != w {
+			t.Errorf("namespace %s: %+v; want %+v", name, got, w)
+		}
 	}
 	var out bytes.Buffer
 	if err := PrintReport(&out, r); err != nil {

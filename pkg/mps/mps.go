@@ -369,10 +369,16 @@ func (m *Manager) waitAnswering(ctx context.Context, key, gpuUUID string) error 
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("MPS control daemon %s for GPU %s did not answer within %s: %s", key, gpuUUID, timeout, m.Launcher.Describe(ctx, key))
 		}
-		time.Sleep(100 * time.Millisecond)
+		// A daemon pod answers about half a second after it was made: a claim's prepare waits
+		// for it, and a coarse poll would add most of a period to every first claim.
+		time.Sleep(answerPoll)
 	}
 	return nil
 }
+
+// answerPoll is how often waitAnswering asks a starting daemon; each ask runs the control
+// client once.
+const answerPoll = 25 * time.Millisecond
 
 func (m *Manager) setDefaults(ctx context.Context, key, gpuUUID string, limits Limits) error {
 	if m.unchanged(key, limits) {

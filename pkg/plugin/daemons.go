@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -47,6 +48,9 @@ type daemons struct {
 	// check try again (retryStops).
 	unstopped map[string]bool
 	sweep     bool
+	// ahead are the daemons started ahead of their claims' prepares that no claim used yet,
+	// with when (ahead.go); the zero time: to be stopped at the next check.
+	ahead map[string]time.Time
 }
 
 // ensure starts or adopts an MPS daemon with its domain's defaults; started says it

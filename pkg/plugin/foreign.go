@@ -69,11 +69,14 @@ type foreignWatch struct {
 	ownServers map[int]bool
 	// listErrs is the last error listing each GPU's processes, logged once.
 	listErrs map[string]string
+	// starting are the daemons started ahead of their claims' prepares and not yet asked for
+	// their servers, with their GPUs: no new foreign process is found on those GPUs meanwhile.
+	starting map[string]string
 }
 
 func newForeignWatch(cfg Config, backend gpu.Backend, m *mps.Manager, l *ledger) *foreignWatch {
 	return &foreignWatch{ownPIDNamespace: cfg.OwnPIDNamespace, backend: backend, mps: m, l: l,
-		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{}}
+		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{}, starting: map[string]string{}}
 }
 
 // refresh looks again at the GPUs devs fgpu has nothing prepared on and returns what
@@ -173,7 +176,7 @@ func (f *foreignWatch) refreshGPU(ctx context.Context, uuid, except string) []in
 	if f.ownPIDNamespace {
 		return nil
 	}
-	claimed := f.l.claimedOn(uuid, except)
+	claimed := f.l.claimedOn(uuid, except) || slices.Contains(slices.Collect(maps.Values(f.starting)), uuid)
 	if claimed && len(f.foreign[uuid]) == 0 {
 		return nil
 	}

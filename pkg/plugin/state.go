@@ -134,7 +134,7 @@ func newState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 	s.guards = &daemonGuards{mps: m, l: s.ledger, mu: &s.mu}
 	s.daemons = &daemons{mps: m, l: s.ledger, mu: &s.mu, devices: s.devices, modes: s.modes, guards: s.guards, foreign: s.foreign,
 		client: client, nodeName: cfg.NodeName,
-		diedUnder: map[string]map[string]bool{}, unanswered: map[string]int{}, unstopped: map[string]bool{}}
+		diedUnder: map[string]map[string]bool{}, unanswered: map[string]int{}, unstopped: map[string]bool{}, ahead: map[string]time.Time{}}
 	s.caps = &memoryCaps{l: s.ledger, mu: &s.mu, devices: s.devices, specs: s.cdi, background: ctx}
 	s.planner = &planner{cfg: cfg, devices: s.devices, caps: s.caps}
 	s.room = &room{cfg: cfg, devices: s.devices, l: s.ledger}
@@ -202,6 +202,7 @@ func (s *State) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, p
 	}
 	if err != nil {
 		s.refusals.remember(ctx, claim, err)
+		s.daemons.dropAhead(planned)
 		return nil, err
 	}
 	entry := &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted, Devices: planned, Pods: pods}

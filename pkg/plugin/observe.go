@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/klog/v2"
 
 	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/gpu"
@@ -29,6 +30,16 @@ import (
 // (foreignWatch.ownServerPIDs), and so are processes in no pod's cgroup (host jobs): with no
 // pod there is nothing to size. The whole node's use goes, as configapi.ObservedUsage, into
 // the ConfigMap ObservedUsagePrefix+<node> of the plugin's namespace.
+
+// A window bounded while writes fail: past maxObservedSamples samples of one pod on one GPU,
+// all but the newest half are folded into its summary (sizing.Window.Fold), which keeps their
+// count, mean and peak exactly and their 95th percentile close (never below). At a poll every
+// few seconds, a report interval's samples are far fewer.
+const maxObservedSamples = 1024
+
+// maxObservedBytes bounds the JSON written into the ConfigMap: an object's data may hold
+// 1 MiB, and its metadata goes beside it.
+const maxObservedBytes = 1<<20 - 16<<10
 
 // observedKey is one pod's use of one GPU.
 type observedKey struct{ podUID, uuid string }
@@ -113,6 +124,11 @@ func (o *observer) sample(now time.Time, procs []unclaimedProcess, servers func(
 		u.window.Add(s)
 		u.lastSeen = now
 	}
+	for _, u := range o.uses {
+		if u.window.Len() > maxObservedSamples {
+			u.window.Fold(maxObservedSamples / 2)
+		}
+	}
 }
 
 // publishIfDue writes the node's observed use when its report is due. Nothing is written
@@ -132,6 +148,11 @@ func (o *observer) publishIfDue(ctx context.Context, now time.Time) error {
 		return nil
 	}
 	usage, written := o.usage(sums)
+	if dropped := fitObserved(&usage, written, maxObservedBytes); len(dropped) > 0 {
+		// Their windows are kept (folded), for a write with room.
+		klog.FromContext(ctx).Info("Leaving the smallest uses out of the node's observed-usage ConfigMap, which would pass its size limit",
+			"configMap", klog.KRef(o.namespace, configapi.ObservedUsagePrefix+o.node), "left", len(dropped), "limitBytes", maxObservedBytes)
+	}
 	if len(usage.Pods) == 0 && o.published != nil && !o.exists {
 		return nil
 	}
@@ -201,6 +222,52 @@ func (o *observer) usage(sums map[observedKey]configapi.ShareUsage) (configapi.O
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
 	})
 	return usage, written
+}
+
+// fitObserved leaves out of usage what would take its JSON past limit bytes: first the pods'
+// uses of a GPU that ended longest ago, then the smallest (by peak memory), a pod with no
+// GPU left with them. It drops them from written too, and returns them.
+func fitObserved(usage *configapi.ObservedUsage, written map[observedKey]configapi.ShareUsage, limit int) []observedKey {
+	var dropped []observedKey
+	for {
+		raw, err := json.Marshal(usage)
+		if err != nil || len(raw) <= limit {
+			return dropped
+		}
+		type entry struct {
+			key  observedKey
+			size int
+			use  configapi.ShareUsage
+		}
+		var entries []entry
+		for _, p := range usage.Pods {
+			for _, g := range p.GPUs {
+				one, _ := json.Marshal(g)
+				entries = append(entries, entry{observedKey{p.UID, g.UUID}, len(one) + 1, g.Usage})
+			}
+		}
+		slices.SortFunc(entries, func(a, b entry) int {
+			return cmp.Or(a.use.To.Compare(b.use.To), cmp.Compare(a.use.MemoryMaxBytes, b.use.MemoryMaxBytes),
+				cmp.Compare(a.key.podUID, b.key.podUID), cmp.Compare(a.key.uuid, b.key.uuid))
+		})
+		drop := map[observedKey]bool{}
+		for excess := len(raw) - limit; excess > 0 && len(entries) > 0; entries = entries[1:] {
+			drop[entries[0].key] = true
+			excess -= entries[0].size
+		}
+		pods := usage.Pods[:0]
+		for _, p := range usage.Pods {
+			p.GPUs = slices.DeleteFunc(p.GPUs, func(g configapi.ObservedGPU) bool { return drop[observedKey{p.UID, g.UUID}] })
+			if len(p.GPUs) > 0 {
+				pods = append(pods, p)
+			}
+		}
+		usage.Pods = pods
+		for k := range drop {
+			delete(written, k)
+			dropped = append(dropped, k)
+		}
+	}
 }
 
 // write creates or replaces the node's ConfigMap; an empty list creates none.

@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,14 +11,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
 	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+	"github.com/fgpu-dev/fgpu/pkg/gpu"
 	"github.com/fgpu-dev/fgpu/pkg/gpu/fake"
 )
 
@@ -235,5 +239,84 @@ func TestWatchUsageObserves(t *testing.T) {
 			t.Fatal("no observed usage within 5s")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// While the writes keep failing, a pod's samples are folded rather than piled up: the
+// window stays bounded, and the write that succeeds carries every sample's count, span and
+// peak.
+func TestObserveFoldsSamplesWhileWritesFail(t *testing.T) {
+	ctx := context.Background()
+	client := k8sfake.NewClientset()
+	failing := true
+	client.PrependReactor("*", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if failing {
+			return true, nil, apierrors.NewServiceUnavailable("the API server is away")
+		}
+		return false, nil, nil
+	})
+	o := newObserver(client, node, observeNS, []gpu.Device{{Index: 0, UUID: "GPU-0"}}, 5*time.Minute, 30*time.Minute)
+	o.pods = podLister(t, observedPod("ml", "train-0", podC))
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const polls = 6 * 8640 // six days at a poll every 10 s
+	failures := 0
+	for i := range polls {
+		now := t0.Add(time.Duration(i) * 10 * time.Second)
+		mem := int64(i%100+1) << 20
+		if i == 12345 {
+			mem = 70 << 30 // one spike, days before the write that succeeds
+		}
+		o.sample(now, []unclaimedProcess{{UUID: "GPU-0", PodUID: podC, ProcessUsage: gpu.ProcessUsage{PID: 7, MemoryBytes: mem, SMPercent: 30}}}, func() []int { return nil })
+		if err := o.publishIfDue(ctx, now); err != nil {
+			failures++
+		}
+		if n := o.uses[observedKey{podC, "GPU-0"}].window.Len(); n > maxObservedSamples {
+			t.Fatalf("poll %d: %d samples kept; want at most %d", i, n, maxObservedSamples)
+		}
+	}
+	if failures != polls/30-1 {
+		t.Fatalf("%d writes failed; want one per report interval, %d", failures, polls/30-1)
+	}
+	failing = false
+	end := t0.Add(polls * 10 * time.Second)
+	if err := o.publishIfDue(ctx, end); err != nil {
+		t.Fatal(err)
+	}
+	u := observedUsage(t, client)
+	if u == nil || len(u.Pods) != 1 {
+		t.Fatalf("observed %+v; want train-0", u)
+	}
+	if g := u.Pods[0].GPUs[0].Usage; g.Samples != polls || !g.From.Equal(t0) || !g.To.Equal(end.Add(-10*time.Second)) || g.MemoryMaxBytes != 70<<30 ||
+		g.MemoryP95Bytes < 95<<20 || g.MemoryP95Bytes > 97<<20 || g.SMP95Percent != 30 {
+		t.Errorf("usage %+v; want %d samples since %s, the 70Gi spike as peak, p95 about 95Mi", g, polls, t0)
+	}
+}
+
+// A ConfigMap that would pass its size limit leaves out the smallest uses, which stay
+// measured for a later write.
+func TestObserveFitsTheConfigMapLimit(t *testing.T) {
+	var usage configapi.ObservedUsage
+	written := map[observedKey]configapi.ShareUsage{}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 4000 {
+		uid := fmt.Sprintf("pod-%04d", i)
+		use := configapi.ShareUsage{From: t0, To: t0.Add(5 * time.Minute), Samples: 30, MemoryMaxBytes: int64(i+1) << 20, MemoryP95Bytes: int64(i) << 20}
+		usage.Pods = append(usage.Pods, configapi.ObservedPod{Namespace: "ns", Name: uid, UID: uid, GPUs: []configapi.ObservedGPU{{UUID: "GPU-0", Device: "gpu-0", Usage: use}}})
+		written[observedKey{uid, "GPU-0"}] = use
+	}
+	dropped := fitObserved(&usage, written, maxObservedBytes)
+	raw, _ := json.Marshal(usage)
+	if len(raw) > maxObservedBytes || len(dropped) == 0 || len(usage.Pods)+len(dropped) != 4000 || len(written) != len(usage.Pods) {
+		t.Fatalf("%d bytes, %d pods kept, %d left out, %d written; want under %d bytes, every pod kept or left out", len(raw), len(usage.Pods), len(dropped), len(written), maxObservedBytes)
+	}
+	for _, k := range dropped {
+		if k.podUID >= usage.Pods[0].UID {
+			t.Errorf("%s left out before %s, which used less", k.podUID, usage.Pods[0].UID)
+			break
+		}
+	}
+	small := configapi.ObservedUsage{Pods: usage.Pods[:10]}
+	if dropped := fitObserved(&small, written, maxObservedBytes); len(dropped) != 0 || len(small.Pods) != 10 {
+		t.Errorf("a small ConfigMap lost %d entries", len(dropped))
 	}
 }

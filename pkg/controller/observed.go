@@ -17,7 +17,8 @@ import (
 //
 // Such a pod's workload is sized under the request name of the claims fgpu gives pods that
 // ask for the extended resource (api.ExtendedResourceRequest), so that once fgpu serves
-// the workload, its measured history sizes its claims.
+// the workload, its measured history sizes its claims. The event says what the sizing mode
+// would do then, not now: fgpu cannot resize a pod it did not place.
 func (s *sizingLoop) observeForeign(cm *corev1.ConfigMap) {
 	if s.sizer == nil {
 		return
@@ -50,6 +51,6 @@ func (s *sizingLoop) observeForeign(cm *corev1.ConfigMap) {
 			}
 		}
 		s.sizer.mu.Unlock()
-		s.tell(pod, changed, mode)
+		s.tell(pod, changed, mode, observedEffect[mode])
 	}
 }

@@ -29,7 +29,7 @@ func observedMap(ns, node, label string, pods ...*corev1.Pod) *corev1.ConfigMap 
 }
 
 // What a plugin measured of a pod fgpu did not place gives the pod's workload a
-// recommendation, told on the pod; the same written where the plugins do not write (a
+// recommendation, told on the pod without an effect fgpu cannot have on it; the same written where the plugins do not write (a
 // tenant's namespace), for another node, or for a pod of another UID gives none.
 func TestObservedPodsAreSized(t *testing.T) {
 	measured := builders.MakePod("team", "device-plugin-pod").Bound("n1").Obj()
@@ -43,11 +43,15 @@ func TestObservedPodsAreSized(t *testing.T) {
 		observedMap("team", "n1", "n1", forged),
 		observedMap("fgpu-system", "n2", "n1", elsewhere),
 	}
-	e := newEnvWith(t, func(c *Config) { c.Namespace = "fgpu-system" }, nil, objs...)
+	e := newEnvWith(t, func(c *Config) { c.Namespace = "fgpu-system" }, []*api.SharingPolicy{builders.MakePolicy("auto").Sizing(api.SizingAuto).Obj()}, objs...)
 	e.run()
 	got := e.awaitEvents("recommended memory", 1)
 	if len(got) != 1 || !strings.Contains(got[0], "Pod team/device-plugin-pod request gpu") {
 		t.Fatalf("recommendation events %q: want one, for team/device-plugin-pod", got)
+	}
+	// Sizing auto cannot resize a pod fgpu did not place: the event says so, not that it evicts.
+	if !strings.Contains(got[0], "sizing Auto: nothing is changed for this pod, which fgpu does not serve") || strings.Contains(got[0], "evicted") {
+		t.Errorf("event %q: want no effect claimed on a pod fgpu does not serve", got[0])
 	}
 	for _, who := range []string{"forged", "elsewhere", "stale"} {
 		if ev := e.events("/" + who + " request"); len(ev) > 0 {

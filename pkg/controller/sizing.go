@@ -140,17 +140,18 @@ func (s *sizingLoop) observeUsage(claim *resourceapi.ResourceClaim) {
 		s.considerResize(claim, pods[0], r)
 		s.relieve(gpuKey{r.result.Pool, r.result.Device})
 	}
-	s.tell(claim, changed, mode)
+	s.tell(claim, changed, mode, modeEffect[mode])
 }
 
-// tell records an event on obj for each recommendation that appeared or moved.
-func (s *sizingLoop) tell(obj runtime.Object, changed []api.SizingRecord, mode api.SizingMode) {
+// tell records an event on obj for each recommendation that appeared or moved, with what
+// the sizing mode does with it (effect).
+func (s *sizingLoop) tell(obj runtime.Object, changed []api.SizingRecord, mode api.SizingMode, effect string) {
 	for _, r := range changed {
 		raw, _ := json.Marshal(r)
 		s.recorder.AnnotatedEventf(obj, map[string]string{api.AnnotationSizingRecord: string(raw)}, corev1.EventTypeNormal, ReasonSizingRecommendation,
 			"%s %s/%s request %s: recommended memory %s, compute %d%% (peak seen %s, from %d samples); sizing %s: %s",
 			r.Workload.Kind, r.Workload.Namespace, r.Workload.Name, r.Workload.Request, quantity(r.Recommendation.MemoryBytes),
-			r.Recommendation.ComputePercent, quantity(r.Recommendation.PeakBytes), r.Recommendation.Samples, mode, modeEffect[mode])
+			r.Recommendation.ComputePercent, quantity(r.Recommendation.PeakBytes), r.Recommendation.Samples, mode, effect)
 	}
 }
 
@@ -173,6 +174,14 @@ var modeEffect = map[api.SizingMode]string{
 	api.SizingRecommend: "nothing is changed",
 	api.SizingInitial:   "new pods of the workload get it, running ones keep their size",
 	api.SizingAuto:      "new pods of the workload get it; running ones near their cap or far below it are evicted, one at a time, to come back at it",
+}
+
+// observedEffect says, in the recommendation event on a pod fgpu did not place (observe
+// mode), what the sizing mode does with it: nothing to that pod, which fgpu cannot resize.
+var observedEffect = map[api.SizingMode]string{
+	api.SizingRecommend: "nothing is changed",
+	api.SizingInitial:   "nothing is changed for this pod, which fgpu does not serve; once fgpu serves the workload, its new pods get it",
+	api.SizingAuto:      "nothing is changed for this pod, which fgpu does not serve; once fgpu serves the workload, its new pods get it and sizing auto resizes them",
 }
 
 // forgetUsage drops what the recommender keeps of a deleted claim's shares.

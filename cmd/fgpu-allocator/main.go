@@ -32,6 +32,7 @@ import (
 	"k8s.io/utils/clock"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/adoption"
 	"github.com/fgpu-dev/fgpu/pkg/controller"
 	"github.com/fgpu-dev/fgpu/pkg/extendedresource"
 	"github.com/fgpu-dev/fgpu/pkg/leader"
@@ -89,7 +90,8 @@ func main() {
 	fs.DurationVar(&f.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "Lease duration: how long other replicas wait after the leader's last renew before they take over; must exceed the renew deadline")
 	fs.DurationVar(&f.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "renew deadline: the leader stops writing this long after its last successful renew (the rest of the lease duration is the margin for a write in flight)")
 	fs.DurationVar(&f.retryPeriod, "leader-elect-retry-period", 2*time.Second, "retry period")
-	fs.StringVar(&f.extendedResource, "extended-resource", "", "make the ResourceClaimTemplates fgpu-gpu-N that the chart's admission policy rewrites this extended resource's requests (e.g. nvidia.com/gpu) to use; empty: none")
+	fs.StringVar(&f.extendedResource, "extended-resource", "", "make the ResourceClaimTemplates fgpu-gpu-N that the chart's admission policy rewrites this extended resource's requests (e.g. nvidia.com/gpu) to use; empty: none. "+
+		"The sizing metrics count the GPUs pods fgpu did not place hold from it (empty: "+adoption.DefaultExtendedResource+")")
 	fs.Float32Var(&f.qps, "kube-api-qps", 1000, "API requests per second (a placement costs 3 writes: finalizer and status annotation, allocation, an event on its pod)")
 	fs.IntVar(&f.burst, "kube-api-burst", 2000, "API request burst")
 	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
@@ -109,6 +111,7 @@ func run(ctx context.Context, f flags) error {
 	logger := klog.FromContext(ctx)
 	f.cfg.DeviceClasses = splitList(f.classes)
 	f.cfg.ExclusiveClasses = splitList(f.exclusiveClasses)
+	f.cfg.ExtendedResource = f.extendedResource
 	if _, err := placement.New(f.cfg.Placement, nil); err != nil {
 		return fmt.Errorf("--placement: %w", err)
 	}

@@ -1,8 +1,8 @@
 // Package adoption is the before and after of sizing with fgpu: for each workload that holds
-// GPUs through fgpu's claims or, as fgpu's observe mode measured them, outside fgpu (NVIDIA's
-// device plugin), what it holds now, what it was measured using and the size fgpu recommends;
-// for them all, the GPUs they hold now against the GPUs they would need at those sizes,
-// packed by the allocator's placement core.
+// GPUs through fgpu's claims or outside fgpu (NVIDIA's device plugin: as its pods ask for
+// them, measured by fgpu's observe mode), what it holds now, what it was measured using and
+// the size fgpu recommends; for them all, the GPUs they hold now, each GPU once, against the
+// GPUs they would need at those sizes, packed by the allocator's placement core.
 //
 // `kubectl fgpu report` (pkg/clusterview) computes it from what it lists with its caller's
 // credentials, the allocator (pkg/controller) from its informers' caches and its own
@@ -36,10 +36,16 @@ type Share struct {
 	Workload api.SizingWorkload
 	GPUs     []*GPU // one share asks for all of them on one node
 	Held     int64
-	Whole    bool // it holds all of its GPUs' memory
+	Whole    bool // it holds all of its GPUs' memory, alone
 	Use      *api.ShareUsage
-	// Observed: a pod fgpu did not place, which holds its GPUs whole (observe mode).
-	Observed bool
+	// Size is what it is packed at on each GPU where its workload has no recommendation:
+	// what it holds of each, or, time-sliced, its slice of the GPU.
+	Size int64
+	// Observed: a pod fgpu did not place (observe mode), which holds all of its GPUs' memory,
+	// alone or, TimeSliced, beside other pods; Estimated: which GPUs it holds is not known.
+	// Fixed: on a node fgpu does not publish, so not packed. NoSamples: on a node the kubelet
+	// plugin observes, it ran nothing seen in the window.
+	Observed, TimeSliced, Estimated, Fixed, NoSamples bool
 }
 
 // PodLookup finds a pod by namespace and name; nil where there is none.
@@ -76,49 +82,9 @@ func PlacedShares(claims []*resourceapi.ResourceClaim, driver string, pod PodLoo
 			}
 		}
 		for _, req := range requests {
-			out = append(out, *byRequest[req])
-		}
-	}
-	return out
-}
-
-// ObservedShares lists the GPU pods fgpu did not place in namespace ("" for all), as the
-// kubelet plugins measured them into the observed-usage ConfigMaps maps (those of fgpu's
-// namespace, which only the plugins write): one share per pod, of the whole GPUs it uses,
-// with its use where measured since from. A pod that no longer runs under the UID measured,
-// on GPUs no longer published, or in fgpu's own namespace (an MPS server the plugin took for
-// a pod's process) is left out, as the allocator's sizing leaves it out.
-func ObservedShares(maps []*corev1.ConfigMap, namespace string, pod PodLookup, gpus map[string]*GPU, from time.Time) []Share {
-	var out []Share
-	for _, cm := range maps {
-		node := cm.Labels[api.LabelObservedUsage]
-		var u api.ObservedUsage
-		if cm.Name != api.ObservedUsagePrefix+node || json.Unmarshal([]byte(cm.Data[api.ObservedUsageKey]), &u) != nil || u.Node != node {
-			continue
-		}
-		for _, op := range u.Pods {
-			if (namespace != "" && op.Namespace != namespace) || op.Namespace == cm.Namespace {
-				continue
-			}
-			p := pod(op.Namespace, op.Name)
-			if p == nil || string(p.UID) != op.UID || p.Spec.NodeName != node {
-				continue
-			}
-			s := Share{Workload: api.WorkloadOf(p, api.ExtendedResourceRequest), Whole: true, Observed: true}
-			for _, og := range op.GPUs {
-				g := gpus[node+"/"+og.Device]
-				if g == nil {
-					continue
-				}
-				s.GPUs = append(s.GPUs, g)
-				s.Held += g.Memory
-				if !og.Usage.To.Before(from) {
-					s.Use = merged(s.Use, &og.Usage)
-				}
-			}
-			if len(s.GPUs) > 0 {
-				out = append(out, s)
-			}
+			sh := byRequest[req]
+			sh.Size = sh.Held / int64(len(sh.GPUs))
+			out = append(out, *sh)
 		}
 	}
 	return out

@@ -28,7 +28,7 @@ func BenchmarkSummarize(b *testing.B) {
 				return api.SizingRecommendation{MemoryBytes: 6 << 30}, time.Now(), true
 			}
 			for b.Loop() {
-				if _, err := Summarize(gpus, shares, rec); err != nil {
+				if _, err := Summarize(gpus, shares, Observed{}, rec); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -40,15 +40,20 @@ type WorkloadReport = adoption.Workload
 // MeasuredUse sums the newest usage report of each share measured in the window.
 type MeasuredUse = adoption.MeasuredUse
 
+// DefaultExtendedResource is the resource NVIDIA's device plugin serves whole GPUs (or their
+// time-sliced replicas) as, and the chart's extendedResource.name by default.
+const DefaultExtendedResource = adoption.DefaultExtendedResource
+
 // Report reads, with the caller's own client, the claims of namespace ("" for all) and the
 // pods using them, the usage the kubelet plugin wrote into the claims' status and the
 // allocator's recommendations, counting only those newer than since before now; and packs
 // the recommended sizes onto the cluster's published GPUs.
 //
-// The GPU pods fgpu did not place (NVIDIA's device plugin's) count too where the kubelet
-// plugins measured them (observe mode): from the ConfigMaps in fgpuNamespace, the chart's,
-// which only the plugins write; each such pod is a share of the whole GPUs it holds.
-func Report(ctx context.Context, c kubernetes.Interface, driver, fgpuNamespace, namespace string, since time.Duration, now time.Time) (*UsageReport, error) {
+// The GPU pods fgpu did not place (NVIDIA's device plugin's) count too: each is a share of
+// the GPUs its containers ask for as extendedResource (nvidia.com/gpu), with what the
+// kubelet plugins measured of it (observe mode) from the ConfigMaps in fgpuNamespace, the
+// chart's, which only the plugins write (adoption.ObservedShares says how shared GPUs count).
+func Report(ctx context.Context, c kubernetes.Interface, driver, fgpuNamespace, extendedResource, namespace string, since time.Duration, now time.Time) (*UsageReport, error) {
 	if since <= 0 {
 		return nil, fmt.Errorf("a window of %s: --since must be positive", since)
 	}
@@ -81,13 +86,17 @@ func Report(ctx context.Context, c kubernetes.Interface, driver, fgpuNamespace, 
 		pods[p.Namespace+"/"+p.Name] = p
 	}
 	pod := func(ns, name string) *corev1.Pod { return pods[ns+"/"+name] }
-	shares := adoption.PlacedShares(pointers(claims.Items), driver, pod, gpus, r.From)
-	maps, err := c.CoreV1().ConfigMaps(fgpuNamespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelObservedUsage})
-	if err != nil {
-		r.Notes = append(r.Notes, fmt.Sprintf("GPU pods fgpu did not place are left out: list the observed-usage ConfigMaps in %s: %v", fgpuNamespace, err))
+	placed := adoption.PlacedShares(pointers(claims.Items), driver, pod, gpus, r.From)
+	outside := adoption.Outside{FgpuNamespace: fgpuNamespace, Namespace: namespace, Resource: corev1.ResourceName(extendedResource),
+		Pods: pointers(podList.Items), Node: func(name string) (*corev1.Node, error) {
+			return c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		}}
+	if maps, err := c.CoreV1().ConfigMaps(fgpuNamespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelObservedUsage}); err != nil {
+		outside.MapsErr = fmt.Errorf("list the observed-usage ConfigMaps in %s: %w", fgpuNamespace, err)
 	} else {
-		shares = append(shares, adoption.ObservedShares(pointers(maps.Items), namespace, pod, gpus, r.From)...)
+		outside.Maps = pointers(maps.Items)
 	}
+	observed := adoption.ObservedShares(outside, all, r.From)
 	recs, err := Recommendations(ctx, c, namespace)
 	if err != nil {
 		return nil, err
@@ -98,7 +107,7 @@ func Report(ctx context.Context, c kubernetes.Interface, driver, fgpuNamespace, 
 			newest[rec.Workload] = rec
 		}
 	}
-	sum, err := adoption.Summarize(all, shares, func(w api.SizingWorkload) (api.SizingRecommendation, time.Time, bool) {
+	sum, err := adoption.Summarize(all, placed, observed, func(w api.SizingWorkload) (api.SizingRecommendation, time.Time, bool) {
 		rec, ok := newest[w]
 		return rec.Recommendation, rec.At, ok
 	})
@@ -106,7 +115,8 @@ func Report(ctx context.Context, c kubernetes.Interface, driver, fgpuNamespace, 
 		return nil, err
 	}
 	r.Summary = *sum
-	r.explain(len(shares))
+	r.explain(len(placed) + len(observed.Shares))
+	r.Notes = append(r.Notes, observed.Notes...)
 	return r, nil
 }
 
@@ -178,13 +188,20 @@ func PrintReport(w io.Writer, r *UsageReport) error {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "WORKLOAD\tGPUS\tHELD\tUSED P95/PEAK\tSM P95/MEAN\tFGPU SIZE")
-	partly, observed := false, false
+	partly, observed, sliced := false, false, false
 	for _, wl := range r.Workloads {
 		name := wl.Namespace + "/" + wl.Kind + "/" + wl.Name
 		if wl.Observed {
 			name, observed = "+"+name, true
 		}
 		used, sm, size := "not measured", "-", "-"
+		if wl.NoSamples == wl.Shares {
+			used = "no samples"
+		}
+		gpus := fmt.Sprint(wl.GPUs)
+		if wl.TimeSliced {
+			gpus, sliced = gpus+"~", true
+		}
 		if u := wl.Used; u != nil {
 			used = approx(u.MemoryP95Bytes) + "/" + approx(u.MemoryPeakBytes)
 			if u.Shares < wl.Shares {
@@ -203,7 +220,7 @@ func PrintReport(w io.Writer, r *UsageReport) error {
 				size = "whole, busy"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", fit(name, 28), wl.GPUs, q(wl.MemoryHeldBytes), used, sm, size)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", fit(name, 28), gpus, q(wl.MemoryHeldBytes), used, sm, size)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -214,7 +231,13 @@ func PrintReport(w io.Writer, r *UsageReport) error {
 		}
 	}
 	if observed {
-		_, err := io.WriteString(w, "+ holds whole GPUs outside fgpu (NVIDIA's device plugin), measured in observe mode\n")
+		if _, err := io.WriteString(w, "+ holds GPUs outside fgpu (NVIDIA's device plugin), as its pods ask for them;\n"+
+			"  measured in observe mode (no samples: it ran nothing seen in the window)\n"); err != nil {
+			return err
+		}
+	}
+	if sliced {
+		_, err := io.WriteString(w, "~ the device plugin shares its GPUs (time-slicing, MPS): each counts once, whole\n")
 		return err
 	}
 	return nil
@@ -223,6 +246,9 @@ func PrintReport(w io.Writer, r *UsageReport) error {
 // summary is the GPUs held now against those needed, in words.
 func (r *UsageReport) summary() string {
 	now := fmt.Sprintf("%s held now (%s)", plural(r.GPUsHeld, "GPU"), q(r.MemoryHeldBytes))
+	if r.GPUsHeldAtMost != nil {
+		now = fmt.Sprintf("%d to %d GPUs held now (at least %s)", r.GPUsHeld, *r.GPUsHeldAtMost, q(r.MemoryHeldBytes))
+	}
 	if r.GPUsNeeded == nil {
 		return now + "; no workload has a recommendation to compare with."
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -111,7 +113,7 @@ func reportCluster(t *testing.T) []runtime.Object {
 }
 
 func TestReportPerWorkloadAndTheGPUsNeeded(t *testing.T) {
-	r, err := Report(context.Background(), fake.NewClientset(reportCluster(t)...), api.DriverName, "fgpu-system", "", time.Hour, t0)
+	r, err := Report(context.Background(), fake.NewClientset(reportCluster(t)...), api.DriverName, "fgpu-system", "", "", time.Hour, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +216,7 @@ func TestReportPacksTheRecommendedSizes(t *testing.T) {
 				objs = []runtime.Object{builders.MakeSlice("n1", tc.gpus, "80Gi"), a, b}
 			}
 			objs = append(objs, tc.objs...)
-			r, err := Report(context.Background(), fake.NewClientset(objs...), api.DriverName, "fgpu-system", "ns", time.Hour, t0)
+			r, err := Report(context.Background(), fake.NewClientset(objs...), api.DriverName, "fgpu-system", "", "ns", time.Hour, t0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -242,7 +244,7 @@ func TestReportSaysWhatWasNotMeasured(t *testing.T) {
 		{90 * time.Minute, false, "no GPU use measured in the last 1h30m"},
 		{4 * time.Hour, true, "1 GPU held now (80Gi); 1 would hold the same workloads at their measured sizes (no fewer)."},
 	} {
-		r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", tc.since, t0)
+		r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", "", tc.since, t0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,10 +263,10 @@ func TestReportSaysWhatWasNotMeasured(t *testing.T) {
 			t.Errorf("since %s: zeros where nothing was measured:\n%s", tc.since, out.String())
 		}
 	}
-	if _, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", 0, t0); err == nil {
+	if _, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", "", 0, t0); err == nil {
 		t.Error("a window of 0 was taken")
 	}
-	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "team-c", time.Hour, t0)
+	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", "team-c", time.Hour, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +284,7 @@ func TestReportMarksAPartlyMeasuredWorkload(t *testing.T) {
 	webB := ownedBy(builders.MakePod("team-a", "web-7c9d5-b2").Obj(), "ReplicaSet", "web-7c9d5")
 	c := fake.NewClientset(builders.MakeSlice("n1", 2, "80Gi"), webA, webB,
 		measured(held(webA, "n1", "gpu-0", ""), 6, 7, 0, 0, t0), held(webB, "n1", "gpu-1", ""))
-	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "team-a", time.Hour, t0)
+	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", "team-a", time.Hour, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,21 +315,21 @@ func TestReportReadsOnlyWhatTheCallerMayList(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "team-a", time.Hour, t0)
+	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", "team-a", time.Hour, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(r.Workloads) != 1 || r.Workloads[0].Namespace != "team-a" || r.GPUsHeld != 2 || *r.GPUsNeeded != 1 {
 		t.Errorf("team-a's report %s; want web alone, 2 GPUs held, 1 needed", asJSON(r))
 	}
-	if _, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", time.Hour, t0); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "with -n") {
+	if _, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", "", time.Hour, t0); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "with -n") {
 		t.Errorf("every namespace without the right to list them: %v; want forbidden, and to name one with -n", err)
 	}
 }
 
 // -o json: the names are the report's contract with scripts.
 func TestReportJSON(t *testing.T) {
-	r, err := Report(context.Background(), fake.NewClientset(reportCluster(t)...), api.DriverName, "fgpu-system", "", time.Hour, t0)
+	r, err := Report(context.Background(), fake.NewClientset(reportCluster(t)...), api.DriverName, "fgpu-system", "", "", time.Hour, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,16 +378,16 @@ func observedMap(ns, node string, pod *corev1.Pod, device string, p95, peak floa
 // for it packed into the GPUs needed. The same written in a tenant's namespace counts for
 // nothing.
 func TestReportCountsPodsObservedOutsideFgpu(t *testing.T) {
-	a := ownedBy(builders.MakePod("team-d", "infer-5f-a").Bound("n1").Obj(), "ReplicaSet", "infer-5f")
-	b := ownedBy(builders.MakePod("team-d", "infer-5f-b").Bound("n2").Obj(), "ReplicaSet", "infer-5f")
+	a := asking(ownedBy(builders.MakePod("team-d", "infer-5f-a").Bound("n1").Obj(), "ReplicaSet", "infer-5f"), 1)
+	b := asking(ownedBy(builders.MakePod("team-d", "infer-5f-b").Bound("n2").Obj(), "ReplicaSet", "infer-5f"), 1)
 	forged := builders.MakePod("team-e", "forged").Bound("n1").Obj()
 	infer := api.SizingWorkload{Namespace: "team-d", Kind: "Deployment", Name: "infer", Request: api.ExtendedResourceRequest}
-	c := fake.NewClientset(builders.MakeSlice("n1", 2, "80Gi"), builders.MakeSlice("n2", 2, "80Gi"), a, b, forged,
+	c := fake.NewClientset(builders.MakeSlice("n1", 2, "80Gi"), builders.MakeSlice("n2", 2, "80Gi"), gpuNode("n1", 2), gpuNode("n2", 2), a, b, forged,
 		observedMap("fgpu-system", "n1", a, "gpu-0", 9, 10, t0.Add(-time.Minute)),
 		observedMap("fgpu-system", "n2", b, "gpu-1", 8, 9, t0.Add(-time.Minute)),
 		observedMap("team-e", "n1", forged, "gpu-1", 1, 1, t0.Add(-time.Minute)),
 		recommended(t, "e1", "fgpu-allocator", infer, 12, 30, t0.Add(-time.Minute)))
-	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", time.Hour, t0)
+	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", "", time.Hour, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,5 +404,235 @@ func TestReportCountsPodsObservedOutsideFgpu(t *testing.T) {
 	var out strings.Builder
 	if err := PrintReport(&out, r); err != nil || !strings.Contains(out.String(), "+team-d/Deployment/infer") || !strings.Contains(out.String(), "outside fgpu") {
 		t.Errorf("printed %q (%v): want the workload marked as held outside fgpu", out.String(), err)
+	}
+}
+
+// asking makes pod's container ask for n of nvidia.com/gpu, as a pod written for NVIDIA's
+// device plugin does.
+func asking(pod *corev1.Pod, n int64) *corev1.Pod {
+	pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{DefaultExtendedResource: *resource.NewQuantity(n, resource.DecimalSI)}
+	return pod
+}
+
+// gpuNode is a node whose device plugin advertises n of nvidia.com/gpu.
+func gpuNode(name string, n int64) *corev1.Node {
+	node := builders.MakeNode(name).Obj()
+	node.Status.Allocatable[DefaultExtendedResource] = *resource.NewQuantity(n, resource.DecimalSI)
+	return node
+}
+
+// observedOn is a kubelet plugin's ConfigMap for node in fgpu-system: each pod used the
+// device named beside it, 4Gi at p95 and 5Gi at peak, until to.
+func observedOn(node string, to time.Time, uses map[*corev1.Pod]string) *corev1.ConfigMap {
+	u := api.ObservedUsage{Node: node, Pods: []api.ObservedPod{}}
+	for p, device := range uses {
+		u.Pods = append(u.Pods, api.ObservedPod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), GPUs: []api.ObservedGPU{{
+			UUID: "GPU-" + device, Device: device, Usage: api.ShareUsage{From: to.Add(-5 * time.Minute), To: to, Samples: 30,
+				MemoryP95Bytes: 4 << 30, MemoryMaxBytes: 5 << 30, SMSamples: 30, SMP95Percent: 20, SMMeanPercent: 10}}}})
+	}
+	raw, _ := json.Marshal(u)
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "fgpu-system", Name: api.ObservedUsagePrefix + node, Labels: map[string]string{api.LabelObservedUsage: node}},
+		Data: map[string]string{api.ObservedUsageKey: string(raw)}}
+}
+
+// Pods that time-slice one GPU under NVIDIA's device plugin (a node that advertises more
+// nvidia.com/gpu than it has GPUs) hold that GPU once, with all its memory; one that ran
+// nothing seen is put on the same GPU's spare replicas, and the most it could hold is told.
+func TestReportCountsATimeSlicedGPUOnce(t *testing.T) {
+	a := asking(ownedBy(builders.MakePod("team-d", "chat-5f-a").Bound("n1").Obj(), "ReplicaSet", "chat-5f"), 1)
+	b := asking(ownedBy(builders.MakePod("team-d", "chat-5f-b").Bound("n1").Obj(), "ReplicaSet", "chat-5f"), 1)
+	idle := asking(builders.MakePod("team-d", "notebook").Bound("n1").Obj(), 1)
+	objs := []runtime.Object{builders.MakeSlice("n1", 2, "80Gi"), gpuNode("n1", 8), a, b, observedOn("n1", t0.Add(-time.Minute), map[*corev1.Pod]string{a: "gpu-0", b: "gpu-0"})}
+	chat := api.SizingWorkload{Namespace: "team-d", Kind: "Deployment", Name: "chat", Request: api.ExtendedResourceRequest}
+
+	r, err := Report(context.Background(), fake.NewClientset(objs...), api.DriverName, "fgpu-system", "", "", time.Hour, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Workloads) != 1 || r.GPUsHeld != 1 || r.GPUsHeldAtMost != nil || r.MemoryHeldBytes != 80<<30 {
+		t.Fatalf("report %s; want chat alone, 1 GPU (80Gi) held", asJSON(r))
+	}
+	if w := r.Workloads[0]; w.SizingWorkload != chat || w.Shares != 2 || w.GPUs != 1 || w.MemoryHeldBytes != 80<<30 || !w.TimeSliced || w.GPUsEstimated ||
+		w.Used == nil || w.Used.MemoryHeldBytes != 80<<30 || w.Used.MemoryPeakBytes != 10<<30 {
+		t.Errorf("chat %s; want 2 pods on 1 time-sliced GPU, 80Gi held, peak 10Gi", asJSON(w))
+	}
+	if notes := strings.Join(r.Notes, "; "); !strings.Contains(notes, "on node n1, the device plugin shares each GPU as 4 units of nvidia.com/gpu") {
+		t.Errorf("notes %q; want the sharing told", notes)
+	}
+	var out bytes.Buffer
+	if err := PrintReport(&out, r); err != nil {
+		t.Fatal(err)
+	}
+	fits80(t, out.String())
+	for _, want := range []string{"1 GPU held now (80Gi)", "+team-d/Deployment/chat  1~", "~ the device plugin shares its GPUs"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	// With a recommendation, and with an idle pod beside them.
+	objs = append(objs, idle, recommended(t, "e1", "fgpu-allocator", chat, 12, 30, t0.Add(-time.Minute)))
+	r, err = Report(context.Background(), fake.NewClientset(objs...), api.DriverName, "fgpu-system", "", "", time.Hour, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.GPUsHeld != 1 || r.GPUsHeldAtMost == nil || *r.GPUsHeldAtMost != 2 || r.GPUsNeeded == nil || *r.GPUsNeeded != 1 {
+		t.Errorf("held %d to %v, needed %v; want 1 to 2 held, 1 needed", r.GPUsHeld, r.GPUsHeldAtMost, r.GPUsNeeded)
+	}
+	if len(r.Workloads) != 2 || r.Workloads[1].Name != "notebook" || r.Workloads[1].GPUs != 1 || !r.Workloads[1].GPUsEstimated || r.Workloads[1].NoSamples != 1 {
+		t.Errorf("workloads %s; want the notebook on 1 GPU, estimated, no samples", asJSON(r.Workloads))
+	}
+	if notes := strings.Join(r.Notes, "; "); !strings.Contains(notes, "1 pod ran nothing seen on 1 unit of nvidia.com/gpu in the window") || !strings.Contains(notes, "(1 to 2 GPUs)") {
+		t.Errorf("notes %q; want the unlocated replica told", notes)
+	}
+	out.Reset()
+	if err := PrintReport(&out, r); err != nil || !strings.Contains(out.String(), "1 to 2 GPUs held now (at least 80Gi)") {
+		t.Errorf("printed %q (%v); want the range of GPUs held", out.String(), err)
+	}
+	raw, _ := json.Marshal(r)
+	for _, name := range []string{`"gpusHeld":1`, `"gpusHeldAtMost":2`, `"timeSliced":true`, `"gpusEstimated":true`, `"noSamples":1`} {
+		if !strings.Contains(string(raw), name) {
+			t.Errorf("json lacks %s:\n%s", name, raw)
+		}
+	}
+}
+
+// A pod that holds a GPU through the device plugin but ran nothing in the window (an idle
+// notebook) holds it all the same: counted, its use told as no samples. On a node fgpu does
+// not publish, a pod's GPUs count whole, of unknown memory, and as they are in the GPUs
+// needed. A pod finished, or one fgpu's admission policy rewrote (its resource is gone:
+// it holds a claim), holds none.
+func TestReportCountsIdlePodsThatHoldGPUs(t *testing.T) {
+	idle := asking(builders.MakePod("team-d", "notebook").Bound("n1").Obj(), 1)
+	elsewhere := asking(ownedBy(builders.MakePod("team-d", "train-x").Bound("n9").Obj(), "Job", "train"), 2)
+	done := asking(builders.MakePod("team-d", "done").Bound("n1").Obj(), 1)
+	done.Status.Phase = corev1.PodSucceeded
+	rewritten := builders.MakePod("team-d", "rewritten").Bound("n1").Label(api.LabelExtendedResource, "true").Claim(api.ExtendedResourcePodClaimPrefix + "0").Obj()
+	c := fake.NewClientset(builders.MakeSlice("n1", 2, "80Gi"), gpuNode("n1", 2), idle, elsewhere, done, rewritten,
+		recommended(t, "e1", "fgpu-allocator", workload("team-d", "Pod", "other"), 8, 30, t0.Add(-time.Minute)))
+	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", "team-d", time.Hour, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Workloads) != 2 {
+		t.Fatalf("workloads %s; want the notebook and train", asJSON(r.Workloads))
+	}
+	train, notebook := r.Workloads[0], r.Workloads[1]
+	if notebook.Name != "notebook" || !notebook.Observed || notebook.GPUs != 1 || notebook.MemoryHeldBytes != 80<<30 || notebook.Used != nil || notebook.NoSamples != 1 || notebook.TimeSliced {
+		t.Errorf("notebook %s; want 1 whole GPU held, no samples", asJSON(notebook))
+	}
+	if train.Name != "train" || train.GPUs != 2 || train.MemoryHeldBytes != 0 || train.NoSamples != 0 {
+		t.Errorf("train %s; want 2 GPUs of unknown memory, not measured", asJSON(train))
+	}
+	if r.GPUsHeld != 3 || r.MemoryHeldBytes != 80<<30 || r.GPUsHeldAtMost != nil {
+		t.Errorf("report %s; want 3 GPUs held (80Gi known)", asJSON(r))
+	}
+	if notes := strings.Join(r.Notes, "; "); !strings.Contains(notes, "2 GPUs asked for as nvidia.com/gpu on 1 node (n9) that fgpu does not publish") {
+		t.Errorf("notes %q; want the unpublished node told", notes)
+	}
+	var out bytes.Buffer
+	if err := PrintReport(&out, r); err != nil {
+		t.Fatal(err)
+	}
+	fits80(t, out.String())
+	flat := strings.Join(strings.Fields(out.String()), " ")
+	for _, want := range []string{"3 GPUs held now (80Gi)", "+team-d/Pod/notebook 1 80Gi no samples - -", "+team-d/Job/train 2 0 not measured - -"} {
+		if !strings.Contains(flat, want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// The GPUs needed keep a workload without a recommendation at what it holds: a whole GPU
+// a pod, or, time-sliced, its slice of the GPU.
+func TestReportPacksObservedPodsAtWhatTheyHold(t *testing.T) {
+	a := asking(builders.MakePod("ns", "a").Bound("n1").Obj(), 1)
+	b := asking(builders.MakePod("ns", "b").Bound("n1").Obj(), 1)
+	other := ownedBy(builders.MakePod("ns", "o-5f6b7-x").Bound("n1").Obj(), "ReplicaSet", "o-5f6b7")
+	rec := recommended(t, "ro", "fgpu-allocator", workload("ns", "Deployment", "o"), 8, 40, t0.Add(-time.Minute))
+	for _, tc := range []struct {
+		name   string
+		node   *corev1.Node
+		needed int
+	}{
+		{"whole GPUs stay whole", gpuNode("n1", 4), 3},
+		{"time-sliced pods keep sharing", gpuNode("n1", 8), 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientset(builders.MakeSlice("n1", 4, "80Gi"), tc.node, a, b, other, held(other, "n1", "gpu-3", ""), rec,
+				observedOn("n1", t0.Add(-time.Minute), map[*corev1.Pod]string{a: "gpu-0", b: "gpu-1"}))
+			r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", "ns", time.Hour, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.GPUsHeld != 3 || r.GPUsNeeded == nil || *r.GPUsNeeded != tc.needed {
+				t.Errorf("held %d, needed %v; want 3, %d", r.GPUsHeld, r.GPUsNeeded, tc.needed)
+			}
+		})
+	}
+}
+
+// What one tenant does in its own namespace changes no other namespace's figures: a forged
+// ConfigMap, a pod that labels itself as rewritten by fgpu, a pod that uses another
+// namespace's GPU without asking for it (NVIDIA_VISIBLE_DEVICES) each count, if at all, for
+// the tenant alone, and a GPU two namespaces' pods are on counts once.
+func TestReportTenantsCannotMoveOtherNamespacesFigures(t *testing.T) {
+	infer := asking(ownedBy(builders.MakePod("team-d", "infer-5f-a").Bound("n1").Obj(), "ReplicaSet", "infer-5f"), 1)
+	idle := asking(builders.MakePod("team-d", "notebook").Bound("n1").Obj(), 1)
+	base := []runtime.Object{builders.MakeSlice("n1", 4, "80Gi"), gpuNode("n1", 4), infer, idle}
+	honest := slices.Concat(base, []runtime.Object{observedOn("n1", t0.Add(-time.Minute), map[*corev1.Pod]string{infer: "gpu-0"})})
+
+	hidden := asking(builders.MakePod("team-e", "hidden").Bound("n1").Label(api.LabelExtendedResource, "true").Obj(), 1)
+	snoop := builders.MakePod("team-e", "snoop").Bound("n1").Obj()
+	forged := observedOn("n1", t0.Add(-time.Minute), map[*corev1.Pod]string{infer: "gpu-2", idle: "gpu-3"})
+	forged.Namespace = "team-e"
+	tenant := slices.Concat(base, []runtime.Object{hidden, snoop, forged,
+		observedOn("n1", t0.Add(-time.Minute), map[*corev1.Pod]string{infer: "gpu-0", snoop: "gpu-0"})})
+
+	figures := func(r *UsageReport, ns string) string {
+		var out []string
+		for _, w := range r.Workloads {
+			if w.Namespace == ns {
+				out = append(out, asJSON(w))
+			}
+		}
+		return strings.Join(out, "\n")
+	}
+	for _, ns := range []string{"", "team-d"} {
+		before, err := Report(context.Background(), fake.NewClientset(honest...), api.DriverName, "fgpu-system", "", ns, time.Hour, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, err := Report(context.Background(), fake.NewClientset(tenant...), api.DriverName, "fgpu-system", "", ns, time.Hour, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, a := figures(before, "team-d"), figures(after, "team-d"); a != b {
+			t.Errorf("-n %q: team-d's figures moved:\n%s\nto\n%s", ns, b, a)
+		}
+		if ns == "team-d" && (after.GPUsHeld != 2 || after.MemoryHeldBytes != 160<<30) {
+			t.Errorf("-n team-d: %s; want 2 GPUs (160Gi) held", asJSON(after))
+		}
+		if ns == "" && (before.GPUsHeld != 2 || after.GPUsHeld != 3 || len(after.Workloads) != 4) {
+			t.Errorf("held %d, then %d with team-e's pods (%s); want 2, then 3: hidden's GPU, and gpu-0 once", before.GPUsHeld, after.GPUsHeld, asJSON(after.Workloads))
+		}
+	}
+}
+
+// Where the node cannot be read, whether its device plugin shares GPUs is not known: its
+// pods count whole GPUs, and the report says so.
+func TestReportSaysWhereSharingIsNotKnown(t *testing.T) {
+	a := asking(builders.MakePod("team-d", "a").Bound("n1").Obj(), 1)
+	b := asking(builders.MakePod("team-d", "b").Bound("n1").Obj(), 1)
+	c := fake.NewClientset(builders.MakeSlice("n1", 2, "80Gi"), a, b)
+	c.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("nodes"), "n1", fmt.Errorf("team-d's user"))
+	})
+	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", "team-d", time.Hour, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if notes := strings.Join(r.Notes, "; "); r.GPUsHeld != 2 || !strings.Contains(notes, "node n1 could not be read") || !strings.Contains(notes, "fewer are held") {
+		t.Errorf("held %d, notes %q; want 2 whole GPUs, and the unknown sharing told", r.GPUsHeld, notes)
 	}
 }

@@ -36,7 +36,9 @@ func (b *beforeAfter) get() *adoption.Summary {
 
 // countAdoption counts what `kubectl fgpu report` counts over every namespace with its
 // default window (adoption.Window), with the same code: the GPUs fgpu publishes, its claims'
-// shares and the pods fgpu did not place that the kubelet plugins measured (observe mode),
+// shares and the GPU pods fgpu did not place, counted from the extended resource they ask
+// for (cfg.ExtendedResource), each GPU once where the node's device plugin time-slices it
+// (its allocatable count), with what the kubelet plugins measured of them (observe mode);
 // at the recommendations this allocator last told (which the report reads from their
 // events). It reads the informers' caches and the model, and makes no API call.
 func (s *sizingLoop) countAdoption(ctx context.Context) {
@@ -66,14 +68,19 @@ func (s *sizingLoop) countAdoption(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	shares := adoption.PlacedShares(claims, s.cfg.DriverName, pod, gpus, from)
-	if s.observed != nil {
-		if maps, err := s.observed.List(labels.Everything()); err == nil {
-			shares = append(shares, adoption.ObservedShares(maps, "", pod, gpus, from)...)
-		}
+	pods, err := s.pods.List(labels.Everything())
+	if err != nil {
+		return
 	}
+	placed := adoption.PlacedShares(claims, s.cfg.DriverName, pod, gpus, from)
+	outside := adoption.Outside{FgpuNamespace: s.cfg.Namespace, Resource: corev1.ResourceName(s.cfg.ExtendedResource), Pods: pods,
+		Node: func(name string) (*corev1.Node, error) { return s.nodes.Get(name) }}
+	if s.observed != nil {
+		outside.Maps, outside.MapsErr = s.observed.List(labels.Everything())
+	}
+	observed := adoption.ObservedShares(outside, all, from)
 	told := s.sizer.told(from)
-	sum, err := adoption.Summarize(all, shares, func(w api.SizingWorkload) (api.SizingRecommendation, time.Time, bool) {
+	sum, err := adoption.Summarize(all, placed, observed, func(w api.SizingWorkload) (api.SizingRecommendation, time.Time, bool) {
 		a, ok := told[w]
 		return a.rec, a.at, ok
 	})

@@ -62,6 +62,10 @@ type Config struct {
 	// Namespace is the allocator's (the chart's), where the kubelet plugins keep what they
 	// observe of the GPU pods fgpu did not place (api.ObservedUsage); "": not read.
 	Namespace string
+	// ExtendedResource is what the GPU pods fgpu did not place ask NVIDIA's device plugin for
+	// (the chart's extendedResource.name): the before and after of sizing (adoption.go)
+	// counts the GPUs they hold from it. "": adoption.DefaultExtendedResource.
+	ExtendedResource string
 	// GangTopologyKeys are the node labels, nearest first, by which a gang's next pod is
 	// placed near its other pods (pkg/gang); none: gangs are not kept together.
 	GangTopologyKeys []string

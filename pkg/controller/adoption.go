@@ -115,7 +115,8 @@ func (z *sizer) told(from time.Time) map[api.SizingWorkload]announcement {
 // report` counts them; per namespace, what its workloads hold, use and would hold. Read at
 // scrape time from what countAdoption counted last.
 type adoptionMetrics struct {
-	gpusHeld, gpusNeeded, unplaced, workloads, measured, recommended    *prometheus.Desc
+	gpusHeld, gpusHeldAtMost, gpusNeeded, unplaced                      *prometheus.Desc
+	workloads, measured, recommended                                    *prometheus.Desc
 	nsGPUs, nsObservedGPUs, nsHeld, nsMeasuredHeld, nsUsedP95, nsNeeded *prometheus.Desc
 }
 
@@ -123,7 +124,9 @@ func newAdoptionMetrics() adoptionMetrics {
 	ns := []string{"namespace"}
 	return adoptionMetrics{
 		gpusHeld: prometheus.NewDesc("fgpu_allocator_sizing_gpus_held",
-			"GPUs the workloads fgpu sizes hold now (fgpu's claims and the GPU pods fgpu did not place that observe mode measured), a shared GPU once: kubectl fgpu report's GPUs held.", nil, nil),
+			"GPUs the workloads fgpu sizes hold now (fgpu's claims, and the GPU pods fgpu did not place as they ask for the extended resource), a shared or time-sliced GPU once: kubectl fgpu report's GPUs held.", nil, nil),
+		gpusHeldAtMost: prometheus.NewDesc("fgpu_allocator_sizing_gpus_held_at_most",
+			"The most GPUs those workloads may hold, where more than fgpu_allocator_sizing_gpus_held: time-sliced pods that ran nothing seen are counted there on the fewest GPUs they fit; absent otherwise.", nil, nil),
 		gpusNeeded: prometheus.NewDesc("fgpu_allocator_sizing_gpus_needed",
 			"GPUs the same workloads would need at fgpu's recommended sizes, packed by the placement core (kubectl fgpu report's GPUs needed); absent while no workload has a recommendation.", nil, nil),
 		unplaced: prometheus.NewDesc("fgpu_allocator_sizing_unplaced_shares",
@@ -136,9 +139,9 @@ func newAdoptionMetrics() adoptionMetrics {
 		nsGPUs: prometheus.NewDesc("fgpu_allocator_namespace_sizing_gpus_held",
 			"GPUs the namespace's workloads fgpu sizes hold now, a GPU once per namespace.", ns, nil),
 		nsObservedGPUs: prometheus.NewDesc("fgpu_allocator_namespace_sizing_observed_gpus_held",
-			"Of them, the GPUs its pods fgpu did not place hold (NVIDIA's device plugin's, measured in observe mode).", ns, nil),
+			"Of them, the GPUs its pods fgpu did not place hold (NVIDIA's device plugin's, as they ask for them).", ns, nil),
 		nsHeld: prometheus.NewDesc("fgpu_allocator_namespace_sizing_held_memory_bytes",
-			"GPU memory the namespace's workloads fgpu sizes hold now (a whole GPU all of its memory).", ns, nil),
+			"GPU memory the namespace's workloads fgpu sizes hold now, each GPU's once (a whole GPU, or one held outside fgpu, all of its memory).", ns, nil),
 		nsMeasuredHeld: prometheus.NewDesc("fgpu_allocator_namespace_sizing_measured_held_memory_bytes",
 			"Of it, what the shares with use measured in the last 24h hold; absent where none was measured.", ns, nil),
 		nsUsedP95: prometheus.NewDesc("fgpu_allocator_namespace_sizing_used_memory_p95_bytes",
@@ -149,7 +152,7 @@ func newAdoptionMetrics() adoptionMetrics {
 }
 
 func (a *adoptionMetrics) describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{a.gpusHeld, a.gpusNeeded, a.unplaced, a.workloads, a.measured, a.recommended,
+	for _, d := range []*prometheus.Desc{a.gpusHeld, a.gpusHeldAtMost, a.gpusNeeded, a.unplaced, a.workloads, a.measured, a.recommended,
 		a.nsGPUs, a.nsObservedGPUs, a.nsHeld, a.nsMeasuredHeld, a.nsUsedP95, a.nsNeeded} {
 		ch <- d
 	}
@@ -161,6 +164,9 @@ func (a *adoptionMetrics) collect(sum *adoption.Summary, gauge func(*prometheus.
 		return
 	}
 	gauge(a.gpusHeld, float64(sum.GPUsHeld))
+	if sum.GPUsHeldAtMost != nil {
+		gauge(a.gpusHeldAtMost, float64(*sum.GPUsHeldAtMost))
+	}
 	if sum.GPUsNeeded != nil {
 		gauge(a.gpusNeeded, float64(*sum.GPUsNeeded))
 		gauge(a.unplaced, float64(sum.UnplacedShares))

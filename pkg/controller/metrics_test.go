@@ -10,7 +10,10 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/adoption"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -207,6 +210,7 @@ func TestCollectSendsWithoutTheModelLock(t *testing.T) {
 // adoptionSeries are the before-and-after series, cluster-wide and per namespace.
 var adoptionSeries = []string{"fgpu_allocator_sizing_gpus_held", "fgpu_allocator_sizing_gpus_needed", "fgpu_allocator_sizing_unplaced_shares",
 	"fgpu_allocator_sizing_workloads", "fgpu_allocator_sizing_measured_workloads", "fgpu_allocator_sizing_recommended_workloads",
+	"fgpu_allocator_sizing_gpus_held_at_most",
 	"fgpu_allocator_namespace_sizing_gpus_held", "fgpu_allocator_namespace_sizing_observed_gpus_held",
 	"fgpu_allocator_namespace_sizing_held_memory_bytes", "fgpu_allocator_namespace_sizing_measured_held_memory_bytes",
 	"fgpu_allocator_namespace_sizing_used_memory_p95_bytes", "fgpu_allocator_namespace_sizing_needed_memory_bytes"}
@@ -249,7 +253,7 @@ func TestBeforeAndAfterMetrics(t *testing.T) {
 		t.Fatal("legacy's recommendation is not among those told")
 	}
 	want := fmt.Sprintf(`
-# HELP fgpu_allocator_sizing_gpus_held GPUs the workloads fgpu sizes hold now (fgpu's claims and the GPU pods fgpu did not place that observe mode measured), a shared GPU once: kubectl fgpu report's GPUs held.
+# HELP fgpu_allocator_sizing_gpus_held GPUs the workloads fgpu sizes hold now (fgpu's claims, and the GPU pods fgpu did not place as they ask for the extended resource), a shared or time-sliced GPU once: kubectl fgpu report's GPUs held.
 # TYPE fgpu_allocator_sizing_gpus_held gauge
 fgpu_allocator_sizing_gpus_held 2
 # HELP fgpu_allocator_sizing_gpus_needed GPUs the same workloads would need at fgpu's recommended sizes, packed by the placement core (kubectl fgpu report's GPUs needed); absent while no workload has a recommendation.
@@ -271,11 +275,11 @@ fgpu_allocator_sizing_recommended_workloads 1
 # TYPE fgpu_allocator_namespace_sizing_gpus_held gauge
 fgpu_allocator_namespace_sizing_gpus_held{namespace="team-a"} 1
 fgpu_allocator_namespace_sizing_gpus_held{namespace="team-b"} 1
-# HELP fgpu_allocator_namespace_sizing_observed_gpus_held Of them, the GPUs its pods fgpu did not place hold (NVIDIA's device plugin's, measured in observe mode).
+# HELP fgpu_allocator_namespace_sizing_observed_gpus_held Of them, the GPUs its pods fgpu did not place hold (NVIDIA's device plugin's, as they ask for them).
 # TYPE fgpu_allocator_namespace_sizing_observed_gpus_held gauge
 fgpu_allocator_namespace_sizing_observed_gpus_held{namespace="team-a"} 0
 fgpu_allocator_namespace_sizing_observed_gpus_held{namespace="team-b"} 1
-# HELP fgpu_allocator_namespace_sizing_held_memory_bytes GPU memory the namespace's workloads fgpu sizes hold now (a whole GPU all of its memory).
+# HELP fgpu_allocator_namespace_sizing_held_memory_bytes GPU memory the namespace's workloads fgpu sizes hold now, each GPU's once (a whole GPU, or one held outside fgpu, all of its memory).
 # TYPE fgpu_allocator_namespace_sizing_held_memory_bytes gauge
 fgpu_allocator_namespace_sizing_held_memory_bytes{namespace="team-a"} %[1]v
 fgpu_allocator_namespace_sizing_held_memory_bytes{namespace="team-b"} %[2]v
@@ -321,7 +325,7 @@ func TestBeforeAndAfterNamespacesDropOut(t *testing.T) {
 	e.settle()
 	e.c.sizing.countAdoption(e.ctx)
 	want := `
-# HELP fgpu_allocator_sizing_gpus_held GPUs the workloads fgpu sizes hold now (fgpu's claims and the GPU pods fgpu did not place that observe mode measured), a shared GPU once: kubectl fgpu report's GPUs held.
+# HELP fgpu_allocator_sizing_gpus_held GPUs the workloads fgpu sizes hold now (fgpu's claims, and the GPU pods fgpu did not place as they ask for the extended resource), a shared or time-sliced GPU once: kubectl fgpu report's GPUs held.
 # TYPE fgpu_allocator_sizing_gpus_held gauge
 fgpu_allocator_sizing_gpus_held 0
 # HELP fgpu_allocator_sizing_workloads Workloads counted in fgpu_allocator_sizing_gpus_held.
@@ -331,7 +335,48 @@ fgpu_allocator_sizing_workloads 0
 	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(want), adoptionSeries[:4]...); err != nil {
 		t.Error(err)
 	}
-	if n, _ := testutil.GatherAndCount(e.reg, adoptionSeries[6:]...); n != 0 {
+	if n, _ := testutil.GatherAndCount(e.reg, adoptionSeries[7:]...); n != 0 {
 		t.Errorf("%d per-namespace series with nothing held, want 0", n)
+	}
+}
+
+// The sizing series count the GPU pods fgpu did not place as kubectl fgpu report does: from
+// the nvidia.com/gpu they ask for, on a node whose device plugin time-slices each of its two
+// GPUs as 4 units. a and b, seen on gpu-1, hold it once (80Gi); the idle notebook, seen on
+// none, is put on gpu-1's spare units, and the most they may hold (2) is served beside.
+func TestBeforeAndAfterCountsWhatPodsOutsideFgpuAskFor(t *testing.T) {
+	asking := func(p *corev1.Pod) *corev1.Pod {
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{adoption.DefaultExtendedResource: resource.MustParse("1")}
+		return p
+	}
+	a := asking(builders.MakePod("team-b", "a").Bound("n1").Obj())
+	b := asking(builders.MakePod("team-b", "b").Bound("n1").Obj())
+	idle := asking(builders.MakePod("team-b", "notebook").Bound("n1").Obj())
+	node := builders.MakeNode("n1").Obj()
+	node.Status.Allocatable[adoption.DefaultExtendedResource] = resource.MustParse("8")
+	e := newEnvWith(t, func(c *Config) { c.Namespace = "fgpu-system" }, nil,
+		node, builders.MakeSlice("n1", 2, "80Gi"), a, b, idle, observedMap("fgpu-system", "n1", "n1", a, b))
+	e.run()
+	e.c.sizing.countAdoption(e.ctx)
+	want := fmt.Sprintf(`
+# HELP fgpu_allocator_sizing_gpus_held GPUs the workloads fgpu sizes hold now (fgpu's claims, and the GPU pods fgpu did not place as they ask for the extended resource), a shared or time-sliced GPU once: kubectl fgpu report's GPUs held.
+# TYPE fgpu_allocator_sizing_gpus_held gauge
+fgpu_allocator_sizing_gpus_held 1
+# HELP fgpu_allocator_sizing_gpus_held_at_most The most GPUs those workloads may hold, where more than fgpu_allocator_sizing_gpus_held: time-sliced pods that ran nothing seen are counted there on the fewest GPUs they fit; absent otherwise.
+# TYPE fgpu_allocator_sizing_gpus_held_at_most gauge
+fgpu_allocator_sizing_gpus_held_at_most 2
+# HELP fgpu_allocator_sizing_workloads Workloads counted in fgpu_allocator_sizing_gpus_held.
+# TYPE fgpu_allocator_sizing_workloads gauge
+fgpu_allocator_sizing_workloads 3
+# HELP fgpu_allocator_namespace_sizing_observed_gpus_held Of them, the GPUs its pods fgpu did not place hold (NVIDIA's device plugin's, as they ask for them).
+# TYPE fgpu_allocator_namespace_sizing_observed_gpus_held gauge
+fgpu_allocator_namespace_sizing_observed_gpus_held{namespace="team-b"} 1
+# HELP fgpu_allocator_namespace_sizing_held_memory_bytes GPU memory the namespace's workloads fgpu sizes hold now, each GPU's once (a whole GPU, or one held outside fgpu, all of its memory).
+# TYPE fgpu_allocator_namespace_sizing_held_memory_bytes gauge
+fgpu_allocator_namespace_sizing_held_memory_bytes{namespace="team-b"} %v
+`, float64(80<<30))
+	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(want), "fgpu_allocator_sizing_gpus_held", "fgpu_allocator_sizing_gpus_held_at_most",
+		"fgpu_allocator_sizing_workloads", "fgpu_allocator_namespace_sizing_observed_gpus_held", "fgpu_allocator_namespace_sizing_held_memory_bytes"); err != nil {
+		t.Error(err)
 	}
 }

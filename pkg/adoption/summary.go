@@ -145,65 +145,79 @@ func Summarize(gpus []*GPU, placed []Share, outside Observed, recommend Recommen
 	return s, nil
 }
 
+// workloadSums is a workload's shares as tally sums them.
+type workloadSums struct {
+	Workload
+	gpus     map[*GPU]bool
+	whole    bool // every share of it holds whole GPUs
+	use      *api.ShareUsage
+	all      []*Share
+	measured []*Share
+}
+
+// add counts a share of the workload.
+func (w *workloadSums) add(sh *Share) {
+	w.Shares++
+	w.all = append(w.all, sh)
+	w.shareGPUs += len(sh.GPUs)
+	w.packed += packedAt(sh)
+	w.whole = w.whole && sh.Whole
+	w.Observed = w.Observed || sh.Observed
+	w.TimeSliced = w.TimeSliced || sh.TimeSliced
+	w.GPUsEstimated = w.GPUsEstimated || sh.Estimated
+	if sh.NoSamples {
+		w.NoSamples++
+	}
+	for _, g := range sh.GPUs {
+		w.gpus[g] = true
+	}
+	if sh.Use != nil {
+		if w.Used == nil {
+			w.Used = &MeasuredUse{}
+		}
+		w.Used.Shares++
+		w.measured = append(w.measured, sh)
+		w.use = merged(w.use, sh.Use)
+	}
+}
+
+// namespaceSums is a namespace's shares as tally sums them.
+type namespaceSums struct {
+	all, observed map[*GPU]bool
+	shares        []*Share
+	measured      []*Share
+}
+
 // tally sums the shares per workload, namespace and into the totals, and gives each
 // workload its recommendation.
 func (s *Summary) tally(shares []Share, recommend Recommend) {
-	type sums struct {
-		Workload
-		gpus     map[*GPU]bool
-		whole    bool // every share of it holds whole GPUs
-		use      *api.ShareUsage
-		all      []*Share
-		measured []*Share
-	}
-	byWorkload := map[api.SizingWorkload]*sums{}
+	byWorkload := map[api.SizingWorkload]*workloadSums{}
+	byNamespace := map[string]*namespaceSums{}
 	held := map[*GPU]bool{}
-	type nsSums struct {
-		all, observed map[*GPU]bool
-		shares        []*Share
-		measured      []*Share
-	}
-	byNamespace := map[string]*nsSums{}
 	all := make([]*Share, 0, len(shares))
 	for i := range shares {
 		sh := &shares[i]
 		all = append(all, sh)
 		w := byWorkload[sh.Workload]
 		if w == nil {
-			w = &sums{Workload: Workload{SizingWorkload: sh.Workload}, gpus: map[*GPU]bool{}, whole: true}
+			w = &workloadSums{Workload: Workload{SizingWorkload: sh.Workload}, gpus: map[*GPU]bool{}, whole: true}
 			byWorkload[sh.Workload] = w
 		}
+		w.add(sh)
 		ns := byNamespace[sh.Workload.Namespace]
 		if ns == nil {
-			ns = &nsSums{all: map[*GPU]bool{}, observed: map[*GPU]bool{}}
+			ns = &namespaceSums{all: map[*GPU]bool{}, observed: map[*GPU]bool{}}
 			byNamespace[sh.Workload.Namespace] = ns
 		}
 		ns.shares = append(ns.shares, sh)
-		w.Shares++
-		w.all = append(w.all, sh)
-		w.shareGPUs += len(sh.GPUs)
-		w.packed += packedAt(sh)
-		w.whole = w.whole && sh.Whole
-		w.Observed = w.Observed || sh.Observed
-		w.TimeSliced = w.TimeSliced || sh.TimeSliced
-		w.GPUsEstimated = w.GPUsEstimated || sh.Estimated
-		if sh.NoSamples {
-			w.NoSamples++
+		if sh.Use != nil {
+			ns.measured = append(ns.measured, sh)
 		}
 		for _, g := range sh.GPUs {
-			w.gpus[g], held[g], ns.all[g] = true, true, true
+			held[g], ns.all[g] = true, true
 			if sh.Observed {
 				ns.observed[g] = true
 			}
-		}
-		if sh.Use != nil {
-			if w.Used == nil {
-				w.Used = &MeasuredUse{}
-			}
-			w.Used.Shares++
-			w.measured = append(w.measured, sh)
-			ns.measured = append(ns.measured, sh)
-			w.use = merged(w.use, sh.Use)
 		}
 	}
 	s.GPUsHeld = len(held)
@@ -213,21 +227,7 @@ func (s *Summary) tally(shares []Share, recommend Recommend) {
 			MemoryHeldBytes: memoryHeld(ns.shares), MeasuredMemoryHeldBytes: memoryHeld(ns.measured)}
 	}
 	for key, w := range byWorkload {
-		w.GPUs = len(w.gpus)
-		w.MemoryHeldBytes = memoryHeld(w.all)
-		if rec, at, ok := recommend(key); ok {
-			w.Recommendation, w.RecommendedAt = &rec, &at
-			w.KeepsWhole = w.whole && rec.ComputePercent >= engine.BusyComputePercent
-			s.RecommendedWorkloads++
-		}
-		if u := w.use; u != nil {
-			s.MeasuredWorkloads++
-			w.Used.MemoryHeldBytes = memoryHeld(w.measured)
-			w.Used.MemoryP95Bytes, w.Used.MemoryPeakBytes, w.Used.From, w.Used.To = u.MemoryP95Bytes, u.MemoryMaxBytes, u.From, u.To
-			if u.SMSamples > 0 {
-				w.Used.SMP95Percent, w.Used.SMMeanPercent = &u.SMP95Percent, &u.SMMeanPercent
-			}
-		}
+		s.finish(w, recommend)
 		ns := s.Namespaces[key.Namespace]
 		ns.Workloads++
 		if w.Recommendation != nil {
@@ -243,6 +243,25 @@ func (s *Summary) tally(shares []Share, recommend Recommend) {
 	sort.Slice(s.Workloads, func(i, j int) bool {
 		return s.Workloads[i].String() < s.Workloads[j].String()
 	})
+}
+
+// finish gives a workload its GPUs, memory, recommendation and use, and counts it.
+func (s *Summary) finish(w *workloadSums, recommend Recommend) {
+	w.GPUs = len(w.gpus)
+	w.MemoryHeldBytes = memoryHeld(w.all)
+	if rec, at, ok := recommend(w.SizingWorkload); ok {
+		w.Recommendation, w.RecommendedAt = &rec, &at
+		w.KeepsWhole = w.whole && rec.ComputePercent >= engine.BusyComputePercent
+		s.RecommendedWorkloads++
+	}
+	if u := w.use; u != nil {
+		s.MeasuredWorkloads++
+		w.Used.MemoryHeldBytes = memoryHeld(w.measured)
+		w.Used.MemoryP95Bytes, w.Used.MemoryPeakBytes, w.Used.From, w.Used.To = u.MemoryP95Bytes, u.MemoryMaxBytes, u.From, u.To
+		if u.SMSamples > 0 {
+			w.Used.SMP95Percent, w.Used.SMMeanPercent = &u.SMP95Percent, &u.SMMeanPercent
+		}
+	}
 }
 
 // memoryHeld is the memory shares hold, each GPU's once: what a claim's share holds of it,

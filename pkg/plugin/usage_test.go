@@ -250,3 +250,38 @@ func statusUsageOrNil(client *k8sfake.Clientset, claim *resourceapi.ResourceClai
 	}
 	return data.Usage
 }
+
+// While a claim's status writes keep failing, its window stays bounded and its summary still
+// counts every sample and the peak.
+func TestUsageWindowStaysBoundedWhileReportsFail(t *testing.T) {
+	e := newEnv(t)
+	s := e.state()
+	ctx := context.Background()
+	a := builders.MakeClaim("ns", "a").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()
+	if _, err := s.PrepareFor(ctx, a, []checkpoint.PodRef{{UID: podA, Name: "pa"}}); err != nil {
+		t.Fatal(err)
+	}
+	proc := t.TempDir()
+	pid := livePID(t)
+	fakeProc(t, proc, pid, "0::/kubepods/burstable/pod"+podA+"/c1\n")
+	m := newUsageMeter(e.backend(), proc, 5*time.Minute, 30*time.Minute)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const polls = 3 * maxObservedSamples
+	for i := range polls {
+		gib := int64(1)
+		if i == 100 {
+			gib = 9 // one spike, long before the write that succeeds
+		}
+		if err := fake.ReportUsage(e.cfg.DevRoot, 0, pid, gib<<30, 20, 0); err != nil {
+			t.Fatal(err)
+		}
+		m.sample(ctx, t0.Add(time.Duration(i)*10*time.Second), s.PreparedClaims(), nil)
+	}
+	k := shareKey{string(a.UID), "gpu", "gpu-0"}
+	if n := m.shares[k].window.Len(); n > maxObservedSamples {
+		t.Fatalf("%d samples kept after %d polls with no report written; want at most %d", n, polls, maxObservedSamples)
+	}
+	if u := m.summaries(string(a.UID), t0.Add(polls*10*time.Second))[k]; u.Samples != polls || u.MemoryMaxBytes != 9<<30 {
+		t.Fatalf("summary %+v; want all %d samples and the 9Gi spike", u, polls)
+	}
+}

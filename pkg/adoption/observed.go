@@ -128,7 +128,9 @@ func candidates(o Outside, resource corev1.ResourceName, seen map[string]seenPod
 	var found []*observedPod
 	for _, p := range o.Pods {
 		node := p.Spec.NodeName
-		if (o.Namespace != "" && p.Namespace != o.Namespace) || p.Namespace == o.FgpuNamespace || node == "" ||
+		// A pod counts once a kubelet took it (hostIP, which only the kubelet writes): a tenant
+		// may name any node in spec.nodeName, and such a pod would hold nothing.
+		if (o.Namespace != "" && p.Namespace != o.Namespace) || p.Namespace == o.FgpuNamespace || node == "" || p.Status.HostIP == "" ||
 			p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
@@ -167,20 +169,29 @@ func candidates(o Outside, resource corev1.ResourceName, seen map[string]seenPod
 func (v *Observed) count(lookup NodeLookup, node string, ops []*observedPod, own []*GPU, resource corev1.ResourceName) (unpublished int) {
 	tmpl := template(node, own)
 	replicas := int64(1)
-	if len(own) > 0 && slices.ContainsFunc(ops, func(op *observedPod) bool { return op.units > 0 }) {
+	if slices.ContainsFunc(ops, func(op *observedPod) bool { return op.units > 0 }) {
 		var n *corev1.Node
 		err := fmt.Errorf("no node to read")
 		if lookup != nil {
 			n, err = lookup(node)
 		}
 		switch {
-		case err != nil:
+		case err != nil && len(own) > 0:
 			v.Notes = append(v.Notes, fmt.Sprintf("node %s could not be read (%v): its pods' %s is counted as whole GPUs; if the device plugin shares them "+
 				"(time-slicing, MPS), fewer are held", node, err, resource))
+		case err != nil:
 		default:
 			q, ok := n.Status.Allocatable[resource]
-			if a := q.Value(); ok && a > int64(len(own)) {
+			a := q.Value()
+			if ok && len(own) > 0 && a > int64(len(own)) {
 				replicas = (a + int64(len(own)) - 1) / int64(len(own))
+			}
+			// The kubelet admits no more than the node offers; what a pod's spec asks beyond
+			// that it does not hold.
+			for _, op := range ops {
+				if ok {
+					op.units = min(op.units, max(a, 0))
+				}
 			}
 		}
 	}
@@ -314,7 +325,7 @@ func asked(p *corev1.Pod, resource corev1.ResourceName) int64 {
 		if !ok {
 			q = c.Resources.Requests[resource]
 		}
-		return max(q.Value(), 0)
+		return min(max(q.Value(), 0), maxUnits)
 	}
 	var sidecars, peak, sum int64
 	for _, c := range p.Spec.InitContainers {
@@ -327,8 +338,12 @@ func asked(p *corev1.Pod, resource corev1.ResourceName) int64 {
 	for _, c := range p.Spec.Containers {
 		sum += of(c)
 	}
-	return max(sum+sidecars, peak)
+	return min(max(sum+sidecars, peak), maxUnits)
 }
+
+// maxUnits bounds what one pod is counted to ask for, before its node says how much it
+// offers: no node offers more, and each unit is a GPU the count makes.
+const maxUnits = 1024
 
 // template is a GPU of node, not located, as its pods are counted on: the node's model and
 // memory where all its published GPUs have the same, else unknown (0).

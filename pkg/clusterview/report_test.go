@@ -619,6 +619,24 @@ func TestReportTenantsCannotMoveOtherNamespacesFigures(t *testing.T) {
 	}
 }
 
+// A tenant's pod counts only for what a kubelet admitted: one bound by hand to a node no
+// kubelet runs (spec.nodeName is the tenant's to write) holds nothing, and one asking for
+// more than its node offers holds at most what the node offers. Otherwise a pod asking for
+// a billion GPUs would make the count (the allocator's, every minute) build a billion.
+func TestReportCountsOnlyWhatAKubeletAdmitted(t *testing.T) {
+	nowhere := asking(builders.MakePod("team-e", "nowhere").Bound("no-such-node").Obj(), 1_000_000_000)
+	nowhere.Status.HostIP = ""
+	greedy := asking(builders.MakePod("team-e", "greedy").Bound("n2").Obj(), 1_000_000_000)
+	c := fake.NewClientset(builders.MakeSlice("n1", 2, "80Gi"), gpuNode("n1", 2), gpuNode("n2", 4), nowhere, greedy)
+	r, err := Report(context.Background(), c, api.DriverName, "fgpu-system", "", "", time.Hour, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.GPUsHeld != 4 || len(r.Workloads) != 1 || r.Workloads[0].Name != "greedy" {
+		t.Fatalf("%s; want greedy alone, on the 4 GPUs its node offers", asJSON(r))
+	}
+}
+
 // Where the node cannot be read, whether its device plugin shares GPUs is not known: its
 // pods count whole GPUs, and the report says so.
 func TestReportSaysWhereSharingIsNotKnown(t *testing.T) {

@@ -232,7 +232,11 @@ func (b *PodBuilder) NodeSelector(k, v string) *PodBuilder {
 }
 
 // Bound binds the pod to node.
-func (b *PodBuilder) Bound(node string) *PodBuilder { b.p.Spec.NodeName = node; return b }
+func (b *PodBuilder) Bound(node string) *PodBuilder {
+	b.p.Spec.NodeName = node
+	b.p.Status.HostIP = "192.0.2.1" // as the node's kubelet writes it once it took the pod
+	return b
+}
 
 // Obj returns the pod.
 func (b *PodBuilder) Obj() *corev1.Pod { return b.p }

@@ -31,10 +31,20 @@ const aheadGrace = time.Minute
 // (a pod looked at twice costs one claim read).
 const maxAheadPods = 4096
 
+// maxAheadLookups bounds the pods whose claims are being read at once, and maxAheadClaims
+// the claims read for one pod: a tenant may bind pods naming many claims to this node by
+// hand, and the plugin's API budget is every namespace's prepares'. Past them nothing is
+// started ahead (the prepares start the daemons).
+const (
+	maxAheadLookups = 4
+	maxAheadClaims  = 8
+)
+
 // startsAhead looks at each pod bound to this node once, while it is pending.
 type startsAhead struct {
-	mu   sync.Mutex
-	seen map[types.UID]bool
+	mu      sync.Mutex
+	seen    map[types.UID]bool
+	lookups int
 }
 
 // podBound starts, in the background, the MPS daemons of the claims of a pod just bound to
@@ -55,9 +65,20 @@ func (d *Driver) podBound(ctx context.Context, pod *corev1.Pod) {
 		a.seen = map[types.UID]bool{}
 	}
 	a.seen[pod.UID] = true
+	if a.lookups >= maxAheadLookups {
+		a.mu.Unlock()
+		return
+	}
+	a.lookups++
 	a.mu.Unlock()
+	names := slices.Compact(slices.Sorted(slices.Values(claimNames(pod))))
 	go func() {
-		for _, name := range claimNames(pod) {
+		defer func() {
+			a.mu.Lock()
+			a.lookups--
+			a.mu.Unlock()
+		}()
+		for _, name := range names[:min(len(names), maxAheadClaims)] {
 			if uid, _ := d.state.preparedClaim(pod.Namespace, name); uid != "" {
 				continue
 			}
@@ -83,20 +104,26 @@ func (s *State) startDaemonsAhead(ctx context.Context, claim *resourceapi.Resour
 	if err != nil {
 		return // its prepare refuses it with the reason
 	}
-	s.daemons.startAhead(ctx, planned)
+	s.daemons.startAhead(ctx, string(claim.UID), planned)
 }
 
 // startAhead starts the daemons of planned that no prepared claim uses and none is starting
-// ahead already. While one starts, its GPU's processes are not judged foreign (its server
-// is fgpu's; it is known as such once the daemon answers). Caller holds State's lock, which
-// is released while a daemon starts.
-func (d *daemons) startAhead(ctx context.Context, planned []checkpoint.PreparedDevice) {
-	used := d.l.usedDaemons()
+// ahead already, while claim uid is not being prepared. While one starts, no new process on
+// its GPU is judged foreign by the periodic refresh, and prepares on that GPU wait for it
+// (startingOn): its server is fgpu's, known as such once the daemon was asked. Caller holds
+// State's lock, which is released while a daemon starts.
+func (d *daemons) startAhead(ctx context.Context, uid string, planned []checkpoint.PreparedDevice) {
 	for _, p := range planned {
-		if p.MPSKey == "" || used[p.MPSKey] || d.foreign.starting[p.MPSKey] != "" {
+		// Read again each time: the lock was released while the previous one started.
+		if _, ok := d.l.cp.Claims[uid]; ok {
+			return
+		}
+		if p.MPSKey == "" || d.l.usedDaemons()[p.MPSKey] || d.foreign.starting[p.MPSKey] != "" {
 			continue
 		}
+		done := make(chan struct{})
 		d.foreign.starting[p.MPSKey] = p.GPUUUID
+		d.aheadDone[p.MPSKey] = done
 		d.ahead[p.MPSKey] = time.Now()
 		_, err := d.ensure(ctx, p.MPSKey, p.GPUUUID, true)
 		if err != nil {
@@ -107,7 +134,20 @@ func (d *daemons) startAhead(ctx context.Context, planned []checkpoint.PreparedD
 		d.mu.Lock()
 		d.foreign.own(servers)
 		delete(d.foreign.starting, p.MPSKey)
+		delete(d.aheadDone, p.MPSKey)
+		close(done)
 	}
+}
+
+// startingOn is closed once no daemon started ahead on the GPUs of planned is still
+// starting; nil when none is. Caller holds State's lock.
+func (d *daemons) startingOn(planned []checkpoint.PreparedDevice) <-chan struct{} {
+	for key, uuid := range d.foreign.starting {
+		if slices.ContainsFunc(planned, func(p checkpoint.PreparedDevice) bool { return p.GPUUUID == uuid }) {
+			return d.aheadDone[key]
+		}
+	}
+	return nil
 }
 
 // dropAhead has the daemons started ahead for planned, which a refused prepare does not

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/mps"
 )
 
 // boundPod is a pending pod of this node that names claim.
@@ -162,5 +163,54 @@ func TestMPSDaemonOfPreparedClaimsIsNotStartedAhead(t *testing.T) {
 	settled(t, s, client, 0)
 	if created() != 1 {
 		t.Fatalf("daemon %s of a prepared claim was started ahead: %d pods created", key, created())
+	}
+}
+
+// gatedLauncher holds each daemon's start until gate is closed.
+type gatedLauncher struct {
+	mps.Launcher
+	gate chan struct{}
+}
+
+func (g gatedLauncher) Start(ctx context.Context, spec mps.DaemonSpec, replace bool) (bool, error) {
+	<-g.gate
+	return g.Launcher.Start(ctx, spec, replace)
+}
+
+func (g gatedLauncher) Protect(ctx context.Context, key string, protect bool) error {
+	return g.Launcher.(daemonGuard).Protect(ctx, key, protect)
+}
+
+// A process fgpu did not start that lands on the GPU while the claim's daemon starts ahead
+// is still seen by the claim's prepare, which waits for that start and then refuses a share
+// promised enforced memory there.
+func TestPrepareSeesForeignProcessesWhileItsDaemonStartsAhead(t *testing.T) {
+	ctx := context.Background()
+	claim := builders.MakeClaim("ns-a", "keep").Memory("10Gi").Config(keepGPU).AllocatedOn(node, "gpu-0").Obj()
+	e, client, _ := newPodEnv(t)
+	e.cfg.Fenced = true
+	if _, err := client.ResourceV1().ResourceClaims("ns-a").Create(ctx, withReservedFor(claim, "p", "pod-1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := e.state()
+	gate := make(chan struct{})
+	s.daemons.mps.Launcher = gatedLauncher{Launcher: s.daemons.mps.Launcher, gate: gate}
+	d := &Driver{state: s, client: client, cfg: e.cfg}
+
+	d.podSeen(ctx, boundPod("ns-a", "p", "pod-1", "keep"))
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.foreign.starting) > 0, nil
+	}); err != nil {
+		t.Fatal("no daemon started ahead")
+	}
+	e.foreignProcesses(0, "99")
+	done := make(chan error, 1)
+	go func() { _, err := s.Prepare(ctx, claim); done <- err }()
+	time.Sleep(200 * time.Millisecond)
+	close(gate)
+	if err := <-done; err == nil {
+		t.Fatal("a share promised enforced memory was prepared on a GPU that runs a process fgpu did not start")
 	}
 }

@@ -51,6 +51,8 @@ type daemons struct {
 	// ahead are the daemons started ahead of their claims' prepares that no claim used yet,
 	// with when (ahead.go); the zero time: to be stopped at the next check.
 	ahead map[string]time.Time
+	// aheadDone is closed when the daemon started ahead under its key is known (startAhead).
+	aheadDone map[string]chan struct{}
 }
 
 // ensure starts or adopts an MPS daemon with its domain's defaults; started says it

@@ -176,7 +176,9 @@ func (f *foreignWatch) refreshGPU(ctx context.Context, uuid, except string) []in
 	if f.ownPIDNamespace {
 		return nil
 	}
-	claimed := f.l.claimedOn(uuid, except) || slices.Contains(slices.Collect(maps.Values(f.starting)), uuid)
+	// The periodic refresh (no except) waits for a daemon starting ahead on the GPU; a
+	// prepare's check never runs while one does (State.prepare waits for it).
+	claimed := f.l.claimedOn(uuid, except) || except == "" && slices.Contains(slices.Collect(maps.Values(f.starting)), uuid)
 	if claimed && len(f.foreign[uuid]) == 0 {
 		return nil
 	}

@@ -178,7 +178,11 @@ func (g gatedLauncher) Start(ctx context.Context, spec mps.DaemonSpec, replace b
 }
 
 func (g gatedLauncher) Protect(ctx context.Context, key string, protect bool) error {
-	return g.Launcher.(daemonGuard).Protect(ctx, key, protect)
+	guard, ok := g.Launcher.(daemonGuard)
+	if !ok {
+		return nil
+	}
+	return guard.Protect(ctx, key, protect)
 }
 
 // A process fgpu did not start that lands on the GPU while the claim's daemon starts ahead

@@ -235,8 +235,9 @@ func (v *Observed) count(lookup NodeLookup, node string, ops []*observedPod, own
 }
 
 // fill counts the pods of a node whose device plugin shares each GPU as replicas units: the
-// GPUs a pod was seen on are its, and its units no sample locates go, in name order, on
-// those GPUs' spare replicas, then on as few other GPUs as they fit. It says so in a note,
+// GPUs a pod was seen on are its, and its units no sample locates go, in name order, on the
+// spare replicas of the GPUs its namespace was seen on, then on any spare replica, then on as
+// few other GPUs as they fit. It says so in a note,
 // adds the GPUs they may hold beyond those to Slack, and returns the units not located.
 func (v *Observed) fill(node string, ops []*observedPod, own []*GPU, tmpl GPU, replicas int64, resource corev1.ResourceName) int {
 	taken := map[*GPU]int64{}
@@ -246,33 +247,53 @@ func (v *Observed) fill(node string, ops []*observedPod, own []*GPU, tmpl GPU, r
 		}
 	}
 	identified := len(taken)
+	seenBy := map[string]map[*GPU]bool{}
+	for _, op := range ops {
+		for _, g := range op.seen {
+			if seenBy[op.pod.Namespace] == nil {
+				seenBy[op.pod.Namespace] = map[*GPU]bool{}
+			}
+			seenBy[op.pod.Namespace][g] = true
+		}
+	}
 	var extra []*GPU
 	missing, pods := 0, 0
-	for _, op := range ops {
+	left := make([]int64, len(ops))
+	for i, op := range ops {
 		op.gpus = op.seen
-		m := max(0, op.units-int64(len(op.seen)))
-		if m > 0 {
+		left[i] = max(0, op.units-int64(len(op.seen)))
+		if left[i] > 0 {
 			pods++
+			missing += int(left[i])
 		}
-		for range m {
-			missing++
-			var at *GPU
-			for _, g := range own {
-				if n, ok := taken[g]; ok && n < replicas {
-					at = g
+	}
+	// First each pod's units on the spare replicas of GPUs its own namespace was seen on, so
+	// that another namespace's pods, earlier in name order, do not push its estimate up; then
+	// what is left on any spare replica, then on as few other GPUs as it fits.
+	for _, ownOnly := range []bool{true, false} {
+		for i, op := range ops {
+			for ; left[i] > 0; left[i]-- {
+				var at *GPU
+				for _, g := range own {
+					if n, ok := taken[g]; ok && n < replicas && (!ownOnly || seenBy[op.pod.Namespace][g]) {
+						at = g
+						break
+					}
+				}
+				if at == nil && ownOnly {
 					break
 				}
+				if at == nil && (len(extra) == 0 || taken[extra[len(extra)-1]] >= replicas) {
+					g := tmpl
+					extra = append(extra, &g)
+					taken[&g] = 0
+				}
+				if at == nil {
+					at = extra[len(extra)-1]
+				}
+				taken[at]++
+				op.gpus = appendOnce(op.gpus, at)
 			}
-			if at == nil && (len(extra) == 0 || taken[extra[len(extra)-1]] >= replicas) {
-				g := tmpl
-				extra = append(extra, &g)
-				taken[&g] = 0
-			}
-			if at == nil {
-				at = extra[len(extra)-1]
-			}
-			taken[at]++
-			op.gpus = appendOnce(op.gpus, at)
 		}
 	}
 	least := identified + len(extra)

@@ -619,6 +619,29 @@ func TestReportTenantsCannotMoveOtherNamespacesFigures(t *testing.T) {
 	}
 }
 
+// On a node that time-slices, a namespace's pods that ran nothing seen go first on the spare
+// replicas of the GPUs that namespace was seen on: another namespace's idle pods, earlier in
+// name order, do not push its estimate onto more GPUs.
+func TestReportPlacesIdleTimeSlicedPodsByTheirOwnNamespace(t *testing.T) {
+	a := asking(builders.MakePod("team-a", "a").Bound("n1").Obj(), 1)
+	z := asking(builders.MakePod("team-z", "z").Bound("n1").Obj(), 1)
+	zIdle := asking(builders.MakePod("team-z", "z-idle").Bound("n1").Obj(), 1)
+	used := observedOn("n1", t0.Add(-time.Minute), map[*corev1.Pod]string{a: "gpu-0", z: "gpu-1"})
+	base := []runtime.Object{builders.MakeSlice("n1", 2, "80Gi"), gpuNode("n1", 4), a, z, zIdle, used}
+	idle := slices.Concat(base, []runtime.Object{
+		asking(builders.MakePod("team-a", "a-idle-1").Bound("n1").Obj(), 1),
+		asking(builders.MakePod("team-a", "a-idle-2").Bound("n1").Obj(), 1)})
+	for _, objs := range [][]runtime.Object{base, idle} {
+		r, err := Report(context.Background(), fake.NewClientset(objs...), api.DriverName, "fgpu-system", "", "", time.Hour, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ns := r.Namespaces["team-z"]; ns == nil || ns.GPUsHeld != 1 {
+			t.Fatalf("team-z: %+v (with %d pods on the node); want its two pods on the one GPU it was seen on", ns, len(objs)-3)
+		}
+	}
+}
+
 // A tenant's pod counts only for what a kubelet admitted: one bound by hand to a node no
 // kubelet runs (spec.nodeName is the tenant's to write) holds nothing, and one asking for
 // more than its node offers holds at most what the node offers. Otherwise a pod asking for

@@ -239,21 +239,35 @@ func fitObserved(usage *configapi.ObservedUsage, written map[observedKey]configa
 			size int
 			use  configapi.ShareUsage
 		}
-		var entries []entry
+		// By namespace, so that the namespace with the most entries loses its own first: one
+		// tenant churning pods on the node cannot push another's small uses out.
+		byNS := map[string][]entry{}
 		for _, p := range usage.Pods {
 			for _, g := range p.GPUs {
 				one, _ := json.Marshal(g)
-				entries = append(entries, entry{observedKey{p.UID, g.UUID}, len(one) + 1, g.Usage})
+				byNS[p.Namespace] = append(byNS[p.Namespace], entry{observedKey{p.UID, g.UUID}, len(one) + 1, g.Usage})
 			}
 		}
-		slices.SortFunc(entries, func(a, b entry) int {
-			return cmp.Or(a.use.To.Compare(b.use.To), cmp.Compare(a.use.MemoryMaxBytes, b.use.MemoryMaxBytes),
-				cmp.Compare(a.key.podUID, b.key.podUID), cmp.Compare(a.key.uuid, b.key.uuid))
-		})
+		for _, entries := range byNS {
+			slices.SortFunc(entries, func(a, b entry) int {
+				return cmp.Or(a.use.To.Compare(b.use.To), cmp.Compare(a.use.MemoryMaxBytes, b.use.MemoryMaxBytes),
+					cmp.Compare(a.key.podUID, b.key.podUID), cmp.Compare(a.key.uuid, b.key.uuid))
+			})
+		}
 		drop := map[observedKey]bool{}
-		for excess := len(raw) - limit; excess > 0 && len(entries) > 0; entries = entries[1:] {
-			drop[entries[0].key] = true
-			excess -= entries[0].size
+		for excess := len(raw) - limit; excess > 0 && len(byNS) > 0; {
+			most := ""
+			for ns, entries := range byNS {
+				if most == "" || len(entries) > len(byNS[most]) || len(entries) == len(byNS[most]) && ns < most {
+					most = ns
+				}
+			}
+			e := byNS[most][0]
+			if byNS[most] = byNS[most][1:]; len(byNS[most]) == 0 {
+				delete(byNS, most)
+			}
+			drop[e.key] = true
+			excess -= e.size
 		}
 		pods := usage.Pods[:0]
 		for _, p := range usage.Pods {

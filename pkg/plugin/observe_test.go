@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -318,5 +319,33 @@ func TestObserveFitsTheConfigMapLimit(t *testing.T) {
 	small := configapi.ObservedUsage{Pods: usage.Pods[:10]}
 	if dropped := fitObserved(&small, written, maxObservedBytes); len(dropped) != 0 || len(small.Pods) != 10 {
 		t.Errorf("a small ConfigMap lost %d entries", len(dropped))
+	}
+}
+
+// One namespace churning pods on the node cannot push another's small uses out of the
+// ConfigMap: the namespace with the most entries loses its own first.
+func TestObserveLimitTakesFromTheLargestNamespaceFirst(t *testing.T) {
+	var usage configapi.ObservedUsage
+	written := map[observedKey]configapi.ShareUsage{}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	add := func(ns, uid string, peak int64) {
+		use := configapi.ShareUsage{From: t0, To: t0.Add(5 * time.Minute), Samples: 30, MemoryMaxBytes: peak, MemoryP95Bytes: peak}
+		usage.Pods = append(usage.Pods, configapi.ObservedPod{Namespace: ns, Name: uid, UID: uid, GPUs: []configapi.ObservedGPU{{UUID: "GPU-0", Device: "gpu-0", Usage: use}}})
+		written[observedKey{uid, "GPU-0"}] = use
+	}
+	for i := range 4000 {
+		add("churn", fmt.Sprintf("churn-%04d", i), 70<<30) // large peaks
+	}
+	for i := range 20 {
+		add("quiet", fmt.Sprintf("quiet-%02d", i), 1<<30) // the smallest uses
+	}
+	dropped := fitObserved(&usage, written, maxObservedBytes)
+	if len(dropped) == 0 {
+		t.Fatal("nothing left out: nothing to test")
+	}
+	for _, k := range dropped {
+		if strings.HasPrefix(k.podUID, "quiet") {
+			t.Fatalf("%s left out while the churning namespace kept %d entries", k.podUID, len(usage.Pods)-20)
+		}
 	}
 }

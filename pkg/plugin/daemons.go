@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"sync"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -48,11 +47,6 @@ type daemons struct {
 	// check try again (retryStops).
 	unstopped map[string]bool
 	sweep     bool
-	// ahead are the daemons started ahead of their claims' prepares that no claim used yet,
-	// with when (ahead.go); the zero time: to be stopped at the next check.
-	ahead map[string]time.Time
-	// aheadDone is closed when the daemon started ahead under its key is known (startAhead).
-	aheadDone map[string]chan struct{}
 }
 
 // ensure starts or adopts an MPS daemon with its domain's defaults; started says it

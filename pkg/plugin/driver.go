@@ -37,8 +37,6 @@ type Driver struct {
 	// evicting are the pods told they are evicted because their MPS server broke (only
 	// watchMPS uses it).
 	evicting map[types.UID]bool
-	// ahead: the pods whose claims' MPS daemons were started when they were bound (ahead.go).
-	ahead startsAhead
 }
 
 // Start recovers the node's state, registers with the kubelet and publishes the GPUs. It

@@ -69,14 +69,11 @@ type foreignWatch struct {
 	ownServers map[int]bool
 	// listErrs is the last error listing each GPU's processes, logged once.
 	listErrs map[string]string
-	// starting are the daemons started ahead of their claims' prepares and not yet asked for
-	// their servers, with their GPUs: no new foreign process is found on those GPUs meanwhile.
-	starting map[string]string
 }
 
 func newForeignWatch(cfg Config, backend gpu.Backend, m *mps.Manager, l *ledger) *foreignWatch {
 	return &foreignWatch{ownPIDNamespace: cfg.OwnPIDNamespace, backend: backend, mps: m, l: l,
-		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{}, starting: map[string]string{}}
+		foreign: map[string][]int{}, reported: map[string][]int{}, ownServers: map[int]bool{}, listErrs: map[string]string{}}
 }
 
 // refresh looks again at the GPUs devs fgpu has nothing prepared on and returns what
@@ -176,9 +173,7 @@ func (f *foreignWatch) refreshGPU(ctx context.Context, uuid, except string) []in
 	if f.ownPIDNamespace {
 		return nil
 	}
-	// The periodic refresh (no except) waits for a daemon starting ahead on the GPU; a
-	// prepare's check never runs while one does (State.prepare waits for it).
-	claimed := f.l.claimedOn(uuid, except) || except == "" && slices.Contains(slices.Collect(maps.Values(f.starting)), uuid)
+	claimed := f.l.claimedOn(uuid, except)
 	if claimed && len(f.foreign[uuid]) == 0 {
 		return nil
 	}

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 	"sync"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -52,7 +51,6 @@ type MPSFault struct {
 // answer delays no other domain's check. A cancelled check says nothing.
 func (d *daemons) check(ctx context.Context) []MPSFault {
 	d.mu.Lock()
-	d.expireAhead(time.Now())
 	d.retryStops(ctx, true)
 	keys := slices.Sorted(maps.Keys(d.l.preparedDaemons()))
 	d.guards.unlock(ctx) // with the guards left by the plugin's start (recover)

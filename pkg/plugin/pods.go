@@ -96,10 +96,17 @@ func (d *Driver) podSeen(ctx context.Context, obj any) {
 	if !ok || pod.Spec.NodeName != d.cfg.NodeName || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return
 	}
-	if d.state.guards.enabled() {
-		d.podBound(ctx, pod)
+	var names []string
+	for _, c := range pod.Spec.ResourceClaims {
+		if c.ResourceClaimName != nil {
+			names = append(names, *c.ResourceClaimName)
+		}
 	}
-	names := claimNames(pod)
+	for _, c := range pod.Status.ResourceClaimStatuses {
+		if c.ResourceClaimName != nil {
+			names = append(names, *c.ResourceClaimName)
+		}
+	}
 	logger := klog.FromContext(ctx)
 	ref := podRef(pod)
 	for _, name := range names {

@@ -134,7 +134,7 @@ func newState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 	s.guards = &daemonGuards{mps: m, l: s.ledger, mu: &s.mu}
 	s.daemons = &daemons{mps: m, l: s.ledger, mu: &s.mu, devices: s.devices, modes: s.modes, guards: s.guards, foreign: s.foreign,
 		client: client, nodeName: cfg.NodeName,
-		diedUnder: map[string]map[string]bool{}, unanswered: map[string]int{}, unstopped: map[string]bool{}, ahead: map[string]time.Time{}, aheadDone: map[string]chan struct{}{}}
+		diedUnder: map[string]map[string]bool{}, unanswered: map[string]int{}, unstopped: map[string]bool{}}
 	s.caps = &memoryCaps{l: s.ledger, mu: &s.mu, devices: s.devices, specs: s.cdi, background: ctx}
 	s.planner = &planner{cfg: cfg, devices: s.devices, caps: s.caps}
 	s.room = &room{cfg: cfg, devices: s.devices, l: s.ledger}
@@ -194,19 +194,6 @@ func (s *State) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, p
 		return nil, err
 	}
 	planned, err := s.planner.plan(claim)
-	if done := s.daemons.startingOn(planned); err == nil && done != nil {
-		// Its GPU's processes are judged once the daemon starting there is known.
-		s.mu.Unlock()
-		select {
-		case <-done:
-		case <-ctx.Done():
-		}
-		s.mu.Lock()
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		return nil, errPrepareAgain
-	}
 	if err == nil {
 		err = s.checkRoom(ctx, claim, planned, deadline)
 	}
@@ -215,7 +202,6 @@ func (s *State) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, p
 	}
 	if err != nil {
 		s.refusals.remember(ctx, claim, err)
-		s.daemons.dropAhead(planned)
 		return nil, err
 	}
 	entry := &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted, Devices: planned, Pods: pods}

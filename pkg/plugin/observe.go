@@ -31,11 +31,12 @@ import (
 // pod there is nothing to size. The whole node's use goes, as configapi.ObservedUsage, into
 // the ConfigMap ObservedUsagePrefix+<node> of the plugin's namespace.
 
-// A window bounded while writes fail: past maxObservedSamples samples of one pod on one GPU,
-// all but the newest half are folded into its summary (sizing.Window.Fold), which keeps their
-// count, mean and peak exactly and their 95th percentile close (never below). At a poll every
+// A window bounded while writes fail: past maxWindowSamples samples of one pod on one GPU (or
+// of one claim's share, usage.go), all but the newest half are folded into its summary
+// (sizing.Window.Bound), which keeps their count, mean and peak exactly and their 95th
+// percentile close (never below). At a poll every
 // few seconds, a report interval's samples are far fewer.
-const maxObservedSamples = 1024
+const maxWindowSamples = 1024
 
 // maxObservedBytes bounds the JSON written into the ConfigMap: an object's data may hold
 // 1 MiB, and its metadata goes beside it.
@@ -125,9 +126,7 @@ func (o *observer) sample(now time.Time, procs []unclaimedProcess, servers func(
 		u.lastSeen = now
 	}
 	for _, u := range o.uses {
-		if u.window.Len() > maxObservedSamples {
-			u.window.Fold(maxObservedSamples / 2)
-		}
+		u.window.Bound(maxWindowSamples)
 	}
 }
 

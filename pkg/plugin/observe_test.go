@@ -271,8 +271,8 @@ func TestObserveFoldsSamplesWhileWritesFail(t *testing.T) {
 		if err := o.publishIfDue(ctx, now); err != nil {
 			failures++
 		}
-		if n := o.uses[observedKey{podC, "GPU-0"}].window.Len(); n > maxObservedSamples {
-			t.Fatalf("poll %d: %d samples kept; want at most %d", i, n, maxObservedSamples)
+		if n := o.uses[observedKey{podC, "GPU-0"}].window.Len(); n > maxWindowSamples {
+			t.Fatalf("poll %d: %d samples kept; want at most %d", i, n, maxWindowSamples)
 		}
 	}
 	if failures != polls/30-1 {

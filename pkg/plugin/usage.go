@@ -166,9 +166,7 @@ func (m *usageMeter) sample(ctx context.Context, now time.Time, claims map[strin
 			u.latest = sizing.Sample{At: now, MemoryBytes: got.MemoryBytes, SMPercent: got.SMPercent}
 			u.window.Add(u.latest)
 			// Bounded while the claim's status writes fail, as observe mode's windows are.
-			if u.window.Len() > maxObservedSamples {
-				u.window.Fold(maxObservedSamples / 2)
-			}
+			u.window.Bound(maxWindowSamples)
 		}
 	}
 	for k, u := range m.shares {

@@ -266,7 +266,7 @@ func TestUsageWindowStaysBoundedWhileReportsFail(t *testing.T) {
 	fakeProc(t, proc, pid, "0::/kubepods/burstable/pod"+podA+"/c1\n")
 	m := newUsageMeter(e.backend(), proc, 5*time.Minute, 30*time.Minute)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	const polls = 3 * maxObservedSamples
+	const polls = 3 * maxWindowSamples
 	for i := range polls {
 		gib := int64(1)
 		if i == 100 {
@@ -278,8 +278,8 @@ func TestUsageWindowStaysBoundedWhileReportsFail(t *testing.T) {
 		m.sample(ctx, t0.Add(time.Duration(i)*10*time.Second), s.PreparedClaims(), nil)
 	}
 	k := shareKey{string(a.UID), "gpu", "gpu-0"}
-	if n := m.shares[k].window.Len(); n > maxObservedSamples {
-		t.Fatalf("%d samples kept after %d polls with no report written; want at most %d", n, polls, maxObservedSamples)
+	if n := m.shares[k].window.Len(); n > maxWindowSamples {
+		t.Fatalf("%d samples kept after %d polls with no report written; want at most %d", n, polls, maxWindowSamples)
 	}
 	if u := m.summaries(string(a.UID), t0.Add(polls*10*time.Second))[k]; u.Samples != polls || u.MemoryMaxBytes != 9<<30 {
 		t.Fatalf("summary %+v; want all %d samples and the 9Gi spike", u, polls)

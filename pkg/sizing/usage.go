@@ -72,6 +72,14 @@ func (w *Window) Len() int { return len(w.samples) }
 // Reset drops the samples, folded ones too (after a publication).
 func (w *Window) Reset() { w.samples, w.folded = w.samples[:0], folded{} }
 
+// Bound folds all but the newest half of the samples once there are more than limit: a
+// window whose summaries cannot be published for a while (failing writes) stays bounded.
+func (w *Window) Bound(limit int) {
+	if len(w.samples) > limit {
+		w.Fold(limit / 2)
+	}
+}
+
 // Fold summarises all but the newest keep samples into the window's folded summary, which
 // Summary counts as it counts the samples: the count, span, mean and maximum exactly, the
 // 95th percentile of memory never below the true one and at most 1 % above it, of SM

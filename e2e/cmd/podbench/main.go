@@ -10,9 +10,11 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -59,18 +61,18 @@ func run(rounds, claims int, mode string) error {
 	if _, err := c.WaitRunning(ctx, ns, "hold", 2*time.Minute); err != nil {
 		return err
 	}
-	var plain, joining, first []time.Duration
+	var plain, joining, first stages
 	for i := 0; i < rounds; i++ {
 		d, err := timePod(ctx, c, ns, fmt.Sprintf("plain-%d", i), nil)
 		if err != nil {
 			return err
 		}
-		plain = append(plain, d)
+		plain.add(d)
 		d, err = timePod(ctx, c, ns, fmt.Sprintf("gpu-%d", i), framework.MakeGPUPod(ns, fmt.Sprintf("gpu-%d", i)).Memory("1Gi"))
 		if err != nil {
 			return err
 		}
-		joining = append(joining, d)
+		joining.add(d)
 		fresh := fmt.Sprintf("%s-first-%d", ns, i)
 		if err := createNamespace(ctx, c, fresh); err != nil {
 			return err
@@ -84,15 +86,28 @@ func run(rounds, claims int, mode string) error {
 		if err != nil {
 			return err
 		}
-		first = append(first, d)
+		first.add(d)
 		if err := deleteAll(ctx, c, fresh); err != nil {
 			return err
 		}
 	}
 	fmt.Printf("%s mode: pod create→Running over %d pods each (one at a time):\n", mode, rounds)
-	fmt.Printf("  plain pod                               p50 %6.0f ms  p95 %6.0f ms\n", pct(plain, 50), pct(plain, 95))
-	fmt.Printf("  pod + claim, namespace's daemon runs    p50 %6.0f ms  p95 %6.0f ms  (adds %4.0f ms)\n", pct(joining, 50), pct(joining, 95), pct(joining, 50)-pct(plain, 50))
-	fmt.Printf("  pod + claim, namespace's first on a GPU p50 %6.0f ms  p95 %6.0f ms  (adds %4.0f ms)\n", pct(first, 50), pct(first, 95), pct(first, 50)-pct(plain, 50))
+	fmt.Printf("  plain pod                               p50 %6.0f ms  p95 %6.0f ms\n", pct(plain.total, 50), pct(plain.total, 95))
+	fmt.Printf("  pod + claim, namespace's daemon runs    p50 %6.0f ms  p95 %6.0f ms  (adds %4.0f ms)\n", pct(joining.total, 50), pct(joining.total, 95), pct(joining.total, 50)-pct(plain.total, 50))
+	fmt.Printf("  pod + claim, namespace's first on a GPU p50 %6.0f ms  p95 %6.0f ms  (adds %4.0f ms)\n", pct(first.total, 50), pct(first.total, 95), pct(first.total, 50)-pct(plain.total, 50))
+	fmt.Println("where the time goes, p50 of each step as watched (ms): claim made, claim allocated, pod bound, pod running")
+	for _, s := range []struct {
+		name string
+		st   *stages
+	}{{"plain pod", &plain}, {"daemon runs", &joining}, {"first on a GPU", &first}} {
+		fmt.Printf("  %-16s", s.name)
+		for i, step := range s.st.steps {
+			if len(step) > 0 {
+				fmt.Printf("  %s %5.0f", stepNames[i], pct(step, 50))
+			}
+		}
+		fmt.Println()
+	}
 
 	if claims == 0 {
 		return nil
@@ -123,12 +138,97 @@ func run(rounds, claims int, mode string) error {
 	return nil
 }
 
-// timePod creates a pod (plain when gpu is nil) and waits until it runs.
-func timePod(ctx context.Context, c *framework.Cluster, ns, name string, gpu *framework.GPUPod) (time.Duration, error) {
+// stepNames are the steps a pod with a claim passes on its way to running, each timed from
+// the one before (a plain pod has only the last two, the first from its creation).
+var stepNames = [4]string{"made", "allocated", "bound", "running"}
+
+// timing is one pod's way to running: its steps and the whole.
+type timing struct {
+	steps [4]time.Duration
+	total time.Duration
+}
+
+// stages collects the timings of pods of one kind.
+type stages struct {
+	steps [4][]time.Duration
+	total []time.Duration
+}
+
+func (s *stages) add(t timing) {
+	s.total = append(s.total, t.total)
+	for i, d := range t.steps {
+		if d > 0 {
+			s.steps[i] = append(s.steps[i], d)
+		}
+	}
+}
+
+// watchSteps records when each step of pod name in ns is first seen, from two watches
+// opened before the pod is made; it stops when ctx ends.
+func watchSteps(ctx context.Context, c *framework.Cluster, ns, name string) (seen func() [4]time.Time, err error) {
+	pods, err := c.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+	if err != nil {
+		return nil, err
+	}
+	claims, err := c.Client.ResourceV1().ResourceClaims(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		pods.Stop()
+		return nil, err
+	}
+	var mu sync.Mutex
+	var at [4]time.Time
+	mark := func(i int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if at[i].IsZero() {
+			at[i] = time.Now()
+		}
+	}
+	go func() {
+		defer pods.Stop()
+		for ev := range pods.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok {
+				if p.Spec.NodeName != "" {
+					mark(2)
+				}
+				if p.Status.Phase == corev1.PodRunning {
+					mark(3)
+				}
+			}
+		}
+	}()
+	go func() {
+		defer claims.Stop()
+		for ev := range claims.ResultChan() {
+			if cl, ok := ev.Object.(*resourceapi.ResourceClaim); ok && strings.HasPrefix(cl.Name, name+"-") {
+				mark(0)
+				if cl.Status.Allocation != nil {
+					mark(1)
+				}
+			}
+		}
+	}()
+	return func() [4]time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return at
+	}, nil
+}
+
+// timePod creates a pod (plain when gpu is nil), waits until it runs and says how long each
+// step took.
+func timePod(ctx context.Context, c *framework.Cluster, ns, name string, gpu *framework.GPUPod) (timing, error) {
+	var t timing
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	seen, err := watchSteps(wctx, c, ns, name)
+	if err != nil {
+		return t, err
+	}
 	start := time.Now()
 	if gpu != nil {
 		if _, err := c.Create(ctx, gpu); err != nil {
-			return 0, err
+			return t, err
 		}
 	} else {
 		pod := &corev1.Pod{
@@ -138,19 +238,36 @@ func timePod(ctx context.Context, c *framework.Cluster, ns, name string, gpu *fr
 			}}},
 		}
 		if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			return 0, err
+			return t, err
 		}
 	}
-	if _, err := c.WaitRunning(ctx, ns, name, 2*time.Minute); err != nil {
-		return 0, err
+	if err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		return !seen()[3].IsZero(), nil
+	}); err != nil {
+		return t, fmt.Errorf("pod %s/%s not running: %w", ns, name, err)
 	}
-	d := time.Since(start)
+	at := seen()
+	t.total = at[3].Sub(start)
+	prev := start
+	for i, when := range at {
+		if !when.IsZero() {
+			t.steps[i], prev = when.Sub(prev), when
+		}
+	}
 	zero := int64(0)
 	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-		return 0, err
+		return t, err
 	}
-	return d, nil
+	// The next pod starts on a quiet node: the kubelet and containerd tear this one down
+	// for a while after it is gone from the API, and on two cores that slows whatever
+	// starts meanwhile.
+	time.Sleep(settle)
+	return t, nil
 }
+
+// settle is how long the kubelet takes to tear a deleted pod down on the local cluster
+// (its container stopped, its sandbox removed), with some to spare.
+const settle = 2 * time.Second
 
 // createNamespace creates ns; one left by an earlier run is reused.
 func createNamespace(ctx context.Context, c *framework.Cluster, ns string) error {

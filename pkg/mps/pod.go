@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -298,9 +299,14 @@ func (l *PodLauncher) pod(ctx context.Context, spec DaemonSpec) (*corev1.Pod, er
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: l.PodName(spec.Key), Namespace: l.Namespace, Labels: labels,
-			Annotations: map[string]string{SafeToEvictAnnotation: "false"},
-			// The node's garbage collection removes the node's daemons with it.
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: l.NodeName, UID: nodeUID}},
+			// A spare no domain took has no client: it does not keep the cluster autoscaler
+			// from removing an idle node. A daemon with clients is held by its disruption
+			// budget (Protect) as much as by this.
+			Annotations: map[string]string{SafeToEvictAnnotation: strconv.FormatBool(spec.Spare)},
+			// The node's garbage collection removes the node's daemons with it. The plugin
+			// is their controller, in the Node's name: kubectl drain evicts a pod with a
+			// controller (subject to its budget) without --force.
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: l.NodeName, UID: nodeUID, Controller: ptr.To(true)}},
 		},
 		Spec: corev1.PodSpec{
 			NodeName:                      l.NodeName,

@@ -86,6 +86,9 @@ func TestPodDaemonIsAdoptedByARestartedPluginAndStopped(t *testing.T) {
 	c := spec.Containers[0]
 	if p.Name != podLauncher(t, m).PodName(key) || p.Labels[api.LabelMPSDaemon] != key || p.Labels[api.LabelMPSGPU] != "GPU-ABC" || p.Labels[api.LabelMPSNode] != testNode ||
 		len(p.OwnerReferences) != 1 || p.OwnerReferences[0].Kind != "Node" || p.OwnerReferences[0].UID != "uid-node-"+testNode ||
+		// kubectl drain evicts it (budget permitting) without --force; the autoscaler
+		// keeps a node whose daemon has clients.
+		metav1.GetControllerOf(&p) == nil || p.Annotations[SafeToEvictAnnotation] != "false" ||
 		spec.NodeName != testNode || !spec.HostPID || !spec.HostIPC || spec.RestartPolicy != corev1.RestartPolicyNever ||
 		spec.PriorityClassName != "fgpu-mps-daemon" || spec.ServiceAccountName != "fgpu-mps-daemon" || *spec.AutomountServiceAccountToken || len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists ||
 		c.Image != "fgpu.dev/fgpu:dev" || !slices.Equal(c.Command, []string{bin, "-f"}) || !*c.SecurityContext.Privileged {

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 )
 
 const (
@@ -315,16 +316,23 @@ func (c *Cluster) LabelNamespace(t *testing.T, ns, k, v string) {
 	}
 }
 
-// DaemonPods returns the MPS daemon pods on this node by name.
+// DaemonPods returns the MPS daemon pods on this node by name, but for the spares no claim
+// took (NodeState.Spares).
 func (c *Cluster) DaemonPods(ctx context.Context) (map[string]corev1.Pod, error) {
 	list, err := c.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: "app.kubernetes.io/component=mps-daemon", FieldSelector: "spec.nodeName=" + c.Node})
 	if err != nil {
 		return nil, err
 	}
+	cp, err := checkpoint.NewStore(CheckpointPath).Load()
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]corev1.Pod{}
 	for _, p := range list.Items {
-		out[p.Name] = p
+		if !IdleSpare(cp, p.Labels[api.LabelMPSDaemon]) {
+			out[p.Name] = p
+		}
 	}
 	return out, nil
 }

@@ -2,13 +2,16 @@ package framework
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
+	"github.com/fgpu-dev/fgpu/pkg/mps"
 )
 
 // NodeState is what the plugin holds on the node, read from the host.
@@ -21,6 +24,9 @@ type NodeState struct {
 	Daemons map[string][]int
 	// Checkpoint is the plugin's checkpoint.
 	Checkpoint *checkpoint.Checkpoint
+	// Spares are the keys of the spare MPS daemons no claim took: the plugin keeps one on
+	// each GPU, and MPSDirs and Daemons leave them out.
+	Spares []string
 }
 
 // ReadNodeState inspects the host as root.
@@ -57,7 +63,35 @@ func ReadNodeState() (NodeState, error) {
 		return s, err
 	}
 	s.Checkpoint = cp
+	s.MPSDirs = slices.DeleteFunc(s.MPSDirs, func(key string) bool {
+		if IdleSpare(cp, key) {
+			s.Spares = append(s.Spares, key)
+			return true
+		}
+		return false
+	})
+	maps.DeleteFunc(s.Daemons, func(pipe string, _ []int) bool { return IdleSpare(cp, filepath.Base(filepath.Dir(pipe))) })
 	return s, nil
+}
+
+// IdleSpare says whether daemon key is a spare that no domain took: the plugin marks it so
+// until a claim takes it, and no claim in cp names it. A daemon a claim took keeps its key,
+// but not the mark: left after its claims, it is a leak.
+func IdleSpare(cp *checkpoint.Checkpoint, key string) bool {
+	if !strings.HasPrefix(key, mps.SparePrefix) {
+		return false
+	}
+	if _, err := os.Stat(filepath.Join(StateDir, "mps", key, mps.SpareMarker)); err != nil {
+		return false
+	}
+	for _, e := range cp.Claims {
+		for _, d := range e.Devices {
+			if d.MPSKey == key {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // isStandInDaemon: the stand-in MPS daemon, detached (-d, the plugin's child outside

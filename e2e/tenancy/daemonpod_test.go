@@ -17,6 +17,7 @@ import (
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/utils/ptr"
 
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 )
 
@@ -59,6 +60,23 @@ func TestFullNodeStillStartsAnotherNamespacesMPSDaemon(t *testing.T) {
 	}
 	if r := resourcehelper.PodRequests(daemon, resourcehelper.PodResourcesOptions{}); !r.Cpu().IsZero() || !r.Memory().IsZero() {
 		t.Errorf("the daemon pod requests %v; want nothing a full node cannot admit", r)
+	}
+	// The new domain may have taken the spare daemon started before the node was full; the
+	// spare started behind it, on the full node, must run too.
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		st, err := framework.ReadNodeState()
+		if err != nil || len(st.Spares) != 2 {
+			return false, nil
+		}
+		for _, key := range st.Spares {
+			pods, err := cluster.Client.CoreV1().Pods(framework.Namespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelMPSDaemon + "=" + key})
+			if err != nil || len(pods.Items) != 1 || pods.Items[0].Status.Phase != corev1.PodRunning {
+				return false, nil
+			}
+		}
+		return true, nil
+	}); err != nil {
+		t.Error("no running spare MPS daemon on each GPU of the full node")
 	}
 	healthy(t, fillerNS, lateNS)
 }

@@ -4,6 +4,7 @@
 package cdi
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -105,6 +106,26 @@ func (w *Writer) Remove(claimUID string) error {
 		return fmt.Errorf("remove CDI spec for claim %s: %w", claimUID, err)
 	}
 	return nil
+}
+
+// DeviceEnv is the environment the claim's spec on disk gives its device name: what the
+// claim's running containers were given.
+func (w *Writer) DeviceEnv(claimUID, name string) ([]string, error) {
+	var errs []error
+	for _, ext := range []string{".yaml", ".json"} {
+		spec, err := cdiapi.ReadSpec(filepath.Join(w.dir, specName(claimUID)+ext), 0)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, d := range spec.Devices {
+			if d.Name == claimUID+"-"+name {
+				return d.ContainerEdits.Env, nil
+			}
+		}
+		return nil, fmt.Errorf("CDI spec of claim %s has no device %s", claimUID, name)
+	}
+	return nil, fmt.Errorf("read the CDI spec of claim %s: %w", claimUID, errors.Join(errs...))
 }
 
 // ClaimUIDs lists the claims that have a spec on disk, so a restarted plugin can remove

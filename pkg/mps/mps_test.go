@@ -185,7 +185,8 @@ func TestFaultedServers(t *testing.T) {
 	procs := filepath.Join(t.TempDir(), "nvidia0.processes")
 	m.DaemonEnv = func(string) []string { return []string{fakecontrol.ProcessFileEnv + "=" + procs} }
 	key := Daemon{GPUUUID: "GPU-ABC", Namespace: "ns-a", Domain: "default"}.Key()
-	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{}); err != nil {
+	// A domain's defaults, as its first claim sets them: the stand-in's server runs from then.
+	if _, err := m.Ensure(ctx, key, "GPU-ABC", Limits{ThreadPercent: 100}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Stop(ctx, key) })

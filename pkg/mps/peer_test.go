@@ -88,6 +88,9 @@ func TestServerPIDsRefusesADaemonInAnotherPIDNamespace(t *testing.T) {
 			t.Fatal("the tenant's daemon did not start")
 		}
 	}
+	if out, err := m.control(ctx, key, nil, "set_default_active_thread_percentage 100"); err != nil {
+		t.Fatalf("starting the tenant's stand-in server: %v: %s", err, out)
+	}
 	if listed, err := m.serverList(ctx, key); err != nil || len(listed) != 1 || listed[0] != 1 {
 		t.Fatalf("the tenant's daemon lists %v, %v; want [1], or this test shows nothing", listed, err)
 	}
@@ -105,7 +108,7 @@ func TestServerPIDsOfARealDaemon(t *testing.T) {
 		return []string{fakecontrol.ProcessFileEnv + "=" + filepath.Join(t.TempDir(), "processes")}
 	}
 	key := Daemon{GPUUUID: "GPU-1", Namespace: "team-a", Domain: "default"}.Key()
-	if _, err := m.Ensure(ctx, key, "GPU-1", Limits{}); err != nil {
+	if _, err := m.Ensure(ctx, key, "GPU-1", Limits{ThreadPercent: 100}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Stop(ctx, key) })

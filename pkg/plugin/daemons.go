@@ -30,6 +30,8 @@ type daemons struct {
 	modes   *computeModes
 	guards  *daemonGuards
 	foreign *foreignWatch
+	// spares are daemons started ahead that no claim uses and none may stop.
+	spares *spareDaemons
 	// client records Node events; nil outside a cluster.
 	client   kubernetes.Interface
 	nodeName string
@@ -93,7 +95,7 @@ func (d *daemons) release(ctx context.Context, own []string, release bool) error
 	}
 	used := d.l.usedDaemons()
 	for _, k := range all {
-		if !used[k] && !slices.Contains(own, k) {
+		if !used[k] && !slices.Contains(own, k) && !d.spares.has(k) {
 			d.unstopped[k] = true
 		}
 	}
@@ -119,10 +121,11 @@ func (d *daemons) stopStray(ctx context.Context) error {
 func (d *daemons) stopUnused(ctx context.Context, keys []string, release bool) error {
 	used := d.l.usedDaemons()
 	keys = slices.DeleteFunc(slices.Compact(slices.Sorted(slices.Values(keys))), func(k string) bool {
-		if used[k] {
+		if used[k] || d.spares.has(k) {
 			delete(d.unstopped, k)
+			return true
 		}
-		return used[k]
+		return false
 	})
 	stillUsed := func(key string) func() bool {
 		if !release {

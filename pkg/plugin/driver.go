@@ -105,6 +105,14 @@ func Start(ctx context.Context, cfg Config, backend gpu.Backend, client kubernet
 	go d.watchForeign(ctx)
 	go d.watchHealth(ctx)
 	go d.watchMPS(ctx)
+	if state.spares.enabled() {
+		if err := state.spares.watchNode(ctx, client); err != nil {
+			helper.Stop()
+			cancel(err)
+			return nil, err
+		}
+		go state.spares.run(ctx)
+	}
 	if d.usage != nil {
 		go d.watchUsage(ctx, cfg.usagePoll())
 	}
@@ -217,7 +225,16 @@ func (d *Driver) Err() error { return context.Cause(d.ctx) }
 func (d *Driver) Stop() {
 	d.helper.Stop()
 	d.cancel(errors.New("driver stopped"))
+	if d.state.spares.enabled() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), spareStopTimeout)
+		defer cancel()
+		d.state.spares.stop(ctx)
+	}
 }
+
+// spareStopTimeout bounds how long a stopping plugin waits for its spares' pods to be
+// deleted (within the pod's termination grace period).
+const spareStopTimeout = 10 * time.Second
 
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {

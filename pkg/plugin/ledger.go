@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 	"github.com/fgpu-dev/fgpu/pkg/mps"
@@ -29,6 +30,29 @@ func (l *ledger) usedDaemons() map[string]bool {
 		}
 	}
 	return used
+}
+
+// sameDomainDaemons gives each planned MPS device the daemon its isolation domain already
+// uses on its GPU, if any: a domain's key is the one its first claim there got (a spare's,
+// or one an earlier version derived), not always the one the planner derives. A device whose
+// domain has none there (any more) gets the derived key back.
+func (l *ledger) sameDomainDaemons(planned []checkpoint.PreparedDevice) {
+	for i := range planned {
+		p := &planned[i]
+		if p.MPSKey == "" {
+			continue
+		}
+		ns, sub, _ := strings.Cut(p.IsolationDomain, "/")
+		p.MPSKey = mps.Daemon{GPUUUID: p.GPUUUID, Namespace: ns, Domain: sub}.Key()
+		for _, e := range l.cp.Claims {
+			if j := slices.IndexFunc(e.Devices, func(q checkpoint.PreparedDevice) bool {
+				return q.MPSKey != "" && q.GPUUUID == p.GPUUUID && q.IsolationDomain == p.IsolationDomain
+			}); j >= 0 {
+				p.MPSKey = e.Devices[j].MPSKey
+				break
+			}
+		}
+	}
 }
 
 // domainLimits are the MPS server defaults for a daemon: the largest caps among its

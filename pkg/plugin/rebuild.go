@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/cdi"
 	"github.com/fgpu-dev/fgpu/pkg/checkpoint"
 )
@@ -85,6 +87,7 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 		}
 		planned, err := s.planner.plan(claim)
 		if err == nil {
+			s.daemonsOfSpec(ctx, uid, planned)
 			err = s.room.checkCapacity(claim, planned)
 		}
 		if err != nil {
@@ -137,6 +140,30 @@ func (s *State) rebuild(ctx context.Context, client kubernetes.Interface, loadEr
 		logger.Error(err, "Recording the checkpoint recovery event")
 	}
 	return nil
+}
+
+// daemonsOfSpec gives each planned MPS device the daemon that the claim's spec on the node
+// gave its containers: the planner derives a domain's key, but a domain whose first claim
+// on the GPU took a spare daemon has the spare's.
+func (s *State) daemonsOfSpec(ctx context.Context, uid string, planned []checkpoint.PreparedDevice) {
+	for i := range planned {
+		p := &planned[i]
+		if p.MPSKey == "" {
+			continue
+		}
+		env, err := s.cdi.DeviceEnv(uid, p.Device)
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "Rebuilding a claim's MPS daemon from its CDI spec; the daemon its domain's key names serves it", "claim", uid)
+			continue
+		}
+		for _, kv := range env {
+			if pipe, ok := strings.CutPrefix(kv, configapi.EnvMPSPipeDirectory+"="); ok {
+				if key := filepath.Base(filepath.Dir(pipe)); s.cdi.mps.PipeDir(key) == pipe {
+					p.MPSKey = key
+				}
+			}
+		}
+	}
 }
 
 // maxEventMessage is the API server's limit on an event's message.

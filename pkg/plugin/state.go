@@ -50,6 +50,7 @@ type State struct {
 	guards   *daemonGuards
 	caps     *memoryCaps
 	foreign  *foreignWatch
+	spares   *spareDaemons
 }
 
 // NewState loads the checkpoint and recovers from whatever a previous run left half done.
@@ -132,7 +133,8 @@ func newState(ctx context.Context, cfg Config, backend gpu.Backend, client kuber
 	s.foreign = newForeignWatch(cfg, backend, m, s.ledger)
 	s.modes = &computeModes{backend: backend, l: s.ledger, foreign: s.foreign}
 	s.guards = &daemonGuards{mps: m, l: s.ledger, mu: &s.mu}
-	s.daemons = &daemons{mps: m, l: s.ledger, mu: &s.mu, devices: s.devices, modes: s.modes, guards: s.guards, foreign: s.foreign,
+	s.spares = newSpareDaemons(m, &s.mu, s.ledger, s.foreign, s.devices, cfg.NodeName)
+	s.daemons = &daemons{mps: m, l: s.ledger, mu: &s.mu, devices: s.devices, modes: s.modes, guards: s.guards, foreign: s.foreign, spares: s.spares,
 		client: client, nodeName: cfg.NodeName,
 		diedUnder: map[string]map[string]bool{}, unanswered: map[string]int{}, unstopped: map[string]bool{}}
 	s.caps = &memoryCaps{l: s.ledger, mu: &s.mu, devices: s.devices, specs: s.cdi, background: ctx}
@@ -204,6 +206,10 @@ func (s *State) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, p
 		s.refusals.remember(ctx, claim, err)
 		return nil, err
 	}
+	// The room check's last look may have released State's lock (the foreign check asks
+	// daemons): another claim of the same domain may have taken a daemon on the GPU meanwhile.
+	s.sameDomainDaemons(planned)
+	s.spares.assign(ctx, planned)
 	entry := &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted, Devices: planned, Pods: pods}
 	s.cp.Claims[uid] = entry
 	if err := s.save(); err != nil {
@@ -338,6 +344,10 @@ const unprepareWait = 10 * time.Second
 func (s *State) checkRoom(ctx context.Context, claim *resourceapi.ResourceClaim, planned []checkpoint.PreparedDevice, deadline time.Time) error {
 	left := false
 	for {
+		// Each look after a wait: another claim of the domain may have taken a daemon on the
+		// GPU meanwhile (a spare, whose key the planner cannot derive), which the isolation
+		// check must see as the domain's.
+		s.sameDomainDaemons(planned)
 		err := s.room.checkCapacity(claim, planned)
 		if err == nil {
 			err = s.room.checkIsolation(claim, planned)

@@ -30,9 +30,12 @@ const StateFile = "fake-mps-state.json"
 const daemonEnv = "FGPU_FAKE_MPS_DAEMON"
 
 // ProcessFileEnv names the fake GPU's process file (the fake backend's ProcessFile). The
-// daemon stands in for the MPS server too, so it lists its PID there while it runs, as NVML
-// lists a real MPS server among the GPU's compute processes, and answers get_server_list
-// with it.
+// daemon stands in for the MPS server too, so it lists its PID there while its server runs,
+// as NVML lists a real MPS server among the GPU's compute processes, and answers
+// get_server_list with it. A real control daemon starts its server when the first client
+// connects; the stand-in has no clients, so its server starts when it is first told a
+// default (the plugin does that as a claim's domain takes the daemon, just before the
+// claim's containers start): a daemon started ahead, that no domain took, runs no server.
 const ProcessFileEnv = "FGPU_FAKE_GPU_PROCESS_FILE"
 
 // FaultFile, in the log directory, puts the stand-in server in the state NVIDIA's server
@@ -156,16 +159,12 @@ func serve(sock, logDir string) error {
 		return err
 	}
 	defer os.Remove(pidFile)
-	if file := os.Getenv(ProcessFileEnv); file != "" {
-		if err := listProcess(file, st.PID, true); err != nil {
-			return err
+	srv := &server{file: os.Getenv(ProcessFileEnv), pid: st.PID}
+	defer func() {
+		if err := srv.stop(); err != nil {
+			logf(logDir, "unlisting the server process: "+err.Error())
 		}
-		defer func() {
-			if err := listProcess(file, st.PID, false); err != nil {
-				logf(logDir, "unlisting the server process: "+err.Error())
-			}
-		}()
-	}
+	}()
 	logf(logDir, "Starting control daemon")
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -176,7 +175,7 @@ func serve(sock, logDir string) error {
 			os.Remove(sock)
 			return nil
 		}
-		if quit := handle(conn, &st, logDir); quit {
+		if quit := handle(conn, &st, srv, logDir); quit {
 			ln.Close()
 			os.Remove(sock)
 			logf(logDir, "Exit")
@@ -185,7 +184,34 @@ func serve(sock, logDir string) error {
 	}
 }
 
-func handle(conn net.Conn, st *State, logDir string) (quit bool) {
+// server is the stand-in MPS server: the daemon's own PID, listed on the fake GPU once it
+// runs (no process file: no server to list).
+type server struct {
+	file    string
+	pid     int
+	running bool
+}
+
+func (s *server) start() error {
+	if s.running || s.file == "" {
+		return nil
+	}
+	if err := listProcess(s.file, s.pid, true); err != nil {
+		return err
+	}
+	s.running = true
+	return nil
+}
+
+func (s *server) stop() error {
+	if !s.running {
+		return nil
+	}
+	s.running = false
+	return listProcess(s.file, s.pid, false)
+}
+
+func handle(conn net.Conn, st *State, srv *server, logDir string) (quit bool) {
 	defer conn.Close()
 	sc := bufio.NewScanner(conn)
 	for sc.Scan() {
@@ -200,12 +226,12 @@ func handle(conn net.Conn, st *State, logDir string) (quit bool) {
 		case f[0] == "quit":
 			quit = true
 		case f[0] == "get_server_list":
-			if os.Getenv(ProcessFileEnv) != "" {
+			if srv.running {
 				reply = strconv.Itoa(st.PID)
 			}
 		case f[0] == "get_server_status" && len(f) == 2:
 			switch _, err := os.Stat(filepath.Join(logDir, FaultFile)); {
-			case f[1] != strconv.Itoa(st.PID) || os.Getenv(ProcessFileEnv) == "":
+			case f[1] != strconv.Itoa(st.PID) || !srv.running:
 				reply = "Unrecognized command: no server with PID " + f[1]
 			case err == nil:
 				reply = "FAULT"
@@ -215,8 +241,14 @@ func handle(conn net.Conn, st *State, logDir string) (quit bool) {
 		case f[0] == "set_default_active_thread_percentage" && len(f) == 2:
 			st.DefaultActiveThreadPercentage = f[1]
 			reply = f[1]
+			if err := srv.start(); err != nil {
+				reply = err.Error()
+			}
 		case f[0] == "set_default_device_pinned_mem_limit" && len(f) == 3:
 			st.DefaultPinnedMemLimit[f[1]] = f[2]
+			if err := srv.start(); err != nil {
+				reply = err.Error()
+			}
 		default:
 			reply = "Unrecognized command: " + line
 		}

@@ -71,6 +71,15 @@ func ReadNodeState() (NodeState, error) {
 		return false
 	})
 	maps.DeleteFunc(s.Daemons, func(pipe string, _ []int) bool { return IdleSpare(cp, filepath.Base(filepath.Dir(pipe))) })
+	// The plugin keeps one spare per GPU: a second marked one on a GPU is a spare it lost
+	// (a stop that failed), which the filter above would hide.
+	perGPU := map[string]int{}
+	for _, key := range s.Spares {
+		gpu, _, _ := strings.Cut(strings.TrimPrefix(key, mps.SparePrefix), "_")
+		if perGPU[gpu]++; perGPU[gpu] > 1 {
+			return s, fmt.Errorf("more than one idle spare MPS daemon on %s: %v", gpu, s.Spares)
+		}
+	}
 	return s, nil
 }
 

@@ -2,6 +2,8 @@ package tenancy
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
+	"github.com/fgpu-dev/fgpu/pkg/mps"
 )
 
 // A tenant that fills its node's CPU requests with ordinary pods must not keep another
@@ -202,5 +205,47 @@ func synced(t *testing.T, ns, name string) {
 		return err == nil && b.Status.ObservedGeneration == b.Generation && b.Status.ExpectedPods == 1, nil
 	}); err != nil {
 		t.Fatalf("the disruption budget %s/%s is not synced: %+v", ns, name, b)
+	}
+}
+
+// The spare MPS daemon a namespace's first claim took is never handed on: once the tenant's
+// pod is gone its daemon and directories go too, and the next namespace's first claim gets a
+// spare of its own, which no one used before.
+func TestSpareDaemonServesOneDomainOnly(t *testing.T) {
+	useMode(t, allocatorMode)
+	ctx := context.Background()
+	first, second := cluster.Namespace(t, "took"), cluster.Namespace(t, "next")
+	// keyOf waits for a spare on each GPU, then runs a pod in ns and returns its daemon's key.
+	keyOf := func(ns string) string {
+		t.Helper()
+		if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			st, err := framework.ReadNodeState()
+			return err == nil && len(st.Spares) == 2, nil
+		}); err != nil {
+			t.Fatal("no spare MPS daemon on each GPU")
+		}
+		if _, err := cluster.Create(ctx, framework.MakeGPUPod(ns, "gpu").Memory("10Gi")); err != nil {
+			t.Fatal(err)
+		}
+		running(t, ns, "gpu")
+		pipe := probe(t, ns, "gpu").Env["CUDA_MPS_PIPE_DIRECTORY"]
+		key := filepath.Base(filepath.Dir(pipe))
+		if !strings.HasPrefix(key, mps.SparePrefix) {
+			t.Errorf("namespace %s's first claim waited for a daemon of its own (%s), not a spare", ns, key)
+		}
+		return key
+	}
+	a := keyOf(first)
+	if err := cluster.Client.CoreV1().Pods(first).Delete(ctx, "gpu", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(filepath.Join(framework.StateDir, "mps", a))
+		return os.IsNotExist(err), nil
+	}); err != nil {
+		t.Fatalf("namespace %s's daemon %s is still there after its pod", first, a)
+	}
+	if b := keyOf(second); b == a {
+		t.Errorf("namespace %s got %s, the daemon namespace %s used", second, b, first)
 	}
 }

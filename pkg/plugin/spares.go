@@ -152,6 +152,10 @@ func (sp *spareDaemons) fill(ctx context.Context) {
 		sp.mu.Lock()
 		sp.byGPU[d.UUID] = key
 		sp.mu.Unlock()
+		// Marked before it starts: a daemon found without the mark is a leak.
+		if err := sp.mps.MarkSpare(key, true); err != nil {
+			logger.Error(err, "Marking a spare MPS daemon", "daemon", key)
+		}
 		if _, err := sp.mps.Ensure(ctx, key, d.UUID, mps.Limits{}); err != nil {
 			logger.Error(err, "Starting a spare MPS daemon; a domain's first claim on the GPU waits for a daemon of its own", "gpu", d.UUID)
 			// Also when ctx ended (the plugin stops): a pod half started is not left behind.
@@ -159,9 +163,6 @@ func (sp *spareDaemons) fill(ctx context.Context) {
 			sp.drop(stopCtx, d.UUID, key)
 			cancel()
 			continue
-		}
-		if err := sp.mps.MarkSpare(key, true); err != nil {
-			logger.Error(err, "Marking a spare MPS daemon", "daemon", key)
 		}
 		servers := sp.foreign.serversOf(ctx, key)
 		sp.mu.Lock()
@@ -227,11 +228,16 @@ func (sp *spareDaemons) stop(ctx context.Context) {
 	clear(sp.byGPU)
 	clear(sp.ready)
 	sp.mu.Unlock()
+	// Together, within the one timeout: a node may have many GPUs.
+	var wg sync.WaitGroup
 	for _, k := range keys {
-		if err := sp.mps.Stop(ctx, k); err != nil {
-			klog.FromContext(ctx).Error(err, "Stopping a spare MPS daemon; the next plugin stops it", "daemon", k)
-		}
+		wg.Go(func() {
+			if err := sp.mps.Stop(ctx, k); err != nil {
+				klog.FromContext(ctx).Error(err, "Stopping a spare MPS daemon; the next plugin stops it", "daemon", k)
+			}
+		})
 	}
+	wg.Wait()
 }
 
 // drop stops a spare that is still one (not taken meanwhile) and forgets it.

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sfake "k8s.io/client-go/kubernetes/fake"
 
+	configapi "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/mps"
 )
@@ -155,7 +155,7 @@ func TestStoppingPluginStopsItsSparesOnly(t *testing.T) {
 // domain whose first claim took a spare keeps that daemon, with its clients, and its next
 // claim joins it, rather than a daemon under the key the planner derives.
 func TestRebuiltCheckpointKeepsTheSpareADomainTook(t *testing.T) {
-	e, _, _ := newPodEnv(t)
+	e, client, _ := newPodEnv(t)
 	s := e.state()
 	ctx := context.Background()
 	s.spares.fill(ctx)
@@ -170,7 +170,9 @@ func TestRebuiltCheckpointKeepsTheSpareADomainTook(t *testing.T) {
 	}
 	pid := daemonPIDs(t, s)[spare]
 	b := reserved(builders.MakeClaim("ns", "b").Memory("10Gi").Created(2).AllocatedOn(node, "gpu-0").Obj())
-	e.client.(*k8sfake.Clientset).Tracker().Add(a) //nolint:errcheck // the claim is new to the tracker
+	if err := client.Tracker().Add(a); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(e.cfg.CheckpointPath(), []byte("garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -189,8 +191,8 @@ func TestRebuiltCheckpointKeepsTheSpareADomainTook(t *testing.T) {
 	}
 }
 
-// A spare's pod does not keep the cluster autoscaler from removing an idle node, and carries
-// the mark that no domain took it; a daemon a domain took is marked no more.
+// A spare carries the mark that no domain took it, and its pod does not keep the cluster
+// autoscaler from removing an idle node; a daemon a domain took is marked no more.
 func TestSpareIsMarkedUntilTaken(t *testing.T) {
 	e, client, _ := newPodEnv(t)
 	s := e.state()
@@ -202,11 +204,11 @@ func TestSpareIsMarkedUntilTaken(t *testing.T) {
 	if _, err := os.Stat(marker); err != nil {
 		t.Fatalf("spare %s not marked: %v", spare, err)
 	}
-	pod, err := client.CoreV1().Pods(pluginNS).Get(ctx, s.daemons.mps.Launcher.(*mps.PodLauncher).PodName(spare), metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
+	pods, err := client.CoreV1().Pods(pluginNS).List(ctx, metav1.ListOptions{LabelSelector: configapi.LabelMPSDaemon + "=" + spare})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("spare %s's pods: %v (%v)", spare, pods, err)
 	}
-	if got := pod.Annotations[mps.SafeToEvictAnnotation]; got != "true" {
+	if got := pods.Items[0].Annotations[mps.SafeToEvictAnnotation]; got != "true" {
 		t.Errorf("spare pod's %s = %q; want true: it has no client", mps.SafeToEvictAnnotation, got)
 	}
 	claim := builders.MakeClaim("ns", "a").Memory("10Gi").AllocatedOn(node, "gpu-0").Obj()

@@ -266,8 +266,9 @@ func timePod(ctx context.Context, c *framework.Cluster, ns, name string, gpu *fr
 }
 
 // settle is how long the kubelet takes to tear a deleted pod down on the local cluster
-// (its container stopped, its sandbox removed), with some to spare.
-const settle = 2 * time.Second
+// (its container stopped, its sandbox removed), and past the plugin's start of a new spare
+// MPS daemon 3 s after a first claim took one, with some to spare.
+const settle = 4 * time.Second
 
 // createNamespace creates ns; one left by an earlier run is reused.
 func createNamespace(ctx context.Context, c *framework.Cluster, ns string) error {

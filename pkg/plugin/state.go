@@ -206,9 +206,7 @@ func (s *State) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, p
 		s.refusals.remember(ctx, claim, err)
 		return nil, err
 	}
-	// The room check's last look may have released State's lock (the foreign check asks
-	// daemons): another claim of the same domain may have taken a daemon on the GPU meanwhile.
-	s.sameDomainDaemons(planned)
+	// checkRoom looked up the domain's daemons last without releasing State's lock since.
 	s.spares.assign(ctx, planned)
 	entry := &checkpoint.ClaimEntry{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted, Devices: planned, Pods: pods}
 	s.cp.Claims[uid] = entry

@@ -27,6 +27,8 @@ type NodeState struct {
 	// Spares are the keys of the spare MPS daemons no claim took: the plugin keeps one on
 	// each GPU, and MPSDirs and Daemons leave them out.
 	Spares []string
+	// ReadySpares are those of Spares that answer: a domain's first claim takes only these.
+	ReadySpares []string
 }
 
 // ReadNodeState inspects the host as root.
@@ -66,6 +68,9 @@ func ReadNodeState() (NodeState, error) {
 	s.MPSDirs = slices.DeleteFunc(s.MPSDirs, func(key string) bool {
 		if IdleSpare(cp, key) {
 			s.Spares = append(s.Spares, key)
+			if b, err := os.ReadFile(filepath.Join(StateDir, "mps", key, mps.SpareMarker)); err == nil && string(b) == mps.SpareReady {
+				s.ReadySpares = append(s.ReadySpares, key)
+			}
 			return true
 		}
 		return false

@@ -215,14 +215,15 @@ func TestSpareDaemonServesOneDomainOnly(t *testing.T) {
 	useMode(t, allocatorMode)
 	ctx := context.Background()
 	first, second := cluster.Namespace(t, "took"), cluster.Namespace(t, "next")
-	// keyOf waits for a spare on each GPU, then runs a pod in ns and returns its daemon's key.
+	// keyOf waits for a ready spare on each GPU, then runs a pod in ns and returns its
+	// daemon's key.
 	keyOf := func(ns string) string {
 		t.Helper()
 		if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 			st, err := framework.ReadNodeState()
-			return err == nil && len(st.Spares) == 2, nil
+			return err == nil && len(st.ReadySpares) == 2, nil
 		}); err != nil {
-			t.Fatal("no spare MPS daemon on each GPU")
+			t.Fatal("no ready spare MPS daemon on each GPU")
 		}
 		if _, err := cluster.Create(ctx, framework.MakeGPUPod(ns, "gpu").Memory("10Gi")); err != nil {
 			t.Fatal(err)

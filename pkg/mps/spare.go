@@ -12,19 +12,41 @@ import (
 const SparePrefix = "spare-"
 
 // SpareMarker is the file in a spare's directory (beside, never inside, the directories its
-// clients mount) that says no domain took it yet; taking the spare removes it.
+// clients mount) that says no domain took it yet; taking the spare removes it. It holds
+// SpareStarting until the daemon answers, then SpareReady: only a ready spare is taken.
 const SpareMarker = "spare"
 
-// MarkSpare writes or removes daemon key's SpareMarker.
-func (m *Manager) MarkSpare(key string, spare bool) error {
+// What a SpareMarker holds.
+const (
+	SpareStarting = "starting\n"
+	SpareReady    = "ready\n"
+)
+
+// MarkSpare writes daemon key's SpareMarker: SpareStarting before the daemon starts (a
+// daemon found without the mark is a leak), SpareReady once it answers.
+func (m *Manager) MarkSpare(key string, ready bool) error {
 	path := filepath.Join(m.Root, key, SpareMarker)
-	if spare {
+	if !ready {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return err
 		}
-		return os.WriteFile(path, nil, 0o644)
+		return os.WriteFile(path, []byte(SpareStarting), 0o644)
 	}
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+	// Never recreates the directory of a spare stopped meanwhile.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(SpareReady); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// UnmarkSpare removes daemon key's SpareMarker: a domain took it.
+func (m *Manager) UnmarkSpare(key string) error {
+	if err := os.Remove(filepath.Join(m.Root, key, SpareMarker)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	return nil

@@ -89,7 +89,7 @@ func (sp *spareDaemons) assign(ctx context.Context, planned []checkpoint.Prepare
 		}
 		delete(sp.byGPU, p.GPUUUID)
 		delete(sp.ready, key)
-		if err := sp.mps.MarkSpare(key, false); err != nil {
+		if err := sp.mps.UnmarkSpare(key); err != nil {
 			klog.FromContext(ctx).Error(err, "Marking an MPS daemon taken by a domain", "daemon", key)
 		}
 		p.MPSKey = key
@@ -153,7 +153,7 @@ func (sp *spareDaemons) fill(ctx context.Context) {
 		sp.byGPU[d.UUID] = key
 		sp.mu.Unlock()
 		// Marked before it starts: a daemon found without the mark is a leak.
-		if err := sp.mps.MarkSpare(key, true); err != nil {
+		if err := sp.mps.MarkSpare(key, false); err != nil {
 			logger.Error(err, "Marking a spare MPS daemon", "daemon", key)
 		}
 		if _, err := sp.mps.Ensure(ctx, key, d.UUID, mps.Limits{}); err != nil {
@@ -167,7 +167,13 @@ func (sp *spareDaemons) fill(ctx context.Context) {
 		servers := sp.foreign.serversOf(ctx, key)
 		sp.mu.Lock()
 		sp.foreign.own(servers)
-		sp.ready[key] = true
+		// Under the lock, so that a spare taken or dropped meanwhile is not marked again.
+		if sp.byGPU[d.UUID] == key {
+			sp.ready[key] = true
+			if err := sp.mps.MarkSpare(key, true); err != nil {
+				logger.Error(err, "Marking a spare MPS daemon ready", "daemon", key)
+			}
+		}
 		sp.mu.Unlock()
 		logger.V(2).Info("Started a spare MPS daemon", "daemon", key, "gpu", d.UUID)
 	}

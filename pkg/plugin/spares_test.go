@@ -201,8 +201,8 @@ func TestSpareIsMarkedUntilTaken(t *testing.T) {
 	gpu0 := s.devices["gpu-0"].UUID
 	spare := s.spares.byGPU[gpu0]
 	marker := filepath.Join(s.daemons.mps.Root, spare, mps.SpareMarker)
-	if _, err := os.Stat(marker); err != nil {
-		t.Fatalf("spare %s not marked: %v", spare, err)
+	if b, err := os.ReadFile(marker); err != nil || string(b) != mps.SpareReady {
+		t.Fatalf("spare %s's mark: %q (%v); want it ready", spare, b, err)
 	}
 	pods, err := client.CoreV1().Pods(pluginNS).List(ctx, metav1.ListOptions{LabelSelector: configapi.LabelMPSDaemon + "=" + spare})
 	if err != nil || len(pods.Items) != 1 {

@@ -262,12 +262,19 @@ func timePod(ctx context.Context, c *framework.Cluster, ns, name string, gpu *fr
 	// for a while after it is gone from the API, and on two cores that slows whatever
 	// starts meanwhile.
 	time.Sleep(settle)
+	// And with no spare MPS daemon still starting, which a first claim could not take.
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		st, err := framework.ReadNodeState()
+		return err == nil && len(st.ReadySpares) == len(st.Spares), nil
+	}); err != nil {
+		return t, fmt.Errorf("a spare MPS daemon did not get ready: %w", err)
+	}
 	return t, nil
 }
 
 // settle is how long the kubelet takes to tear a deleted pod down on the local cluster
 // (its container stopped, its sandbox removed), and past the plugin's start of a new spare
-// MPS daemon 3 s after a first claim took one, with some to spare.
+// MPS daemon 3 s after a first claim took one.
 const settle = 4 * time.Second
 
 // createNamespace creates ns; one left by an earlier run is reused.

@@ -552,8 +552,7 @@ func TestBurstingPodsShareAGPUTheirCapsOvercommit(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 2}}, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// Auto evicts one pod of a workload at a time, 5 minutes apart: the move may wait for
-	// the eviction that made the first pod burst.
+	// Auto evicts one pod of a workload at a time, a report interval apart (5 s here).
 	var moved string
 	if err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 7*time.Minute, true, func(context.Context) (bool, error) {
 		events, err := cluster.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})

@@ -30,10 +30,6 @@ const (
 	// autoEvictInterval: at most one eviction this often across the cluster; an eviction the
 	// API server refused or that failed does not count.
 	autoEvictInterval = 10 * time.Second
-	// autoWorkloadGap: a workload's next pod is evicted no sooner than this after its last
-	// one, and only once that one is gone: one pod of a workload at a time, and the new
-	// pod has a report interval to show its use.
-	autoWorkloadGap = 5 * time.Minute
 	// autoRetryAfter: an eviction the API server refused (a PodDisruptionBudget) is tried
 	// again after this.
 	autoRetryAfter = time.Minute
@@ -256,7 +252,8 @@ func (m *model) gpuMemory(k gpuKey) int64 {
 }
 
 // evictForResize evicts at most one pod Auto wants recreated, its workload with no eviction
-// in the last autoWorkloadGap and no evicted pod still there. Namespaces take turns, and
+// in the last usage report interval and no evicted pod still there: one pod of a workload
+// at a time, and the new pod has a report to show its use. Namespaces take turns, and
 // within one the oldest want goes first. A refusal (429: a PodDisruptionBudget allows no
 // disruption now) or a failure does not use up the cluster's eviction: the next
 // namespace's pod is tried, and the refused one waits autoRetryAfter, behind its
@@ -302,7 +299,7 @@ func (s *sizingLoop) resizePicks(now time.Time) []*resizeWant {
 			continue
 		}
 		if last, ok := a.last[want.w]; ok {
-			if now.Sub(last.at) < autoWorkloadGap {
+			if now.Sub(last.at) < s.cfg.SizingReportInterval {
 				continue
 			}
 			if p, err := s.pods.Pods(last.pod.Namespace).Get(last.pod.Name); err == nil && p.UID == last.uid {

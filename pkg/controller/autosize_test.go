@@ -125,6 +125,42 @@ func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
 	}
 }
 
+// A workload's pods are evicted one at a time: the next one only once the last evicted pod
+// is gone and one usage report interval has passed since, so that its replacement could show
+// its use first.
+func TestSizingAutoEvictsOnePodOfAWorkloadPerReportInterval(t *testing.T) {
+	claimA, podA := (&autoEnv{}).claimOf("web-7c9d5-a", "40Gi", 10)
+	claimB, podB := (&autoEnv{}).claimOf("web-7c9d5-b", "40Gi", 10)
+	e := newAutoEnv(t, claimA, podA, claimB, podB)
+	for i := 1; i <= 4; i++ {
+		peak := int64(7 << 10)
+		if i == 4 {
+			peak = 9900
+		}
+		e.report(claimA.Name, i, peak)
+		e.report(claimB.Name, i, peak)
+	}
+	e.c.sizing.evictForResize(e.ctx)
+	if len(e.evicted) != 1 {
+		t.Fatalf("evicted %v; want one pod of the workload", e.evicted)
+	}
+	if err := e.client.CoreV1().Pods("team-a").Delete(e.ctx, e.evicted[0], metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.settle()
+	interval := e.c.cfg.SizingReportInterval
+	e.clock.Step(interval - time.Second)
+	e.c.sizing.evictForResize(e.ctx)
+	if len(e.evicted) != 1 {
+		t.Fatalf("evicted %v within a report interval (%s) of the first eviction", e.evicted, interval)
+	}
+	e.clock.Step(time.Second)
+	e.c.sizing.evictForResize(e.ctx)
+	if len(e.evicted) != 2 || e.evicted[0] == e.evicted[1] {
+		t.Errorf("evicted %v a report interval after the first was gone; want the workload's other pod", e.evicted)
+	}
+}
+
 // A PodDisruptionBudget that allows no disruption: the API server answers 429; the pod is
 // told once, and the eviction is tried again after autoRetryAfter, not before.
 func TestSizingAutoRetriesAnEvictionAPDBRefuses(t *testing.T) {

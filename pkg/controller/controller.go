@@ -5,10 +5,10 @@
 // assumed claims and the quota queue.
 //
 // A pending claim goes one way: Sync → place: gather (pods, classes, policy) → the quota
-// queue's gate (claimQueue) → decide (decider, under the model's lock: quota, GPU fit, node
-// fit through the podLedger, the placement core) → commit (write the allocation, report).
-// The state each step keeps has one owner type with its own lock: claimQueue (queue.go),
-// podLedger (ledger.go), model (model.go), statusMemo (status.go); the decider (decide.go;
+// queue's gate (claimqueue) → decide (decider, under the model's lock: quota, GPU fit, node
+// fit through the pod ledger, the placement core) → commit (write the allocation, report).
+// The state each step keeps has one owner type with its own lock: claimqueue.Queue,
+// podledger.Ledger, model (model.go), statusMemo (status.go); the decider (decide.go;
 // quota.go, gpufit.go, nodefit.go) keeps none and works on the model's.
 //
 // Beside that path, the sizing loops read the claims' usage reports: sizingLoop (sizing.go;
@@ -40,6 +40,8 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
+	"github.com/fgpu-dev/fgpu/pkg/controller/claimqueue"
+	"github.com/fgpu-dev/fgpu/pkg/controller/podledger"
 	"github.com/fgpu-dev/fgpu/pkg/gang"
 	"github.com/fgpu-dev/fgpu/pkg/selectors"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
@@ -122,8 +124,8 @@ type Controller struct {
 	informers *informerSet
 	queue     workqueue.TypedRateLimitingInterface[string] // claim keys to Sync
 
-	pending *claimQueue
-	ledger  *podLedger
+	pending *claimqueue.Queue
+	ledger  *podledger.Ledger
 	model   *model
 	refused *refusedGPUs
 	// restores rate-limits restoring a claim's finalizer.
@@ -165,7 +167,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		cfg.Selectors.Now = cfg.Now
 	}
 	c := &Controller{cfg: cfg, client: client,
-		pending: newClaimQueue(), ledger: newPodLedger(), model: newModel(cfg.DriverName), refused: newRefusedGPUs(),
+		pending: claimqueue.New(), ledger: podledger.New(), model: newModel(cfg.DriverName), refused: newRefusedGPUs(),
 		restores: newFinalizerRestores(), selectors: selectors.New(cfg.Selectors), shares: newDecisionShare(), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)

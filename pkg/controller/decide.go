@@ -13,6 +13,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/podledger"
 	"github.com/fgpu-dev/fgpu/pkg/gang"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
@@ -93,7 +94,7 @@ type result struct {
 
 // decider is the decision on a pending claim: its namespace's quota, the placement core's
 // choice of node and GPUs among those the claim's pods fit (node fit, through the
-// podLedger) and which can take its devices (GPU fit), the shares' sizes, and their
+// pod ledger) and which can take its devices (GPU fit), the shares' sizes, and their
 // reservation in the model. It keeps no state of its own; what it reads and writes is
 // handed to it by New, each collaborator by itself rather than the Controller.
 //
@@ -104,7 +105,7 @@ type result struct {
 type decider struct {
 	cfg    *Config // the controller's, as New completed it
 	model  *model
-	ledger *podLedger // what bound and assumed pods request per node
+	ledger *podledger.Ledger // what bound and assumed pods request per node
 	nodes  corelisters.NodeLister
 	// refused: GPUs whose kubelet plugin refused to prepare the claim are avoided a while.
 	refused *refusedGPUs

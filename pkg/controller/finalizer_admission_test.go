@@ -4,8 +4,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fgpu-dev/fgpu/internal/testing/admission"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+
+	"github.com/fgpu-dev/fgpu/internal/testing/admission"
 )
 
 // TestFinalizerPolicyRenders checks what the API server needs beyond the CEL: the binding

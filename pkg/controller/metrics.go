@@ -191,8 +191,8 @@ func (m *Metrics) collectNamespaces(c *Controller, gauge func(*prometheus.Desc, 
 	}
 	for ns, p := range pending {
 		known[ns] = struct{}{}
-		gauge(m.nsPendingDesc, float64(p.claims), ns)
-		gauge(m.nsOldestDesc, max(now.Sub(p.oldest).Seconds(), 0), ns)
+		gauge(m.nsPendingDesc, float64(p.Claims), ns)
+		gauge(m.nsOldestDesc, max(now.Sub(p.Oldest).Seconds(), 0), ns)
 	}
 	policies := c.policyList()
 	if !slices.ContainsFunc(policies, func(p *api.SharingPolicy) bool { return p.Spec.Quota != nil }) {

@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
-	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
-	"github.com/fgpu-dev/fgpu/internal/testing/builders"
-	"github.com/fgpu-dev/fgpu/pkg/adoption"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/adoption"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/claimqueue"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
@@ -38,7 +39,7 @@ type sizingLoop struct {
 	listers
 	model *model
 	// pending: a drain waits while the quota queue of a tenant's namespace is not empty.
-	pending *claimQueue
+	pending *claimqueue.Queue
 	// gather is place's: a claim's decision input, outside the model's lock. place is the
 	// decider, asked under it where a drained GPU's tenants would go.
 	gather   func(ctx context.Context, claim *resourceapi.ResourceClaim) (*input, bool)

@@ -5,8 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fgpu-dev/fgpu/internal/testing/admission"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+
+	"github.com/fgpu-dev/fgpu/internal/testing/admission"
 )
 
 func matches(rules []admissionv1.NamedRuleWithOperations, groups, resources []string, ops ...admissionv1.OperationType) bool {

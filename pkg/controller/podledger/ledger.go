@@ -1,4 +1,5 @@
-package controller
+// Package podledger is what the pods bound and assumed on each node request, for node fit.
+package podledger
 
 import (
 	"sync"
@@ -10,12 +11,12 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
 )
 
-// podLedger keeps what pods ask of each node, for the allocator's pod-fit checks: pods bound
+// Ledger keeps what pods ask of each node, for the allocator's pod-fit checks: pods bound
 // to a node, pods the allocator pinned to a node through an allocation that the scheduler
 // has not bound yet (assumed), and the nodes where a pod's allocation timed out.
 // The per-node sums make a decision's pod-fit check O(1) per node instead of a walk over
 // every pod.
-type podLedger struct {
+type Ledger struct {
 	mu        sync.Mutex
 	assumed   map[types.UID]podOnNode
 	bound     map[types.UID]podOnNode
@@ -33,14 +34,15 @@ type podOnNode struct {
 	at   time.Time // when it was assumed
 }
 
-func newPodLedger() *podLedger {
-	return &podLedger{assumed: map[types.UID]podOnNode{}, bound: map[types.UID]podOnNode{},
+// New is an empty ledger.
+func New() *Ledger {
+	return &Ledger{assumed: map[types.UID]podOnNode{}, bound: map[types.UID]podOnNode{},
 		assumedOn: map[string]podfit.Requests{}, boundOn: map[string]podfit.Requests{}, avoid: map[types.UID]map[string]bool{},
 		changed: map[string]struct{}{}}
 }
 
 // Assume records that the allocator pinned pods to a node.
-func (l *podLedger) Assume(pods []*corev1.Pod, node string, at time.Time) {
+func (l *Ledger) Assume(pods []*corev1.Pod, node string, at time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, p := range pods {
@@ -53,7 +55,7 @@ func (l *podLedger) Assume(pods []*corev1.Pod, node string, at time.Time) {
 }
 
 // Drop forgets pods the allocator pinned (their allocation was not written or was taken back).
-func (l *podLedger) Drop(pods []*corev1.Pod) {
+func (l *Ledger) Drop(pods []*corev1.Pod) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, p := range pods {
@@ -61,7 +63,7 @@ func (l *podLedger) Drop(pods []*corev1.Pod) {
 	}
 }
 
-func (l *podLedger) dropAssumed(uid types.UID) {
+func (l *Ledger) dropAssumed(uid types.UID) {
 	a, ok := l.assumed[uid]
 	if !ok {
 		return
@@ -73,7 +75,7 @@ func (l *podLedger) dropAssumed(uid types.UID) {
 
 // Bound brings a pod's entry in line with the informer: a pod on a node counts there while
 // it runs (no longer as assumed); deleted, or finished, it counts nowhere.
-func (l *podLedger) Bound(pod *corev1.Pod, deleted bool) {
+func (l *Ledger) Bound(pod *corev1.Pod, deleted bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if b, ok := l.bound[pod.UID]; ok {
@@ -98,14 +100,14 @@ func (l *podLedger) Bound(pod *corev1.Pod, deleted bool) {
 }
 
 // NodeChanged records that a Node object changed (its allocatable may have).
-func (l *podLedger) NodeChanged(node string) {
+func (l *Ledger) NodeChanged(node string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.changed[node] = struct{}{}
 }
 
 // TakeChanged returns the nodes changed since the last call, and forgets them.
-func (l *podLedger) TakeChanged() []string {
+func (l *Ledger) TakeChanged() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.changed) == 0 {
@@ -122,7 +124,7 @@ func (l *podLedger) TakeChanged() []string {
 }
 
 // Requested sums what bound and assumed pods ask of a node, except the pods being placed.
-func (l *podLedger) Requested(node string, except []*corev1.Pod) podfit.Requests {
+func (l *Ledger) Requested(node string, except []*corev1.Pod) podfit.Requests {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.boundOn[node]
@@ -139,7 +141,7 @@ func (l *podLedger) Requested(node string, except []*corev1.Pod) podfit.Requests
 }
 
 // Avoid records that the pods' allocation on node timed out: they are not placed there again.
-func (l *podLedger) Avoid(pods []*corev1.Pod, node string) {
+func (l *Ledger) Avoid(pods []*corev1.Pod, node string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, p := range pods {
@@ -152,7 +154,7 @@ func (l *podLedger) Avoid(pods []*corev1.Pod, node string) {
 }
 
 // Avoided lists the nodes any of the pods must avoid.
-func (l *podLedger) Avoided(pods []*corev1.Pod) map[string]bool {
+func (l *Ledger) Avoided(pods []*corev1.Pod) map[string]bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := map[string]bool{}
@@ -166,7 +168,7 @@ func (l *podLedger) Avoided(pods []*corev1.Pod) map[string]bool {
 
 // Expire forgets pods assumed before a time: their pods were neither bound nor deleted
 // while the allocator watched (a missed event), and must not hold node capacity forever.
-func (l *podLedger) Expire(before time.Time) {
+func (l *Ledger) Expire(before time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for uid, a := range l.assumed {

@@ -1,4 +1,4 @@
-package controller
+package podledger
 
 import (
 	"testing"
@@ -18,7 +18,7 @@ func ledgerPod(uid, cpu string) *corev1.Pod {
 }
 
 func TestPodLedgerAssumeBindDelete(t *testing.T) {
-	l := newPodLedger()
+	l := New()
 	t0 := builders.Created.Time
 	p, q := ledgerPod("p", "2"), ledgerPod("q", "3")
 	l.Assume([]*corev1.Pod{p, q}, "n1", t0)
@@ -48,7 +48,7 @@ func TestPodLedgerAssumeBindDelete(t *testing.T) {
 }
 
 func TestPodLedgerAvoidAndExpire(t *testing.T) {
-	l := newPodLedger()
+	l := New()
 	t0 := builders.Created.Time
 	p := ledgerPod("p", "1")
 	l.Assume([]*corev1.Pod{p}, "n1", t0)

@@ -1,4 +1,5 @@
-package controller
+// Package claimqueue is the allocator's queue of the claims it has yet to place.
+package claimqueue
 
 import (
 	"sort"
@@ -9,7 +10,7 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
 
-// claimQueue is the allocator's queue of claims it has yet to place: when each was created,
+// Queue is the allocator's queue of claims it has yet to place: when each was created,
 // when the allocator first looked at it and whether it has decided on it since, and each
 // namespace's quota queue, a strict FIFO by creation (as Kueue's StrictFIFO): a claim that
 // waits for quota holds the claims of its namespace created after it, and they wait in the
@@ -17,7 +18,7 @@ import (
 // Across namespaces claims go by latency class, critical first: each capacity change starts
 // a pass, and a claim waits until the more critical claims have been decided on in it (the
 // pods a fault displaced come back together; the critical ones must get the room first).
-type claimQueue struct {
+type Queue struct {
 	mu      sync.Mutex
 	pending map[string]*pendingClaim // claim key → its place in the queue
 	// quota holds, per namespace, the claims that wait for quota, by creation time.
@@ -54,12 +55,13 @@ func classRank(c api.LatencyClass) int {
 	return 1
 }
 
-func newClaimQueue() *claimQueue {
-	return &claimQueue{pending: map[string]*pendingClaim{}, quota: map[string]map[string]time.Time{}}
+// New is an empty queue.
+func New() *Queue {
+	return &Queue{pending: map[string]*pendingClaim{}, quota: map[string]map[string]time.Time{}}
 }
 
 // Add records a claim the allocator is looking at, once: later calls keep the first look.
-func (q *claimQueue) Add(key string, created, now time.Time) {
+func (q *Queue) Add(key string, created, now time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if _, ok := q.pending[key]; !ok {
@@ -68,7 +70,7 @@ func (q *claimQueue) Add(key string, created, now time.Time) {
 }
 
 // Decided records that the allocator decided on a claim: placed it, or made it wait.
-func (q *claimQueue) Decided(key string) {
+func (q *Queue) Decided(key string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if p := q.pending[key]; p != nil {
@@ -82,7 +84,7 @@ func (q *claimQueue) Decided(key string) {
 // critical claim of the pass, as one decided on would not; but a claim never decided on still
 // goes before the younger claims of its namespace (AnyUndecided), which their shared share
 // defers as well.
-func (q *claimQueue) Deferred(key string) {
+func (q *Queue) Deferred(key string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if p := q.pending[key]; p != nil {
@@ -92,7 +94,7 @@ func (q *claimQueue) Deferred(key string) {
 }
 
 // SetClass records a pending claim's latency class (its policy's).
-func (q *claimQueue) SetClass(key string, c api.LatencyClass) {
+func (q *Queue) SetClass(key string, c api.LatencyClass) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if p := q.pending[key]; p != nil {
@@ -102,7 +104,7 @@ func (q *claimQueue) SetClass(key string, c api.LatencyClass) {
 
 // NewPass records a capacity change: every pending claim is to be decided on again, the more
 // critical ones first.
-func (q *claimQueue) NewPass(now time.Time) {
+func (q *Queue) NewPass(now time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.pass++
@@ -114,7 +116,7 @@ func (q *claimQueue) NewPass(now time.Time) {
 // most firstLookGrace after that change or after the other claim was first looked at. With
 // quotaBinds, claims of key's namespace created after it are passed over: they wait for key
 // in the quota queue.
-func (q *claimQueue) MoreCriticalFirst(key string, quotaBinds bool, now time.Time) (string, bool) {
+func (q *Queue) MoreCriticalFirst(key string, quotaBinds bool, now time.Time) (string, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	me := q.pending[key]
@@ -146,14 +148,14 @@ func (q *claimQueue) MoreCriticalFirst(key string, quotaBinds bool, now time.Tim
 
 // Forget drops a claim that is placed, allocated by someone else, or gone. It reports
 // whether the claim left its namespace's quota queue: the claims behind it may go on.
-func (q *claimQueue) Forget(key string) (leftQuotaQueue bool) {
+func (q *Queue) Forget(key string) (leftQuotaQueue bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	delete(q.pending, key)
 	return q.leaveQuota(key)
 }
 
-func (q *claimQueue) leaveQuota(key string) bool {
+func (q *Queue) leaveQuota(key string) bool {
 	ns, _, _ := strings.Cut(key, "/")
 	w := q.quota[ns]
 	if _, ok := w[key]; !ok {
@@ -169,7 +171,7 @@ func (q *claimQueue) leaveQuota(key string) bool {
 // InOrder lists the pending claims of one namespace ("": all), the most critical latency
 // class first (a claim whose class is not known yet counts as standard), oldest first
 // within a class.
-func (q *claimQueue) InOrder(ns string) []string {
+func (q *Queue) InOrder(ns string) []string {
 	type entry struct {
 		key     string
 		rank    int
@@ -201,7 +203,7 @@ func (q *claimQueue) InOrder(ns string) []string {
 }
 
 // SetPodless records whether the claim waits for a pod rather than for a GPU.
-func (q *claimQueue) SetPodless(key string, podless bool) {
+func (q *Queue) SetPodless(key string, podless bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if p := q.pending[key]; p != nil {
@@ -210,7 +212,7 @@ func (q *claimQueue) SetPodless(key string, podless bool) {
 }
 
 // Len is the number of pending claims that wait for a GPU (not for a pod).
-func (q *claimQueue) Len() int {
+func (q *Queue) Len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	n := 0
@@ -229,7 +231,7 @@ const firstLookGrace = 5 * time.Second
 // AnyUndecided reports whether one of the claims is still to be decided on: never looked at,
 // or looked at less than firstLookGrace ago without a decision (a template's claim precedes
 // its pod by a moment). An unused standalone claim so holds its namespace for seconds only.
-func (q *claimQueue) AnyUndecided(keys []string, now time.Time) bool {
+func (q *Queue) AnyUndecided(keys []string, now time.Time) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, k := range keys {
@@ -243,7 +245,7 @@ func (q *claimQueue) AnyUndecided(keys []string, now time.Time) bool {
 
 // QuotaAhead returns the oldest claim of the namespace's quota queue if it was created
 // before key: the claim at the head, which waits for quota.
-func (q *claimQueue) QuotaAhead(ns, key string, created time.Time) (string, bool) {
+func (q *Queue) QuotaAhead(ns, key string, created time.Time) (string, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	head, headCreated := "", time.Time{}
@@ -260,7 +262,7 @@ func (q *claimQueue) QuotaAhead(ns, key string, created time.Time) (string, bool
 
 // WaitForQuota puts a claim in its namespace's quota queue (waiting) or takes it out. It
 // reports whether the claim left the queue.
-func (q *claimQueue) WaitForQuota(key string, created time.Time, waiting bool) (leftQuotaQueue bool) {
+func (q *Queue) WaitForQuota(key string, created time.Time, waiting bool) (leftQuotaQueue bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if !waiting {
@@ -274,28 +276,28 @@ func (q *claimQueue) WaitForQuota(key string, created time.Time, waiting bool) (
 	return false
 }
 
-// nsPending is one namespace's pending claims: how many, and when the oldest was created.
-type nsPending struct {
-	claims int
-	oldest time.Time
+// NamespacePending is one namespace's pending claims: how many, and when the oldest was created.
+type NamespacePending struct {
+	Claims int
+	Oldest time.Time
 }
 
 // ByNamespace counts the claims waiting for a GPU per namespace, with the oldest's creation
 // time.
-func (q *claimQueue) ByNamespace() map[string]nsPending {
+func (q *Queue) ByNamespace() map[string]NamespacePending {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	out := map[string]nsPending{}
+	out := map[string]NamespacePending{}
 	for k, p := range q.pending {
 		if p.podless {
 			continue
 		}
 		ns, _, _ := strings.Cut(k, "/")
 		e := out[ns]
-		if e.claims == 0 || p.created.Before(e.oldest) {
-			e.oldest = p.created
+		if e.Claims == 0 || p.created.Before(e.Oldest) {
+			e.Oldest = p.created
 		}
-		e.claims++
+		e.Claims++
 		out[ns] = e
 	}
 	return out

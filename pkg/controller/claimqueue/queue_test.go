@@ -1,4 +1,4 @@
-package controller
+package claimqueue
 
 import (
 	"slices"
@@ -10,7 +10,7 @@ import (
 )
 
 func TestClaimQueueOrderAndForget(t *testing.T) {
-	q := newClaimQueue()
+	q := New()
 	t0 := builders.Created.Time
 	q.Add("b/x", t0.Add(time.Second), t0)
 	q.Add("a/y", t0.Add(2*time.Second), t0)
@@ -32,7 +32,7 @@ func TestClaimQueueOrderAndForget(t *testing.T) {
 }
 
 func TestClaimQueueQuotaFIFO(t *testing.T) {
-	q := newClaimQueue()
+	q := New()
 	t0 := builders.Created.Time
 	q.Add("a/old", t0, t0)
 	q.Add("a/young", t0.Add(time.Second), t0)
@@ -70,7 +70,7 @@ func TestClaimQueueQuotaFIFO(t *testing.T) {
 }
 
 func TestClaimQueueAnyUndecided(t *testing.T) {
-	q := newClaimQueue()
+	q := New()
 	t0 := builders.Created.Time
 	if !q.AnyUndecided([]string{"a/unseen"}, t0) {
 		t.Error("a claim never looked at counts as decided")
@@ -92,7 +92,7 @@ func TestClaimQueueAnyUndecided(t *testing.T) {
 // namespace back in the pass, but, never decided, still goes before its namespace's younger
 // claims.
 func TestClaimQueueDeferred(t *testing.T) {
-	q := newClaimQueue()
+	q := New()
 	t0 := builders.Created.Time
 	q.NewPass(t0)
 	q.Add("greedy/c", t0, t0)
@@ -108,5 +108,61 @@ func TestClaimQueueDeferred(t *testing.T) {
 	}
 	if !q.AnyUndecided([]string{"greedy/c"}, t0) {
 		t.Error("a deferred claim never decided on lets its namespace's younger claims go first")
+	}
+}
+
+func TestClaimQueueCriticalFirst(t *testing.T) {
+	q := New()
+	t0 := builders.Created.Time
+	q.Add("a/be", t0, t0)
+	q.Add("b/std", t0.Add(time.Second), t0)
+	q.Add("c/crit", t0.Add(2*time.Second), t0)
+	q.Add("d/unknown", t0.Add(3*time.Second), t0)
+	q.SetClass("a/be", api.LatencyBestEffort)
+	q.SetClass("b/std", api.LatencyStandard)
+	q.SetClass("c/crit", api.LatencyCritical)
+	if got, want := q.InOrder(""), []string{"c/crit", "b/std", "d/unknown", "a/be"}; !slices.Equal(got, want) {
+		t.Errorf("InOrder() = %v, want %v (critical first, then by age within a class)", got, want)
+	}
+	for _, k := range []string{"a/be", "b/std", "c/crit"} {
+		q.Decided(k)
+	}
+	if first, ok := q.MoreCriticalFirst("a/be", false, t0); ok {
+		t.Errorf("a best-effort claim waits for %s, which was decided on since the last capacity change", first)
+	}
+	q.NewPass(t0.Add(time.Minute))
+	now := t0.Add(time.Minute + time.Second)
+	if first, ok := q.MoreCriticalFirst("a/be", false, now); !ok || first != "b/std" {
+		t.Errorf("after a capacity change a best-effort claim goes before the others: first %q, %v", first, ok)
+	}
+	if _, ok := q.MoreCriticalFirst("c/crit", false, now); ok {
+		t.Error("a critical claim waits")
+	}
+	if _, ok := q.MoreCriticalFirst("d/unknown", false, now); ok {
+		t.Error("a claim whose class is not known yet waits")
+	}
+	q.Decided("b/std")
+	if first, ok := q.MoreCriticalFirst("a/be", false, now); !ok || first != "c/crit" {
+		t.Errorf("first %q, %v; want c/crit, not decided on in this pass", first, ok)
+	}
+	q.Decided("c/crit")
+	if first, ok := q.MoreCriticalFirst("a/be", false, now); ok {
+		t.Errorf("a best-effort claim waits for %s, decided on in this pass", first)
+	}
+	// The hold is bounded: a critical claim that cannot be decided on (its namespace's quota
+	// queue holds it) does not stop the others for long.
+	q.NewPass(now)
+	if _, ok := q.MoreCriticalFirst("b/std", false, now.Add(firstLookGrace)); ok {
+		t.Error("a standard claim waits past the grace")
+	}
+	// Within a namespace under quota, a younger critical claim waits for the older ones.
+	q.Add("b/crit", t0.Add(5*time.Second), now)
+	q.SetClass("b/crit", api.LatencyCritical)
+	q.Decided("c/crit")
+	if first, ok := q.MoreCriticalFirst("b/std", true, now); ok {
+		t.Errorf("b/std waits for %s, which waits behind it in the quota queue", first)
+	}
+	if first, ok := q.MoreCriticalFirst("b/std", false, now); !ok || first != "b/crit" {
+		t.Errorf("without a quota b/std lets %q, %v go first; want b/crit", first, ok)
 	}
 }

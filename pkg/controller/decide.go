@@ -182,10 +182,11 @@ func (dc *decider) decide(ctx context.Context, in *input) (*decision, *waitReaso
 	if err := dc.model.ensureCore(dc.schedPolicy, dc); err != nil {
 		return nil, &waitReason{reason: ReasonWaiting, message: "cannot model the cluster: " + err.Error()}
 	}
-	if w := dc.claimQuotaCheck(ctx, in); w != nil {
+	res := newResolution(dc.cfg, in, dc.smallestGPU(in))
+	if w := dc.claimQuotaCheck(ctx, in, res); w != nil {
 		return nil, w
 	}
-	d, w := dc.decideClaim(ctx, in, cons, "")
+	d, w := dc.decideClaim(ctx, in, res, cons, "")
 	if w == nil || !w.constrained {
 		return d, w
 	}
@@ -195,7 +196,7 @@ func (dc *decider) decide(ctx context.Context, in *input) (*decision, *waitReaso
 	// waits for the first attempt's reason.
 	for _, p := range dc.pins(in, cons) {
 		cons[p.constraint].pinned = p.value
-		d, w2 := dc.decideClaim(ctx, in, cons, p.node)
+		d, w2 := dc.decideClaim(ctx, in, res, cons, p.node)
 		cons[p.constraint].pinned = ""
 		if w2 == nil {
 			return d, nil
@@ -207,13 +208,13 @@ func (dc *decider) decide(ctx context.Context, in *input) (*decision, *waitReaso
 // decideClaim places a claim's requests one after the other under its constraints, or
 // says why it waits, leaving nothing reserved then.
 // A node given fixes the claim's node (a pin).
-func (dc *decider) decideClaim(ctx context.Context, in *input, cons []deviceConstraint, node string) (*decision, *waitReason) {
+func (dc *decider) decideClaim(ctx context.Context, in *input, res *resolution, cons []deviceConstraint, node string) (*decision, *waitReason) {
 	claim := in.claim
 	d := &decision{node: node, pol: in.pol, cons: cons, rec: &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace, assumed: dc.now()}}
 	for _, req := range claim.Spec.Devices.Requests {
 		// The claim waits for the request it could not place, not for an alternative an
 		// earlier request did without: that one may say the claim is beyond its quota.
-		placed, w := dc.decideRequest(ctx, in, d, req)
+		placed, w := dc.decideRequest(ctx, in, res, d, req)
 		if !placed {
 			dc.model.remove(d.rec.key)
 			if w == nil {
@@ -241,10 +242,10 @@ func (dc *decider) decideClaim(ctx context.Context, in *input, cons []deviceCons
 // shares in the model so that the claim's next requests see them. It returns the first
 // reason an alternative gave for not fitting, unless that one is beyond the quota and a
 // later one is not: a claim that can fit its quota must not be told it never will.
-func (dc *decider) decideRequest(ctx context.Context, in *input, d *decision, req resourceapi.DeviceRequest) (bool, *waitReason) {
+func (dc *decider) decideRequest(ctx context.Context, in *input, res *resolution, d *decision, req resourceapi.DeviceRequest) (bool, *waitReason) {
 	var firstWait *waitReason
 	for _, a := range alternatives(req) {
-		res, w := dc.placeAlt(ctx, in, d, a)
+		placed, w := dc.placeAlt(ctx, in, res, d, a)
 		if w != nil {
 			if firstWait == nil || (firstWait.beyondQuota && !w.beyondQuota) {
 				firstWait = w
@@ -252,7 +253,7 @@ func (dc *decider) decideRequest(ctx context.Context, in *input, d *decision, re
 			continue
 		}
 		dc.model.remove(d.rec.key)
-		for _, r := range res {
+		for _, r := range placed {
 			d.results = append(d.results, r)
 			d.rec.shares = append(d.rec.shares, &tenantAt{gpu: r.gpu, t: tenantOf(in, r)})
 		}
@@ -262,13 +263,13 @@ func (dc *decider) decideRequest(ctx context.Context, in *input, d *decision, re
 	return false, firstWait
 }
 
-// placeAlt places one alternative of a request: resolve it, check the quota, let the
+// placeAlt places one alternative of a request, as resolved: check the quota, let the
 // placement core choose a node and GPUs among those that fit, and size the shares. A share
 // that may burst but fits nowhere as one (no GPU admits it, the quota does not take its cap)
 // is placed as Initial sizes it: a best-effort pod runs rather than wait for room to burst.
 // If neither fits, the claim waits for the burst's reason.
-func (dc *decider) placeAlt(ctx context.Context, in *input, d *decision, a alt) ([]result, *waitReason) {
-	rq, w := resolveRequest(dc.cfg, in, a, dc.smallestGPU(in))
+func (dc *decider) placeAlt(ctx context.Context, in *input, res *resolution, d *decision, a alt) ([]result, *waitReason) {
+	rq, w := res.request(a)
 	if w != nil {
 		return nil, w
 	}
@@ -276,13 +277,13 @@ func (dc *decider) placeAlt(ctx context.Context, in *input, d *decision, a alt) 
 	if !dc.sizeBurst(in, rq) {
 		return dc.placeRequest(ctx, in, d, rq)
 	}
-	res, w := dc.placeRequest(ctx, in, d, rq)
+	placed, w := dc.placeRequest(ctx, in, d, rq)
 	if w == nil {
-		return res, nil
+		return placed, nil
 	}
-	if res, w2 := dc.placeRequest(ctx, in, d, &plain); w2 == nil {
+	if placed, w2 := dc.placeRequest(ctx, in, d, &plain); w2 == nil {
 		d.sized = append(d.sized, fmt.Sprintf("request %q does not burst, for now: %s", a.name, w.message))
-		return res, nil
+		return placed, nil
 	}
 	return nil, w
 }

@@ -137,7 +137,7 @@ func (dc *decider) quotaCheck(in *input, d *decision, rq *request) *waitReason {
 // claimQuotaCheck refuses a claim that needs more than its namespace's whole quota
 // whichever alternatives it gets: a request of it that waited in the quota queue would
 // hold the namespace's younger claims for ever. Caller holds the model's lock.
-func (dc *decider) claimQuotaCheck(ctx context.Context, in *input) *waitReason {
+func (dc *decider) claimQuotaCheck(ctx context.Context, in *input, res *resolution) *waitReason {
 	q, ns := in.pol.Quota, in.claim.Namespace
 	if q.Invalid != nil {
 		return &waitReason{reason: ReasonInvalidPolicy, message: q.Invalid.Error()}
@@ -152,7 +152,7 @@ func (dc *decider) claimQuotaCheck(ctx context.Context, in *input) *waitReason {
 		alts := alternatives(req)
 		var low *usage
 		for _, a := range alts {
-			rq, w := resolveRequest(dc.cfg, in, a, dc.smallestGPU(in))
+			rq, w := res.request(a)
 			if w != nil {
 				continue // said when the request is decided
 			}

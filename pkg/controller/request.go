@@ -74,6 +74,40 @@ func (rq *request) capOn(g *gpu, mem int64) int64 {
 	return 0
 }
 
+// resolution resolves the alternatives of a claim's requests, each once per decision and
+// only when asked: the quota check and the placement of each request read the same.
+type resolution struct {
+	cfg         *Config
+	in          *input
+	smallestGPU func(*request) int64
+	done        map[string]resolvedAlt
+}
+
+type resolvedAlt struct {
+	rq *request
+	w  *waitReason
+}
+
+func newResolution(cfg *Config, in *input, smallestGPU func(*request) int64) *resolution {
+	return &resolution{cfg: cfg, in: in, smallestGPU: smallestGPU, done: map[string]resolvedAlt{}}
+}
+
+// request is alternative a resolved: a copy, which placing it may change (sizeBurst sizes
+// a bursting share), or why it cannot be allocated. Caller holds the model's lock
+// (smallestGPU reads it).
+func (res *resolution) request(a alt) (*request, *waitReason) {
+	r, ok := res.done[a.name]
+	if !ok {
+		r.rq, r.w = resolveRequest(res.cfg, res.in, a, res.smallestGPU)
+		res.done[a.name] = r
+	}
+	if r.w != nil {
+		return nil, r.w
+	}
+	rq := *r.rq
+	return &rq, nil
+}
+
 // resolveRequest sizes an alternative, and chooses its mode and isolation domain, from the
 // claim, its class and its policy; or says why the alternative cannot be allocated. It
 // looks at nothing else: no GPU, no node, no other claim.

@@ -12,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -80,6 +81,10 @@ type autoEvicted struct {
 	pod types.NamespacedName
 	uid types.UID
 	at  time.Time
+	// owner is the evicted pod's controller, and before the pods it had then: a pod of it
+	// not among them is the evicted pod's replacement.
+	owner  types.UID
+	before map[types.UID]bool
 }
 
 // autoState is Auto's memory, under the sizer's lock.
@@ -252,8 +257,8 @@ func (m *model) gpuMemory(k gpuKey) int64 {
 }
 
 // evictForResize evicts at most one pod Auto wants recreated, its workload with no eviction
-// in the last usage report interval and no evicted pod still there: one pod of a workload
-// at a time, and the new pod has a report to show its use. Namespaces take turns, and
+// in the last usage report interval, no evicted pod still there and no replacement not
+// ready yet: one pod of a workload at a time. Namespaces take turns, and
 // within one the oldest want goes first. A refusal (429: a PodDisruptionBudget allows no
 // disruption now) or a failure does not use up the cluster's eviction: the next
 // namespace's pod is tried, and the refused one waits autoRetryAfter, behind its
@@ -305,6 +310,9 @@ func (s *sizingLoop) resizePicks(now time.Time) []*resizeWant {
 			if p, err := s.pods.Pods(last.pod.Namespace).Get(last.pod.Name); err == nil && p.UID == last.uid {
 				continue
 			}
+			if s.replacementStarting(last) {
+				continue
+			}
 		}
 		cur := byNS[want.pod.Namespace]
 		if cur == nil || want.since.Before(cur.since) || (want.since.Equal(cur.since) && uid < cur.uid) {
@@ -325,6 +333,42 @@ func (s *sizingLoop) resizePicks(now time.Time) []*resizeWant {
 	return picks
 }
 
+// replacementStarting says whether a pod that the last evicted pod's controller made since
+// is not ready yet: a workload's pods are evicted one at a time, the next only once the
+// last one's replacement runs.
+func (s *sizingLoop) replacementStarting(last autoEvicted) bool {
+	if last.owner == "" {
+		return false
+	}
+	for _, p := range s.podsOf(last.pod.Namespace, last.owner) {
+		if !last.before[p.UID] && p.DeletionTimestamp == nil && !podReady(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// podsOf are namespace ns's pods whose controller is owner.
+func (s *sizingLoop) podsOf(ns string, owner types.UID) []*corev1.Pod {
+	pods, err := s.pods.Pods(ns).List(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	return slices.DeleteFunc(pods, func(p *corev1.Pod) bool {
+		c := metav1.GetControllerOf(p)
+		return c == nil || c.UID != owner
+	})
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
 // evictOne tries to evict a picked pod; it reports whether the pod was evicted.
 func (s *sizingLoop) evictOne(ctx context.Context, pick *resizeWant, now time.Time) bool {
 	pod, err := s.pods.Pods(pick.pod.Namespace).Get(pick.pod.Name)
@@ -338,6 +382,13 @@ func (s *sizingLoop) evictOne(ctx context.Context, pick *resizeWant, now time.Ti
 		return false
 	}
 	uid := pick.uid
+	evicted := autoEvicted{pod: pick.pod, uid: uid, at: now, before: map[types.UID]bool{}}
+	if ctl := metav1.GetControllerOf(pod); ctl != nil {
+		evicted.owner = ctl.UID
+		for _, p := range s.podsOf(pod.Namespace, ctl.UID) {
+			evicted.before[p.UID] = true
+		}
+	}
 	err = s.client.CoreV1().Pods(pick.pod.Namespace).EvictV1(ctx, &policyv1.Eviction{
 		ObjectMeta:    metav1.ObjectMeta{Name: pick.pod.Name, Namespace: pick.pod.Namespace},
 		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
@@ -350,7 +401,7 @@ func (s *sizingLoop) evictOne(ctx context.Context, pick *resizeWant, now time.Ti
 	case err == nil:
 		delete(a.wants, uid)
 		a.lastEviction = now
-		a.last[pick.w] = autoEvicted{pod: pick.pod, uid: uid, at: now}
+		a.last[pick.w] = evicted
 		s.metrics.evicted.WithLabelValues(pick.pod.Namespace, pick.reason()).Inc()
 		s.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonResizeEvicted,
 			"evicted by sizing Auto: %s. MPS fixes a process's memory cap when it starts, so a new pod is the only way to resize it", pick.why)

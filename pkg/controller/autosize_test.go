@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,7 @@ type autoEnv struct {
 
 func (e *autoEnv) claimOf(pod, asked string, capGiB int64) (*resourceapi.ResourceClaim, *corev1.Pod) {
 	p := ownedPod("team-a", pod, "ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"})
+	p.OwnerReferences[0].UID = webReplicaSet
 	b := builders.MakeClaim("team-a", pod+"-gpu")
 	if asked != "" {
 		b = b.Memory(asked)
@@ -126,29 +128,54 @@ func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
 }
 
 // A workload's pods are evicted one at a time: the next one only once the last evicted pod
-// is gone and one usage report interval has passed since, so that its replacement could show
-// its use first.
-func TestSizingAutoEvictsOnePodOfAWorkloadPerReportInterval(t *testing.T) {
-	claimA, podA := (&autoEnv{}).claimOf("web-7c9d5-a", "40Gi", 10)
-	claimB, podB := (&autoEnv{}).claimOf("web-7c9d5-b", "40Gi", 10)
-	e := newAutoEnv(t, claimA, podA, claimB, podB)
+// is gone, its replacement is ready, and one usage report interval has passed since.
+func TestSizingAutoEvictsOnePodOfAWorkloadAtATime(t *testing.T) {
+	var objs []runtime.Object
+	var claims []string
+	for _, name := range []string{"a", "b", "c"} {
+		claim, pod := (&autoEnv{}).claimOf("web-7c9d5-"+name, "40Gi", 10)
+		objs, claims = append(objs, claim, pod), append(claims, claim.Name)
+	}
+	e := newAutoEnv(t, objs...)
+	// Not the 5 minutes a fixed gap had, and above the cluster-wide pace of one eviction
+	// per autoEvictInterval.
+	interval := 30 * time.Second
+	e.c.cfg.SizingReportInterval = interval
 	for i := 1; i <= 4; i++ {
 		peak := int64(7 << 10)
 		if i == 4 {
 			peak = 9900
 		}
-		e.report(claimA.Name, i, peak)
-		e.report(claimB.Name, i, peak)
+		for _, c := range claims {
+			e.report(c, i, peak)
+		}
+	}
+	// replace deletes the last evicted pod and makes its replacement, ready or not.
+	replace := func(name string, ready bool) *corev1.Pod {
+		t.Helper()
+		if err := e.client.CoreV1().Pods("team-a").Delete(e.ctx, e.evicted[len(e.evicted)-1], metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		p := ownedPod("team-a", name, "ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"})
+		p.OwnerReferences[0].UID = webReplicaSet
+		setReady(p, ready)
+		if _, err := e.client.CoreV1().Pods("team-a").Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// settle compares counts, which a delete and a create leave as they were.
+		gone := e.evicted[len(e.evicted)-1]
+		e.cached(func() bool {
+			_, errGone := e.c.pods.Pods("team-a").Get(gone)
+			_, errNew := e.c.pods.Pods("team-a").Get(name)
+			return apierrors.IsNotFound(errGone) && errNew == nil
+		})
+		return p
 	}
 	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 1 {
 		t.Fatalf("evicted %v; want one pod of the workload", e.evicted)
 	}
-	if err := e.client.CoreV1().Pods("team-a").Delete(e.ctx, e.evicted[0], metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	e.settle()
-	interval := e.c.cfg.SizingReportInterval
+	replace("web-7c9d5-r1", true)
 	e.clock.Step(interval - time.Second)
 	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 1 {
@@ -156,9 +183,49 @@ func TestSizingAutoEvictsOnePodOfAWorkloadPerReportInterval(t *testing.T) {
 	}
 	e.clock.Step(time.Second)
 	e.c.sizing.evictForResize(e.ctx)
-	if len(e.evicted) != 2 || e.evicted[0] == e.evicted[1] {
-		t.Errorf("evicted %v a report interval after the first was gone; want the workload's other pod", e.evicted)
+	if len(e.evicted) != 2 {
+		t.Fatalf("evicted %v a report interval after the first, its replacement ready; want a second pod", e.evicted)
 	}
+	r2 := replace("web-7c9d5-r2", false)
+	e.clock.Step(interval)
+	e.c.sizing.evictForResize(e.ctx)
+	if len(e.evicted) != 2 {
+		t.Fatalf("evicted %v while the last one's replacement is not ready", e.evicted)
+	}
+	setReady(r2, true)
+	if _, err := e.client.CoreV1().Pods("team-a").UpdateStatus(e.ctx, r2, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.cached(func() bool {
+		p, err := e.c.pods.Pods("team-a").Get(r2.Name)
+		return err == nil && podReady(p)
+	})
+	e.c.sizing.evictForResize(e.ctx)
+	if len(e.evicted) != 3 || len(slices.Compact(slices.Sorted(slices.Values(e.evicted)))) != 3 {
+		t.Errorf("evicted %v once the replacement was ready; want the workload's third pod", e.evicted)
+	}
+}
+
+// cached waits for the controller's caches to hold what ok looks for.
+func (e *autoEnv) cached(ok func() bool) {
+	e.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		if ok() {
+			return
+		}
+	}
+	e.t.Fatal("the controller's caches did not catch up")
+}
+
+// webReplicaSet is the UID of the ReplicaSet that controls autoEnv's pods.
+const webReplicaSet = types.UID("rs-web-7c9d5")
+
+func setReady(p *corev1.Pod, ready bool) {
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}
 }
 
 // A PodDisruptionBudget that allows no disruption: the API server answers 429; the pod is

@@ -23,25 +23,24 @@ const (
 )
 
 // MarkSpare writes daemon key's SpareMarker: SpareStarting before the daemon starts (a
-// daemon found without the mark is a leak), SpareReady once it answers.
+// daemon found without the mark is a leak), SpareReady once it answers. The mark is replaced
+// whole, never seen half written.
 func (m *Manager) MarkSpare(key string, ready bool) error {
-	path := filepath.Join(m.Root, key, SpareMarker)
+	dir := filepath.Join(m.Root, key)
+	content := SpareReady
 	if !ready {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		content = SpareStarting
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
-		return os.WriteFile(path, []byte(SpareStarting), 0o644)
 	}
-	// Never recreates the directory of a spare stopped meanwhile.
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
-	if err != nil {
+	// A ready mark never recreates the directory of a spare stopped meanwhile: the temporary
+	// file cannot be made there.
+	tmp := filepath.Join(dir, "."+SpareMarker)
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
 		return err
 	}
-	if _, err := f.WriteString(SpareReady); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return os.Rename(tmp, filepath.Join(dir, SpareMarker))
 }
 
 // UnmarkSpare removes daemon key's SpareMarker: a domain took it.

@@ -81,11 +81,14 @@ step "What the 10Gi pod's container received (printed by fgpu-probe inside it)"
 $kubectl logs -n team-a a-10gi | grep -v '^FGPU-PROBE'
 
 step "What each GPU's MPS server was told (recorded by the fake backend's MPS stand-in)"
+checkpoint=/var/lib/kubelet/plugins/gpu.fgpu.dev/checkpoint.json
 for state in /var/run/fgpu/mps/*/log/fake-mps-state.json; do
   key=$(basename "$(dirname "$(dirname "$state")")")
-  # A spare no namespace took yet (started ahead so that a namespace's first pod does not wait).
-  [[ $key == spare-* ]] && ! grep -q "\"$key\"" /var/lib/kubelet/plugins/gpu.fgpu.dev/checkpoint.json 2>/dev/null && key="$key (spare)"
-  echo "$key: $(cat "$state")"
+  # The domain a daemon serves is in the plugin's checkpoint; a daemon started ahead as a GPU's
+  # spare keeps its key once a namespace's first pod there took it, and one no namespace took
+  # yet serves no one.
+  domain=$(grep -o "\"isolationDomain\":\"[^\"]*\",\"mpsKey\":\"$key\"" "$checkpoint" 2>/dev/null | head -1 | cut -d'"' -f4 || true)
+  echo "${domain:-(spare, no namespace yet)} [$key]: $(cat "$state")"
 done
 
 printf '\nThe cluster is still up: KUBECONFIG=%s %s get pods -A\n`make demo-down` tears it down.\n' "$KUBECONFIG" "$kubectl"

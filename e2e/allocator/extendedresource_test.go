@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/clusterview"
 )
 
 const gpuResource corev1.ResourceName = "nvidia.com/gpu"
@@ -110,6 +112,32 @@ func TestDevicePluginWorkloadsRunUnchangedAndShareOnceSized(t *testing.T) {
 	if before["train"] == before["serve"] {
 		t.Fatalf("two whole GPUs on one GPU %s", before["train"])
 	}
+	// The report, as a platform team reads it: two GPUs held, one needed at the measured sizes.
+	kubectlDir := buildKubectlFgpu(t)
+	if r := usageReport(t, kubectlDir, ns); r.GPUsHeld != 2 || r.GPUsNeeded == nil || *r.GPUsNeeded != 1 || r.MeasuredWorkloads != 2 {
+		t.Errorf("report before: %d GPUs held, %v needed, %d workloads measured; want 2, 1, 2", r.GPUsHeld, r.GPUsNeeded, r.MeasuredWorkloads)
+	}
+	// A window with no usage report in it says so, and shows no zeros. A report written while
+	// the command reads may fall in even 1ms; such a try is taken again.
+	emptyWindow := false
+	for try := 0; try < 5 && !emptyWindow; try++ {
+		r := usageReport(t, kubectlDir, ns, "--since", "1ms")
+		out := kubectlFgpu(t, kubectlDir, "report", "-n", ns, "--since", "1ms")
+		if r.MeasuredWorkloads > 0 || !strings.Contains(out, "no GPU use measured") {
+			continue
+		}
+		emptyWindow = true
+		if r.GPUsNeeded != nil || len(r.Notes) == 0 || !strings.HasPrefix(r.Notes[0], "no GPU use measured in the last 1ms") ||
+			slices.ContainsFunc(r.Workloads, func(w clusterview.WorkloadReport) bool { return w.Used != nil }) {
+			t.Errorf("report -o json over 1ms: %v needed, notes %q, workloads %+v; want none needed or used, and a note that says so", r.GPUsNeeded, r.Notes, r.Workloads)
+		}
+		if !strings.Contains(out, "not measured") || strings.Contains(out, "0Ki") {
+			t.Errorf("report over 1ms:\n%s\nwant \"not measured\" and no zeros", out)
+		}
+	}
+	if !emptyWindow {
+		t.Error("every report over 1ms found a usage report in it")
+	}
 
 	// A rollout (as Auto's shrink does after --sizing-shrink-after) brings the pods back at
 	// their recommended size: shares, side by side.
@@ -136,6 +164,14 @@ func TestDevicePluginWorkloadsRunUnchangedAndShareOnceSized(t *testing.T) {
 	}
 	if after["train"] != after["serve"] {
 		t.Errorf("right-sized pods on GPUs %s and %s; want them sharing one", after["train"], after["serve"])
+	}
+	// The old pods' whole GPUs count until those pods are gone.
+	var held int
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(context.Context) (bool, error) {
+		held = usageReport(t, kubectlDir, ns).GPUsHeld
+		return held == 1, nil
+	}); err != nil {
+		t.Errorf("report after: %d GPUs held; want the 1 both share", held)
 	}
 	checkInvariant(t)
 }
@@ -257,4 +293,14 @@ func TestInstallRestartsNoRunningGPUPodAndTakesItsGPUOnlyOnceFree(t *testing.T) 
 		t.Errorf("the next pod got %s; want gpu-0, free once the old pod ended", gpu)
 	}
 	checkInvariant(t)
+}
+
+// usageReport is `kubectl fgpu report -n ns -o json` and args, read as a script reads it.
+func usageReport(t *testing.T, kubectlDir, ns string, args ...string) clusterview.UsageReport {
+	t.Helper()
+	var r clusterview.UsageReport
+	if err := json.Unmarshal([]byte(kubectlFgpu(t, kubectlDir, append([]string{"report", "-n", ns, "-o", "json"}, args...)...)), &r); err != nil {
+		t.Fatalf("kubectl fgpu report -o json: %v", err)
+	}
+	return r
 }

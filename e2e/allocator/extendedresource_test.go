@@ -246,23 +246,7 @@ func TestInstallRestartsNoRunningGPUPodAndTakesItsGPUOnlyOnceFree(t *testing.T) 
 	}
 
 	reinstall()
-	// The GPU the old pod uses is published as busy with processes fgpu did not start.
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		list, err := cluster.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + cluster.Node})
-		if err != nil {
-			return false, nil
-		}
-		for _, sl := range list.Items {
-			for _, d := range sl.Spec.Devices {
-				if d.Name == "gpu-0" && slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == api.ForeignTaintKey }) {
-					return true, nil
-				}
-			}
-		}
-		return false, nil
-	}); err != nil {
-		t.Fatal("gpu-0, which the old pod uses, is not published with the foreign-processes taint")
-	}
+	waitForeignTaint(t, "gpu-0", "the old pod")
 	after, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "old", metav1.GetOptions{})
 	if err != nil || after.UID != before.UID || after.Status.Phase != corev1.PodRunning || after.Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Fatalf("the GPU pod that ran before the install: %v; want it untouched", err)
@@ -303,4 +287,26 @@ func usageReport(t *testing.T, kubectlDir, ns string, args ...string) clustervie
 		t.Fatalf("kubectl fgpu report -o json: %v", err)
 	}
 	return r
+}
+
+// waitForeignTaint waits until device is published as busy with processes fgpu did not start
+// (user's), so that fgpu offers no share of it.
+func waitForeignTaint(t *testing.T, device, user string) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := cluster.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + cluster.Node})
+		if err != nil {
+			return false, nil
+		}
+		for _, sl := range list.Items {
+			for _, d := range sl.Spec.Devices {
+				if d.Name == device && slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == api.ForeignTaintKey }) {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("%s, which %s uses, is not published with the foreign-processes taint", device, user)
+	}
 }

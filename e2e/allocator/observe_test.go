@@ -14,6 +14,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
+	"github.com/fgpu-dev/fgpu/pkg/clusterview"
 )
 
 // Observe mode: a GPU pod fgpu did not place (here as NVIDIA's device plugin's would: its
@@ -61,8 +62,21 @@ func TestObserveModeSizesPodsFgpuDidNotPlace(t *testing.T) {
 	if _, err := cluster.WaitEvent(ctx, ns, "legacy", "Pod "+ns+"/legacy request gpu: recommended memory", 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	out := kubectlFgpu(t, buildKubectlFgpu(t), "report", "-n", ns)
+	kubectlDir := buildKubectlFgpu(t)
+	out := kubectlFgpu(t, kubectlDir, "report", "-n", ns)
 	if !strings.Contains(out, "+"+ns+"/Pod/legacy") || !strings.Contains(out, "outside fgpu") {
 		t.Errorf("report:\n%s\nwant %s/Pod/legacy marked as held outside fgpu", out, ns)
+	}
+	r := usageReport(t, kubectlDir, ns)
+	if i := slices.IndexFunc(r.Workloads, func(w clusterview.WorkloadReport) bool { return w.Name == "legacy" }); i < 0 ||
+		r.Workloads[i].Used == nil || r.Workloads[i].Used.MemoryPeakBytes < 6<<30 {
+		t.Errorf("report -o json workloads %+v; want legacy with its measured 6Gi", r.Workloads)
+	}
+
+	// Measuring it touched nothing: fgpu offers no share of its GPU, and the pod runs as it did.
+	waitForeignTaint(t, "gpu-1", "legacy")
+	now, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "legacy", metav1.GetOptions{})
+	if err != nil || now.UID != pod.UID || now.Status.Phase != corev1.PodRunning || now.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Errorf("legacy after being measured: %v; want it running, never restarted", err)
 	}
 }

@@ -294,6 +294,9 @@ func (s *sizingLoop) evictForResize(ctx context.Context) {
 func (s *sizingLoop) resizePicks(now time.Time) []*resizeWant {
 	a := s.sizer.auto
 	byNS := map[string]*resizeWant{}
+	// Whether each workload waits on its last eviction, worked out once per workload: it
+	// lists the namespace's pods.
+	waiting := map[api.SizingWorkload]bool{}
 	for uid, want := range a.wants {
 		pod, err := s.pods.Pods(want.pod.Namespace).Get(want.pod.Name)
 		if err != nil || pod.UID != uid || pod.DeletionTimestamp != nil || !s.stillWanted(a, want, pod) {
@@ -303,16 +306,13 @@ func (s *sizingLoop) resizePicks(now time.Time) []*resizeWant {
 		if now.Before(want.notBefore) {
 			continue
 		}
-		if last, ok := a.last[want.w]; ok {
-			if now.Sub(last.at) < s.cfg.SizingReportInterval {
-				continue
-			}
-			if p, err := s.pods.Pods(last.pod.Namespace).Get(last.pod.Name); err == nil && p.UID == last.uid {
-				continue
-			}
-			if s.replacementStarting(last) {
-				continue
-			}
+		waits, seen := waiting[want.w]
+		if !seen {
+			waits = s.waitsOnLastEviction(a, want.w, now)
+			waiting[want.w] = waits
+		}
+		if waits {
+			continue
 		}
 		cur := byNS[want.pod.Namespace]
 		if cur == nil || want.since.Before(cur.since) || (want.since.Equal(cur.since) && uid < cur.uid) {
@@ -333,15 +333,37 @@ func (s *sizingLoop) resizePicks(now time.Time) []*resizeWant {
 	return picks
 }
 
+// replacementWait bounds how long a workload's next eviction waits for the last one's
+// replacement to become ready: one that never does (crash-looping, unschedulable) must not
+// stop Auto for the workload.
+const replacementWait = 10 * time.Minute
+
+// waitsOnLastEviction says whether workload w's next pod must wait: a workload's pods are
+// evicted one at a time, the next one report interval after the last at the soonest, once
+// the last evicted pod is gone and its replacement is ready (or replacementWait passed).
+func (s *sizingLoop) waitsOnLastEviction(a *autoState, w api.SizingWorkload, now time.Time) bool {
+	last, ok := a.last[w]
+	switch {
+	case !ok:
+		return false
+	case now.Sub(last.at) < s.cfg.SizingReportInterval:
+		return true
+	}
+	if p, err := s.pods.Pods(last.pod.Namespace).Get(last.pod.Name); err == nil && p.UID == last.uid {
+		return true
+	}
+	return now.Sub(last.at) < replacementWait && s.replacementStarting(last)
+}
+
 // replacementStarting says whether a pod that the last evicted pod's controller made since
-// is not ready yet: a workload's pods are evicted one at a time, the next only once the
-// last one's replacement runs.
+// is still starting: not ready, not finished, not being deleted.
 func (s *sizingLoop) replacementStarting(last autoEvicted) bool {
 	if last.owner == "" {
 		return false
 	}
 	for _, p := range s.podsOf(last.pod.Namespace, last.owner) {
-		if !last.before[p.UID] && p.DeletionTimestamp == nil && !podReady(p) {
+		finished := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		if !last.before[p.UID] && p.DeletionTimestamp == nil && !finished && !podReady(p) {
 			return true
 		}
 	}

@@ -150,26 +150,9 @@ func TestSizingAutoEvictsOnePodOfAWorkloadAtATime(t *testing.T) {
 			e.report(c, i, peak)
 		}
 	}
-	// replace deletes the last evicted pod and makes its replacement, ready or not.
 	replace := func(name string, ready bool) *corev1.Pod {
 		t.Helper()
-		if err := e.client.CoreV1().Pods("team-a").Delete(e.ctx, e.evicted[len(e.evicted)-1], metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		p := ownedPod("team-a", name, "ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"})
-		p.OwnerReferences[0].UID = webReplicaSet
-		setReady(p, ready)
-		if _, err := e.client.CoreV1().Pods("team-a").Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		// settle compares counts, which a delete and a create leave as they were.
-		gone := e.evicted[len(e.evicted)-1]
-		e.cached(func() bool {
-			_, errGone := e.c.pods.Pods("team-a").Get(gone)
-			_, errNew := e.c.pods.Pods("team-a").Get(name)
-			return apierrors.IsNotFound(errGone) && errNew == nil
-		})
-		return p
+		return e.replaceLastEvicted(name, func(p *corev1.Pod) { setReady(p, ready) })
 	}
 	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 1 {
@@ -203,6 +186,74 @@ func TestSizingAutoEvictsOnePodOfAWorkloadAtATime(t *testing.T) {
 	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 3 || len(slices.Compact(slices.Sorted(slices.Values(e.evicted)))) != 3 {
 		t.Errorf("evicted %v once the replacement was ready; want the workload's third pod", e.evicted)
+	}
+}
+
+// replaceLastEvicted deletes the last evicted pod and makes its replacement, a pod of the same
+// ReplicaSet named name as set makes it.
+func (e *autoEnv) replaceLastEvicted(name string, set func(*corev1.Pod)) *corev1.Pod {
+	e.t.Helper()
+	gone := e.evicted[len(e.evicted)-1]
+	if err := e.client.CoreV1().Pods("team-a").Delete(e.ctx, gone, metav1.DeleteOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	p := ownedPod("team-a", name, "ReplicaSet", "web-7c9d5", map[string]string{"pod-template-hash": "7c9d5"})
+	p.OwnerReferences[0].UID = webReplicaSet
+	set(p)
+	if _, err := e.client.CoreV1().Pods("team-a").Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	// settle compares counts, which a delete and a create leave as they were.
+	e.cached(func() bool {
+		_, errGone := e.c.pods.Pods("team-a").Get(gone)
+		_, errNew := e.c.pods.Pods("team-a").Get(name)
+		return apierrors.IsNotFound(errGone) && errNew == nil
+	})
+	return p
+}
+
+// A replacement that will never be ready holds the workload's next eviction for a while
+// only: a finished one (evicted by the kubelet, refused at admission) not at all, one that
+// stays unready (crash-looping, unschedulable) for replacementWait.
+func TestSizingAutoDoesNotWaitForeverOnAReplacement(t *testing.T) {
+	var objs []runtime.Object
+	var claims []string
+	for _, name := range []string{"a", "b", "c"} {
+		claim, pod := (&autoEnv{}).claimOf("web-7c9d5-"+name, "40Gi", 10)
+		objs, claims = append(objs, claim, pod), append(claims, claim.Name)
+	}
+	e := newAutoEnv(t, objs...)
+	interval := 30 * time.Second
+	e.c.cfg.SizingReportInterval = interval
+	for i := 1; i <= 4; i++ {
+		peak := int64(7 << 10)
+		if i == 4 {
+			peak = 9900
+		}
+		for _, c := range claims {
+			e.report(c, i, peak)
+		}
+	}
+	e.c.sizing.evictForResize(e.ctx)
+	if len(e.evicted) != 1 {
+		t.Fatalf("evicted %v; want one pod of the workload", e.evicted)
+	}
+	e.replaceLastEvicted("web-7c9d5-r1", func(p *corev1.Pod) { setReady(p, false); p.Status.Phase = corev1.PodFailed })
+	e.clock.Step(interval)
+	e.c.sizing.evictForResize(e.ctx)
+	if len(e.evicted) != 2 {
+		t.Fatalf("evicted %v; want a second pod: the last one's replacement failed and will never be ready", e.evicted)
+	}
+	e.replaceLastEvicted("web-7c9d5-r2", func(p *corev1.Pod) { setReady(p, false); p.Status.Phase = corev1.PodPending })
+	e.clock.Step(replacementWait - time.Second)
+	e.c.sizing.evictForResize(e.ctx)
+	if len(e.evicted) != 2 {
+		t.Fatalf("evicted %v while the last one's replacement is starting", e.evicted)
+	}
+	e.clock.Step(time.Second)
+	e.c.sizing.evictForResize(e.ctx)
+	if len(e.evicted) != 3 || len(slices.Compact(slices.Sorted(slices.Values(e.evicted)))) != 3 {
+		t.Errorf("evicted %v %s after the last eviction; want the workload's third pod", e.evicted, replacementWait)
 	}
 }
 

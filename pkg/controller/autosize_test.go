@@ -130,26 +130,7 @@ func TestSizingAutoEvictsAPodNearItsCap(t *testing.T) {
 // A workload's pods are evicted one at a time: the next one only once the last evicted pod
 // is gone, its replacement is ready, and one usage report interval has passed since.
 func TestSizingAutoEvictsOnePodOfAWorkloadAtATime(t *testing.T) {
-	var objs []runtime.Object
-	var claims []string
-	for _, name := range []string{"a", "b", "c"} {
-		claim, pod := (&autoEnv{}).claimOf("web-7c9d5-"+name, "40Gi", 10)
-		objs, claims = append(objs, claim, pod), append(claims, claim.Name)
-	}
-	e := newAutoEnv(t, objs...)
-	// Not the 5 minutes a fixed gap had, and above the cluster-wide pace of one eviction
-	// per autoEvictInterval.
-	interval := 30 * time.Second
-	e.c.cfg.SizingReportInterval = interval
-	for i := 1; i <= 4; i++ {
-		peak := int64(7 << 10)
-		if i == 4 {
-			peak = 9900
-		}
-		for _, c := range claims {
-			e.report(c, i, peak)
-		}
-	}
+	e, interval := newWebNearItsCaps(t)
 	replace := func(name string, ready bool) *corev1.Pod {
 		t.Helper()
 		return e.replaceLastEvicted(name, func(p *corev1.Pod) { setReady(p, ready) })
@@ -189,6 +170,33 @@ func TestSizingAutoEvictsOnePodOfAWorkloadAtATime(t *testing.T) {
 	}
 }
 
+// newWebNearItsCaps is a Deployment's three pods, each measured near the cap of its 40Gi
+// claim, so that Auto marks all three to grow; the usage report interval it returns is not
+// the 5 minutes a fixed gap had, and above the cluster-wide pace of one eviction per
+// autoEvictInterval.
+func newWebNearItsCaps(t *testing.T) (*autoEnv, time.Duration) {
+	t.Helper()
+	var objs []runtime.Object
+	var claims []string
+	for _, name := range []string{"a", "b", "c"} {
+		claim, pod := (&autoEnv{}).claimOf("web-7c9d5-"+name, "40Gi", 10)
+		objs, claims = append(objs, claim, pod), append(claims, claim.Name)
+	}
+	e := newAutoEnv(t, objs...)
+	interval := 30 * time.Second
+	e.c.cfg.SizingReportInterval = interval
+	for i := 1; i <= 4; i++ {
+		peak := int64(7 << 10)
+		if i == 4 {
+			peak = 9900
+		}
+		for _, c := range claims {
+			e.report(c, i, peak)
+		}
+	}
+	return e, interval
+}
+
 // replaceLastEvicted deletes the last evicted pod and makes its replacement, a pod of the same
 // ReplicaSet named name as set makes it.
 func (e *autoEnv) replaceLastEvicted(name string, set func(*corev1.Pod)) *corev1.Pod {
@@ -216,24 +224,7 @@ func (e *autoEnv) replaceLastEvicted(name string, set func(*corev1.Pod)) *corev1
 // only: a finished one (evicted by the kubelet, refused at admission) not at all, one that
 // stays unready (crash-looping, unschedulable) for replacementWait.
 func TestSizingAutoDoesNotWaitForeverOnAReplacement(t *testing.T) {
-	var objs []runtime.Object
-	var claims []string
-	for _, name := range []string{"a", "b", "c"} {
-		claim, pod := (&autoEnv{}).claimOf("web-7c9d5-"+name, "40Gi", 10)
-		objs, claims = append(objs, claim, pod), append(claims, claim.Name)
-	}
-	e := newAutoEnv(t, objs...)
-	interval := 30 * time.Second
-	e.c.cfg.SizingReportInterval = interval
-	for i := 1; i <= 4; i++ {
-		peak := int64(7 << 10)
-		if i == 4 {
-			peak = 9900
-		}
-		for _, c := range claims {
-			e.report(c, i, peak)
-		}
-	}
+	e, interval := newWebNearItsCaps(t)
 	e.c.sizing.evictForResize(e.ctx)
 	if len(e.evicted) != 1 {
 		t.Fatalf("evicted %v; want one pod of the workload", e.evicted)

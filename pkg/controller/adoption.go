@@ -13,6 +13,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/adoption"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // adoptionInterval is how often the sizing loop counts the before and after of sizing for
@@ -46,10 +47,10 @@ func (s *sizingLoop) countAdoption(ctx context.Context) {
 	from := now.Add(-adoption.Window)
 	var all []*adoption.GPU
 	keys := map[*adoption.GPU]string{}
-	s.model.EachGPU(func(g *gpu) {
-		a := &adoption.GPU{Node: g.key.pool, Device: g.key.device, Product: modelOf(g), Memory: g.memCap}
+	s.model.EachGPU(func(g *model.GPU) {
+		a := &adoption.GPU{Node: g.Key().Pool, Device: g.Key().Device, Product: model.Product(g), Memory: g.MemCap()}
 		all = append(all, a)
-		keys[a] = g.key.pool + "/" + g.key.device
+		keys[a] = g.Key().Pool + "/" + g.Key().Device
 	})
 	// In name order, as the report packs them.
 	sort.Slice(all, func(i, j int) bool { return keys[all[i]] < keys[all[j]] })

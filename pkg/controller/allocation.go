@@ -74,7 +74,7 @@ func (c *Controller) allocation(claim *resourceapi.ResourceClaim, d *decision) (
 	for _, r := range d.results {
 		sid := r.shareID
 		a.Devices.Results = append(a.Devices.Results, resourceapi.DeviceRequestAllocationResult{
-			Request: r.request, Driver: c.cfg.DriverName, Pool: r.gpu.key.pool, Device: r.gpu.key.device,
+			Request: r.request, Driver: c.cfg.DriverName, Pool: r.gpu.Key().Pool, Device: r.gpu.Key().Device,
 			Tolerations: r.tolerations, ShareID: &sid,
 			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{
 				api.CapacityMemory:  *resource.NewQuantity(r.mem, resource.BinarySI),
@@ -101,7 +101,7 @@ func (c *Controller) allocation(claim *resourceapi.ResourceClaim, d *decision) (
 	// records the rules the claim was placed under where tenants cannot write them.
 	for _, r := range d.results {
 		cfg := api.GpuConfig{TypeMeta: metav1.TypeMeta{APIVersion: api.SchemeGroupVersion.String(), Kind: api.GpuConfigKind},
-			Mode: r.mode, IsolationDomain: r.domain.sub, Placement: placementOf(d.pol)}
+			Mode: r.mode, IsolationDomain: r.domain.Sub, Placement: placementOf(d.pol)}
 		if r.burstCap > 0 {
 			cfg.Placement.MemoryLimit = resource.NewQuantity(r.burstCap, resource.BinarySI)
 		}

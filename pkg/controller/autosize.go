@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
@@ -47,7 +48,7 @@ type resizeWant struct {
 	// whose tenants together near its memory; else smaller, while the share's reports stay
 	// far below capBytes.
 	grow bool
-	move gpuKey
+	move model.GPUKey
 	// drain: moved off GPU move, which consolidation empties (it ends the want with the drain).
 	drain bool
 	// toBurst: recreated to burst, its pod placed before its workload was measured.
@@ -68,7 +69,7 @@ func (w *resizeWant) reason() string {
 		return "grow"
 	case w.drain:
 		return "consolidate"
-	case w.move != (gpuKey{}):
+	case w.move != (model.GPUKey{}):
 		return "relieve"
 	case w.toBurst:
 		return "burst"
@@ -134,10 +135,10 @@ func (s *sizingLoop) considerResize(claim *resourceapi.ResourceClaim, pod *corev
 	// A bursting share's cap is its placement's, above what it consumes; it is sized from
 	// its workload's whole history already, so it is never recreated smaller.
 	bursting := false
-	if pl := allocationConfig(s.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request).Placement; pl != nil && pl.MemoryLimit != nil {
+	if pl := model.AllocationConfig(s.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request).Placement; pl != nil && pl.MemoryLimit != nil {
 		capBytes, bursting = pl.MemoryLimit.Value(), true
 	}
-	gpuMem := s.model.gpuMemory(gpuKey{r.result.Pool, r.result.Device})
+	gpuMem := s.model.GPUMemory(model.GPUKey{Pool: r.result.Pool, Device: r.result.Device})
 	asked := askedMemory(claim, r.result.Request)
 	s.sizer.mu.Lock()
 	defer s.sizer.mu.Unlock()
@@ -201,7 +202,7 @@ func (s *sizingLoop) stillWanted(a *autoState, want *resizeWant, pod *corev1.Pod
 	if want.drain {
 		return s.burst.IsDraining(want.move) // an eviction may have ended its drain
 	}
-	if want.move != (gpuKey{}) {
+	if want.move != (model.GPUKey{}) {
 		return true // relieve drops a move once the GPU's reports show room again
 	}
 	return a.resizer.Low(want.share)
@@ -242,16 +243,6 @@ func askedMemory(claim *resourceapi.ResourceClaim, request string) int64 {
 				return 0
 			}
 		}
-	}
-	return 0
-}
-
-// gpuMemory is a published GPU's memory (0 when unknown).
-func (m *model) gpuMemory(k gpuKey) int64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if g, ok := m.gpus[k]; ok && g.known {
-		return g.memCap
 	}
 	return 0
 }

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
 
@@ -18,7 +19,7 @@ import (
 // sim sizing` replays): a share is guaranteed its workload's typical use (the median of its
 // report intervals' peaks), which is what it consumes and what packing counts; MPS caps it at
 // engine.CapFactor times the workload's observed peak, which is what the quota charges
-// (tenant.charge). Caps
+// (model.Tenant.Charge). Caps
 // on one GPU may then add up to more than the GPU: a GPU admits a bursting share only where
 // its tenants' measured use, interval by interval over the window, plus the newcomer's
 // workload's, fits the GPU less headroom. Only a GPU that one isolation domain holds, and
@@ -27,33 +28,19 @@ import (
 
 // burstAdmits says why GPU g cannot take a bursting share of workload w ("" if it can), at
 // now, as the engine's admission judges it: a tenant the allocator knows nothing of since a
-// restart counts whole (its cap). Caller holds the model's lock.
-func burstAdmits(h *engine.History[gpuKey], g *gpu, w api.SizingWorkload, headroom float64, now time.Time) (string, string) {
-	tenants := make([]engine.Tenant, 0, len(g.tenants))
-	for _, t := range g.tenants {
-		tenants = append(tenants, engine.Tenant{Share: string(t.shareID), Workload: t.workload, Limit: t.limit()})
+// restart counts whole (its cap). Called inside a model transaction.
+func burstAdmits(h *engine.History[model.GPUKey], g *model.GPU, w api.SizingWorkload, headroom float64, now time.Time) (string, string) {
+	tenants := make([]engine.Tenant, 0, g.NumTenants())
+	for t := range g.Tenants() {
+		tenants = append(tenants, engine.Tenant{Share: string(t.ShareID), Workload: t.Workload, Limit: t.Limit()})
 	}
-	r := h.Admits(g.memCap, tenants, w, headroom, now)
+	r := h.Admits(g.MemCap(), tenants, w, headroom, now)
 	if r == nil {
 		return "", ""
 	}
 	return "its tenants' measured use and the workload's would not fit together",
-		fmt.Sprintf("%s: %.1fGi in the interval from %s, %.1fGi admitted (%s less %.0f%% headroom)", g.key, gib(r.Need), r.At.Format(time.RFC3339), gib(r.Limit), fmtBytes(g.memCap), headroom*100)
+		fmt.Sprintf("%s: %.1fGi in the interval from %s, %.1fGi admitted (%s less %.0f%% headroom)", g.Key(), gib(r.Need), r.At.Format(time.RFC3339), gib(r.Limit), fmtBytes(g.MemCap()), headroom*100)
 }
-
-// limit is what a tenant may use: its burst cap, or what it holds.
-func (t *tenant) limit() int64 {
-	if t.burstCap > 0 {
-		return t.burstCap
-	}
-	return t.mem
-}
-
-// charge is what a tenant counts against its namespace's memory quota: a bursting share its
-// cap, not the guarantee that packing counts. Its GPU is closed to other namespaces, and a
-// share guaranteed little (its use mostly low, with peaks) could otherwise hold GPU after
-// GPU under a small quota.
-func (t *tenant) charge() int64 { return t.limit() }
 
 // burstSize sizes a request as a bursting share where it may burst: sizing Auto, best-effort,
 // MPS, one share, on a GPU only its isolation domain uses, measured, with no memory limit of
@@ -88,21 +75,15 @@ func recreatable(claim *resourceapi.ResourceClaim, consumers []*corev1.Pod) bool
 // overfull is the bursting tenant to move off GPU key, where its tenants' newest interval
 // peaks together pass engine.NearCap of its memory (engine.Overfull). Caller holds neither
 // the model's nor the sizer's lock.
-func (s *sizingLoop) overfull(key gpuKey) (claimKey, share, why string) {
+func (s *sizingLoop) overfull(key model.GPUKey) (claimKey, share, why string) {
 	var shares, keys []string
-	var memCap int64
-	s.model.mu.Lock()
-	if g, ok := s.model.gpus[key]; ok && g.known {
-		memCap = g.memCap
-		for _, t := range g.tenants {
-			if t.burstCap == 0 {
-				s.model.mu.Unlock()
-				return "", "", ""
-			}
-			shares, keys = append(shares, string(t.shareID)), append(keys, t.key)
+	memCap, tenants, _ := s.model.GPUTenants(key)
+	for _, t := range tenants {
+		if t.BurstCap == 0 {
+			return "", "", ""
 		}
+		shares, keys = append(shares, string(t.ShareID)), append(keys, t.Key)
 	}
-	s.model.mu.Unlock()
 	if len(shares) < 2 {
 		return "", "", ""
 	}
@@ -117,7 +98,7 @@ func (s *sizingLoop) overfull(key gpuKey) (claimKey, share, why string) {
 		return "", "", ""
 	}
 	return keys[move], shares[move], fmt.Sprintf("the tenants of GPU %s/%s together used %s of its %s, and its use grew most (by %s); its controller recreates it where its workload's use fits",
-		key.pool, key.device, fmtBytes(sum), fmtBytes(memCap), fmtBytes(max(0, uses[move].Cur-uses[move].Prev)))
+		key.Pool, key.Device, fmtBytes(sum), fmtBytes(memCap), fmtBytes(max(0, uses[move].Cur-uses[move].Prev)))
 }
 
 // sizeBurst makes a request a bursting share where burstSize allows it, and says so with
@@ -148,7 +129,7 @@ func (s *sizingLoop) sizeBurst(in *input, rq *request) bool {
 
 // relieve asks Auto to move the bursting tenant that grew most off GPU key, where its
 // tenants' newest reports together near its memory; and drops such a want once they do not.
-func (s *sizingLoop) relieve(key gpuKey) {
+func (s *sizingLoop) relieve(key model.GPUKey) {
 	claimKey, share, why := s.overfull(key)
 	s.sizer.mu.Lock()
 	defer s.sizer.mu.Unlock()
@@ -195,7 +176,7 @@ func (s *sizingLoop) shouldBurst(claim *resourceapi.ResourceClaim, r autoReport,
 	if since.IsZero() || at == nil || !at.Time.Before(since) || !s.burst.Measured(r.w, s.now()) {
 		return false
 	}
-	cfg := allocationConfig(s.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request)
+	cfg := model.AllocationConfig(s.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.result.Request)
 	if cfg.MemoryLimit != nil || cfg.Mode == api.SharingModeTimeSlicing || s.cfg.isExclusiveClass(classOfRequest(claim, r.result.Request)) {
 		return false
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 
 	fgpufake "github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned/fake"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
@@ -40,23 +41,16 @@ func TestBurstNeverOvercommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	if rep.InvariantErr != nil {
-		c.model.mu.Lock()
-		for k, g := range c.model.gpus {
-			if len(g.tenants) > 8 {
-				t.Logf("state %s: used %s of %s, %d tenants known=%v", k, fmtBytes(g.usedMem), fmtBytes(g.memCap), len(g.tenants), g.known)
+		c.model.EachGPU(func(g *model.GPU) {
+			if g.NumTenants() > 8 {
+				t.Logf("state %s: used %s of %s, %d tenants", g.Key(), fmtBytes(g.UsedMem()), fmtBytes(g.MemCap()), g.NumTenants())
 			}
-		}
+		})
 		for _, n := range []string{"bench-claim-00000", "bench-claim-00001"} {
 			cl, _ := client.ResourceV1().ResourceClaims(o.Namespace).Get(ctx, n, metav1.GetOptions{})
 			r := cl.Status.Allocation.Devices.Results[0]
 			t.Logf("API %s: %s/%s %v sid %s", n, r.Pool, r.Device, r.ConsumedCapacity, *r.ShareID)
-			if rec := c.model.claims[claimKey(cl)]; rec != nil {
-				t.Logf("state %s: %s sid %s", n, rec.shares[0].gpu.key, rec.shares[0].t.shareID)
-			} else {
-				t.Logf("state %s: none (uid %q)", n, cl.UID)
-			}
 		}
-		c.model.mu.Unlock()
 		t.Fatal(rep.InvariantErr.Error()[:300])
 	}
 	if rep.Allocated != o.Claims {

@@ -19,6 +19,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
@@ -86,7 +87,7 @@ func burstOf(t *testing.T, e *env, name string) (resourceapi.DeviceRequestAlloca
 		t.Fatalf("claim %s not allocated: %v; events %q", name, c.Annotations, e.events(""))
 	}
 	r := c.Status.Allocation.Devices.Results[0]
-	pl := allocationConfig(api.DriverName, c.Status.Allocation.Devices.Config, r.Request).Placement
+	pl := model.AllocationConfig(api.DriverName, c.Status.Allocation.Devices.Config, r.Request).Placement
 	if pl == nil || pl.MemoryLimit == nil {
 		return r, 0
 	}
@@ -394,7 +395,7 @@ func TestConsolidationEmptiesAGPUWhoseTenantsFitElsewhere(t *testing.T) {
 	reportPeaks(e, big.Name, 0, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
 	reportPeaks(e, batch.Name, 0, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50)
 	e.c.sizing.consolidate(e.ctx)
-	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.device != "gpu-0" {
+	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.Device != "gpu-0" {
 		t.Fatalf("draining %v (%v); want gpu-0, whose 10Gi tenant fits next to gpu-1's", key, ok)
 	}
 	// No bursting share is placed on the GPU being emptied: batch's would fit next to
@@ -463,7 +464,7 @@ func TestConsolidationMovesOnlyWhatFitsAndComesBack(t *testing.T) {
 	e = pair(20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
 	evicted := recordEvictions(e)
 	e.c.sizing.consolidate(e.ctx)
-	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.device != "gpu-0" {
+	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.Device != "gpu-0" {
 		t.Fatalf("draining %v (%v); want gpu-0, whose tenant fits next to gpu-1's", key, ok)
 	}
 	// gpu-1's tenant's use grows before the eviction's turn: the tenant of gpu-0 no longer
@@ -484,7 +485,7 @@ func TestConsolidationMovesOnlyWhatFitsAndComesBack(t *testing.T) {
 	reportPeaks(e, web.Name, 0, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10)
 	reportPeaks(e, other.Name, 0, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20)
 	e.c.sizing.consolidate(e.ctx)
-	if key, _, ok := e.c.sizing.burst.Draining(); ok && key.device == "gpu-0" {
+	if key, _, ok := e.c.sizing.burst.Draining(); ok && key.Device == "gpu-0" {
 		t.Errorf("draining gpu-0: its tenant's claim is not its pod's own, and nothing would recreate it")
 	}
 }
@@ -508,7 +509,7 @@ func TestConsolidationMovesOnWhenADrainIsHeld(t *testing.T) {
 	reportPeaks(e, small.Name, 0, 10, 10, 10, 10, 10, 10)
 	reportPeaks(e, big.Name, 0, 20, 20, 20, 20, 20, 20)
 	e.c.sizing.consolidate(e.ctx)
-	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.device != "gpu-0" {
+	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.Device != "gpu-0" {
 		t.Fatalf("draining %v (%v); want gpu-0", key, ok)
 	}
 	e.c.sizing.evictForResize(e.ctx)
@@ -520,7 +521,7 @@ func TestConsolidationMovesOnWhenADrainIsHeld(t *testing.T) {
 	}
 	// gpu-0 rests; gpu-1's tenant fits beside gpu-0's, so gpu-1 is emptied instead.
 	e.c.sizing.consolidate(e.ctx)
-	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.device != "gpu-1" {
+	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.Device != "gpu-1" {
 		t.Fatalf("draining %v (%v); want gpu-1 while gpu-0 rests", key, ok)
 	}
 	// No eviction is tried for engine.DrainGiveUp (the budget is not asked again here): the drain
@@ -541,12 +542,12 @@ func TestConsolidationMovesOnWhenADrainIsHeld(t *testing.T) {
 	if wants != 0 {
 		t.Errorf("%d evictions still wanted after the drain gave up", wants)
 	}
-	if !e.c.sizing.burst.Resting(gpuKey{"n1", "gpu-1"}, e.clock.Now()) {
+	if !e.c.sizing.burst.Resting(model.GPUKey{Pool: "n1", Device: "gpu-1"}, e.clock.Now()) {
 		t.Errorf("gpu-1 is not left alone after its drain gave up")
 	}
 	// gpu-0 rested for engine.DrainGiveUp too: it may be emptied again; gpu-1 rests now.
 	e.c.sizing.consolidate(e.ctx)
-	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.device != "gpu-0" {
+	if key, _, ok := e.c.sizing.burst.Draining(); !ok || key.Device != "gpu-0" {
 		t.Errorf("draining %v (%v); want gpu-0 again, its rest over", key, ok)
 	}
 }

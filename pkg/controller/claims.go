@@ -23,26 +23,6 @@ func PlacedByAllocator(driver string, claim *resourceapi.ResourceClaim) bool {
 	return api.PlacedByAllocator(driver, claim)
 }
 
-// allocationConfig reads back the merged config of an allocated request. A config that
-// does not decode (an allocation fgpu did not make) counts as the defaults: the plugin
-// refuses to prepare it anyway.
-func allocationConfig(driver string, cfgs []resourceapi.DeviceAllocationConfiguration, request string) *api.GpuConfig {
-	merged, err := api.MergeConfigs(driver, cfgs, request)
-	if err != nil {
-		merged = &api.GpuConfig{}
-	}
-	merged.Normalize()
-	return merged
-}
-
-// domain is an isolation domain: a namespace and a sub-domain of it. Claims share an MPS
-// server only within one domain; the sub-domain, which a claim may name, only subdivides its
-// own namespace. The plugin derives the MPS server from the same pair (pkg/mps Daemon).
-type domain struct{ namespace, sub string }
-
-// String is the domain as the plugin shows it (FGPU_ISOLATION_DOMAIN): "<namespace>/<sub>".
-func (d domain) String() string { return d.namespace + "/" + d.sub }
-
 func hasFinalizer(claim *resourceapi.ResourceClaim, f string) bool {
 	return slices.Contains(claim.Finalizers, f)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,7 +38,7 @@ type drainMove struct {
 	claim string
 	share string
 	w     api.SizingWorkload
-	to    gpuKey
+	to    model.GPUKey
 }
 
 // consolidate runs every report interval: it ends a drain that is done, stuck, or whose
@@ -69,22 +70,16 @@ func (s *sizingLoop) consolidate(ctx context.Context) {
 
 // drainCandidates are the GPUs whose tenants all burst, those guaranteed least first, but
 // those whose drain gave up lately.
-func (s *sizingLoop) drainCandidates(now time.Time) []gpuKey {
-	var all []engine.Candidate[gpuKey]
-	s.model.mu.Lock()
-	for _, g := range s.model.gpus {
-		if !g.known || len(g.tenants) == 0 || s.burst.IsDraining(g.key) || s.burst.Resting(g.key, now) {
-			continue
+func (s *sizingLoop) drainCandidates(now time.Time) []model.GPUKey {
+	var all []engine.Candidate[model.GPUKey]
+	s.model.EachGPU(func(g *model.GPU) {
+		if g.NumTenants() > 0 && !s.burst.IsDraining(g.Key()) && !s.burst.Resting(g.Key(), now) && allBurst(g) {
+			all = append(all, engine.Candidate[model.GPUKey]{GPU: g.Key(), Guaranteed: g.UsedMem()})
 		}
-		if !allBurst(g) {
-			continue
-		}
-		all = append(all, engine.Candidate[gpuKey]{GPU: g.key, Guaranteed: g.usedMem})
-	}
-	s.model.mu.Unlock()
+	})
 	// The engine keeps the given order among GPUs guaranteed as much: by name, so that a
 	// pass is the same whatever the map's order.
-	slices.SortFunc(all, func(a, b engine.Candidate[gpuKey]) int { return cmp.Compare(a.GPU.String(), b.GPU.String()) })
+	slices.SortFunc(all, func(a, b engine.Candidate[model.GPUKey]) int { return cmp.Compare(a.GPU.String(), b.GPU.String()) })
 	return engine.Candidates(all)
 }
 
@@ -94,18 +89,18 @@ func isPodOwned(claim *resourceapi.ResourceClaim) bool {
 	return own != nil && own.Kind == "Pod"
 }
 
-func sameDomain(g *gpu, d domain) bool {
-	for _, t := range g.tenants {
-		if t.domain != d {
+func sameDomain(g *model.GPU, d model.Domain) bool {
+	for t := range g.Tenants() {
+		if t.Domain != d {
 			return false
 		}
 	}
 	return true
 }
 
-func allBurst(g *gpu) bool {
-	for _, t := range g.tenants {
-		if t.burstCap == 0 {
+func allBurst(g *model.GPU) bool {
+	for t := range g.Tenants() {
+		if t.BurstCap == 0 {
 			return false
 		}
 	}
@@ -115,24 +110,9 @@ func allBurst(g *gpu) bool {
 // drainMoves finds, for each tenant of GPU key that is not on its way out, another GPU in
 // use that its pod, placed anew, would be placed on, one tenant per GPU; ok is false where
 // one has none, or would not come back bursting, or nothing would recreate it.
-func (s *sizingLoop) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, bool) {
-	type stay struct {
-		shareID types.UID
-		claim   *resourceapi.ResourceClaim
-		pod     *corev1.Pod
-		request string
-		in      *input
-	}
-	s.model.mu.Lock()
-	g, ok := s.model.gpus[key]
-	var tenants []*tenant
-	if ok {
-		for _, t := range g.tenants {
-			tenants = append(tenants, t)
-		}
-	}
-	s.model.mu.Unlock()
-	var stays []stay
+func (s *sizingLoop) drainMoves(ctx context.Context, key model.GPUKey) ([]drainMove, bool) {
+	_, tenants, _ := s.model.GPUTenants(key)
+	var stays []drainStay
 	for _, t := range tenants {
 		claim, leaving := s.tenantClaim(t)
 		if leaving {
@@ -164,9 +144,9 @@ func (s *sizingLoop) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 		}
 		// Placed anew, as its recreated pod would be: on any node its pod fits.
 		in.bound, in.conflict, in.reservedFor, in.pods = "", nil, nil, in.consumers
-		st := stay{shareID: t.shareID, claim: claim, pod: pods[0], in: in}
+		st := drainStay{shareID: t.ShareID, claim: claim, pod: pods[0], in: in}
 		for _, r := range claim.Status.Allocation.Devices.Results {
-			if r.ShareID != nil && *r.ShareID == t.shareID {
+			if r.ShareID != nil && *r.ShareID == t.ShareID {
 				st.request = r.Request
 			}
 		}
@@ -175,54 +155,73 @@ func (s *sizingLoop) drainMoves(ctx context.Context, key gpuKey) ([]drainMove, b
 	if len(stays) == 0 {
 		return nil, true
 	}
-	s.model.mu.Lock()
-	defer s.model.mu.Unlock()
-	g, ok = s.model.gpus[key]
-	if !ok || s.model.ensureCore(s.place.schedPolicy, s.place) != nil {
-		return nil, false
-	}
-	var dom domain
-	for _, t := range g.tenants {
-		dom = t.domain
-	}
-	// Only a GPU of bursting shares of the same isolation domain can take one (coTenancy):
-	// the others are not worth a node check.
-	others := make([]*gpu, 0, len(s.model.gpus))
-	for _, h := range s.model.gpus {
-		if h.known && h != g && len(h.tenants) > 0 && h.coreNode >= 0 && allBurst(h) && sameDomain(h, dom) {
-			others = append(others, h)
-		}
-	}
-	slices.SortFunc(others, func(a, b *gpu) int { return cmp.Compare(a.key.String(), b.key.String()) })
-	// Each tenant's recreated request is asked of the placement path as a new pod's would be.
-	// The namespace's quota counts the share it replaces too: a ReplicaSet creates the new pod
-	// while the evicted one still holds its claim.
-	fits := make([]func(node, index int) bool, len(stays))
-	for i, st := range stays {
-		rq := s.recreated(ctx, st.in, st.request)
-		if g.tenants[st.shareID] == nil || rq == nil {
-			return nil, false
-		}
-		cons, _ := claimConstraints(st.in.claim)
-		fits[i] = s.place.gpuFilter(ctx, st.in, &decision{}, rq, forAlt(cons, st.request, nil, s.cfg.DriverName), &rejects{})
-	}
-	to, ok := engine.Assign(len(stays), others, func(i int, h *gpu) bool { return fits[i](h.coreNode, h.coreIndex) })
+	var to []*model.GPU
+	ok := false
+	s.model.Update(func(tx *model.Tx) { to, ok = s.moveTargets(ctx, tx, key, stays) })
 	if !ok {
 		return nil, false
 	}
 	moves := make([]drainMove, 0, len(stays))
 	for i, st := range stays {
 		top := topOwner(st.pod)
-		moves = append(moves, drainMove{pod: st.pod, claim: st.claim.Name, share: string(st.shareID), to: to[i].key,
+		moves = append(moves, drainMove{pod: st.pod, claim: st.claim.Name, share: string(st.shareID), to: to[i].Key(),
 			w: api.SizingWorkload{Namespace: st.claim.Namespace, Kind: top.Kind, Name: top.Name, Request: st.request}})
 	}
 	return moves, true
 }
 
+// drainStay is a tenant of a GPU to drain that is not on its way out: it must be placed
+// elsewhere.
+type drainStay struct {
+	shareID types.UID
+	claim   *resourceapi.ResourceClaim
+	pod     *corev1.Pod
+	request string
+	in      *input
+}
+
+// moveTargets finds, for each of stays (tenants of GPU key), another GPU in use that its
+// pod, placed anew, would be placed on, one tenant per GPU; ok is false where one has none.
+func (s *sizingLoop) moveTargets(ctx context.Context, tx *model.Tx, key model.GPUKey, stays []drainStay) ([]*model.GPU, bool) {
+	g, ok := tx.GPU(key)
+	if !ok || tx.EnsureCore(s.place.schedPolicy, s.place) != nil {
+		return nil, false
+	}
+	var dom model.Domain
+	for t := range g.Tenants() {
+		dom = t.Domain
+	}
+	// Only a GPU of bursting shares of the same isolation domain can take one (coTenancy):
+	// the others are not worth a node check.
+	var others []*model.GPU
+	for h := range tx.GPUs() {
+		if _, _, inCore := h.Core(); inCore && h != g && h.NumTenants() > 0 && allBurst(h) && sameDomain(h, dom) {
+			others = append(others, h)
+		}
+	}
+	slices.SortFunc(others, func(a, b *model.GPU) int { return cmp.Compare(a.KeyText(), b.KeyText()) })
+	// Each tenant's recreated request is asked of the placement path as a new pod's would be.
+	// The namespace's quota counts the share it replaces too: a ReplicaSet creates the new pod
+	// while the evicted one still holds its claim.
+	fits := make([]func(node, index int) bool, len(stays))
+	for i, st := range stays {
+		rq := s.recreated(ctx, tx, st.in, st.request)
+		if g.Tenant(st.shareID) == nil || rq == nil {
+			return nil, false
+		}
+		cons, _ := claimConstraints(st.in.claim)
+		fits[i] = s.place.gpuFilter(ctx, tx, st.in, &decision{}, rq, forAlt(cons, st.request, nil, s.cfg.DriverName), &rejects{})
+	}
+	return engine.Assign(len(stays), others, func(i int, h *model.GPU) bool {
+		ni, gi, _ := h.Core()
+		return fits[i](ni, gi)
+	})
+}
+
 // tenantClaim is a tenant's claim; leaving is true where it is gone or going (its shares are
 // released soon).
-func (s *sizingLoop) tenantClaim(t *tenant) (claim *resourceapi.ResourceClaim, leaving bool) {
-	claim, err := s.claims.ResourceClaims(t.namespace).Get(strings.TrimPrefix(t.key, t.namespace+"/"))
+func (s *sizingLoop) tenantClaim(t *model.Tenant) (claim *resourceapi.ResourceClaim, leaving bool) {
+	claim, err := s.claims.ResourceClaims(t.Namespace).Get(strings.TrimPrefix(t.Key, t.Namespace+"/"))
 	if err != nil || claim.DeletionTimestamp != nil || claim.Status.Allocation == nil {
 		return nil, true
 	}
@@ -230,14 +229,14 @@ func (s *sizingLoop) tenantClaim(t *tenant) (claim *resourceapi.ResourceClaim, l
 }
 
 // recreated is request's resolved alternative as a recreated pod's claim would get it, if
-// it would burst (nil otherwise). Caller holds the model's lock.
-func (s *sizingLoop) recreated(ctx context.Context, in *input, request string) *request {
+// it would burst (nil otherwise).
+func (s *sizingLoop) recreated(ctx context.Context, tx *model.Tx, in *input, request string) *request {
 	for _, r := range in.claim.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {
 			if a.name != request {
 				continue
 			}
-			rq, w := resolveRequest(s.cfg, in, a, s.place.smallestGPU(in))
+			rq, w := resolveRequest(s.cfg, in, a, s.place.smallestGPU(tx, in))
 			if w != nil || !s.sizeBurst(in, rq) {
 				return nil
 			}
@@ -248,7 +247,7 @@ func (s *sizingLoop) recreated(ctx context.Context, in *input, request string) *
 }
 
 // startDrain marks GPU key draining and asks Auto to recreate its tenants' pods.
-func (s *sizingLoop) startDrain(ctx context.Context, key gpuKey, moves []drainMove, now time.Time) {
+func (s *sizingLoop) startDrain(ctx context.Context, key model.GPUKey, moves []drainMove, now time.Time) {
 	s.burst.SetDraining(key, now)
 	s.wantMoves(key, now, moves, now)
 	klog.FromContext(ctx).Info("Emptying a GPU whose bursting tenants fit on GPUs in use", "gpu", key, "tenants", len(moves))
@@ -256,7 +255,7 @@ func (s *sizingLoop) startDrain(ctx context.Context, key gpuKey, moves []drainMo
 
 // wantMoves asks Auto to recreate the pods of moves, off GPU key, if the drain of key that
 // began at since still goes on (an eviction may have ended it meanwhile).
-func (s *sizingLoop) wantMoves(key gpuKey, since time.Time, moves []drainMove, now time.Time) {
+func (s *sizingLoop) wantMoves(key model.GPUKey, since time.Time, moves []drainMove, now time.Time) {
 	s.sizer.mu.Lock()
 	defer s.sizer.mu.Unlock()
 	if k, at, ok := s.burst.Draining(); !ok || k != key || !at.Equal(since) {
@@ -277,12 +276,8 @@ func (s *sizingLoop) wantMoves(key gpuKey, since time.Time, moves []drainMove, n
 // drainGoesOn says whether the drain of GPU key goes on: it still has tenants, and those not
 // on their way out still fit elsewhere; one whose eviction was dropped (it had another want
 // that went, or the informer had not shown it leaving yet) is asked for again.
-func (s *sizingLoop) drainGoesOn(ctx context.Context, key gpuKey, since, now time.Time) bool {
-	s.model.mu.Lock()
-	g, ok := s.model.gpus[key]
-	tenants := ok && len(g.tenants) > 0
-	s.model.mu.Unlock()
-	if !tenants {
+func (s *sizingLoop) drainGoesOn(ctx context.Context, key model.GPUKey, since, now time.Time) bool {
+	if _, tenants, _ := s.model.GPUTenants(key); len(tenants) == 0 {
 		return false
 	}
 	moves, ok := s.drainMoves(ctx, key)
@@ -294,14 +289,14 @@ func (s *sizingLoop) drainGoesOn(ctx context.Context, key gpuKey, since, now tim
 
 // endDrain ends the drain of GPU key and drops the evictions it still waits for; the GPU is
 // not drained again before restUntil.
-func (s *sizingLoop) endDrain(key gpuKey, restUntil time.Time) {
+func (s *sizingLoop) endDrain(key model.GPUKey, restUntil time.Time) {
 	s.sizer.mu.Lock()
 	defer s.sizer.mu.Unlock()
 	s.endDrainLocked(key, restUntil)
 }
 
 // endDrainLocked is endDrain with the sizer's lock held.
-func (s *sizingLoop) endDrainLocked(key gpuKey, restUntil time.Time) {
+func (s *sizingLoop) endDrainLocked(key model.GPUKey, restUntil time.Time) {
 	s.burst.ClearDraining(key, s.now(), restUntil)
 	for uid, want := range s.sizer.auto.wants {
 		if want.drain && want.move == key {

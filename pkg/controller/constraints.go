@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // A claim's spec.devices.constraints, as the decision applies them one request at a time:
@@ -78,34 +80,18 @@ func (c *deviceConstraint) kind() string {
 // attrValue is a GPU's value of a fully qualified attribute name, typed so that a string
 // "1" and an integer 1 differ; an attribute in the driver's own domain is also found by
 // its bare name, as the plugin publishes it.
-func attrValue(g *gpu, name resourceapi.FullyQualifiedName, driver string) (string, bool) {
-	a, ok := g.attrs[resourceapi.QualifiedName(name)]
+func attrValue(g *model.GPU, name resourceapi.FullyQualifiedName, driver string) (string, bool) {
+	a, ok := g.Attributes()[resourceapi.QualifiedName(name)]
 	if !ok {
 		domain, id, found := strings.Cut(string(name), "/")
 		if !found || domain != driver {
 			return "", false
 		}
-		if a, ok = g.attrs[resourceapi.QualifiedName(id)]; !ok {
+		if a, ok = g.Attributes()[resourceapi.QualifiedName(id)]; !ok {
 			return "", false
 		}
 	}
-	return typedValue(a)
-}
-
-// typedValue is an attribute's value with its type, so that a string "1" and an integer 1
-// differ; false for a value of no type fgpu compares.
-func typedValue(a resourceapi.DeviceAttribute) (string, bool) {
-	switch {
-	case a.StringValue != nil:
-		return "string:" + *a.StringValue, true
-	case a.IntValue != nil:
-		return fmt.Sprintf("int:%d", *a.IntValue), true
-	case a.BoolValue != nil:
-		return fmt.Sprintf("bool:%t", *a.BoolValue), true
-	case a.VersionValue != nil:
-		return "version:" + *a.VersionValue, true
-	}
-	return "", false
+	return model.TypedValue(a)
 }
 
 // shownValue is a value as attrValue keeps it, for messages.
@@ -165,7 +151,7 @@ func forAlt(cs []deviceConstraint, alt string, earlier []result, driver string) 
 
 // admits says why GPU g cannot take a device of the alternative, "" when it can: it lacks
 // a constrained attribute, or its value disagrees with the claim's earlier devices.
-func (rc *requestConstraints) admits(g *gpu) string {
+func (rc *requestConstraints) admits(g *model.GPU) string {
 	if rc == nil {
 		return ""
 	}
@@ -195,7 +181,7 @@ func (rc *requestConstraints) admits(g *gpu) string {
 // values of every matched attribute are one Together group, GPUs with equal values of a
 // distinct attribute one Apart group. More than one distinct attribute on a request of
 // several devices is checked after the core chose (satisfied), not steered.
-func (rc *requestConstraints) groups(gpuAt func(ni, gi int) *gpu) (together, apart func(ni, gi int) int) {
+func (rc *requestConstraints) groups(gpuAt func(ni, gi int) *model.GPU) (together, apart func(ni, gi int) int) {
 	if rc == nil {
 		return nil, nil
 	}
@@ -234,7 +220,7 @@ func (rc *requestConstraints) groups(gpuAt func(ni, gi int) *gpu) (together, apa
 
 // satisfied checks the GPUs chosen for one alternative against its constraints, for what
 // groups does not steer (a second distinct attribute): the message when they break one.
-func (rc *requestConstraints) satisfied(gpus []*gpu) string {
+func (rc *requestConstraints) satisfied(gpus []*model.GPU) string {
 	if rc == nil {
 		return ""
 	}
@@ -305,9 +291,8 @@ type pin struct {
 // pins are where a claim whose match across requests failed greedily is decided again:
 // for its first such constraint, the (node, value) pairs whose GPUs are enough for every
 // device it binds, those with the fewest such GPUs first (they keep the larger groups
-// whole), at most maxPins. A claim whose pod is bound keeps to its node. Caller holds the
-// model's lock.
-func (dc *decider) pins(in *input, cons []deviceConstraint) []pin {
+// whole), at most maxPins. A claim whose pod is bound keeps to its node.
+func (dc *decider) pins(tx *model.Tx, in *input, cons []deviceConstraint) []pin {
 	for i := range cons {
 		spans, need := cons[i].spansRequests(in.claim)
 		if !spans {
@@ -315,11 +300,11 @@ func (dc *decider) pins(in *input, cons []deviceConstraint) []pin {
 		}
 		type at struct{ node, value string }
 		count := map[at]int64{}
-		for _, gs := range dc.model.coreGPU {
+		for _, gs := range tx.CoreGPUs() {
 			in.checks += len(gs)
 			for _, g := range gs {
-				if v, ok := attrValue(g, cons[i].attr, dc.cfg.DriverName); ok && (in.bound == "" || g.node == in.bound) {
-					count[at{g.node, v}]++
+				if v, ok := attrValue(g, cons[i].attr, dc.cfg.DriverName); ok && (in.bound == "" || g.Node() == in.bound) {
+					count[at{g.Node(), v}]++
 				}
 			}
 		}

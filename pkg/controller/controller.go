@@ -5,11 +5,13 @@
 // assumed claims and the quota queue.
 //
 // A pending claim goes one way: Sync → place: gather (pods, classes, policy) → the quota
-// queue's gate (claimqueue) → decide (decider, under the model's lock: quota, GPU fit, node
-// fit through the pod ledger, the placement core) → commit (write the allocation, report).
-// The state each step keeps has one owner type with its own lock: claimqueue.Queue,
-// podledger.Ledger, model (model.go), statusMemo (status.go); the decider (decide.go;
-// quota.go, gpufit.go, nodefit.go) keeps none and works on the model's.
+// queue's gate (claimqueue) → decide (decider, in one model transaction: quota, GPU fit,
+// node fit through the pod ledger, the placement core) → commit (write the allocation,
+// report). The state each step keeps has one owner type with its own lock:
+// claimqueue.Queue, podledger.Ledger, model.Model (the GPUs, the shares on them, the
+// placement core; changed only through its methods and transactions), statusMemo
+// (status.go); the decider (decide.go; quota.go, gpufit.go, nodefit.go) keeps only memos
+// and reads and reserves through the transaction it is given.
 //
 // Beside that path, the sizing loops read the claims' usage reports: sizingLoop (sizing.go;
 // burst.go, autosize.go, consolidate.go) recommends sizes, sizes bursting shares for the
@@ -41,6 +43,7 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned"
 	"github.com/fgpu-dev/fgpu/pkg/controller/claimqueue"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/controller/podledger"
 	"github.com/fgpu-dev/fgpu/pkg/gang"
 	"github.com/fgpu-dev/fgpu/pkg/selectors"
@@ -126,7 +129,7 @@ type Controller struct {
 
 	pending *claimqueue.Queue
 	ledger  *podledger.Ledger
-	model   *model
+	model   *model.Model
 	refused *refusedGPUs
 	// restores rate-limits restoring a claim's finalizer.
 	restores *finalizerRestores
@@ -145,7 +148,7 @@ type Controller struct {
 	// policyStatus writes SharingPolicy status; nil without an fgpu client.
 	policyStatus *policyStatus
 
-	// decider decides, under the model's lock, where a pending claim goes.
+	// decider decides, in a model transaction, where a pending claim goes.
 	decider *decider
 	// sizing recommends workload sizes from measured use and, under sizing Auto, resizes,
 	// relieves and consolidates; idle scales idle workloads to zero.
@@ -167,7 +170,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 		cfg.Selectors.Now = cfg.Now
 	}
 	c := &Controller{cfg: cfg, client: client,
-		pending: claimqueue.New(), ledger: podledger.New(), model: newModel(cfg.DriverName), refused: newRefusedGPUs(),
+		pending: claimqueue.New(), ledger: podledger.New(), model: model.New(cfg.DriverName), refused: newRefusedGPUs(),
 		restores: newFinalizerRestores(), selectors: selectors.New(cfg.Selectors), shares: newDecisionShare(), requeueAll: make(chan struct{}, 1), metrics: m}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
@@ -201,8 +204,8 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	c.gone = &goneClaims{byKey: map[string]map[types.UID]podRef{}, listers: c.listers, model: c.model, recorder: c.recorder, kick: c.kick}
 	c.idle = &idleScaler{spans: engine.NewIdle[workloadRef](),
 		cfg: &c.cfg, listers: c.listers, model: c.model, client: client, recorder: c.recorder, fenced: c.fenced, kick: c.kick}
-	burst := engine.NewHistory[gpuKey](sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))})
-	c.decider = &decider{cfg: &c.cfg, model: c.model, ledger: c.ledger, nodes: c.nodes, refused: c.refused, burst: burst, reserveText: c.idle.reserveText}
+	burst := engine.NewHistory[model.GPUKey](sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))})
+	c.decider = &decider{cfg: &c.cfg, memo: newFitMemos(), ledger: c.ledger, nodes: c.nodes, refused: c.refused, burst: burst, reserveText: c.idle.reserveText}
 	c.sizing = &sizingLoop{sizer: newSizer(cfg.Sizing, cfg.SizingShrinkAfter), burst: burst,
 		cfg: &c.cfg, listers: c.listers, model: c.model, pending: c.pending, gather: c.gather, place: c.decider, client: client, recorder: c.recorder, metrics: c.metrics, fenced: c.fenced}
 	// Consolidation asks the decider, which sizes bursting shares as the sizing loop says.

@@ -18,6 +18,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
@@ -380,8 +381,8 @@ func TestDeallocatesWhenPodGone(t *testing.T) {
 	if e.placedOn("a", "c") != "" {
 		t.Fatal("allocation kept though no pod uses the claim")
 	}
-	if len(e.c.model.claims) != 0 {
-		t.Errorf("state still holds %d claims", len(e.c.model.claims))
+	if n := modelClaims(e.c.model); n != 0 {
+		t.Errorf("state still holds %d claims", n)
 	}
 }
 
@@ -489,7 +490,7 @@ func allocCfg(t *testing.T, c *resourceapi.ResourceClaim) *api.GpuConfig {
 	if c.Status.Allocation == nil {
 		t.Fatalf("claim %s not allocated", c.Name)
 	}
-	return allocationConfig(api.DriverName, c.Status.Allocation.Devices.Config, c.Status.Allocation.Devices.Results[0].Request)
+	return model.AllocationConfig(api.DriverName, c.Status.Allocation.Devices.Config, c.Status.Allocation.Devices.Results[0].Request)
 }
 
 var _ = corev1.PodScheduled
@@ -625,7 +626,7 @@ func TestTwoMPSSharesInOneClaimRefused(t *testing.T) {
 	if ev := e.events(ReasonUnsupported); len(ev) == 0 || !strings.Contains(ev[0], "one MPS server") {
 		t.Errorf("events %v: want FgpuUnsupported naming the one MPS server", ev)
 	}
-	if len(e.c.model.claims) != 0 {
+	if modelClaims(e.c.model) != 0 {
 		t.Error("the refused claim's shares stayed in the model")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/controller/podledger"
 	"github.com/fgpu-dev/fgpu/pkg/gang"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
@@ -66,7 +67,7 @@ type decision struct {
 	node    string
 	pol     policy.Effective
 	results []result
-	rec     *claimRec
+	rec     *model.Claim
 	// reservedFor is written with the allocation: the pods a claim placed again after a
 	// refused prepare was reserved for, which the scheduler will not reserve again.
 	reservedFor []resourceapi.ResourceClaimConsumerReference
@@ -79,11 +80,11 @@ type decision struct {
 // result is one device share the decision hands out.
 type result struct {
 	request     string
-	gpu         *gpu
+	gpu         *model.GPU
 	mem, comp   int64
 	whole       bool
 	mode        api.SharingMode
-	domain      domain
+	domain      model.Domain
 	userCfg     *api.GpuConfig
 	tolerations []resourceapi.DeviceToleration
 	shareID     types.UID
@@ -95,27 +96,30 @@ type result struct {
 // decider is the decision on a pending claim: its namespace's quota, the placement core's
 // choice of node and GPUs among those the claim's pods fit (node fit, through the
 // pod ledger) and which can take its devices (GPU fit), the shares' sizes, and their
-// reservation in the model. It keeps no state of its own; what it reads and writes is
-// handed to it by New, each collaborator by itself rather than the Controller.
+// reservation in the model. It keeps no state of its own but memos; what it reads and
+// writes is handed to it by New, each collaborator by itself rather than the Controller.
 //
-// Caller holds the model's lock, for every method: decideInQueue around decide, and
-// consolidation around what it asks as placementPath. Under it the decider takes only
-// leaf locks (the pod ledger's, the refused-GPU memo's, the burst history's), never the
-// sizer's, which is never held with the model's (sizingLoop).
+// It reads and reserves through a model transaction (tx), which every method that looks at
+// the model takes: decideInQueue's around decide, and consolidation's around what it asks
+// as placementPath. Inside one the decider takes only leaf locks (the pod ledger's, the
+// refused-GPU memo's, the burst history's), never the sizer's, which is never held with
+// the model's (sizingLoop).
 type decider struct {
-	cfg    *Config // the controller's, as New completed it
-	model  *model
+	cfg    *Config           // the controller's, as New completed it
 	ledger *podledger.Ledger // what bound and assumed pods request per node
 	nodes  corelisters.NodeLister
 	// refused: GPUs whose kubelet plugin refused to prepare the claim are avoided a while.
 	refused *refusedGPUs
 	// burst is the sizing loop's burst history, which admits bursting shares to a GPU;
 	// sizeBurst is the sizing loop's size for a share that may burst.
-	burst     *engine.History[gpuKey]
+	burst     *engine.History[model.GPUKey]
 	sizeBurst func(in *input, rq *request) bool
 	// reserveText is the idle scaler's: what of the quota in use is kept for workloads
 	// scaled to zero, in words.
-	reserveText func(ns, amount string) string
+	reserveText func(reserve model.Usage, amount string) string
+	// memo is the pod-fit verdicts kept across decisions; only used inside a model
+	// transaction, whose lock it shares.
+	memo *fitMemos
 }
 
 func (dc *decider) now() time.Time { return dc.cfg.Now() }
@@ -137,10 +141,10 @@ func (dc *decider) schedPolicy(l api.LatencyClass, w placement.Workload) placeme
 	return p
 }
 
-// allocatable is a Node's allocatable CPU (milli-cores) and memory (MiB) for the placement
+// Allocatable is a Node's allocatable CPU (milli-cores) and memory (MiB) for the placement
 // core: none without a Node object (pod fit refuses the node then), and a resource the
 // Node does not report is not limited, as in pod fit.
-func (dc *decider) allocatable(name string) (cpuMilli, memMiB int64) {
+func (dc *decider) Allocatable(name string) (cpuMilli, memMiB int64) {
 	node, err := dc.nodes.Get(name)
 	if err != nil {
 		return 0, 0
@@ -159,15 +163,15 @@ func (dc *decider) allocatable(name string) (cpuMilli, memMiB int64) {
 // small enough for the core's arithmetic.
 const unlimited = int64(1) << 31
 
-// requested is what bound and assumed pods request on a node.
-func (dc *decider) requested(name string) podfit.Requests { return dc.ledger.Requested(name, nil) }
+// Requested is what bound and assumed pods request on a node.
+func (dc *decider) Requested(name string) podfit.Requests { return dc.ledger.Requested(name, nil) }
 
-// changedNodes are the nodes whose Node or pods changed since it was last asked.
-func (dc *decider) changedNodes() []string { return dc.ledger.TakeChanged() }
+// ChangedNodes are the nodes whose Node or pods changed since it was last asked.
+func (dc *decider) ChangedNodes() []string { return dc.ledger.TakeChanged() }
 
 // decide chooses node, GPUs and sizes for a pending claim and reserves its shares in the
-// model, or says why it waits. Caller holds the model's lock.
-func (dc *decider) decide(ctx context.Context, in *input) (*decision, *waitReason) {
+// model, or says why it waits.
+func (dc *decider) decide(ctx context.Context, tx *model.Tx, in *input) (*decision, *waitReason) {
 	claim := in.claim
 	if in.conflict != nil {
 		return nil, in.conflict
@@ -179,14 +183,14 @@ func (dc *decider) decide(ctx context.Context, in *input) (*decision, *waitReaso
 	if w != nil {
 		return nil, w
 	}
-	if err := dc.model.ensureCore(dc.schedPolicy, dc); err != nil {
+	if err := tx.EnsureCore(dc.schedPolicy, dc); err != nil {
 		return nil, &waitReason{reason: ReasonWaiting, message: "cannot model the cluster: " + err.Error()}
 	}
-	res := newResolution(dc.cfg, in, dc.smallestGPU(in))
-	if w := dc.claimQuotaCheck(ctx, in, res); w != nil {
+	res := newResolution(dc.cfg, in, dc.smallestGPU(tx, in))
+	if w := dc.claimQuotaCheck(ctx, tx, in, res); w != nil {
 		return nil, w
 	}
-	d, w := dc.decideClaim(ctx, in, res, cons, "")
+	d, w := dc.decideClaim(ctx, tx, in, res, cons, "")
 	if w == nil || !w.constrained {
 		return d, w
 	}
@@ -194,9 +198,9 @@ func (dc *decider) decide(ctx context.Context, in *input) (*decision, *waitReaso
 	// node. Where that left a later request none, the claim is decided again with both
 	// fixed first, on the nodes that have room for it all under one value (pins); it
 	// waits for the first attempt's reason.
-	for _, p := range dc.pins(in, cons) {
+	for _, p := range dc.pins(tx, in, cons) {
 		cons[p.constraint].pinned = p.value
-		d, w2 := dc.decideClaim(ctx, in, res, cons, p.node)
+		d, w2 := dc.decideClaim(ctx, tx, in, res, cons, p.node)
 		cons[p.constraint].pinned = ""
 		if w2 == nil {
 			return d, nil
@@ -208,15 +212,15 @@ func (dc *decider) decide(ctx context.Context, in *input) (*decision, *waitReaso
 // decideClaim places a claim's requests one after the other under its constraints, or
 // says why it waits, leaving nothing reserved then.
 // A node given fixes the claim's node (a pin).
-func (dc *decider) decideClaim(ctx context.Context, in *input, res *resolution, cons []deviceConstraint, node string) (*decision, *waitReason) {
+func (dc *decider) decideClaim(ctx context.Context, tx *model.Tx, in *input, res *resolution, cons []deviceConstraint, node string) (*decision, *waitReason) {
 	claim := in.claim
-	d := &decision{node: node, pol: in.pol, cons: cons, rec: &claimRec{uid: claim.UID, key: claimKey(claim), namespace: claim.Namespace, assumed: dc.now()}}
+	d := &decision{node: node, pol: in.pol, cons: cons, rec: model.NewClaim(claim.UID, claimKey(claim), claim.Namespace, dc.now())}
 	for _, req := range claim.Spec.Devices.Requests {
 		// The claim waits for the request it could not place, not for an alternative an
 		// earlier request did without: that one may say the claim is beyond its quota.
-		placed, w := dc.decideRequest(ctx, in, res, d, req)
+		placed, w := dc.decideRequest(ctx, tx, in, res, d, req)
 		if !placed {
-			dc.model.remove(d.rec.key)
+			tx.Remove(d.rec.Key())
 			if w == nil {
 				w = &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf("request %q has no way to be satisfied", req.Name)}
 			}
@@ -228,12 +232,12 @@ func (dc *decider) decideClaim(ctx context.Context, in *input, res *resolution, 
 	}
 	if n := mpsShares(d); n > 1 {
 		// The plugin refuses to prepare it, and a bound pod would wait for ever.
-		dc.model.remove(d.rec.key)
+		tx.Remove(d.rec.Key())
 		return nil, &waitReason{reason: ReasonUnsupported, message: fmt.Sprintf(
 			"the claim would share %d GPUs through MPS, but a container reaches one MPS server: ask for whole GPUs, one share, or mode %s", n, api.SharingModeTimeSlicing)}
 	}
 	for i := range d.results {
-		d.results[i].coTenants = len(d.results[i].gpu.tenants) - 1
+		d.results[i].coTenants = d.results[i].gpu.NumTenants() - 1
 	}
 	return d, nil
 }
@@ -242,22 +246,22 @@ func (dc *decider) decideClaim(ctx context.Context, in *input, res *resolution, 
 // shares in the model so that the claim's next requests see them. It returns the first
 // reason an alternative gave for not fitting, unless that one is beyond the quota and a
 // later one is not: a claim that can fit its quota must not be told it never will.
-func (dc *decider) decideRequest(ctx context.Context, in *input, res *resolution, d *decision, req resourceapi.DeviceRequest) (bool, *waitReason) {
+func (dc *decider) decideRequest(ctx context.Context, tx *model.Tx, in *input, res *resolution, d *decision, req resourceapi.DeviceRequest) (bool, *waitReason) {
 	var firstWait *waitReason
 	for _, a := range alternatives(req) {
-		placed, w := dc.placeAlt(ctx, in, res, d, a)
+		placed, w := dc.placeAlt(ctx, tx, in, res, d, a)
 		if w != nil {
 			if firstWait == nil || (firstWait.beyondQuota && !w.beyondQuota) {
 				firstWait = w
 			}
 			continue
 		}
-		dc.model.remove(d.rec.key)
+		tx.Remove(d.rec.Key())
 		for _, r := range placed {
 			d.results = append(d.results, r)
-			d.rec.shares = append(d.rec.shares, &tenantAt{gpu: r.gpu, t: tenantOf(in, r)})
+			d.rec.AddShare(r.gpu, tenantOf(in, r))
 		}
-		dc.model.add(d.rec)
+		tx.Add(d.rec)
 		return true, firstWait
 	}
 	return false, firstWait
@@ -268,20 +272,20 @@ func (dc *decider) decideRequest(ctx context.Context, in *input, res *resolution
 // that may burst but fits nowhere as one (no GPU admits it, the quota does not take its cap)
 // is placed as Initial sizes it: a best-effort pod runs rather than wait for room to burst.
 // If neither fits, the claim waits for the burst's reason.
-func (dc *decider) placeAlt(ctx context.Context, in *input, res *resolution, d *decision, a alt) ([]result, *waitReason) {
+func (dc *decider) placeAlt(ctx context.Context, tx *model.Tx, in *input, res *resolution, d *decision, a alt) ([]result, *waitReason) {
 	rq, w := res.request(a)
 	if w != nil {
 		return nil, w
 	}
 	plain := *rq
 	if !dc.sizeBurst(in, rq) {
-		return dc.placeRequest(ctx, in, d, rq)
+		return dc.placeRequest(ctx, tx, in, d, rq)
 	}
-	placed, w := dc.placeRequest(ctx, in, d, rq)
+	placed, w := dc.placeRequest(ctx, tx, in, d, rq)
 	if w == nil {
 		return placed, nil
 	}
-	if placed, w2 := dc.placeRequest(ctx, in, d, &plain); w2 == nil {
+	if placed, w2 := dc.placeRequest(ctx, tx, in, d, &plain); w2 == nil {
 		d.sized = append(d.sized, fmt.Sprintf("request %q does not burst, for now: %s", a.name, w.message))
 		return placed, nil
 	}
@@ -289,14 +293,14 @@ func (dc *decider) placeAlt(ctx context.Context, in *input, res *resolution, d *
 }
 
 // placeRequest places a resolved request.
-func (dc *decider) placeRequest(ctx context.Context, in *input, d *decision, rq *request) ([]result, *waitReason) {
-	if w := dc.quotaCheck(in, d, rq); w != nil {
+func (dc *decider) placeRequest(ctx context.Context, tx *model.Tx, in *input, d *decision, rq *request) ([]result, *waitReason) {
+	if w := dc.quotaCheck(tx, in, d, rq); w != nil {
 		return nil, w
 	}
 	var rj rejects
 	share := int64(0)
 	if !rq.whole {
-		share = milliOf(rq.mem, dc.model.refMem, false)
+		share = model.MilliOf(rq.mem, tx.RefMem(), false)
 	}
 	// The core gets what the simulator gives it: the pods' CPU and memory with the GPUs.
 	var pods podfit.Requests
@@ -304,21 +308,21 @@ func (dc *decider) placeRequest(ctx context.Context, in *input, d *decision, rq 
 		pods.Add(podfit.PodRequests(p))
 	}
 	rc := forAlt(d.cons, rq.alt.name, d.results, dc.cfg.DriverName)
-	pr := &placement.Request{Name: claimKey(in.claim), CPUMilli: pods.MilliCPU, MemoryMiB: mebibytesUp(pods.Memory), GPUs: int(rq.count), Share: share,
-		Filter: dc.gpuFilter(ctx, in, d, rq, rc, &rj)}
+	pr := &placement.Request{Name: claimKey(in.claim), CPUMilli: pods.MilliCPU, MemoryMiB: model.MebibytesUp(pods.Memory), GPUs: int(rq.count), Share: share,
+		Filter: dc.gpuFilter(ctx, tx, in, d, rq, rc, &rj)}
 	if rq.count > 1 {
-		pr.Together, pr.Apart = rc.groups(dc.model.coreGPUAt)
+		pr.Together, pr.Apart = rc.groups(tx.CoreGPUAt)
 	}
-	dc.model.observe(in.claim.UID, pr, dc.schedPolicy)
-	p, err := dc.placeNearGang(ctx, in, d, rq, rc, pr)
+	tx.Observe(in.claim.UID, pr, dc.schedPolicy)
+	p, err := dc.placeNearGang(ctx, tx, in, d, rq, rc, pr)
 	if err != nil {
-		w := dc.unplaceable(in, rq, rc, err, &rj)
+		w := dc.unplaceable(tx, in, rq, rc, err, &rj)
 		w.constrained = rc != nil && !w.quota && !w.beyondQuota
 		return nil, w
 	}
-	chosen := make([]*gpu, len(p.GPUs))
+	chosen := make([]*model.GPU, len(p.GPUs))
 	for i, gi := range p.GPUs {
-		chosen[i] = dc.model.coreGPU[p.Node][gi]
+		chosen[i] = tx.CoreGPUs()[p.Node][gi]
 	}
 	if msg := rc.satisfied(chosen); msg != "" {
 		return nil, &waitReason{reason: ReasonWaiting, message: msg, constrained: true}
@@ -330,7 +334,7 @@ func (dc *decider) placeRequest(ctx context.Context, in *input, d *decision, rq 
 		out = append(out, result{request: rq.alt.name, gpu: g, mem: mem, comp: comp, whole: rq.whole, mode: rq.mode, domain: rq.domain,
 			userCfg: rq.userCfg, tolerations: tol, shareID: uuid.NewUUID(), burstCap: rq.capOn(g, mem)})
 	}
-	d.node = dc.model.coreGPU[p.Node][0].node
+	d.node = tx.CoreGPUs()[p.Node][0].Node()
 	if rq.sized != "" {
 		d.sized = append(d.sized, rq.sized)
 	}
@@ -341,8 +345,8 @@ func (dc *decider) placeRequest(ctx context.Context, in *input, d *decision, rq 
 // labels, nearest level first (input.gang), then on any node. The first request of a claim
 // chooses the node; pr's own filter counts what it turns down on the last try only, which
 // is the one a waiting claim is told about.
-func (dc *decider) placeNearGang(ctx context.Context, in *input, d *decision, rq *request, rc *requestConstraints, pr *placement.Request) (placement.Placement, error) {
-	sched := dc.model.scheduler(in.pol.Latency)
+func (dc *decider) placeNearGang(ctx context.Context, tx *model.Tx, in *input, d *decision, rq *request, rc *requestConstraints, pr *placement.Request) (placement.Placement, error) {
+	sched := tx.Scheduler(in.pol.Latency)
 	if len(in.gang) == 0 || d.node != "" || in.bound != "" {
 		return sched.Place(pr)
 	}
@@ -352,17 +356,17 @@ func (dc *decider) placeNearGang(ctx context.Context, in *input, d *decision, rq
 		// The model's nodes by level, once per decision: alternatives and pins ask again.
 		in.gangNear = make([][]bool, len(in.gang))
 		for i, l := range in.gang {
-			in.gangNear[i] = make([]bool, len(dc.model.coreGPU))
-			for ni, gs := range dc.model.coreGPU {
+			in.gangNear[i] = make([]bool, len(tx.CoreGPUs()))
+			for ni, gs := range tx.CoreGPUs() {
 				in.checks++
-				if n, err := dc.nodes.Get(gs[0].node); err == nil && n.Labels[l.Key] == l.Value {
+				if n, err := dc.nodes.Get(gs[0].Node()); err == nil && n.Labels[l.Key] == l.Value {
 					in.gangNear[i][ni] = true
 				}
 			}
 		}
 	}
 	for _, near := range in.gangNear {
-		filter := dc.gpuFilter(ctx, in, d, rq, rc, &rejects{})
+		filter := dc.gpuFilter(ctx, tx, in, d, rq, rc, &rejects{})
 		pr.Filter = func(ni, gi int) bool { return ni >= 0 && ni < len(near) && near[ni] && filter(ni, gi) }
 		if p, err := sched.Place(pr); err == nil {
 			return p, nil
@@ -374,15 +378,15 @@ func (dc *decider) placeNearGang(ctx context.Context, in *input, d *decision, rq
 
 // smallestGPU gives the memory of the smallest GPU the cluster publishes that a request's
 // class and selectors allow (0 where none does), for sizing a whole-GPU request: asked only
-// then, as it looks at every GPU. Caller holds the model's lock.
-func (dc *decider) smallestGPU(in *input) func(*request) int64 {
+// then, as it looks at every GPU.
+func (dc *decider) smallestGPU(tx *model.Tx, in *input) func(*request) int64 {
 	return func(rq *request) int64 {
 		least := int64(0)
-		for _, gs := range dc.model.coreGPU {
+		for _, gs := range tx.CoreGPUs() {
 			in.checks += len(gs)
 			for _, g := range gs {
-				if ok, _, _ := in.selectors[rq.alt.name].At(g.keyText, g.version); ok && g.memCap > 0 && (least == 0 || g.memCap < least) {
-					least = g.memCap
+				if ok, _, _ := in.selectors[rq.alt.name].At(g.KeyText(), g.Version()); ok && g.MemCap() > 0 && (least == 0 || g.MemCap() < least) {
+					least = g.MemCap()
 				}
 			}
 		}
@@ -392,23 +396,23 @@ func (dc *decider) smallestGPU(in *input) func(*request) int64 {
 
 // gpuFilter is the placement core's filter for a request: the GPUs whose node the pods fit
 // and which can take one of its devices. It counts the GPUs it turns down by reason.
-func (dc *decider) gpuFilter(ctx context.Context, in *input, d *decision, rq *request, rc *requestConstraints, rj *rejects) func(ni, gi int) bool {
+func (dc *decider) gpuFilter(ctx context.Context, tx *model.Tx, in *input, d *decision, rq *request, rc *requestConstraints, rj *rejects) func(ni, gi int) bool {
 	fixed := d.node
 	if fixed == "" {
 		fixed = in.bound
 	}
-	used := map[*gpu]bool{}
+	used := map[*model.GPU]bool{}
 	for _, r := range d.results {
 		used[r.gpu] = true
 	}
 	own := d.use()
 	return func(ni, gi int) bool {
 		in.checks++
-		if gi < 0 || ni >= len(dc.model.coreGPU) || gi >= len(dc.model.coreGPU[ni]) {
+		if gi < 0 || ni >= len(tx.CoreGPUs()) || gi >= len(tx.CoreGPUs()[ni]) {
 			return false
 		}
-		g := dc.model.coreGPU[ni][gi]
-		if fixed != "" && g.node != fixed {
+		g := tx.CoreGPUs()[ni][gi]
+		if fixed != "" && g.Node() != fixed {
 			rj.add("not the node the claim's other devices or pod are on", "")
 			return false
 		}
@@ -420,15 +424,15 @@ func (dc *decider) gpuFilter(ctx context.Context, in *input, d *decision, rq *re
 			rj.add(why, "")
 			return false
 		}
-		if dc.refused.Avoid(in.claim.UID, g.key, g.use(), dc.now(), dc.cfg.BindTimeout) {
+		if dc.refused.Avoid(in.claim.UID, g.Key(), g.Use(), dc.now(), dc.cfg.BindTimeout) {
 			rj.add(fmt.Sprintf("its kubelet plugin refused to prepare this claim on it (tried again once what the GPU holds changes, or %s after the refusal)", dc.cfg.BindTimeout), "")
 			return false
 		}
-		if err := dc.nodeFitsAt(in, ni, g.node); err != nil {
+		if err := dc.nodeFitsAt(tx, in, ni, g.Node()); err != nil {
 			rj.add("pod does not fit the node", err.Error())
 			return false
 		}
-		if why, ex := dc.gpuFits(in, own, rq, g); why != "" {
+		if why, ex := dc.gpuFits(tx, in, own, rq, g); why != "" {
 			rj.add(why, ex)
 			return false
 		}
@@ -437,7 +441,7 @@ func (dc *decider) gpuFilter(ctx context.Context, in *input, d *decision, rq *re
 }
 
 // unplaceable says why no GPU could take a request.
-func (dc *decider) unplaceable(in *input, rq *request, rc *requestConstraints, err error, rj *rejects) *waitReason {
+func (dc *decider) unplaceable(tx *model.Tx, in *input, rq *request, rc *requestConstraints, err error, rj *rejects) *waitReason {
 	what := "a whole GPU"
 	if !rq.whole {
 		what = fmtBytes(rq.mem)
@@ -453,7 +457,7 @@ func (dc *decider) unplaceable(in *input, rq *request, rc *requestConstraints, e
 	if errors.As(err, &ue) && (len(rj.counts) == 0 || ue.Reason == placement.ReasonConstraint) {
 		msg += ": " + ue.Reason.String()
 	}
-	if len(dc.model.coreGPU) == 0 {
+	if len(tx.CoreGPUs()) == 0 {
 		msg += ": no node publishes fgpu GPUs"
 	}
 	if s := rj.String(); s != "" {
@@ -475,13 +479,13 @@ func (dc *decider) unplaceable(in *input, rq *request, rc *requestConstraints, e
 }
 
 // tenantOf is the tenant a result makes of the claim on its GPU.
-func tenantOf(in *input, r result) *tenant {
-	t := &tenant{claim: in.claim.UID, key: claimKey(in.claim), namespace: in.claim.Namespace,
-		shareID: r.shareID, mem: r.mem, comp: r.comp, whole: r.whole, domain: r.domain, mode: r.mode,
-		latency: in.pol.Latency, maxCo: in.pol.MaxCoTenants, allowCrit: in.pol.AllowCriticalCoTenants,
-		maxTenants: in.pol.MaxTenants, allowShare: in.pol.AllowSharedGPU, byUs: true, burstCap: r.burstCap}
+func tenantOf(in *input, r result) *model.Tenant {
+	t := &model.Tenant{Claim: in.claim.UID, Key: claimKey(in.claim), Namespace: in.claim.Namespace,
+		ShareID: r.shareID, Mem: r.mem, Comp: r.comp, Whole: r.whole, Domain: r.domain, Mode: r.mode,
+		Latency: in.pol.Latency, MaxCo: in.pol.MaxCoTenants, AllowCrit: in.pol.AllowCriticalCoTenants,
+		MaxTenants: in.pol.MaxTenants, AllowShare: in.pol.AllowSharedGPU, ByUs: true, BurstCap: r.burstCap}
 	if r.burstCap > 0 {
-		t.workload = api.SizingWorkload{Namespace: in.sizedFor.Namespace, Kind: in.sizedFor.Kind, Name: in.sizedFor.Name, Request: r.request}
+		t.Workload = api.SizingWorkload{Namespace: in.sizedFor.Namespace, Kind: in.sizedFor.Kind, Name: in.sizedFor.Name, Request: r.request}
 	}
 	return t
 }
@@ -491,7 +495,7 @@ func tenantOf(in *input, r result) *tenant {
 func mpsShares(d *decision) int {
 	n := 0
 	for _, r := range d.results {
-		if r.mode == api.SharingModeMPS && r.mem < r.gpu.memCap {
+		if r.mode == api.SharingModeMPS && r.mem < r.gpu.MemCap() {
 			n++
 		}
 	}

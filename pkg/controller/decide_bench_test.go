@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 	"github.com/fgpu-dev/fgpu/pkg/selectors"
 	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
@@ -59,8 +60,8 @@ func TestDecideMemoryDoesNotGrowWithNodes(t *testing.T) {
 }
 
 // oneDecision sets up a controller over nodes empty nodes × 8 GPUs and returns one decision on
-// a 10Gi claim there (undone after it), to be called as the worker calls decide: the model's
-// lock is held from here to the end of the test.
+// a 10Gi claim there (undone after it), to be called as the worker calls decide: in a model
+// transaction.
 func oneDecision(tb testing.TB, nodes int) func() {
 	ctx := context.Background()
 	// The claim budget counts each evaluation's wall time (selectors): on a loaded machine
@@ -78,18 +79,20 @@ func oneDecision(tb testing.TB, nodes int) func() {
 	once := func() {
 		in := &input{claim: claim, consumers: pods, pods: pods, pol: policy.Resolve(nil, nil, nil), avoid: map[string]bool{},
 			classes: sel.classes, selectors: sel.selectors}
-		d, w := c.decider.decide(ctx, in)
-		if w != nil {
-			tb.Fatal(w.message)
-		}
-		c.model.remove(d.rec.key)
+		c.model.Update(func(tx *model.Tx) {
+			d, w := c.decider.decide(ctx, tx, in)
+			if w != nil {
+				tb.Fatal(w.message)
+			}
+			tx.Remove(d.rec.Key())
+		})
 	}
-	c.model.mu.Lock() // as the worker holds it while deciding
-	tb.Cleanup(c.model.mu.Unlock)
 	once()
-	if len(c.model.coreGPU) != nodes {
-		tb.Fatalf("the model holds %d of %d nodes", len(c.model.coreGPU), nodes)
-	}
+	c.model.Update(func(tx *model.Tx) {
+		if len(tx.CoreGPUs()) != nodes {
+			tb.Fatalf("the model holds %d of %d nodes", len(tx.CoreGPUs()), nodes)
+		}
+	})
 	return once
 }
 
@@ -119,11 +122,11 @@ func BenchmarkDecideBeside(b *testing.B) {
 				if wait := c.shares.Wait(in.claim.Namespace, time.Now()); charged && wait > 0 {
 					return wait
 				}
-				c.model.mu.Lock()
-				defer c.model.mu.Unlock()
-				if d, w := c.decider.decide(ctx, in); w == nil {
-					c.model.remove(d.rec.key)
-				}
+				c.model.Update(func(tx *model.Tx) {
+					if d, w := c.decider.decide(ctx, tx, in); w == nil {
+						tx.Remove(d.rec.Key())
+					}
+				})
 				if charged {
 					c.shares.Charge(in.claim.Namespace, decisionFloor+in.checks, time.Now())
 				}

@@ -8,18 +8,16 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // domainsOn is the isolation domain of each claim (namespace/name) on a GPU, as the model
 // holds it.
 func domainsOn(e *env, node, device string) map[string]string {
-	e.c.model.mu.Lock()
-	defer e.c.model.mu.Unlock()
 	out := map[string]string{}
-	if g := e.c.model.gpus[gpuKey{node, device}]; g != nil {
-		for _, t := range g.tenants {
-			out[t.key] = t.domain.String()
-		}
+	_, tenants, _ := e.c.model.GPUTenants(model.GPUKey{Pool: node, Device: device})
+	for _, t := range tenants {
+		out[t.Key] = t.Domain.String()
 	}
 	return out
 }

@@ -24,6 +24,7 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	fgpufake "github.com/fgpu-dev/fgpu/pkg/client/clientset/versioned/fake"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/test/performance/loadgen"
 )
 
@@ -379,3 +380,18 @@ func (e *env) awaitEvents(substr string, n int) []string {
 }
 
 func everything() labels.Selector { return labels.Everything() }
+
+// charged is what namespace ns's claims count against its quota in the model.
+func (e *env) charged(ns string) (u model.Usage) {
+	e.c.model.Update(func(tx *model.Tx) { u = tx.Charged(ns) })
+	return u
+}
+
+// modelClaims counts the claims the model holds.
+func modelClaims(m *model.Model) int {
+	n := 0
+	for _, u := range m.ByNamespace() {
+		n += u.Claims
+	}
+	return n
+}

@@ -11,6 +11,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // When capacity frees up (the pods a fault evicted came back, a tenant left), the
@@ -75,13 +76,8 @@ func (e *env) podGone(ns, pod, claim string) {
 }
 
 func (e *env) gpuUse(node, dev string) (mem int64, tenants int) {
-	e.c.model.mu.Lock()
-	defer e.c.model.mu.Unlock()
-	g := e.c.model.gpus[gpuKey{node, dev}]
-	if g == nil {
-		return 0, 0
-	}
-	return g.usedMem, len(g.tenants)
+	u := e.c.model.UseOf(model.GPUKey{Pool: node, Device: dev})
+	return u.Mem, u.Tenants
 }
 
 func (e *env) taintDevice(node, dev string, taint resourceapi.DeviceTaint) {
@@ -149,9 +145,7 @@ func TestEvictedPodsReleaseTheirClaims(t *testing.T) {
 			t.Errorf("replacement claim %s placed on %q (faulty: %s)", n, got, faulty)
 		}
 	}
-	e.c.model.mu.Lock()
-	used := e.c.model.nsMem["a"]
-	e.c.model.mu.Unlock()
+	used := e.charged("a").Mem
 	if used != 60<<30 {
 		t.Errorf("namespace a counts %d bytes; want the three replacements' 60Gi", used)
 	}
@@ -224,9 +218,7 @@ func TestNodeLossReleasesAndReplaces(t *testing.T) {
 			if mem, n := e.gpuUse("n1", "gpu-0"); mem != 0 || n != 0 {
 				t.Errorf("the lost node's GPU still counts %d bytes in %d shares", mem, n)
 			}
-			e.c.model.mu.Lock()
-			used := e.c.model.nsMem["a"]
-			e.c.model.mu.Unlock()
+			used := e.charged("a").Mem
 			if used != 60<<30 {
 				t.Errorf("namespace a counts %d bytes; want the replacement's 60Gi once", used)
 			}

@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // goneClaims are claims deleted while pods still ran on their shares. The kubelet does not
@@ -23,7 +25,7 @@ type goneClaims struct {
 	byKey map[string]map[types.UID]podRef
 
 	listers  // the pods that may still run on a claim's shares
-	model    *model
+	model    *model.Model
 	recorder record.EventRecorder
 	// kick looks at the pending claims again (released shares free capacity and quota).
 	kick func()

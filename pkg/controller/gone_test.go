@@ -37,9 +37,7 @@ func TestClaimDeletedWhilePodRunsKeepsShareUntilPodEnds(t *testing.T) {
 		t.Errorf("events %v", ev)
 	}
 	used := func() int64 {
-		e.c.model.mu.Lock()
-		defer e.c.model.mu.Unlock()
-		return e.c.model.nsMem["a"]
+		return e.charged("a").Mem
 	}
 	if got := used(); got != 40<<30 {
 		t.Fatalf("pod a/p still runs on a 40Gi share of n1/gpu-0, but namespace a counts %d bytes", got)

@@ -7,58 +7,59 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
 // gpuFits says why GPU g cannot take one device of the request ("" if it can), with an
 // example for the waiting message; own is what the claim's earlier requests hold. The
-// request's selectors were evaluated before (gather). Caller holds the model's lock.
-func (dc *decider) gpuFits(in *input, own usage, rq *request, g *gpu) (string, string) {
-	switch ok, failed, known := in.selectors[rq.alt.name].At(g.keyText, g.version); {
+// request's selectors were evaluated before (gather).
+func (dc *decider) gpuFits(tx *model.Tx, in *input, own model.Usage, rq *request, g *model.GPU) (string, string) {
+	switch ok, failed, known := in.selectors[rq.alt.name].At(g.KeyText(), g.Version()); {
 	case !known:
 		// Published or changed since the claim's selectors were evaluated: the change
 		// started a new pass, which evaluates them on it.
 		return "device selectors not evaluated on it yet", ""
 	case failed != "":
-		return "device selector cannot be evaluated", fmt.Sprintf("%s: %s", g.key, failed)
+		return "device selector cannot be evaluated", fmt.Sprintf("%s: %s", g.Key(), failed)
 	case !ok:
 		return "device selectors do not match", ""
 	}
-	for _, t := range g.taints {
+	for _, t := range g.Taints() {
 		if !tolerated(rq.alt.tolerations, t) {
-			return "device taint not tolerated", fmt.Sprintf("%s: %s=%s:%s", g.key, t.Key, t.Value, t.Effect)
+			return "device taint not tolerated", fmt.Sprintf("%s: %s=%s:%s", g.Key(), t.Key, t.Value, t.Effect)
 		}
 	}
 	mem, comp := rq.size(in.pol, g)
-	if mem > g.memCap {
-		return "GPU too small", fmt.Sprintf("%s has %s", g.key, fmtBytes(g.memCap))
+	if mem > g.MemCap() {
+		return "GPU too small", fmt.Sprintf("%s has %s", g.Key(), fmtBytes(g.MemCap()))
 	}
 	if why, ex := rq.limitsFit(mem, comp, g); why != "" {
 		return why, ex
 	}
-	for _, t := range g.tenants {
-		if t.whole {
+	for t := range g.Tenants() {
+		if t.Whole {
 			return "held whole by another claim", ""
 		}
 	}
-	if rq.whole && len(g.tenants) > 0 {
+	if rq.whole && g.NumTenants() > 0 {
 		return "not empty (a whole GPU was asked)", ""
 	}
-	if g.usedMem+mem > g.memCap {
-		return "not enough free memory", fmt.Sprintf("%s has %s free", g.key, fmtBytes(g.memCap-g.usedMem))
+	if g.UsedMem()+mem > g.MemCap() {
+		return "not enough free memory", fmt.Sprintf("%s has %s free", g.Key(), fmtBytes(g.MemCap()-g.UsedMem()))
 	}
-	if g.usedComp+comp > g.compCap {
-		return "not enough free compute", fmt.Sprintf("%s has %d%% free", g.key, g.compCap-g.usedComp)
+	if g.UsedComp()+comp > g.CompCap() {
+		return "not enough free compute", fmt.Sprintf("%s has %d%% free", g.Key(), g.CompCap()-g.UsedComp())
 	}
-	if why, ex := dc.quotaFits(in, own, rq, g, mem, max(mem, rq.capOn(g, mem)), comp); why != "" {
+	if why, ex := dc.quotaFits(tx, in, own, rq, g, mem, max(mem, rq.capOn(g, mem)), comp); why != "" {
 		return why, ex
 	}
 	if why, ex := coTenancy(in, rq, g); why != "" {
 		return why, ex
 	}
 	if rq.capOn(g, mem) > 0 {
-		if dc.burst.IsDraining(g.key) {
-			return "being emptied by sizing Auto: its bursting tenants move to GPUs in use", g.key.String()
+		if dc.burst.IsDraining(g.Key()) {
+			return "being emptied by sizing Auto: its bursting tenants move to GPUs in use", g.Key().String()
 		}
 		return burstAdmits(dc.burst, g, rq.burstFor, dc.cfg.Sizing.Headroom, dc.now())
 	}
@@ -66,35 +67,35 @@ func (dc *decider) gpuFits(in *input, own usage, rq *request, g *gpu) (string, s
 }
 
 // coTenancy checks the policy's co-tenancy rules, the claim's and its future co-tenants'.
-func coTenancy(in *input, rq *request, g *gpu) (string, string) {
+func coTenancy(in *input, rq *request, g *model.GPU) (string, string) {
 	p := in.pol
-	n := len(g.tenants) + 1
+	n := g.NumTenants() + 1
 	if p.MaxTenants > 0 && n > p.MaxTenants {
-		return "at the policy's maxTenantsPerGPU", fmt.Sprintf("%s has %d tenants", g.key, n-1)
+		return "at the policy's maxTenantsPerGPU", fmt.Sprintf("%s has %d tenants", g.Key(), n-1)
 	}
-	if p.Latency == api.LatencyCritical && len(g.tenants) > p.MaxCoTenants {
-		return "more co-tenants than a critical claim allows", fmt.Sprintf("%s has %d, maxCoTenants %d", g.key, len(g.tenants), p.MaxCoTenants)
+	if p.Latency == api.LatencyCritical && g.NumTenants() > p.MaxCoTenants {
+		return "more co-tenants than a critical claim allows", fmt.Sprintf("%s has %d, maxCoTenants %d", g.Key(), g.NumTenants(), p.MaxCoTenants)
 	}
-	for _, t := range g.tenants {
-		if t.maxTenants > 0 && n > t.maxTenants {
+	for t := range g.Tenants() {
+		if t.MaxTenants > 0 && n > t.MaxTenants {
 			return "at a tenant's maxTenantsPerGPU", ""
 		}
-		if t.latency == api.LatencyCritical {
-			if p.Latency == api.LatencyCritical && (!p.AllowCriticalCoTenants || !t.allowCrit) {
-				return "holds another critical claim", t.key
+		if t.Latency == api.LatencyCritical {
+			if p.Latency == api.LatencyCritical && (!p.AllowCriticalCoTenants || !t.AllowCrit) {
+				return "holds another critical claim", t.Key
 			}
-			if len(g.tenants) > t.maxCo {
-				return "a critical tenant allows no more co-tenants", t.key
+			if g.NumTenants() > t.MaxCo {
+				return "a critical tenant allows no more co-tenants", t.Key
 			}
 		}
-		if t.domain != rq.domain && (!p.AllowSharedGPU || !t.allowShare) {
+		if t.Domain != rq.domain && (!p.AllowSharedGPU || !t.AllowShare) {
 			return "isolation: used by another namespace or isolation domain", ""
 		}
-		if (t.burstCap > 0) != (rq.burstCap > 0) {
-			return "bursting and non-bursting shares do not share a GPU", t.key
+		if (t.BurstCap > 0) != (rq.burstCap > 0) {
+			return "bursting and non-bursting shares do not share a GPU", t.Key
 		}
-		if t.mode != "" && t.mode != rq.mode {
-			return "its tenants use another sharing mode", fmt.Sprintf("%s is %s, the claim %s", g.key, t.mode, rq.mode)
+		if t.Mode != "" && t.Mode != rq.mode {
+			return "its tenants use another sharing mode", fmt.Sprintf("%s is %s, the claim %s", g.Key(), t.Mode, rq.mode)
 		}
 	}
 	return "", ""
@@ -102,20 +103,20 @@ func coTenancy(in *input, rq *request, g *gpu) (string, string) {
 
 // size is what GPU g would give the request: all of it for a whole GPU; else the memory
 // asked, and the compute asked, derived from memory, or the policy's default.
-func (rq *request) size(pol policy.Effective, g *gpu) (mem, comp int64) {
+func (rq *request) size(pol policy.Effective, g *model.GPU) (mem, comp int64) {
 	if rq.whole {
-		return g.memCap, g.compCap
+		return g.MemCap(), g.CompCap()
 	}
 	mem = rq.mem
 	switch {
 	case rq.comp != nil:
 		comp = *rq.comp
-	case pol.ComputeFromMemory && g.memCap > 0:
-		comp = int64(math.Ceil(float64(mem) * 100 / float64(g.memCap)))
+	case pol.ComputeFromMemory && g.MemCap() > 0:
+		comp = int64(math.Ceil(float64(mem) * 100 / float64(g.MemCap())))
 	default:
 		comp = pol.DefaultCompute
 	}
-	return mem, min(comp, g.compCap)
+	return mem, min(comp, g.CompCap())
 }
 
 // tolerated says whether a new claim may be placed on a device with taint t. A toleration

@@ -6,80 +6,11 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
-
-const gi = int64(1) << 30
-
-// The held room's arithmetic: every GPU kept but the roomiest is charged, per resource; a
-// GPU's room changing or its keeping ending moves the charge, ties included.
-func TestHeldRoomCharge(t *testing.T) {
-	g := func(name string) *gpu { return &gpu{key: gpuKey{"n1", name}} }
-	a, b, c, d := g("a"), g("b"), g("c"), g("d")
-	h := heldRoom{rooms: map[*gpu]usage{}}
-	h.add(a, usage{70 * gi, 90})
-	h.add(b, usage{70 * gi, 10})
-	h.add(c, usage{20 * gi, 50})
-	if got, want := h.charge(), (usage{90 * gi, 60}); got != want {
-		t.Fatalf("charge %v, want %v", got, want)
-	}
-	for name, tc := range map[string]struct {
-		g    *gpu
-		r    usage
-		kept bool
-		want usage
-	}{
-		"a tie for the roomiest loses room":  {a, usage{60 * gi, 90}, true, usage{80 * gi, 60}},
-		"the roomiest in compute fills":      {a, usage{70 * gi, 0}, true, usage{90 * gi, 10}},
-		"a GPU no longer kept":               {c, usage{20 * gi, 50}, false, usage{70 * gi, 10}},
-		"a new GPU with less room":           {d, usage{10 * gi, 5}, true, usage{100 * gi, 65}},
-		"a new roomier GPU frees the last":   {d, usage{80 * gi, 100}, true, usage{160 * gi, 150}},
-		"a GPU not kept changes nothing":     {d, usage{80 * gi, 100}, false, usage{90 * gi, 60}},
-		"the only roomiest GPU fills up":     {c, usage{0, 0}, true, usage{70 * gi, 10}},
-		"the GPU with least compute leaves":  {b, usage{}, false, usage{20 * gi, 50}},
-		"unchanged room, unchanged charge":   {b, usage{70 * gi, 10}, true, usage{90 * gi, 60}},
-		"a kept GPU takes the whole of room": {b, usage{0, 0}, true, usage{20 * gi, 50}},
-	} {
-		if got := h.chargeWith(tc.g, tc.r, tc.kept); got != tc.want {
-			t.Errorf("%s: charge %v, want %v", name, got, tc.want)
-		}
-	}
-}
-
-// Who keeps a GPU from other namespaces: an isolated domain, time-slicing, a whole GPU, a
-// burst, and the co-tenant limits once reached; not a share that allows others in.
-func TestKeptBy(t *testing.T) {
-	shared := func(ns string) *tenant {
-		return &tenant{namespace: ns, allowShare: true, mode: api.SharingModeMPS, latency: api.LatencyStandard}
-	}
-	with := func(f func(*tenant)) *tenant { t := shared("a"); f(t); return t }
-	for name, tc := range map[string]struct {
-		tenants []*tenant
-		kept    bool
-	}{
-		"shared MPS":                     {[]*tenant{shared("a")}, false},
-		"isolated":                       {[]*tenant{with(func(t *tenant) { t.allowShare = false })}, true},
-		"time-sliced":                    {[]*tenant{with(func(t *tenant) { t.mode = api.SharingModeTimeSlicing })}, true},
-		"whole":                          {[]*tenant{with(func(t *tenant) { t.whole = true })}, true},
-		"bursting":                       {[]*tenant{with(func(t *tenant) { t.burstCap = gi })}, true},
-		"critical with room":             {[]*tenant{with(func(t *tenant) { t.latency, t.maxCo = api.LatencyCritical, 1 })}, false},
-		"critical at maxCoTenants":       {[]*tenant{with(func(t *tenant) { t.latency, t.maxCo = api.LatencyCritical, 1 }), shared("b")}, true},
-		"maxTenantsPerGPU with room":     {[]*tenant{with(func(t *tenant) { t.maxTenants = 3 }), shared("b")}, false},
-		"maxTenantsPerGPU reached":       {[]*tenant{with(func(t *tenant) { t.maxTenants = 2 }), shared("b")}, true},
-		"another namespace's time-slice": {[]*tenant{shared("a"), func() *tenant { t := shared("b"); t.mode = api.SharingModeTimeSlicing; return t }()}, false},
-	} {
-		g := &gpu{tenants: map[types.UID]*tenant{}}
-		for i, t := range tc.tenants {
-			g.tenants[types.UID(rune('0'+i))] = t
-		}
-		if got := g.keptBy("a", nil); got != tc.kept {
-			t.Errorf("%s: kept by a %v, want %v", name, got, tc.kept)
-		}
-	}
-}
 
 func subDomainClaim(name, domain string, created int) []runtime.Object {
 	return []runtime.Object{builders.MakeClaim("a", name).Memory("256Mi").Config(map[string]any{"isolationDomain": domain}).Created(created).Obj(),
@@ -111,14 +42,13 @@ func TestSubDomainsPayForTheGPUsTheyHold(t *testing.T) {
 			t.Errorf("status of d1 %q does not say %q", st, want)
 		}
 	}
-	e.c.model.mu.Lock()
-	charged := e.c.model.held("a").charge()
-	e.c.model.mu.Unlock()
-	if charged != (usage{}) {
+	var charged model.Usage
+	e.c.model.Update(func(tx *model.Tx) { charged = tx.Held("a").Charge() })
+	if charged != (model.Usage{}) {
 		t.Errorf("one GPU held, charged %v for its room", charged)
 	}
-	if u := e.c.model.ByNamespace()["a"]; u.charged != 512<<20 {
-		t.Errorf("quota used %d, want 512Mi", u.charged)
+	if u := e.c.model.ByNamespace()["a"]; u.Charged != 512<<20 {
+		t.Errorf("quota used %d, want 512Mi", u.Charged)
 	}
 	for _, name := range []string{"d0", "d0b"} {
 		_ = e.client.CoreV1().Pods("a").Delete(e.ctx, name, metav1.DeleteOptions{})
@@ -196,10 +126,9 @@ func TestRefusedHeldRoomKeepsANamespaceToOneGPU(t *testing.T) {
 			t.Errorf("status of pair %q does not say %q", st, want)
 		}
 	}
-	e.c.model.mu.Lock()
-	charged := e.c.model.held("a").charge()
-	e.c.model.mu.Unlock()
-	if charged != (usage{}) {
+	var charged model.Usage
+	e.c.model.Update(func(tx *model.Tx) { charged = tx.Held("a").Charge() })
+	if charged != (model.Usage{}) {
 		t.Errorf("room kept beyond one GPU: %v", charged)
 	}
 	e.create(builders.MakeClaim("b", "mps").Memory("10Gi").Created(4).Obj(), builders.MakePod("b", "mps").Claim("mps").Obj())

@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
 
@@ -45,7 +46,7 @@ type idleScaler struct {
 
 	cfg *Config // the controller's, as New completed it
 	listers
-	model    *model // nsReserve: what workloads scaled to zero keep of their namespace's quota
+	model    *model.Model // nsReserve: what workloads scaled to zero keep of their namespace's quota
 	client   kubernetes.Interface
 	recorder record.EventRecorder
 	// fenced says why the allocator may not write now (nil: it may): no scaling then.
@@ -103,7 +104,7 @@ type idleWorkload struct {
 	obj      runtime.Object
 	meta     metav1.Object
 	replicas int32
-	reserve  usage
+	reserve  model.Usage
 	shares   []string
 	after    time.Duration
 }
@@ -185,13 +186,13 @@ func (sc *idleScaler) idleWorkload(w workloadRef) *idleWorkload {
 				if q, ok := r.ConsumedCapacity[api.CapacityMemory]; ok {
 					// What the quota charges: a bursting share its cap.
 					charged := q.Value()
-					if pl := allocationConfig(sc.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.Request).Placement; pl != nil && pl.MemoryLimit != nil {
+					if pl := model.AllocationConfig(sc.cfg.DriverName, claim.Status.Allocation.Devices.Config, r.Request).Placement; pl != nil && pl.MemoryLimit != nil {
 						charged = max(charged, pl.MemoryLimit.Value())
 					}
-					iw.reserve.mem += charged
+					iw.reserve.Mem += charged
 				}
 				if q, ok := r.ConsumedCapacity[api.CapacityCompute]; ok {
-					iw.reserve.comp += q.Value()
+					iw.reserve.Comp += q.Value()
 				}
 			}
 		}
@@ -207,7 +208,7 @@ func (sc *idleScaler) idleWorkload(w workloadRef) *idleWorkload {
 // through its scale subresource.
 func (sc *idleScaler) scaleToZero(ctx context.Context, w workloadRef, iw *idleWorkload) {
 	logger := klog.FromContext(ctx)
-	reserve, _ := json.Marshal(api.IdleReserve{Memory: *resource.NewQuantity(iw.reserve.mem, resource.BinarySI), Compute: iw.reserve.comp})
+	reserve, _ := json.Marshal(api.IdleReserve{Memory: *resource.NewQuantity(iw.reserve.Mem, resource.BinarySI), Compute: iw.reserve.Comp})
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": iw.meta.GetResourceVersion(),
 		"annotations": map[string]string{
@@ -237,7 +238,7 @@ func (sc *idleScaler) scaleToZero(ctx context.Context, w workloadRef, iw *idleWo
 	sc.mu.Unlock()
 	sc.recorder.Eventf(iw.obj, corev1.EventTypeNormal, ReasonScaledToZero,
 		"scaled from %d replicas to zero: its GPU use was idle for %s; it keeps %s of GPU memory and %d%% compute of namespace %s's quota until it has replicas again (fgpu wake %s/%s -n %s)",
-		iw.replicas, iw.after, fmtBytes(iw.reserve.mem), iw.reserve.comp, w.namespace, kindArg(w.kind), w.name, w.namespace)
+		iw.replicas, iw.after, fmtBytes(iw.reserve.Mem), iw.reserve.Comp, w.namespace, kindArg(w.kind), w.name, w.namespace)
 }
 
 func kindArg(kind string) string {
@@ -281,16 +282,16 @@ func woken(m metav1.Object, replicas *int32) bool {
 // parse or is negative counts as nothing: a reserve can only add to what its own namespace
 // holds. A huge one is summed with saturation and counts at most the quota's limit in the
 // quota checks (overBy), so it cannot wrap around and free the quota either.
-func reserveOf(m metav1.Object, replicas *int32) usage {
+func reserveOf(m metav1.Object, replicas *int32) model.Usage {
 	raw, ok := m.GetAnnotations()[api.AnnotationScaledDownReserve]
 	if !ok || ptr.Deref(replicas, 1) != 0 {
-		return usage{}
+		return model.Usage{}
 	}
 	var r api.IdleReserve
 	if json.Unmarshal([]byte(raw), &r) != nil {
-		return usage{}
+		return model.Usage{}
 	}
-	return usage{mem: max(r.Memory.Value(), 0), comp: max(r.Compute, 0)}
+	return model.Usage{Mem: max(r.Memory.Value(), 0), Comp: max(r.Compute, 0)}
 }
 
 // onWorkload recomputes the quota reserve of a Deployment's or StatefulSet's namespace,
@@ -301,34 +302,26 @@ func (sc *idleScaler) onWorkload(obj any) {
 		return
 	}
 	ns := m.GetNamespace()
-	var sum usage
+	var sum model.Usage
 	deps, _ := sc.deployments.Deployments(ns).List(labels.Everything())
 	for _, d := range deps {
 		r := reserveOf(d, d.Spec.Replicas)
-		sum.mem, sum.comp = addSat(sum.mem, r.mem), addSat(sum.comp, r.comp)
+		sum.Mem, sum.Comp = addSat(sum.Mem, r.Mem), addSat(sum.Comp, r.Comp)
 	}
 	sets, _ := sc.statefulsets.StatefulSets(ns).List(labels.Everything())
 	for _, s := range sets {
 		r := reserveOf(s, s.Spec.Replicas)
-		sum.mem, sum.comp = addSat(sum.mem, r.mem), addSat(sum.comp, r.comp)
+		sum.Mem, sum.Comp = addSat(sum.Mem, r.Mem), addSat(sum.Comp, r.Comp)
 	}
-	sc.model.mu.Lock()
-	changed := sc.model.nsReserve[ns] != sum
-	if sum == (usage{}) {
-		delete(sc.model.nsReserve, ns)
-	} else {
-		sc.model.nsReserve[ns] = sum
-	}
-	sc.model.mu.Unlock()
-	if changed {
+	if sc.model.SetReserve(ns, sum) {
 		sc.kick()
 	}
 }
 
 // reserveText says, in a quota message, how much of what is in use is kept for workloads
-// scaled to zero. Caller holds the model's lock.
-func (sc *idleScaler) reserveText(ns, amount string) string {
-	if sc.model.nsReserve[ns] == (usage{}) {
+// scaled to zero, where the namespace keeps reserve for them.
+func (sc *idleScaler) reserveText(reserve model.Usage, amount string) string {
+	if reserve == (model.Usage{}) {
 		return ""
 	}
 	return " (" + amount + " of it kept for workloads scaled to zero)"

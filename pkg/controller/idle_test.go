@@ -19,6 +19,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // deployment is a Deployment of ns with replicas and annotations (nil: none).
@@ -129,7 +130,7 @@ func TestIdleScaleDownScalesIdleDeployment(t *testing.T) {
 	if got := web.Annotations[api.AnnotationScaledDownReplicas]; got != "2" {
 		t.Errorf("scaled-down-replicas %q; want 2", got)
 	}
-	if got := reserveOf(web, ptr.To[int32](0)); got != (usage{mem: 20 << 30, comp: 40}) {
+	if got := reserveOf(web, ptr.To[int32](0)); got != (model.Usage{Mem: 20 << 30, Comp: 40}) {
 		t.Errorf("reserve %+v (annotation %q); want 20Gi and 40%%", got, web.Annotations[api.AnnotationScaledDownReserve])
 	}
 	if ev := e.events(ReasonScaledToZero); len(ev) != 1 || !strings.Contains(ev[0], "from 2 replicas to zero") {
@@ -334,7 +335,7 @@ func TestIdleReserveOfABurstingShareIsItsCap(t *testing.T) {
 	}
 	e.c.idle.scaleIdle(e.ctx)
 	web := e.web()
-	if got := reserveOf(web, ptr.To[int32](0)); got != (usage{mem: 40 << 30, comp: 40}) {
+	if got := reserveOf(web, ptr.To[int32](0)); got != (model.Usage{Mem: 40 << 30, Comp: 40}) {
 		t.Errorf("reserve %+v (annotation %q); want 40Gi (web-a's 30Gi cap and web-b's 10Gi) and 40%%", got, web.Annotations[api.AnnotationScaledDownReserve])
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
@@ -140,13 +141,13 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		tainted                            bool
 	}
 	var figs []gpuFigures
-	c.model.EachGPU(func(g *gpu) {
+	c.model.EachGPU(func(g *model.GPU) {
 		namespaces := map[string]struct{}{}
-		for _, t := range g.tenants {
-			namespaces[t.namespace] = struct{}{}
+		for t := range g.Tenants() {
+			namespaces[t.Namespace] = struct{}{}
 		}
-		figs = append(figs, gpuFigures{node: g.node, device: g.key.device, usedMem: g.usedMem, usedComp: g.usedComp,
-			memCap: g.memCap, compCap: g.compCap, tenants: len(g.tenants), namespaces: len(namespaces), tainted: len(g.taints) > 0})
+		figs = append(figs, gpuFigures{node: g.Node(), device: g.Key().Device, usedMem: g.UsedMem(), usedComp: g.UsedComp(),
+			memCap: g.MemCap(), compCap: g.CompCap(), tenants: g.NumTenants(), namespaces: len(namespaces), tainted: len(g.Taints()) > 0})
 	})
 	var free, partFree float64
 	for _, g := range figs {
@@ -185,9 +186,9 @@ func (m *Metrics) collectNamespaces(c *Controller, gauge func(*prometheus.Desc, 
 	known := map[string]struct{}{}
 	for ns, u := range use {
 		known[ns] = struct{}{}
-		gauge(m.nsClaimsDesc, float64(u.claims), ns)
-		gauge(m.nsMemDesc, float64(u.mem), ns)
-		gauge(m.nsCompDesc, float64(u.comp), ns)
+		gauge(m.nsClaimsDesc, float64(u.Claims), ns)
+		gauge(m.nsMemDesc, float64(u.Mem), ns)
+		gauge(m.nsCompDesc, float64(u.Comp), ns)
 	}
 	for ns, p := range pending {
 		known[ns] = struct{}{}
@@ -214,11 +215,11 @@ func (m *Metrics) collectNamespaces(c *Controller, gauge func(*prometheus.Desc, 
 		u, r := use[ns], reserve[ns]
 		if q.Memory != nil {
 			gauge(m.nsQuotaMemDesc, float64(q.Memory.Value()), ns, q.MemoryFrom)
-			gauge(m.nsQuotaMemUsedDesc, float64(addSat(u.charged, r.mem)), ns, q.MemoryFrom)
+			gauge(m.nsQuotaMemUsedDesc, float64(addSat(u.Charged, r.Mem)), ns, q.MemoryFrom)
 		}
 		if q.Compute != nil {
 			gauge(m.nsQuotaCompDesc, float64(*q.Compute), ns, q.ComputeFrom)
-			gauge(m.nsQuotaCompUsedDesc, float64(addSat(u.chargedComp, r.comp)), ns, q.ComputeFrom)
+			gauge(m.nsQuotaCompUsedDesc, float64(addSat(u.ChargedComp, r.Comp)), ns, q.ComputeFrom)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
 	"github.com/fgpu-dev/fgpu/pkg/adoption"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -198,11 +199,18 @@ func TestCollectSendsWithoutTheModelLock(t *testing.T) {
 	go func() {
 		defer close(done)
 		for range ch {
-			if !e.c.model.mu.TryLock() {
+			// The sender waits for this receive: were it holding the model's lock, the
+			// transaction below would wait for ever.
+			locked := make(chan struct{})
+			go func() {
+				e.c.model.Update(func(*model.Tx) {})
+				close(locked)
+			}()
+			select {
+			case <-locked:
+			case <-time.After(5 * time.Second):
 				t.Error("the model's lock is held while a metric is sent")
-				continue
 			}
-			e.c.model.mu.Unlock()
 		}
 	}()
 	<-done

@@ -7,6 +7,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/podfit"
 )
 
@@ -24,18 +25,18 @@ type nodeFit struct {
 
 // nodeFitsAt checks the claim's pods against node ni of the placement core: affinity,
 // taints, CPU, memory, pods, the pods' other claims, and nodes where an earlier allocation
-// timed out. Caller holds the model's lock.
-func (dc *decider) nodeFitsAt(in *input, ni int, nodeName string) error {
+// timed out.
+func (dc *decider) nodeFitsAt(tx *model.Tx, in *input, ni int, nodeName string) error {
 	f := &in.fit
-	m := &dc.model.fit
+	m := &dc.memo.fit
 	if f.gen == 0 {
-		f.gen = m.next(len(dc.model.coreGPU))
+		f.gen = m.next(len(tx.CoreGPUs()))
 	}
 	if ni >= len(m.at) {
 		if err, ok := f.byName[nodeName]; ok {
 			return err
 		}
-		err := dc.nodeFits(in, nodeName, -1)
+		err := dc.nodeFits(tx, in, nodeName, -1)
 		if f.byName == nil {
 			f.byName = map[string]error{}
 		}
@@ -45,15 +46,15 @@ func (dc *decider) nodeFitsAt(in *input, ni int, nodeName string) error {
 	if m.at[ni] == f.gen {
 		return m.err[ni]
 	}
-	err := dc.nodeFits(in, nodeName, ni)
+	err := dc.nodeFits(tx, in, nodeName, ni)
 	m.at[ni], m.err[ni] = f.gen, err
 	return err
 }
 
 // fitMemo holds the verdicts of nodeFit by core node index, each stamped with the decision
 // that found it: a decision at 10,000 nodes asks a few hundred nodes, and a memo of its
-// own would allocate and clear one entry per node. It belongs to the model and shares its
-// lock.
+// own would allocate and clear one entry per node. It is the decider's (fitMemos), used
+// inside model transactions only.
 type fitMemo struct {
 	at  []uint64 // the stamp of the decision whose verdict err holds
 	err []error
@@ -71,8 +72,8 @@ func (m *fitMemo) next(nodes int) uint64 {
 }
 
 // nodeFits checks the pods against node nodeName, which is node ni of the placement core
-// (-1: unknown). Caller holds the model's lock.
-func (dc *decider) nodeFits(in *input, nodeName string, ni int) error {
+// (-1: unknown).
+func (dc *decider) nodeFits(tx *model.Tx, in *input, nodeName string, ni int) error {
 	if in.avoid[nodeName] {
 		return fmt.Errorf("an earlier allocation on node %s timed out: the pod did not bind there", nodeName)
 	}
@@ -99,7 +100,7 @@ func (dc *decider) nodeFits(in *input, nodeName string, ni int) error {
 		// Each pod costs its namespace's share on every node it is checked on, with its
 		// other claims: a tenant's many pods of one claim are its own work to pay for.
 		in.checks++
-		if err := dc.fitsNode(in, i, ni, node); err != nil {
+		if err := dc.fitsNode(tx, in, i, ni, node); err != nil {
 			return err
 		}
 		if err := f.checkers[i].FitsResources(node, requested); err != nil {
@@ -117,6 +118,14 @@ func (dc *decider) nodeFits(in *input, nodeName string, ni int) error {
 	return nil
 }
 
+// fitMemos are the pod-fit verdicts kept across decisions (fitMemo, nodeVerdicts).
+type fitMemos struct {
+	fit      fitMemo
+	verdicts nodeVerdicts
+}
+
+func newFitMemos() *fitMemos { return &fitMemos{verdicts: nodeVerdicts{}} }
+
 // nodeVerdict is podfit's FitsNode answer for one Node object.
 type nodeVerdict struct {
 	node *corev1.Node
@@ -125,19 +134,18 @@ type nodeVerdict struct {
 
 // nodeVerdicts keeps FitsNode verdicts by pod constraints and core node index, across
 // decisions: pods of one template ask the same of every node, and a decision asks every
-// node. It belongs to the model and shares its lock.
+// node. It is the decider's (fitMemos), used inside model transactions only.
 type nodeVerdicts map[string][]nodeVerdict
 
 // maxPodShapes bounds the pod constraint sets whose node verdicts are kept.
 const maxPodShapes = 256
 
 // fitsNode is podfit's FitsNode for pending pod i, remembered across decisions. A verdict
-// holds while the informer keeps the same Node object (any update replaces it). Caller
-// holds the model's lock.
-func (dc *decider) fitsNode(in *input, i, ni int, node *corev1.Node) error {
+// holds while the informer keeps the same Node object (any update replaces it).
+func (dc *decider) fitsNode(tx *model.Tx, in *input, i, ni int, node *corev1.Node) error {
 	f := &in.fit
 	checker := f.checkers[i]
-	nodes := len(dc.model.coreGPU)
+	nodes := len(tx.CoreGPUs())
 	if ni < 0 || ni >= nodes {
 		return checker.FitsNode(node)
 	}
@@ -147,7 +155,7 @@ func (dc *decider) fitsNode(in *input, i, ni int, node *corev1.Node) error {
 	vs := f.verdicts[i]
 	if len(vs) != nodes {
 		key := checker.ConstraintsKey()
-		all := dc.model.verdicts
+		all := dc.memo.verdicts
 		vs = all[key]
 		if len(vs) != nodes {
 			if len(all) >= maxPodShapes {

@@ -32,8 +32,8 @@ func TestMemoryBeyondAnyGPUIsRefusedAndLeavesTheQuota(t *testing.T) {
 	if got := e.placedOn("a", "second"); got != "" {
 		t.Errorf("a second 8Gi claim (10%% compute each) placed on %s under a 10%% compute quota", got)
 	}
-	if u := e.c.model.ByNamespace()["a"]; u.chargedComp != 10 {
-		t.Errorf("namespace charged %d%% compute, want the first claim's 10%%", u.chargedComp)
+	if u := e.c.model.ByNamespace()["a"]; u.ChargedComp != 10 {
+		t.Errorf("namespace charged %d%% compute, want the first claim's 10%%", u.ChargedComp)
 	}
 }
 

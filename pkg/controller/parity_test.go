@@ -1,17 +1,15 @@
 package controller
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
-	"github.com/fgpu-dev/fgpu/pkg/placement"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // The placement core holds each node's allocatable CPU and memory less what bound and
@@ -27,14 +25,18 @@ func TestCoreCountsNodeCPUAndMemory(t *testing.T) {
 	if got := e.placedOn("a", "c"); got != "n1/gpu-0" {
 		t.Fatalf("placed on %q", got)
 	}
-	free := func(node string) (int64, int64) {
-		m := e.c.model
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if err := m.ensureCore(e.c.decider.schedPolicy, e.c.decider); err != nil {
-			t.Fatal(err)
-		}
-		return m.core.FreeCPU(m.coreIdx[node])
+	free := func(node string) (cpu, mem int64) {
+		e.c.model.Update(func(tx *model.Tx) {
+			if err := tx.EnsureCore(e.c.decider.schedPolicy, e.c.decider); err != nil {
+				t.Fatal(err)
+			}
+			for ni, gs := range tx.CoreGPUs() {
+				if gs[0].Node() == node {
+					cpu, mem = tx.Scheduler(api.LatencyStandard).Cluster().FreeCPU(ni)
+				}
+			}
+		})
+		return cpu, mem
 	}
 	// n1: 16 CPUs and 64Gi, less the bound pod's 4 and 8Gi and the assumed pod's 2.
 	if cpu, mem := free("n1"); cpu != 10000 || mem != 56<<10 {
@@ -60,46 +62,5 @@ func TestCoreCountsNodeCPUAndMemory(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("core's free CPU n1 %dm, n2 %dm; want 12000m each", cpu1, cpu2)
 		}
-	}
-}
-
-// The standard class's policy measures against the claims it has seen once enough were
-// seen: before, against the default workload.
-func TestLearnsWorkloadFromClaims(t *testing.T) {
-	e := newEnv(t, nil, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"))
-	m := e.c.model
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.ensureCore(e.c.decider.schedPolicy, e.c.decider); err != nil {
-		t.Fatal(err)
-	}
-	first := m.scheduler(api.LatencyStandard).Policy()
-	r := &placement.Request{CPUMilli: 3000, GPUs: 1, Share: 300}
-	minSeen := placement.DefaultLearnOptions().MinSeen
-	for i := range minSeen - 1 {
-		m.observe(types.UID(fmt.Sprint(i)), r, e.c.decider.schedPolicy)
-		m.observe(types.UID(fmt.Sprint(i)), r, e.c.decider.schedPolicy) // decided again: counted once
-	}
-	if m.scheduler(api.LatencyStandard).Policy() != first || m.learn.Seen() != minSeen-1 {
-		t.Fatalf("policy replaced, or %d claims counted, before %d distinct claims were seen", m.learn.Seen(), minSeen)
-	}
-	m.observe("last", r, e.c.decider.schedPolicy)
-	if m.scheduler(api.LatencyStandard).Policy() == first {
-		t.Fatal("the standard policy still measures against the default workload")
-	}
-	if w := m.learn.Workload(); len(w) != 1 || w[0].CPUMilli != 3000 || w[0].Share != 300 {
-		t.Errorf("learned %+v", w)
-	}
-	// A rebuilt core keeps the learned workload.
-	m.dirty = true
-	var got placement.Workload
-	if err := m.ensureCore(func(l api.LatencyClass, w placement.Workload) placement.Policy {
-		got = w
-		return e.c.decider.schedPolicy(l, w)
-	}, e.c.decider); err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 1 || got[0].Share != 300 {
-		t.Errorf("rebuilt core's policies measure against %+v, not the learned workload", got)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 	"github.com/fgpu-dev/fgpu/pkg/selectors"
 )
@@ -258,37 +259,41 @@ func boundNode(boundTo map[string][]string) (string, *waitReason) {
 		strings.Join(on, ", "))}
 }
 
-// decideInQueue decides on a claim in its place in the queue, under the model's lock: a
+// decideInQueue decides on a claim in its place in the queue, in one model transaction: a
 // claim whose namespace has a quota waits for older claims of the namespace, and queues
 // for quota in the same step that finds it over quota, so that a younger claim can never
 // take the quota an older one waits for. retry > 0 asks to look again after it.
 func (c *Controller) decideInQueue(ctx context.Context, in *input) (d *decision, w *waitReason, retry time.Duration) {
-	claim, key := in.claim, claimKey(in.claim)
 	leftQuotaQueue := false
-	defer func() { // after the unlock below
-		c.shares.Charge(claim.Namespace, decisionFloor+in.checks, c.now())
-		if leftQuotaQueue {
-			c.requeueNamespace(claim.Namespace, key)
-		}
-	}()
-	c.model.mu.Lock()
-	defer c.model.mu.Unlock()
-	if c.model.decidedUnseen(key, c.now()) {
+	c.model.Update(func(tx *model.Tx) { d, w, retry, leftQuotaQueue = c.decideInTx(ctx, tx, in) })
+	// After the transaction: the namespace's share and its queue have locks of their own.
+	c.shares.Charge(in.claim.Namespace, decisionFloor+in.checks, c.now())
+	if leftQuotaQueue {
+		c.requeueNamespace(in.claim.Namespace, claimKey(in.claim))
+	}
+	return d, w, retry
+}
+
+// decideInTx is decideInQueue inside its transaction; leftQuotaQueue says the claim no
+// longer holds its namespace's quota queue.
+func (c *Controller) decideInTx(ctx context.Context, tx *model.Tx, in *input) (d *decision, w *waitReason, retry time.Duration, leftQuotaQueue bool) {
+	claim, key := in.claim, claimKey(in.claim)
+	if tx.DecidedUnseen(key, c.now()) {
 		// Our own allocation, not shown by the informer yet: never decide twice.
 		c.pending.Decided(key)
-		return nil, nil, 100 * time.Millisecond
+		return nil, nil, 100 * time.Millisecond, false
 	}
 	if first, ok := c.pending.MoreCriticalFirst(key, in.pol.Quota.Binds(), c.now()); ok {
 		// Capacity changed (a fault displaced pods, a claim went): a more critical claim
 		// gets the first look at it.
 		klog.FromContext(ctx).V(4).Info("Claim lets a more critical claim go first", "first", first)
-		return nil, nil, 50 * time.Millisecond
+		return nil, nil, 50 * time.Millisecond, false
 	}
 	if in.pol.Quota.Binds() {
 		if c.pending.AnyUndecided(c.olderUnallocated(claim), c.now()) {
 			// With workers in parallel a younger claim can get here first: let the older
 			// one be looked at, or the younger could take quota it needs.
-			return nil, nil, 50 * time.Millisecond
+			return nil, nil, 50 * time.Millisecond, false
 		}
 		if ahead, ok := c.pending.QuotaAhead(claim.Namespace, key, claim.CreationTimestamp.Time); ok {
 			// In the queue too: when the head goes, it is still ahead of younger claims.
@@ -296,7 +301,7 @@ func (c *Controller) decideInQueue(ctx context.Context, in *input) (d *decision,
 		}
 	}
 	if w == nil {
-		d, w = c.decider.decide(ctx, in)
+		d, w = c.decider.decide(ctx, tx, in)
 	}
 	c.pending.Decided(key)
 	// Placed, or waiting for something else than quota: claims queued behind it go on.
@@ -304,7 +309,7 @@ func (c *Controller) decideInQueue(ctx context.Context, in *input) (d *decision,
 	if w == nil {
 		c.ledger.Assume(in.pods, d.node, c.now())
 	}
-	return d, w, 0
+	return d, w, 0, leftQuotaQueue
 }
 
 // olderUnallocated lists the claims of the namespace that are fgpu's, unallocated, not being

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
@@ -19,7 +20,7 @@ const (
 	// the quota even with nothing else of the namespace in use.
 	reasonBeyondQuota = "more than the namespace's whole quota"
 	// reasonOverQuotaHeld is reasonOverQuota once the free room that the namespace's claims
-	// keep from other namespaces counts (held.go).
+	// keep from other namespaces counts (model.HeldRoom).
 	reasonOverQuotaHeld = "over quota with the free room its namespace would keep from other namespaces, which counts on every GPU it keeps to itself but its roomiest"
 	// reasonHeldRoomRefused is the rejection of a GPU on which the claim would make its
 	// namespace keep free room from other namespaces on a GPU beyond its roomiest, which its
@@ -42,9 +43,6 @@ func kueueHint(pods []*corev1.Pod) string {
 	return ""
 }
 
-// usage is GPU memory and compute held against a quota.
-type usage struct{ mem, comp int64 }
-
 // addSat adds two amounts, saturating at the int64 bounds: reserves are the tenant's to
 // write, and a sum that wrapped negative would switch its namespace's quota off.
 func addSat(a, b int64) int64 {
@@ -65,12 +63,12 @@ func overBy(used, need, limit int64) int64 {
 
 // use is what the claim's requests decided so far hold: the namespace's usage in the
 // model counts them already, and the claim's next request must fit the quota with them.
-// A bursting share is charged its cap (tenant.charge).
-func (d *decision) use() usage {
-	var u usage
+// A bursting share is charged its cap (model.Tenant.Charge).
+func (d *decision) use() model.Usage {
+	var u model.Usage
 	for _, r := range d.results {
-		u.mem += max(r.mem, r.burstCap)
-		u.comp += r.comp
+		u.Mem += max(r.mem, r.burstCap)
+		u.Comp += r.comp
 	}
 	return u
 }
@@ -80,8 +78,7 @@ func (d *decision) use() usage {
 // smallest GPU's (the exact sizes are checked per GPU, by quotaFits). A request that
 // would exceed the quota with nothing but its claim's earlier requests in use is refused:
 // no quota freed would let it in, so it must not hold the namespace's quota queue.
-// Caller holds the model's lock.
-func (dc *decider) quotaCheck(in *input, d *decision, rq *request) *waitReason {
+func (dc *decider) quotaCheck(tx *model.Tx, in *input, d *decision, rq *request) *waitReason {
 	p, q, ns := in.pol, in.pol.Quota, in.claim.Namespace
 	if !q.Binds() {
 		return nil
@@ -94,41 +91,41 @@ func (dc *decider) quotaCheck(in *input, d *decision, rq *request) *waitReason {
 			rq.alt.name, ns, q.ComputeFrom, *q.Compute, p.DisplayName())}
 	}
 	own := d.use()
-	need, compKnown := dc.leastNeed(rq)
-	what := dc.needText(rq, need)
+	need, compKnown := dc.leastNeed(tx, rq)
+	what := dc.needText(tx, rq, need)
 	ownMem, ownComp := "", ""
-	if own.mem > 0 {
-		ownMem = fmt.Sprintf(" on top of the %s of its other requests", fmtBytes(own.mem))
+	if own.Mem > 0 {
+		ownMem = fmt.Sprintf(" on top of the %s of its other requests", fmtBytes(own.Mem))
 	}
-	if own.comp > 0 {
-		ownComp = fmt.Sprintf(" on top of the %d%% of its other requests", own.comp)
+	if own.Comp > 0 {
+		ownComp = fmt.Sprintf(" on top of the %d%% of its other requests", own.Comp)
 	}
 	if q.Memory != nil {
 		limit := q.Memory.Value()
-		if overBy(own.mem, need.mem, limit) > 0 {
+		if overBy(own.Mem, need.Mem, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
 				"larger than the GPU memory quota of namespace %s (SharingPolicy %s: %s): this claim needs %s%s; it will not be placed unless the quota is raised",
 				ns, q.MemoryFrom, q.Memory.String(), what, ownMem)}
 		}
 		// Whole GPUs: their size is known per GPU only (quotaFits), and a lower bound that
 		// queued the claim for quota could hold the namespace for a claim that never fits.
-		if used := addSat(dc.model.nsMem[ns], dc.model.nsReserve[ns].mem); !rq.whole && overBy(used, need.mem, limit) > 0 {
+		if used := addSat(tx.Charged(ns).Mem, tx.Reserve(ns).Mem); !rq.whole && overBy(used, need.Mem, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU memory quota of namespace %s (SharingPolicy %s: %s): %s in use%s, this claim needs %s, %s over; it will be placed when quota frees up",
-				ns, q.MemoryFrom, q.Memory.String(), fmtBytes(used), dc.reserveText(ns, fmtBytes(dc.model.nsReserve[ns].mem)), what, fmtBytes(overBy(used, need.mem, limit)))}
+				ns, q.MemoryFrom, q.Memory.String(), fmtBytes(used), dc.reserveText(tx.Reserve(ns), fmtBytes(tx.Reserve(ns).Mem)), what, fmtBytes(overBy(used, need.Mem, limit)))}
 		}
 	}
 	if q.Compute != nil && compKnown {
 		limit := *q.Compute
-		if overBy(own.comp, need.comp, limit) > 0 {
+		if overBy(own.Comp, need.Comp, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
 				"larger than the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): this claim needs %d%%%s; it will not be placed unless the quota is raised",
-				ns, q.ComputeFrom, limit, need.comp, ownComp)}
+				ns, q.ComputeFrom, limit, need.Comp, ownComp)}
 		}
-		if used := addSat(dc.model.nsComp[ns], dc.model.nsReserve[ns].comp); !rq.whole && overBy(used, need.comp, limit) > 0 {
+		if used := addSat(tx.Charged(ns).Comp, tx.Reserve(ns).Comp); !rq.whole && overBy(used, need.Comp, limit) > 0 {
 			return &waitReason{reason: ReasonOverQuota, quota: true, message: fmt.Sprintf(
 				"over the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): %d%% in use%s, this claim needs %d%%, %d%% over; it will be placed when quota frees up",
-				ns, q.ComputeFrom, limit, used, dc.reserveText(ns, fmt.Sprintf("%d%%", dc.model.nsReserve[ns].comp)), need.comp, overBy(used, need.comp, limit))}
+				ns, q.ComputeFrom, limit, used, dc.reserveText(tx.Reserve(ns), fmt.Sprintf("%d%%", tx.Reserve(ns).Comp)), need.Comp, overBy(used, need.Comp, limit))}
 		}
 	}
 	return nil
@@ -136,8 +133,8 @@ func (dc *decider) quotaCheck(in *input, d *decision, rq *request) *waitReason {
 
 // claimQuotaCheck refuses a claim that needs more than its namespace's whole quota
 // whichever alternatives it gets: a request of it that waited in the quota queue would
-// hold the namespace's younger claims for ever. Caller holds the model's lock.
-func (dc *decider) claimQuotaCheck(ctx context.Context, in *input, res *resolution) *waitReason {
+// hold the namespace's younger claims for ever.
+func (dc *decider) claimQuotaCheck(ctx context.Context, tx *model.Tx, in *input, res *resolution) *waitReason {
 	q, ns := in.pol.Quota, in.claim.Namespace
 	if q.Invalid != nil {
 		return &waitReason{reason: ReasonInvalidPolicy, message: q.Invalid.Error()}
@@ -145,39 +142,39 @@ func (dc *decider) claimQuotaCheck(ctx context.Context, in *input, res *resoluti
 	if !q.Binds() {
 		return nil
 	}
-	var least usage
+	var least model.Usage
 	memText, compText := "", ""
 	reqs := in.claim.Spec.Devices.Requests
 	for _, req := range reqs {
 		alts := alternatives(req)
-		var low *usage
+		var low *model.Usage
 		for _, a := range alts {
 			rq, w := res.request(a)
 			if w != nil {
 				continue // said when the request is decided
 			}
-			need, _ := dc.leastNeed(rq)
+			need, _ := dc.leastNeed(tx, rq)
 			if low == nil {
 				low = &need
 			}
-			low.mem, low.comp = min(low.mem, need.mem), min(low.comp, need.comp)
+			low.Mem, low.Comp = min(low.Mem, need.Mem), min(low.Comp, need.Comp)
 			if len(reqs) == 1 && len(alts) == 1 {
-				memText, compText = dc.needText(rq, need), fmt.Sprintf("%d%%", need.comp)
+				memText, compText = dc.needText(tx, rq, need), fmt.Sprintf("%d%%", need.Comp)
 			}
 		}
 		if low != nil {
-			least.mem, least.comp = addSat(least.mem, low.mem), addSat(least.comp, low.comp)
+			least.Mem, least.Comp = addSat(least.Mem, low.Mem), addSat(least.Comp, low.Comp)
 		}
 	}
 	if memText == "" {
-		memText, compText = "at least "+fmtBytes(least.mem)+" in all", fmt.Sprintf("at least %d%% in all", least.comp)
+		memText, compText = "at least "+fmtBytes(least.Mem)+" in all", fmt.Sprintf("at least %d%% in all", least.Comp)
 	}
-	if q.Memory != nil && least.mem > q.Memory.Value() {
+	if q.Memory != nil && least.Mem > q.Memory.Value() {
 		return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
 			"larger than the GPU memory quota of namespace %s (SharingPolicy %s: %s): this claim needs %s; it will not be placed unless the quota is raised",
 			ns, q.MemoryFrom, q.Memory.String(), memText)}
 	}
-	if q.Compute != nil && least.comp > *q.Compute {
+	if q.Compute != nil && least.Comp > *q.Compute {
 		return &waitReason{reason: ReasonOverQuota, beyondQuota: true, message: fmt.Sprintf(
 			"larger than the GPU compute quota of namespace %s (SharingPolicy %s: %d%%): this claim needs %s; it will not be placed unless the quota is raised",
 			ns, q.ComputeFrom, *q.Compute, compText)}
@@ -186,26 +183,26 @@ func (dc *decider) claimQuotaCheck(ctx context.Context, in *input, res *resoluti
 }
 
 // needText is a request's need of quota memory in words: "10Gi", or "4 whole GPU(s) of at
-// least 80Gi" when the GPUs are not chosen yet. Caller holds the model's lock.
-func (dc *decider) needText(rq *request, need usage) string {
+// least 80Gi" when the GPUs are not chosen yet.
+func (dc *decider) needText(tx *model.Tx, rq *request, need model.Usage) string {
 	if rq.whole {
-		return fmt.Sprintf("%d whole GPU(s) of at least %s", rq.count, fmtBytes(dc.model.minMem))
+		return fmt.Sprintf("%d whole GPU(s) of at least %s", rq.count, fmtBytes(tx.SmallestGPU().Mem))
 	}
-	return fmtBytes(need.mem)
+	return fmtBytes(need.Mem)
 }
 
 // leastNeed is the least that all of a request's devices take of the quota, whichever GPUs
 // they get, and whether its compute is known before a GPU is chosen (not when it is
-// derived from the GPU's memory). Caller holds the model's lock.
-func (dc *decider) leastNeed(rq *request) (need usage, compKnown bool) {
+// derived from the GPU's memory).
+func (dc *decider) leastNeed(tx *model.Tx, rq *request) (need model.Usage, compKnown bool) {
 	if rq.whole {
-		return usage{rq.count * dc.model.minMem, rq.count * dc.model.minComp}, true
+		return model.Usage{Mem: rq.count * tx.SmallestGPU().Mem, Comp: rq.count * tx.SmallestGPU().Comp}, true
 	}
 	// A bursting share's cap is charged per GPU, bounded by the GPU (quotaFits): the least
 	// is its guarantee.
-	need.mem = rq.mem * rq.count
+	need.Mem = rq.mem * rq.count
 	if rq.comp != nil {
-		need.comp, compKnown = *rq.comp*rq.count, true
+		need.Comp, compKnown = *rq.comp*rq.count, true
 	}
 	return need, compKnown
 }
@@ -224,10 +221,10 @@ func uncappedCompute(p policy.Effective, rq *request) bool {
 // else reasonOverQuota, reasonOverQuotaHeld, reasonHeldRoomRefused or reasonBeyondQuota.
 // Counting every device at g's size keeps the claim within quota whichever GPUs the placement core picks for it: each
 // passed with its own size times the count, so the sum of their sizes fits too. The room a
-// device would keep from other namespaces on g counts too (held.go): exactly for one
+// device would keep from other namespaces on g counts too (model.HeldRoom): exactly for one
 // device; for several, as if each kept g's room, as each GPU picked passed that way. The
-// example says what the held room adds. Caller holds the model's lock.
-func (dc *decider) quotaFits(in *input, own usage, rq *request, g *gpu, mem, limit, comp int64) (string, string) {
+// example says what the held room adds.
+func (dc *decider) quotaFits(tx *model.Tx, in *input, own model.Usage, rq *request, g *model.GPU, mem, limit, comp int64) (string, string) {
 	q, ns := in.pol.Quota, in.claim.Namespace
 	if !q.Binds() && !q.RefuseHeldRoom {
 		return "", ""
@@ -236,59 +233,59 @@ func (dc *decider) quotaFits(in *input, own usage, rq *request, g *gpu, mem, lim
 	if limit > mem {
 		device.burstCap = limit
 	}
-	kept := g.keptBy(ns, tenantOf(in, device))
-	r := g.room()
-	r = usage{max(r.mem-limit, 0), max(r.comp-comp, 0)}
-	take := usage{limit * rq.count, comp * rq.count}
+	kept := g.KeptBy(ns, tenantOf(in, device))
+	r := g.Room()
+	r = model.Usage{Mem: max(r.Mem-limit, 0), Comp: max(r.Comp-comp, 0)}
+	take := model.Usage{Mem: limit * rq.count, Comp: comp * rq.count}
 	if over(q, own, take) {
 		return reasonBeyondQuota, ""
 	}
 	if kept && rq.count > 1 {
 		// Alone, its devices keep the room of every GPU they get but one.
-		keep := usage{(rq.count - 1) * r.mem, (rq.count - 1) * r.comp}
-		if over(q, own, usage{addSat(take.mem, keep.mem), addSat(take.comp, keep.comp)}) {
+		keep := model.Usage{Mem: (rq.count - 1) * r.Mem, Comp: (rq.count - 1) * r.Comp}
+		if over(q, own, model.Usage{Mem: addSat(take.Mem, keep.Mem), Comp: addSat(take.Comp, keep.Comp)}) {
 			return reasonBeyondQuota, fmt.Sprintf("on %s its %d devices would keep %s and %d%% free from other namespaces on every GPU but one",
-				g.key, rq.count, fmtBytes(r.mem), r.comp)
+				g.Key(), rq.count, fmtBytes(r.Mem), r.Comp)
 		}
 	}
-	h := dc.model.held(ns)
-	held := h.charge()
-	switch _, was := h.rooms[g]; {
+	h := tx.Held(ns)
+	held := h.Charge()
+	switch was := h.Keeps(g); {
 	case rq.count == 1:
-		held = h.chargeWith(g, r, kept)
+		held = h.ChargeWith(g, r, kept)
 	case kept && !was:
-		held.mem, held.comp = addSat(held.mem, rq.count*r.mem), addSat(held.comp, rq.count*r.comp)
+		held.Mem, held.Comp = addSat(held.Mem, rq.count*r.Mem), addSat(held.Comp, rq.count*r.Comp)
 	}
 	if q.RefuseHeldRoom {
-		before := h.charge()
-		if kept && rq.count > 1 && (r.mem > 0 || r.comp > 0) {
+		before := h.Charge()
+		if kept && rq.count > 1 && (r.Mem > 0 || r.Comp > 0) {
 			return reasonHeldRoomRefused, fmt.Sprintf("on %s its %d devices would keep %s and %d%% free from other namespaces on every GPU but one (SharingPolicy %s)",
-				g.key, rq.count, fmtBytes(r.mem), r.comp, q.RefuseHeldRoomFrom)
+				g.Key(), rq.count, fmtBytes(r.Mem), r.Comp, q.RefuseHeldRoomFrom)
 		}
-		if held.mem > before.mem || held.comp > before.comp {
+		if held.Mem > before.Mem || held.Comp > before.Comp {
 			return reasonHeldRoomRefused, fmt.Sprintf("%s: namespace %s would keep %s and %d%% more free from others (SharingPolicy %s)",
-				g.key, ns, fmtBytes(held.mem-before.mem), held.comp-before.comp, q.RefuseHeldRoomFrom)
+				g.Key(), ns, fmtBytes(held.Mem-before.Mem), held.Comp-before.Comp, q.RefuseHeldRoomFrom)
 		}
 	}
-	res := dc.model.nsReserve[ns]
-	used := usage{addSat(dc.model.nsMem[ns], res.mem), addSat(dc.model.nsComp[ns], res.comp)}
+	res := tx.Reserve(ns)
+	used := model.Usage{Mem: addSat(tx.Charged(ns).Mem, res.Mem), Comp: addSat(tx.Charged(ns).Comp, res.Comp)}
 	if over(q, used, take) {
 		return reasonOverQuota, ""
 	}
-	if over(q, usage{addSat(used.mem, held.mem), addSat(used.comp, held.comp)}, take) {
-		if q.Memory != nil && overBy(addSat(used.mem, held.mem), take.mem, q.Memory.Value()) > 0 {
+	if over(q, model.Usage{Mem: addSat(used.Mem, held.Mem), Comp: addSat(used.Comp, held.Comp)}, take) {
+		if q.Memory != nil && overBy(addSat(used.Mem, held.Mem), take.Mem, q.Memory.Value()) > 0 {
 			return reasonOverQuotaHeld, fmt.Sprintf("%s: namespace %s would hold %s and keep %s more free from others, over its %s quota",
-				g.key, ns, fmtBytes(addSat(used.mem, take.mem)), fmtBytes(held.mem), q.Memory.String())
+				g.Key(), ns, fmtBytes(addSat(used.Mem, take.Mem)), fmtBytes(held.Mem), q.Memory.String())
 		}
 		return reasonOverQuotaHeld, fmt.Sprintf("%s: namespace %s would hold %d%% compute and keep %d%% more free from others, over its %d%% quota",
-			g.key, ns, addSat(used.comp, take.comp), held.comp, *q.Compute)
+			g.Key(), ns, addSat(used.Comp, take.Comp), held.Comp, *q.Compute)
 	}
 	return "", ""
 }
 
 // over reports whether need on top of used goes past the quota, in memory or compute.
-func over(q policy.Quota, used, need usage) bool {
-	return (q.Memory != nil && overBy(used.mem, need.mem, q.Memory.Value()) > 0) || (q.Compute != nil && overBy(used.comp, need.comp, *q.Compute) > 0)
+func over(q policy.Quota, used, need model.Usage) bool {
+	return (q.Memory != nil && overBy(used.Mem, need.Mem, q.Memory.Value()) > 0) || (q.Compute != nil && overBy(used.Comp, need.Comp, *q.Compute) > 0)
 }
 
 // quotaText is a namespace's quota in words, with the policies it comes from:

@@ -11,6 +11,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // wholeGPUs is a claim for count whole GPUs of the exclusive class.
@@ -162,7 +163,7 @@ func TestQuotaWholeGPUsOfMixedSizes(t *testing.T) {
 	e.create(builders.MakeNode("n3").Obj(), builders.MakeSlice("n3", 2, "40Gi"))
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
 		gpus := 0
-		e.c.model.EachGPU(func(*gpu) { gpus++ })
+		e.c.model.EachGPU(func(*model.GPU) { gpus++ })
 		if _, err := e.c.nodes.Get("n3"); err == nil && gpus == 5 {
 			break
 		}
@@ -287,9 +288,7 @@ func TestComputeQuotaRefusesUncappedShares(t *testing.T) {
 				t.Fatalf("placed %v, want %v: %s", placed, tc.placed, e.claim("a", "c").Annotations[api.AnnotationStatus])
 			}
 			if placed {
-				e.c.model.mu.Lock()
-				charged := e.c.model.nsComp["a"]
-				e.c.model.mu.Unlock()
+				charged := e.charged("a").Comp
 				if charged == 0 {
 					t.Error("a placed share was charged no compute")
 				}

@@ -136,7 +136,7 @@ func (r *rejects) String() string {
 func describe(d *decision) string {
 	parts := make([]string, 0, len(d.results))
 	for _, r := range d.results {
-		s := fmt.Sprintf("placed on %s: ", r.gpu.key)
+		s := fmt.Sprintf("placed on %s: ", r.gpu.Key())
 		if r.whole {
 			s += "whole GPU (" + fmtBytes(r.mem) + ")"
 		} else {
@@ -166,7 +166,7 @@ func memoryNotEnforced(r result, pol policy.Effective) string {
 	switch {
 	case r.mode == api.SharingModeTimeSlicing:
 		return "time-slicing: no memory cap"
-	case r.whole || r.mem >= r.gpu.memCap:
+	case r.whole || r.mem >= r.gpu.MemCap():
 		return ""
 	case pol.AllowSharedGPU:
 		return fmt.Sprintf("MPS caps per process, and %s lets other isolation domains share the GPU with their own MPS servers, so a process that bypasses MPS is not capped", pol.DisplayName())
@@ -179,7 +179,7 @@ func notEnforcedMessage(d *decision) string {
 	var parts []string
 	for _, r := range d.results {
 		if why := memoryNotEnforced(r, d.pol); why != "" {
-			parts = append(parts, fmt.Sprintf("%s on %s: %s", r.request, r.gpu.key, why))
+			parts = append(parts, fmt.Sprintf("%s on %s: %s", r.request, r.gpu.Key(), why))
 		}
 	}
 	if len(parts) == 0 {

@@ -15,6 +15,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/leader"
 )
 
@@ -133,8 +134,8 @@ func TestFinalizerRemovedOrphanStillReleased(t *testing.T) {
 	if e2.placedOn("a", "c") != "" {
 		t.Fatal("allocation kept though no pod uses the claim")
 	}
-	if len(e2.c.model.claims) != 0 {
-		t.Errorf("state still holds %d claims", len(e2.c.model.claims))
+	if n := modelClaims(e2.c.model); n != 0 {
+		t.Errorf("state still holds %d claims", n)
 	}
 }
 
@@ -255,19 +256,17 @@ func TestRefusedPreparePlacedAgainOnBoundNode(t *testing.T) {
 		!strings.Contains(ev[0], "placing the claim again on node "+node+", where its pod is bound") {
 		t.Errorf("events %v", ev)
 	}
-	e.c.model.mu.Lock()
-	defer e.c.model.mu.Unlock()
-	for k, g := range e.c.model.gpus {
+	e.c.model.EachGPU(func(g *model.GPU) {
 		want := int64(0)
-		if k.String() == second {
+		if g.KeyText() == second {
 			want = 10 << 30
 		}
-		if g.usedMem != want || (want == 0) != (len(g.tenants) == 0) {
-			t.Errorf("model: %s uses %d bytes, %d tenant(s); want %d", k, g.usedMem, len(g.tenants), want)
+		if g.UsedMem() != want || (want == 0) != (g.NumTenants() == 0) {
+			t.Errorf("model: %s uses %d bytes, %d tenant(s); want %d", g.Key(), g.UsedMem(), g.NumTenants(), want)
 		}
-	}
-	if e.c.model.nsMem["a"] != 10<<30 || len(e.c.model.claims) != 1 {
-		t.Errorf("model: namespace a uses %d, %d claim(s)", e.c.model.nsMem["a"], len(e.c.model.claims))
+	})
+	if used, n := e.charged("a").Mem, modelClaims(e.c.model); used != 10<<30 || n != 1 {
+		t.Errorf("model: namespace a uses %d, %d claim(s)", used, n)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // refusedGPUs remembers, per claim, what placing it again after a refused prepare needs:
@@ -27,7 +28,7 @@ type refusedGPUs struct {
 }
 
 type replacement struct {
-	gpus map[gpuKey]refusal
+	gpus map[model.GPUKey]refusal
 	// node and reservedFor pin the next placement: the reserved pods are bound (or being
 	// bound) to node, and the scheduler will not reserve the claim for them again. Cleared
 	// once that placement is written.
@@ -40,24 +41,18 @@ type replacement struct {
 // the bind timeout (what the plugin counted may never show in the API).
 type refusal struct {
 	at  time.Time
-	use gpuUse
-}
-
-// gpuUse is what a GPU holds as the model sees it.
-type gpuUse struct {
-	mem, comp int64
-	tenants   int
+	use model.Use
 }
 
 func newRefusedGPUs() *refusedGPUs { return &refusedGPUs{m: map[types.UID]*replacement{}} }
 
 // Add records a refused GPU and the reservations the next placement must keep.
-func (r *refusedGPUs) Add(claim types.UID, g gpuKey, f refusal, node string, reservedFor []resourceapi.ResourceClaimConsumerReference) {
+func (r *refusedGPUs) Add(claim types.UID, g model.GPUKey, f refusal, node string, reservedFor []resourceapi.ResourceClaimConsumerReference) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rp := r.m[claim]
 	if rp == nil {
-		rp = &replacement{gpus: map[gpuKey]refusal{}}
+		rp = &replacement{gpus: map[model.GPUKey]refusal{}}
 		r.m[claim] = rp
 	}
 	rp.gpus[g] = f
@@ -66,7 +61,7 @@ func (r *refusedGPUs) Add(claim types.UID, g gpuKey, f refusal, node string, res
 
 // Avoid reports whether the claim must keep off a GPU that holds use now; it forgets a
 // refusal that no longer applies.
-func (r *refusedGPUs) Avoid(claim types.UID, g gpuKey, use gpuUse, now time.Time, ttl time.Duration) bool {
+func (r *refusedGPUs) Avoid(claim types.UID, g model.GPUKey, use model.Use, now time.Time, ttl time.Duration) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rp := r.m[claim]
@@ -124,25 +119,11 @@ func (r *refusedGPUs) Forget(claim types.UID) {
 	delete(r.m, claim)
 }
 
-// useOf is what the GPU holds as the model sees it.
-func (m *model) useOf(k gpuKey) gpuUse {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.gpus[k].use()
-}
-
-func (g *gpu) use() gpuUse {
-	if g == nil {
-		return gpuUse{}
-	}
-	return gpuUse{mem: g.usedMem, comp: g.usedComp, tenants: len(g.tenants)}
-}
-
 // prepareRefusal returns the device of the claim's allocation whose kubelet plugin refused
 // to prepare it for a reason placing it again can fix, and the plugin's condition. Only a
 // condition on a device and share of the current allocation counts: one left from an
 // earlier allocation of the same device (another share ID) says nothing about this one.
-func prepareRefusal(driver string, claim *resourceapi.ResourceClaim) (gpuKey, *metav1.Condition) {
+func prepareRefusal(driver string, claim *resourceapi.ResourceClaim) (model.GPUKey, *metav1.Condition) {
 	for _, s := range claim.Status.Devices {
 		if s.Driver != driver || !allocates(claim.Status.Allocation, s) {
 			continue
@@ -150,11 +131,11 @@ func prepareRefusal(driver string, claim *resourceapi.ResourceClaim) (gpuKey, *m
 		for i, cond := range s.Conditions {
 			if cond.Type == api.DeviceConditionPrepared && cond.Status == metav1.ConditionFalse &&
 				(cond.Reason == api.PrepareReasonOverCommitted || cond.Reason == api.PrepareReasonDeviceGone || cond.Reason == api.PrepareReasonIsolationConflict) {
-				return gpuKey{s.Pool, s.Device}, &s.Conditions[i]
+				return model.GPUKey{Pool: s.Pool, Device: s.Device}, &s.Conditions[i]
 			}
 		}
 	}
-	return gpuKey{}, nil
+	return model.GPUKey{}, nil
 }
 
 // allocates reports whether the device status is about a result of the allocation: same
@@ -179,7 +160,7 @@ func allocates(a *resourceapi.AllocationResult, s resourceapi.AllocatedDeviceSta
 // re-reads the claim on each prepare retry), on that node. A claim none of whose pods was
 // reserved is placed anywhere. One that cannot be placed again waits, saying why, like any
 // pending claim.
-func (c *Controller) replace(ctx context.Context, claim *resourceapi.ResourceClaim, g gpuKey, cond *metav1.Condition) (time.Duration, error) {
+func (c *Controller) replace(ctx context.Context, claim *resourceapi.ResourceClaim, g model.GPUKey, cond *metav1.Condition) (time.Duration, error) {
 	if err := c.fenced(); err != nil {
 		return 0, err
 	}
@@ -200,7 +181,7 @@ func (c *Controller) replace(ctx context.Context, claim *resourceapi.ResourceCla
 		return 0, fmt.Errorf("take back the refused allocation: %w", err)
 	}
 	c.model.Release(claimKey(claim))
-	c.refused.Add(claim.UID, g, refusal{at: c.now(), use: c.model.useOf(g)}, node, keep)
+	c.refused.Add(claim.UID, g, refusal{at: c.now(), use: c.model.UseOf(g)}, node, keep)
 	c.kick()
 	pods := c.consumers(claim)
 	where := "elsewhere"

@@ -9,6 +9,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // Every reason the kubelet plugin gives for a refusal that placing again can fix makes the
@@ -30,7 +31,7 @@ func TestPrepareRefusalReasons(t *testing.T) {
 				Conditions: []metav1.Condition{{Type: api.DeviceConditionPrepared, Status: metav1.ConditionFalse, Reason: reason}},
 			}}}}
 		g, cond := prepareRefusal(api.DriverName, claim)
-		if got := cond != nil; got != want || (want && g != (gpuKey{"n1", "gpu-0"})) {
+		if got := cond != nil; got != want || (want && g != (model.GPUKey{Pool: "n1", Device: "gpu-0"})) {
 			t.Errorf("reason %s: placed again %v on %v, want %v", reason, got, g, want)
 		}
 	}

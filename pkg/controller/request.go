@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
 )
@@ -55,7 +56,7 @@ type request struct {
 	mem     int64  // memory per device, rounded up to api.MemoryStep (0 when whole)
 	comp    *int64 // compute asked, if any
 	mode    api.SharingMode
-	domain  domain
+	domain  model.Domain
 	userCfg *api.GpuConfig
 	// sized says what the request asked and got where its workload's recommendation sized it.
 	sized string
@@ -67,8 +68,8 @@ type request struct {
 
 // capOn is the burst cap of a device of the request on GPU g, where it gets mem: never
 // more than the GPU; 0 where that leaves nothing above mem to burst into.
-func (rq *request) capOn(g *gpu, mem int64) int64 {
-	if c := min(rq.burstCap, g.memCap); c > mem {
+func (rq *request) capOn(g *model.GPU, mem int64) int64 {
+	if c := min(rq.burstCap, g.MemCap()); c > mem {
 		return c
 	}
 	return 0
@@ -93,8 +94,8 @@ func newResolution(cfg *Config, in *input, smallestGPU func(*request) int64) *re
 }
 
 // request is alternative a resolved: a copy, which placing it may change (sizeBurst sizes
-// a bursting share), or why it cannot be allocated. Caller holds the model's lock
-// (smallestGPU reads it).
+// a bursting share), or why it cannot be allocated. Called inside the model transaction
+// smallestGPU reads.
 func (res *resolution) request(a alt) (*request, *waitReason) {
 	r, ok := res.done[a.name]
 	if !ok {
@@ -180,7 +181,7 @@ func resolveRequest(cfg *Config, in *input, a alt, smallestGPU func(*request) in
 			rq.sized = strings.TrimPrefix(strings.Join([]string{rq.sized, fmt.Sprintf("request %q: mode %s from measurement: %s", a.name, rq.mode, modeNote)}, "; "), "; ")
 		}
 	}
-	rq.domain = domain{in.claim.Namespace, subDomain(userCfg)}
+	rq.domain = model.Domain{Namespace: in.claim.Namespace, Sub: subDomain(userCfg)}
 	if rq.count > 1 && !rq.whole && rq.mode != api.SharingModeTimeSlicing {
 		return unsupported("request %q asks for %d shares of GPUs through MPS, but a container reaches one MPS server: ask for whole GPUs, one share, or mode timeSlicing", a.name, rq.count)
 	}
@@ -238,12 +239,12 @@ func (rq *request) applySizing(r api.SizingRecommendation, w api.SizingWorkload,
 // limitsFit says why the claim's memoryLimit or computePercent exceed what a device of the
 // request gets on GPU g (mem, comp from size): the plugin would refuse to prepare it. A
 // compute of 0 is uncapped, so any computePercent fits it, as in the plugin.
-func (rq *request) limitsFit(mem, comp int64, g *gpu) (string, string) {
+func (rq *request) limitsFit(mem, comp int64, g *model.GPU) (string, string) {
 	if l := rq.userCfg.MemoryLimit; l != nil && l.Value() > mem {
-		return "less memory than the claim's memoryLimit " + l.String(), fmt.Sprintf("%s gives %s", g.key, fmtBytes(mem))
+		return "less memory than the claim's memoryLimit " + l.String(), fmt.Sprintf("%s gives %s", g.Key(), fmtBytes(mem))
 	}
 	if p := rq.userCfg.ComputePercent; p != nil && comp > 0 && int64(*p) > comp {
-		return fmt.Sprintf("less compute than the claim's computePercent %d", *p), fmt.Sprintf("%s gives %d%%", g.key, comp)
+		return fmt.Sprintf("less compute than the claim's computePercent %d", *p), fmt.Sprintf("%s gives %d%%", g.Key(), comp)
 	}
 	return "", ""
 }

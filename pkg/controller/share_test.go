@@ -12,6 +12,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // A namespace whose claims fit nowhere spends its share of decisions and waits, checking no
@@ -80,7 +81,7 @@ func TestAShareKeepsAPodSlotForItsMPSDaemon(t *testing.T) {
 	e.create(builders.MakeNode("roomy").Pods(2).Obj(), builders.MakeSlice("roomy", 1, "80Gi"))
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
 		gpus := 0
-		e.c.model.EachGPU(func(*gpu) { gpus++ })
+		e.c.model.EachGPU(func(*model.GPU) { gpus++ })
 		if _, err := e.c.nodes.Get("roomy"); err == nil && gpus == 2 {
 			break
 		}

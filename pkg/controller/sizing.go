@@ -16,6 +16,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/controller/claimqueue"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/placement"
 	"github.com/fgpu-dev/fgpu/pkg/sizing"
 	"github.com/fgpu-dev/fgpu/pkg/sizing/engine"
@@ -33,11 +34,11 @@ import (
 // taken); the burst history's lock is a leaf, taken under either.
 type sizingLoop struct {
 	sizer *sizer
-	burst *engine.History[gpuKey]
+	burst *engine.History[model.GPUKey]
 
 	cfg *Config // the controller's, as New completed it
 	listers
-	model *model
+	model *model.Model
 	// pending: a drain waits while the quota queue of a tenant's namespace is not empty.
 	pending *claimqueue.Queue
 	// gather is place's: a claim's decision input, outside the model's lock. place is the
@@ -54,14 +55,14 @@ type sizingLoop struct {
 }
 
 // placementPath is what consolidation asks of the decision to place a drained GPU's
-// tenants anew, as their recreated pods' claims would be: under the model's lock, the
+// tenants anew, as their recreated pods' claims would be: inside a model transaction, the
 // placement core brought up to date, the smallest GPU a whole request may get and the
 // core's filter for a request. The decider is it.
 type placementPath interface {
 	schedPolicy(l api.LatencyClass, w placement.Workload) placement.Policy
-	nodeSource
-	smallestGPU(in *input) func(*request) int64
-	gpuFilter(ctx context.Context, in *input, d *decision, rq *request, rc *requestConstraints, rj *rejects) func(ni, gi int) bool
+	model.NodeSource
+	smallestGPU(tx *model.Tx, in *input) func(*request) int64
+	gpuFilter(ctx context.Context, tx *model.Tx, in *input, d *decision, rq *request, rc *requestConstraints, rj *rejects) func(ni, gi int) bool
 }
 
 func (s *sizingLoop) now() time.Time { return s.cfg.Now() }
@@ -139,7 +140,7 @@ func (s *sizingLoop) observeUsage(claim *resourceapi.ResourceClaim) {
 	s.sizer.mu.Unlock()
 	for _, r := range auto {
 		s.considerResize(claim, pods[0], r)
-		s.relieve(gpuKey{r.result.Pool, r.result.Device})
+		s.relieve(model.GPUKey{Pool: r.result.Pool, Device: r.result.Device})
 	}
 	s.tell(claim, changed, mode, modeEffect[mode])
 }
@@ -199,7 +200,7 @@ func (s *sizingLoop) forgetUsage(claim *resourceapi.ResourceClaim) {
 			// A tenant gone from a GPU that filled may have made room: its move waits for
 			// the GPU's next report.
 			for uid, want := range s.sizer.auto.wants {
-				if want.move == (gpuKey{st.Pool, st.Device}) && !want.drain {
+				if want.move == (model.GPUKey{Pool: st.Pool, Device: st.Device}) && !want.drain {
 					delete(s.sizer.auto.wants, uid)
 				}
 			}

@@ -140,7 +140,7 @@ func (r *UsageReport) explain(placed int) {
 		r.Notes = append(r.Notes, fmt.Sprintf("no GPU is held through fgpu's claims %s: nothing to report", where))
 	case r.MeasuredWorkloads == 0:
 		r.Notes = append(r.Notes, fmt.Sprintf("no GPU use measured in the last %s: of the %s placed %s, none has a usage report that recent "+
-			"(the kubelet plugin writes one into the claim every 5 minutes while its use moves, every 30 minutes while it does not)", r.Since, plural(placed, "share"), where))
+			"(the kubelet plugin writes one into the claim every usage.reportInterval while its use moves, every usage.heartbeat while it does not: 5 and 30 minutes unless the chart sets others)", r.Since, plural(placed, "share"), where))
 	case r.RecommendedWorkloads < len(r.Workloads):
 		counted := ""
 		if r.GPUsNeeded != nil {

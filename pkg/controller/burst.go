@@ -77,7 +77,10 @@ func recreatable(claim *resourceapi.ResourceClaim, consumers []*corev1.Pod) bool
 // the model's nor the sizer's lock.
 func (s *sizingLoop) overfull(key model.GPUKey) (claimKey, share, why string) {
 	var shares, keys []string
-	memCap, tenants, _ := s.model.GPUTenants(key)
+	tenants, memCap, published := s.model.GPUTenants(key)
+	if !published {
+		return "", "", ""
+	}
 	for _, t := range tenants {
 		if t.BurstCap == 0 {
 			return "", "", ""

@@ -111,7 +111,7 @@ func allBurst(g *model.GPU) bool {
 // use that its pod, placed anew, would be placed on, one tenant per GPU; ok is false where
 // one has none, or would not come back bursting, or nothing would recreate it.
 func (s *sizingLoop) drainMoves(ctx context.Context, key model.GPUKey) ([]drainMove, bool) {
-	_, tenants, _ := s.model.GPUTenants(key)
+	tenants, _, _ := s.model.GPUTenants(key)
 	var stays []drainStay
 	for _, t := range tenants {
 		claim, leaving := s.tenantClaim(t)
@@ -277,7 +277,7 @@ func (s *sizingLoop) wantMoves(key model.GPUKey, since time.Time, moves []drainM
 // on their way out still fit elsewhere; one whose eviction was dropped (it had another want
 // that went, or the informer had not shown it leaving yet) is asked for again.
 func (s *sizingLoop) drainGoesOn(ctx context.Context, key model.GPUKey, since, now time.Time) bool {
-	if _, tenants, _ := s.model.GPUTenants(key); len(tenants) == 0 {
+	if tenants, _, _ := s.model.GPUTenants(key); len(tenants) == 0 {
 		return false
 	}
 	moves, ok := s.drainMoves(ctx, key)

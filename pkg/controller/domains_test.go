@@ -15,7 +15,7 @@ import (
 // holds it.
 func domainsOn(e *env, node, device string) map[string]string {
 	out := map[string]string{}
-	_, tenants, _ := e.c.model.GPUTenants(model.GPUKey{Pool: node, Device: device})
+	tenants, _, _ := e.c.model.GPUTenants(model.GPUKey{Pool: node, Device: device})
 	for _, t := range tenants {
 		out[t.Key] = t.Domain.String()
 	}

@@ -194,25 +194,30 @@ func (m *Model) EachGPU(fn func(g *GPU)) {
 	}
 }
 
-// GPUTenants are the tenants of published GPU k and its memory; ok is false where k is not
-// published.
-func (m *Model) GPUTenants(k GPUKey) (memCap int64, tenants []*Tenant, ok bool) {
+// GPUTenants are the tenants of GPU k, whether its slice still publishes it or not (a GPU
+// that is no longer published stays in the model while tenants hold it), its memory and
+// whether it is published.
+func (m *Model) GPUTenants(k GPUKey) (tenants []*Tenant, memCap int64, published bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	g, ok := m.gpus[k]
-	if !ok || !g.known {
-		return 0, nil, false
+	if !ok {
+		return nil, 0, false
 	}
 	for _, t := range g.tenants {
 		tenants = append(tenants, t)
 	}
-	return g.memCap, tenants, true
+	return tenants, g.memCap, g.known
 }
 
 // GPUMemory is a published GPU's memory (0 when unknown).
 func (m *Model) GPUMemory(k GPUKey) int64 {
-	memCap, _, _ := m.GPUTenants(k)
-	return memCap
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if g, ok := m.gpus[k]; ok && g.known {
+		return g.memCap
+	}
+	return 0
 }
 
 // UseOf is what GPU k holds.

@@ -70,7 +70,18 @@ func TestTransactionsAndTheInformerAgree(t *testing.T) {
 	if u := m.ByNamespace()["team"]; u.Claims != 1 || u.Mem != 20<<30 {
 		t.Errorf("namespace holds %+v", u)
 	}
-	if m.Account(allocated("team", "b", "20Gi"), now) || !m.Release("team/b") || m.UseOf(k).Tenants != 0 {
-		t.Error("the same allocation twice, then its release, did not leave the GPU empty")
+	if m.Account(allocated("team", "b", "20Gi"), now) {
+		t.Error("the same allocation twice reported capacity freed")
+	}
+	// A GPU its slice no longer publishes stays while a tenant holds it, and goes with it.
+	m.SetNodeDevices("n1", nil)
+	if tenants, _, published := m.GPUTenants(k); len(tenants) != 1 || published {
+		t.Errorf("unpublished GPU: %d tenants, published %v", len(tenants), published)
+	}
+	if !m.Release("team/b") {
+		t.Error("the claim was not released")
+	}
+	if tenants, _, _ := m.GPUTenants(k); len(tenants) != 0 || m.GPUMemory(k) != 0 {
+		t.Error("an unpublished GPU stayed after its last tenant")
 	}
 }

@@ -171,7 +171,8 @@ func NewClaim(uid types.UID, key, namespace string, now time.Time) *Claim {
 	return &Claim{uid: uid, key: key, namespace: namespace, assumed: now}
 }
 
-// AddShare adds one share to a claim not yet in the model.
+// AddShare adds one share to a claim before it is added to the model (Tx.Add); a claim the
+// model holds is changed only by removing and adding it again.
 func (c *Claim) AddShare(g *GPU, t *Tenant) { c.shares = append(c.shares, share{g, t}) }
 
 func (c *Claim) Key() string { return c.key }

@@ -4,7 +4,7 @@
 #   kubernetes: kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl (v1.37.2)
 #   etcd:       etcd (v3.7.3)
 #   containerd: containerd ctr containerd-shim-runc-v2 (v2.4.2)
-#   helm:       helm (v3.22.0)
+#   helm:       helm (v3.21.4)
 #   prometheus: prometheus (v0.316.0, i.e. Prometheus 3.x; the e2e checks the dashboard's queries)
 #   kueue:      kueue (Kueue's manager, v0.19.2; only the e2e/kueue suite runs it)
 # A group is skipped when all its binaries are newer than its go.mod and go.sum; --force rebuilds.
@@ -74,7 +74,7 @@ build containerd containerd ctr -- -tags urfave_cli_no_docs \
 build containerd containerd-shim-runc-v2 -- -tags urfave_cli_no_docs,no_grpc \
   github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
 
-HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=v3.22.0"
+HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=v3.21.4"
 for pkg in pkg/lint/rules pkg/chartutil; do
   HELM_LDFLAGS+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=37"
 done

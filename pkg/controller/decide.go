@@ -120,6 +120,8 @@ type decider struct {
 	// memo is the pod-fit verdicts kept across decisions; only used inside a model
 	// transaction, whose lock it shares.
 	memo *fitMemos
+	// preempt keeps the GPUs it frees for the claims they were freed for.
+	preempt *preemptor
 }
 
 func (dc *decider) now() time.Time { return dc.cfg.Now() }
@@ -422,6 +424,10 @@ func (dc *decider) gpuFilter(ctx context.Context, tx *model.Tx, in *input, d *de
 		}
 		if why := rc.admits(g); why != "" {
 			rj.add(why, "")
+			return false
+		}
+		if dc.preempt.keptForAnother(g.Key(), claimKey(in.claim)) {
+			rj.add("kept for a claim it was freed for (its tenants' namespace held it beyond its need)", "")
 			return false
 		}
 		if dc.refused.Avoid(in.claim.UID, g.Key(), g.Use(), dc.now(), dc.cfg.BindTimeout) {

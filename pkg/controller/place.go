@@ -52,6 +52,7 @@ func (c *Controller) Sync(ctx context.Context, key string) (time.Duration, error
 // for quota are looked at again.
 func (c *Controller) forget(key string) {
 	c.selectors.Forget(key)
+	c.preempt.forget(key)
 	if c.pending.Forget(key) {
 		ns, _, _ := strings.Cut(key, "/")
 		c.requeueNamespace(ns, key)
@@ -96,6 +97,10 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 		klog.FromContext(ctx).V(4).Info("Claim waits", "reason", w.reason, "message", w.message)
 		c.metrics.refusedIn(claim.Namespace, w.reason)
 		msg := w.message
+		if w.preempt != nil {
+			c.preempt.start(ctx, claim, w.preempt)
+		}
+		msg += c.preempt.status(claimKey(claim))
 		if w.quota || w.beyondQuota {
 			msg += kueueHint(in.consumers)
 		}
@@ -302,6 +307,9 @@ func (c *Controller) decideInTx(ctx context.Context, tx *model.Tx, in *input) (d
 	}
 	if w == nil {
 		d, w = c.decider.decide(ctx, tx, in)
+		if w != nil && w.reason == ReasonWaiting && !w.quota && !w.beyondQuota && w.retryAfter == 0 {
+			w.preempt = c.preempt.plan(ctx, tx, in, c.decider)
+		}
 	}
 	c.pending.Decided(key)
 	// Placed, or waiting for something else than quota: claims queued behind it go on.

@@ -51,6 +51,9 @@ const (
 	// ReasonSelectorsTooCostly: the claim's CEL selectors cost more to evaluate than the
 	// allocator spends on one claim; it is not placed.
 	ReasonSelectorsTooCostly = "FgpuSelectorsTooCostly"
+	// ReasonPreempted is on a pod the allocator deleted to take back room its namespace
+	// held beyond its shares' need, uncharged, for a claim of another namespace (preempt.go).
+	ReasonPreempted = "FgpuPreempted"
 )
 
 // waitReason is why a claim is not placed now.
@@ -68,6 +71,9 @@ type waitReason struct {
 	// constrained: a request its device constraints bind found no GPUs, which a claim
 	// decided again with the constraint's value and node fixed may find (decide).
 	constrained bool
+	// preempt: the claim would be placed on GPUs that spread namespaces hold beyond their
+	// need, were their shares gone; place takes them back.
+	preempt *preemption
 }
 
 func (w *waitReason) Error() string { return w.message }

@@ -43,6 +43,10 @@ const (
 	// preemptionGrace caps a preempted pod's termination grace period: a tenant's long one
 	// would keep the GPU as long.
 	preemptionGrace int64 = 30
+	// planGPUs bounds the GPUs one plan tries to take back, so that a waiting claim's retry
+	// holds the model's lock about as long as a decision, however many GPUs are spread over;
+	// the next plan tries the next ones.
+	planGPUs = 64
 	// PodReasonPreemptionByFgpu is the reason of the DisruptionTarget condition on a pod
 	// the allocator preempted (kube-scheduler's is PreemptionByScheduler), which a Job's
 	// pod failure policy tells from a failure.
@@ -63,6 +67,9 @@ type preemptor struct {
 	mu sync.Mutex
 	// kept maps each GPU freed by preemption to the claim (key) it is kept for.
 	kept map[model.GPUKey]keptGPU
+	// next is where the next plan starts among the GPUs that may be taken back; only used
+	// inside a model transaction, whose lock it shares.
+	next int
 }
 
 type keptGPU struct {
@@ -148,12 +155,27 @@ func (p *preemptor) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 	if len(cands) == 0 {
 		return nil
 	}
+	if len(cands) > planGPUs {
+		start := p.next % len(cands)
+		p.next = start + planGPUs
+		cands = append(cands[start:min(start+planGPUs, len(cands))], cands[:max(0, start+planGPUs-len(cands))]...)
+	}
 	var keys []string
+	seen := map[string]bool{}
 	for _, g := range cands {
 		for t := range g.Tenants() {
-			if !slices.Contains(keys, t.Key) {
+			if !seen[t.Key] {
+				seen[t.Key] = true
 				keys = append(keys, t.Key)
 			}
+		}
+	}
+	in.checks += len(keys) // the what-if's work, charged to the claim's namespace
+	// The namespaces' spread as it is, before the what-if moves the model on.
+	spread := map[string]model.Spread{}
+	for _, g := range cands {
+		for _, ns := range gpuNamespaces(g) {
+			spread[ns] = tx.Spread(ns)
 		}
 	}
 	var d *decision
@@ -185,7 +207,7 @@ func (p *preemptor) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 		return nil // it fits without them now: decided again at once
 	}
 	for ns, n := range from {
-		s := tx.Spread(ns)
+		s := spread[ns]
 		if s.Excess()-taken[ns] < n {
 			return nil // more GPUs than the namespace holds beyond its need
 		}

@@ -1,11 +1,14 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -13,6 +16,8 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
+	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
 // pinned is a 1Gi claim of namespace ns that its selectors pin to GPU index, and its pod.
@@ -127,5 +132,33 @@ func TestNoPreemptionWithoutSpreadOrQuota(t *testing.T) {
 	}
 	if ev := e.events(ReasonPreempted); len(ev) != 0 {
 		t.Errorf("preempted: %q", ev)
+	}
+}
+
+// A plan tries at most planGPUs of the GPUs that may be taken back, the next ones at the
+// next retry: over 80 spread GPUs, a claim whose pod fits only the last node (its GPUs sort
+// last) finds none in the first plan and one there in the second.
+func TestPreemptionPlansAWindowAtATime(t *testing.T) {
+	ctx := context.Background()
+	c, claim, pods, class := benchController(t, 10, DefaultConfig())
+	spreadOverEveryGPU(c)
+	pod := pods[0].DeepCopy()
+	pod.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": "bench-node-0009"}
+	sel := &input{claim: claim, classes: map[string]*resourceapi.DeviceClass{class.Name: class}}
+	c.evaluateSelectors(ctx, sel)
+	var plans []*preemption
+	for range 2 {
+		in := &input{claim: claim, consumers: []*corev1.Pod{pod}, pods: []*corev1.Pod{pod}, pol: policy.Resolve(nil, nil, nil), avoid: map[string]bool{},
+			classes: sel.classes, selectors: sel.selectors}
+		c.model.Update(func(tx *model.Tx) { plans = append(plans, c.preempt.plan(ctx, tx, in, c.decider)) })
+	}
+	if plans[0] != nil {
+		t.Errorf("the first plan, over the first %d GPUs, took back %v", planGPUs, plans[0].gpus)
+	}
+	if plans[1] == nil || len(plans[1].gpus) != 1 || plans[1].gpus[0].Pool != "bench-node-0009" {
+		t.Fatalf("the second plan took back %+v, want one GPU of bench-node-0009", plans[1])
+	}
+	if s := plans[1].spread["spread"]; s != (model.Spread{On: 80, Need: 1}) {
+		t.Errorf("spread %+v", s)
 	}
 }

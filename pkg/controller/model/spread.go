@@ -57,11 +57,13 @@ func pack(gpus []*GPU, shares []*Tenant) int {
 	if len(shares) == 0 {
 		return 0
 	}
+	// Only sizes matter: GPUs of one size, and shares alike in size and limit, are
+	// interchangeable, so the count does not depend on the order among them.
 	slices.SortFunc(gpus, func(a, b *GPU) int {
-		return cmp.Or(cmp.Compare(b.memCap, a.memCap), cmp.Compare(b.compCap, a.compCap), cmp.Compare(a.keyText, b.keyText))
+		return cmp.Or(cmp.Compare(b.memCap, a.memCap), cmp.Compare(b.compCap, a.compCap))
 	})
 	slices.SortFunc(shares, func(a, b *Tenant) int {
-		return cmp.Or(cmp.Compare(b.Mem, a.Mem), cmp.Compare(b.Comp, a.Comp), cmp.Compare(a.ShareID, b.ShareID))
+		return cmp.Or(cmp.Compare(b.Mem, a.Mem), cmp.Compare(b.Comp, a.Comp), cmp.Compare(coTenantLimit(a), coTenantLimit(b)))
 	})
 	type bin struct {
 		mem, comp int64
@@ -112,14 +114,16 @@ func coTenantLimit(t *Tenant) int {
 func (tx *Tx) Preemptible(ns string, taken map[string]int) []*GPU {
 	m := tx.m
 	var out []*GPU
+	seen := map[*GPU]bool{}
 	for n := range m.nsGPUs {
 		if n == ns || m.spread(n).Excess()-taken[n] < 1 {
 			continue
 		}
 		for g := range m.nsGPUs[n] {
-			if g.known && m.preemptibleFor(g, ns, taken) && !slices.Contains(out, g) {
+			if !seen[g] && g.known && m.preemptibleFor(g, ns, taken) {
 				out = append(out, g)
 			}
+			seen[g] = true
 		}
 	}
 	slices.SortFunc(out, func(a, b *GPU) int { return cmp.Compare(a.keyText, b.keyText) })
@@ -145,6 +149,10 @@ func (tx *Tx) Spread(ns string) Spread { return tx.m.spread(ns) }
 // A claim with a share on a GPU no slice publishes is left in (taking it out would forget
 // that GPU).
 func (tx *Tx) Without(keys []string, fn func()) {
+	m := tx.m
+	// The model after is the model before, so the namespaces' spread computed before holds
+	// again: kept, it is not computed anew at every waiting claim's retry.
+	spreadBefore, valid := m.spreadMemo, m.spreadMemo.gen == m.gen
 	var out []*Claim
 	for _, k := range keys {
 		rec := tx.m.claims[k]
@@ -155,7 +163,11 @@ func (tx *Tx) Without(keys []string, fn func()) {
 	}
 	defer func() {
 		for _, rec := range out {
-			tx.m.add(rec)
+			m.add(rec)
+		}
+		if valid {
+			m.spreadMemo = spreadBefore
+			m.spreadMemo.gen = m.gen
 		}
 	}()
 	fn()

@@ -67,6 +67,7 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	in, hasPods := c.gather(ctx, claim)
 	c.pending.SetPodless(key, !hasPods)
 	if !hasPods {
+		c.preempt.forget(key) // no GPU is kept for a claim no pod uses
 		// Placed once a pod uses it (pod events requeue the claim); until then it must not
 		// hold its namespace's quota queue.
 		if c.pending.WaitForQuota(key, claim.CreationTimestamp.Time, false) {
@@ -98,9 +99,12 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 		c.metrics.refusedIn(claim.Namespace, w.reason)
 		msg := w.message
 		if w.preempt != nil {
-			c.preempt.start(ctx, claim, w.preempt)
+			c.preempt.start(ctx, w.preempt)
 		}
-		msg += c.preempt.status(claimKey(claim))
+		if !w.keptOff {
+			c.preempt.forget(key) // waits for something else than room now
+		}
+		msg += c.preempt.status(key)
 		if w.quota || w.beyondQuota {
 			msg += kueueHint(in.consumers)
 		}
@@ -307,8 +311,8 @@ func (c *Controller) decideInTx(ctx context.Context, tx *model.Tx, in *input) (d
 	}
 	if w == nil {
 		d, w = c.decider.decide(ctx, tx, in)
-		if w != nil && w.reason == ReasonWaiting && !w.quota && !w.beyondQuota && w.retryAfter == 0 {
-			w.preempt = c.preempt.plan(ctx, tx, in, c.decider)
+		if w != nil {
+			w.preempt = c.preempt.plan(ctx, tx, in, c.decider, w)
 		}
 	}
 	c.pending.Decided(key)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
+	"github.com/fgpu-dev/fgpu/pkg/controller/claimqueue"
 	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
@@ -28,13 +28,16 @@ import (
 // namespace granted the same may still join. Where its shares are on more such GPUs than
 // they need packed (model.Spread), a claim of another namespace that waits, and would be
 // placed on one of those GPUs were its shares gone, gets it: the allocator deletes the pods
-// that use the shares there and keeps the GPU for the waiting claim while they end. A pod a
-// controller recreates is placed again under the usual rules, beside its namespace's other
-// shares where they have room; one its selectors pin to the GPU waits.
+// that use the shares there and keeps the GPU for the waiting claim while they end.
 //
-// As with kube-scheduler's preemption, PodDisruptionBudgets do not stop it: the tenant
-// writes them, and it would keep the room by writing one. What bounds it is the spread: a
-// namespace loses at most the GPUs its shares do not need, whoever waits.
+// What it takes back is only room held for nothing (model.Preemptible): every share on the
+// GPU must fit, under the co-tenancy rules, beside its own namespace's shares on another GPU,
+// be of a latency class no higher than the waiting claim's, and be freed by deleting its pods
+// (a claim from a template, or one whose pods no controller recreates; a standalone claim a
+// Deployment's pods share is never freed that way). A recreated pod is placed again under
+// the usual rules; one its selectors pin to the GPU taken back waits. As with kube-scheduler's
+// preemption, PodDisruptionBudgets do not stop it: the tenant writes them, and would keep the
+// room by writing one.
 
 const (
 	// nominationTTL is how long GPUs freed by preemption are kept for the claim they were
@@ -65,29 +68,41 @@ type preemptor struct {
 	fenced   func() error
 
 	mu sync.Mutex
-	// kept maps each GPU freed by preemption to the claim (key) it is kept for.
-	kept map[model.GPUKey]keptGPU
+	// freed maps each GPU being taken back to the claim it is kept for; into maps each GPU
+	// its shares were found room on to the same claim. A plan takes neither while the
+	// preemption stands; decisions of other claims keep off freed GPUs only.
+	freed, into map[model.GPUKey]keptGPU
 	// next is where the next plan starts among the GPUs that may be taken back; only used
 	// inside a model transaction, whose lock it shares.
 	next int
 }
 
 type keptGPU struct {
-	claim string
+	claim string // key
 	until time.Time
 }
 
 func newPreemptor(l listers, client kubernetes.Interface, recorder record.EventRecorder, m *Metrics, now func() time.Time, fenced func() error) *preemptor {
-	return &preemptor{listers: l, client: client, recorder: recorder, metrics: m, now: now, fenced: fenced, kept: map[model.GPUKey]keptGPU{}}
+	return &preemptor{listers: l, client: client, recorder: recorder, metrics: m, now: now, fenced: fenced,
+		freed: map[model.GPUKey]keptGPU{}, into: map[model.GPUKey]keptGPU{}}
 }
 
-// preemption is what a waiting claim takes back: GPUs, with the claims on them, of spread
-// namespaces.
+// preemption is what a waiting claim takes back: GPUs, and the shares on them.
 type preemption struct {
 	gpus    []model.GPUKey
-	victims []string // claim keys
-	spread  map[string]model.Spread
+	victims []victim
 }
+
+// victim is a share taken back: its claim, the GPU it is on, and the GPU of its namespace it
+// fits beside.
+type victim struct {
+	claim      string // key
+	uid        types.UID
+	on, beside model.GPUKey
+}
+
+// whatIf narrows a decision to the GPUs a plan would free.
+type whatIf struct{ only map[*model.GPU]bool }
 
 // keptForAnother reports whether GPU k is kept for a claim other than claim (key).
 func (p *preemptor) keptForAnother(k model.GPUKey, claim string) bool {
@@ -96,62 +111,80 @@ func (p *preemptor) keptForAnother(k model.GPUKey, claim string) bool {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	kg, ok := p.kept[k]
+	kg, ok := p.freed[k]
 	if ok && p.now().After(kg.until) {
-		delete(p.kept, k)
+		delete(p.freed, k)
 		return false
 	}
 	return ok && kg.claim != claim
 }
 
-// keptGPUs lists the GPUs kept for claims now; mine says whether claim (key) has some.
-func (p *preemptor) keptGPUs(claim string) (gpus []model.GPUKey, mine bool) {
+// planning returns the GPUs a plan must leave alone, and whether claim (key) has a
+// preemption under way.
+func (p *preemptor) planning(claim string) (avoid map[model.GPUKey]bool, mine bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
-	for k, kg := range p.kept {
-		if now.After(kg.until) {
-			delete(p.kept, k)
-			continue
+	avoid = map[model.GPUKey]bool{}
+	for _, m := range []map[model.GPUKey]keptGPU{p.freed, p.into} {
+		for k, kg := range m {
+			if now.After(kg.until) {
+				delete(m, k)
+				continue
+			}
+			avoid[k] = true
+			mine = mine || kg.claim == claim
 		}
-		gpus = append(gpus, k)
-		mine = mine || kg.claim == claim
 	}
-	return gpus, mine
+	return avoid, mine
 }
 
-// forget stops keeping GPUs for claim (key): it was placed, or is gone.
+// forget stops keeping GPUs for claim (key): it was placed, is gone, or waits for something
+// else than room.
 func (p *preemptor) forget(claim string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for k, kg := range p.kept {
-		if kg.claim == claim {
-			delete(p.kept, k)
+	for _, m := range []map[model.GPUKey]keptGPU{p.freed, p.into} {
+		for k, kg := range m {
+			if kg.claim == claim {
+				delete(m, k)
+			}
 		}
 	}
 }
 
-// plan is called in the transaction that left in's claim waiting for room: it finds the GPUs
-// of spread namespaces that the claim would be placed on were their shares gone. It is nil
-// where there are none, or where GPUs are kept for the claim already (its preemption is
-// under way).
-func (p *preemptor) plan(ctx context.Context, tx *model.Tx, in *input, dc *decider) *preemption {
+// movable reports whether deleting the pods of t's claim frees t: the claim is the one t was
+// made for, not being deleted, and from a pod's template (it goes with its pod) or used by
+// pods no controller recreates (kube-controller-manager deallocates it once they are gone).
+func (p *preemptor) movable(t *model.Tenant) bool {
+	claim, err := p.claims.ResourceClaims(t.Namespace).Get(strings.TrimPrefix(t.Key, t.Namespace+"/"))
+	if err != nil || claim.UID != t.Claim || claim.DeletionTimestamp != nil {
+		return false
+	}
+	if isPodOwned(claim) {
+		return true
+	}
+	return !slices.ContainsFunc(p.consumers(claim), func(pod *corev1.Pod) bool { return metav1.GetControllerOf(pod) != nil })
+}
+
+// plan is called in the transaction that left in's claim waiting, turned away by another
+// namespace's shares (w): it finds GPUs whose shares would fit beside their namespaces'
+// other shares (up to planGPUs of them, the next ones at the next retry) and decides the
+// claim again on those alone, with their shares taken out. Where it would be placed, the
+// GPUs are kept for it from now on, and their shares are the victims. It is nil where the
+// allocator is fenced, nothing may be taken back, or the claim's preemption is under way.
+func (p *preemptor) plan(ctx context.Context, tx *model.Tx, in *input, dc *decider, w *waitReason) *preemption {
+	if !w.keptOff || p.fenced() != nil {
+		return nil
+	}
 	key := claimKey(in.claim)
-	keptNow, mine := p.keptGPUs(key)
+	avoid, mine := p.planning(key)
 	if mine {
 		return nil
 	}
-	// A GPU being taken back counts against its namespaces' spread while their shares are
-	// still on it.
-	taken := map[string]int{}
-	for _, k := range keptNow {
-		if g, ok := tx.GPU(k); ok {
-			for _, ns := range gpuNamespaces(g) {
-				taken[ns]++
-			}
-		}
-	}
-	cands := slices.DeleteFunc(tx.Preemptible(in.claim.Namespace, taken), func(g *model.GPU) bool { return slices.Contains(keptNow, g.Key()) })
+	rank := claimqueue.ClassRank(in.pol.Latency)
+	cands := tx.Preemptible(in.claim.Namespace, func(g *model.GPU) bool { return avoid[g.Key()] },
+		func(t *model.Tenant) bool { return claimqueue.ClassRank(t.Latency) >= rank && p.movable(t) })
 	if len(cands) == 0 {
 		return nil
 	}
@@ -160,72 +193,60 @@ func (p *preemptor) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 		p.next = start + planGPUs
 		cands = append(cands[start:min(start+planGPUs, len(cands))], cands[:max(0, start+planGPUs-len(cands))]...)
 	}
+	byGPU := map[*model.GPU]model.Preemptible{}
 	var keys []string
-	seen := map[string]bool{}
-	for _, g := range cands {
-		for t := range g.Tenants() {
-			if !seen[t.Key] {
-				seen[t.Key] = true
-				keys = append(keys, t.Key)
-			}
+	for _, c := range cands {
+		byGPU[c.GPU] = c
+		for t := range c.GPU.Tenants() {
+			keys = append(keys, t.Key)
 		}
 	}
 	in.checks += len(keys) // the what-if's work, charged to the claim's namespace
-	// The namespaces' spread as it is, before the what-if moves the model on.
-	spread := map[string]model.Spread{}
-	for _, g := range cands {
-		for _, ns := range gpuNamespaces(g) {
-			spread[ns] = tx.Spread(ns)
-		}
+	only := map[*model.GPU]bool{}
+	for g := range byGPU {
+		only[g] = true
 	}
 	var d *decision
+	in.whatIf = &whatIf{only: only}
 	tx.Without(keys, func() {
 		if d, _ = dc.decide(ctx, tx, in); d != nil {
 			tx.Remove(key)
 		}
 	})
+	in.whatIf = nil
 	if d == nil {
 		return nil
 	}
-	pre := &preemption{spread: map[string]model.Spread{}}
-	from := map[string]int{}
+	pre := &preemption{}
+	freed := map[*model.GPU]bool{}
 	for _, r := range d.results {
-		if !slices.Contains(cands, r.gpu) || slices.Contains(pre.gpus, r.gpu.Key()) {
-			continue
+		if !freed[r.gpu] {
+			freed[r.gpu] = true
+			pre.gpus = append(pre.gpus, r.gpu.Key())
 		}
-		pre.gpus = append(pre.gpus, r.gpu.Key())
-		for t := range r.gpu.Tenants() {
-			if !slices.Contains(pre.victims, t.Key) {
-				pre.victims = append(pre.victims, t.Key)
+	}
+	into := map[model.GPUKey]bool{}
+	for g := range freed {
+		for t := range g.Tenants() {
+			to := byGPU[g].Moves[t.ShareID]
+			if into[to.Key()] || freed[to] {
+				return nil // two GPUs' shares would need the same room, or room being freed
 			}
-		}
-		for _, ns := range gpuNamespaces(r.gpu) {
-			from[ns]++
+			into[to.Key()] = true
+			pre.victims = append(pre.victims, victim{claim: t.Key, uid: t.Claim, on: g.Key(), beside: to.Key()})
 		}
 	}
-	if len(pre.gpus) == 0 {
-		return nil // it fits without them now: decided again at once
+	// Kept in this transaction, so that the next one plans with them taken.
+	until := p.now().Add(nominationTTL)
+	p.mu.Lock()
+	for _, k := range pre.gpus {
+		p.freed[k] = keptGPU{claim: key, until: until}
 	}
-	for ns, n := range from {
-		s := spread[ns]
-		if s.Excess()-taken[ns] < n {
-			return nil // more GPUs than the namespace holds beyond its need
-		}
-		pre.spread[ns] = s
+	for k := range into {
+		p.into[k] = keptGPU{claim: key, until: until}
 	}
-	slices.Sort(pre.victims)
+	p.mu.Unlock()
 	return pre
-}
-
-// gpuNamespaces lists the namespaces with a share of g.
-func gpuNamespaces(g *model.GPU) []string {
-	var out []string
-	for t := range g.Tenants() {
-		if !slices.Contains(out, t.Namespace) {
-			out = append(out, t.Namespace)
-		}
-	}
-	return out
 }
 
 // status is what a waiting claim's status adds to why it waits while GPUs are kept for it.
@@ -234,7 +255,7 @@ func (p *preemptor) status(claim string) string {
 	defer p.mu.Unlock()
 	var gpus []string
 	now := p.now()
-	for k, kg := range p.kept {
+	for k, kg := range p.freed {
 		if kg.claim == claim && !now.After(kg.until) {
 			gpus = append(gpus, k.String())
 		}
@@ -243,39 +264,26 @@ func (p *preemptor) status(claim string) string {
 		return ""
 	}
 	slices.Sort(gpus)
-	return fmt.Sprintf("; taking back %s, held beyond their need by namespaces whose quota does not pay for it: the claim is placed there once the pods using it are gone",
+	return fmt.Sprintf("; taking back %s, held for nothing by another namespace granted allowSharedGPU (its shares there fit beside its others): the claim is placed there once the pods using it are gone",
 		strings.Join(gpus, ", "))
 }
 
-// start keeps pre's GPUs for claim and deletes the pods that use the claims on them.
-func (p *preemptor) start(ctx context.Context, claim *resourceapi.ResourceClaim, pre *preemption) {
-	if p.fenced() != nil {
-		return
-	}
-	key, until := claimKey(claim), p.now().Add(nominationTTL)
-	p.mu.Lock()
-	for _, k := range pre.gpus {
-		p.kept[k] = keptGPU{claim: key, until: until}
-	}
-	p.mu.Unlock()
-	gpus := make([]string, len(pre.gpus))
-	for i, k := range pre.gpus {
-		gpus[i] = k.String()
-	}
-	on := strings.Join(gpus, ", ")
-	klog.FromContext(ctx).Info("Preempting shares of namespaces spread over more GPUs than they need, for a claim that waits",
-		"gpus", on, "victims", pre.victims, "spread", pre.spread)
-	for _, vk := range pre.victims {
-		ns, name, _ := strings.Cut(vk, "/")
-		s := pre.spread[ns]
-		why := fmt.Sprintf("namespace %s holds %d GPUs where its shares let in only namespaces granted allowSharedGPU, and its shares need %d of them; "+
-			"that room is not charged to its quota, so GPU %s is taken back for a claim of another namespace that waits for it "+
-			"(a new pod is placed beside the namespace's other shares where they have room)", ns, s.On, s.Need, on)
+// start deletes the pods that use pre's victims (their claims are checked to be the same).
+func (p *preemptor) start(ctx context.Context, pre *preemption) {
+	klog.FromContext(ctx).Info("Preempting shares that fit beside their namespaces' other shares, for a claim that waits", "gpus", pre.gpus, "victims", len(pre.victims))
+	for _, v := range pre.victims {
+		ns, name, _ := strings.Cut(v.claim, "/")
 		vc, err := p.claims.ResourceClaims(ns).Get(name)
-		if err != nil {
+		if err != nil || vc.UID != v.uid {
 			continue // gone already
 		}
+		why := fmt.Sprintf("its claim %s's share of GPU %s fits beside namespace %s's other shares on GPU %s; a namespace granted allowSharedGPU "+
+			"is not charged for the room its shares keep from claims that do not share GPUs, so %s is taken back for a claim of another namespace that waits for it",
+			name, v.on, ns, v.beside, v.on)
 		for _, pod := range p.consumers(vc) {
+			if p.fenced() != nil {
+				return
+			}
 			p.preemptPod(ctx, pod, why)
 		}
 	}
@@ -296,6 +304,9 @@ func (p *preemptor) preemptPod(ctx context.Context, pod *corev1.Pod, why string)
 		grace = *g
 	}
 	uid := pod.UID
+	if p.fenced() != nil {
+		return
+	}
 	err := p.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace, Preconditions: &metav1.Preconditions{UID: &uid}})
 	switch {
 	case err == nil:

@@ -7,7 +7,10 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/controller/model"
@@ -17,8 +20,9 @@ import (
 // BenchmarkDecideWithPreemption times the decision on a 10Gi claim of a namespace under the
 // default isolation where every GPU of N nodes × 8 holds one 1Gi share of a namespace granted
 // allowSharedGPU (the pinning tenant of issue 24): the decision fails, and the preemption plan
-// takes the spread namespace's claims out of up to planGPUs of those GPUs, decides again and
-// puts them back; plan=false is the failed decision alone. The difference is what planning
+// finds the GPUs whose shares fit beside the namespace's others, takes the claims of up to
+// planGPUs of them out, decides again on those and puts them back; plan=false is the failed
+// decision alone. The difference is what planning
 // adds to a waiting claim's retry while a namespace is spread over the whole fleet.
 func BenchmarkDecideWithPreemption(b *testing.B) {
 	for _, bc := range []struct {
@@ -29,13 +33,14 @@ func BenchmarkDecideWithPreemption(b *testing.B) {
 		b.Run(fmt.Sprintf("nodes=%d/plan=%v", nodes, bc.plan), func(b *testing.B) {
 			ctx := context.Background()
 			c, claim, pods, class := benchController(b, nodes, DefaultConfig())
-			spreadOverEveryGPU(c)
+			spreadOverEveryGPU(b, c)
 			sel := &input{claim: claim, classes: map[string]*resourceapi.DeviceClass{class.Name: class}}
 			c.evaluateSelectors(ctx, sel)
 			b.ResetTimer()
 			for range b.N {
 				in := &input{claim: claim, consumers: pods, pods: pods, pol: policy.Resolve(nil, nil, nil), avoid: map[string]bool{},
 					classes: sel.classes, selectors: sel.selectors}
+				c.preempt.forget(claimKey(claim)) // each retry plans anew
 				c.model.Update(func(tx *model.Tx) {
 					d, w := c.decider.decide(ctx, tx, in)
 					if d != nil {
@@ -44,7 +49,7 @@ func BenchmarkDecideWithPreemption(b *testing.B) {
 					if !bc.plan {
 						return
 					}
-					if w.preempt = c.preempt.plan(ctx, tx, in, c.decider); w.preempt == nil {
+					if w.preempt = c.preempt.plan(ctx, tx, in, c.decider, w); w.preempt == nil {
 						b.Fatal("no GPU taken back from a namespace spread over every GPU")
 					}
 				})
@@ -54,17 +59,38 @@ func BenchmarkDecideWithPreemption(b *testing.B) {
 }
 
 // spreadOverEveryGPU gives every GPU one 1Gi share of namespace "spread", granted
-// allowSharedGPU.
-func spreadOverEveryGPU(c *Controller) {
-	i := 0
+// allowSharedGPU, each of its own claim from a pod's template.
+func spreadOverEveryGPU(tb testing.TB, c *Controller) {
+	ctx := context.Background()
+	var gpus []*model.GPU
 	c.model.Update(func(tx *model.Tx) {
 		for g := range tx.GPUs() {
+			gpus = append(gpus, g)
+		}
+	})
+	owner := metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "p", UID: "p", Controller: ptr.To(true)}
+	for i := range gpus {
+		claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "spread", Name: fmt.Sprintf("s%d", i), UID: types.UID(fmt.Sprintf("spread/s%d", i)),
+			OwnerReferences: []metav1.OwnerReference{owner}}}
+		if _, err := c.client.ResourceV1().ResourceClaims("spread").Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if l, _ := c.claims.ResourceClaims("spread").List(labels.Everything()); len(l) == len(gpus) {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal("the informer does not show the spread namespace's claims")
+		}
+	}
+	c.model.Update(func(tx *model.Tx) {
+		for i, g := range gpus {
 			key := fmt.Sprintf("spread/s%d", i)
 			rec := model.NewClaim(types.UID(key), key, "spread", time.Time{})
 			rec.AddShare(g, &model.Tenant{Claim: types.UID(key), Key: key, Namespace: "spread", ShareID: types.UID(key + "-share"),
 				Mem: 1 << 30, AllowShare: true, ByUs: true, Mode: api.SharingModeMPS, Latency: api.LatencyStandard, Domain: model.Domain{Namespace: "spread"}})
 			tx.Add(rec)
-			i++
 		}
 	})
 }

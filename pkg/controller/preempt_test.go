@@ -76,7 +76,8 @@ func TestSpreadSharedNamespaceGivesBackWhatItDoesNotNeed(t *testing.T) {
 	if !marked {
 		t.Error("the preempted pod was not marked DisruptionTarget before its deletion")
 	}
-	if ev := e.events(ReasonPreempted); len(ev) != 1 || !strings.Contains(ev[0], "its shares need 1") || strings.Contains(ev[0], "team") {
+	leftGPU := map[string]string{"s0": "n1/gpu-0", "s1": "n1/gpu-1"}[left]
+	if ev := e.events(ReasonPreempted); len(ev) != 1 || !strings.Contains(ev[0], "fits beside namespace spread's other shares on GPU "+leftGPU) || strings.Contains(ev[0], "team") {
 		t.Errorf("events on the preempted pod: %q (want one that says why, without naming the waiting namespace)", ev)
 	}
 	if got := testutil.ToFloat64(e.c.metrics.preempted.WithLabelValues("spread")); got != 1 {
@@ -113,25 +114,56 @@ func TestSpreadSharedNamespaceGivesBackWhatItDoesNotNeed(t *testing.T) {
 	}
 }
 
-// Shares that need the GPUs they are on (too large to pack), and a waiting claim over its own
-// quota, take nothing back.
-func TestNoPreemptionWithoutSpreadOrQuota(t *testing.T) {
-	pols := []*api.SharingPolicy{builders.MakePolicy("shared").Namespaces("kubernetes.io/metadata.name", "big").AllowShared().Obj(),
-		builders.MakePolicy("small").Namespaces("kubernetes.io/metadata.name", "small").QuotaMemory("10Gi").Obj()}
-	objs := []runtime.Object{builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"),
-		namespaceObj("big"), namespaceObj("spread"), namespaceObj("team"), namespaceObj("small")}
-	for i := range 2 {
-		c := builders.MakeClaim("big", fmt.Sprint("b", i)).Memory("50Gi").Created(i).Obj()
-		objs = append(objs, c, builders.MakePod("big", c.Name).Claim(c.Name).Obj())
-	}
-	objs = append(objs, builders.MakeClaim("team", "w").Memory("40Gi").Created(10).Obj(), builders.MakePod("team", "w").Claim("w").Obj())
-	e := newEnv(t, pols, objs...)
-	e.run()
-	if st := e.claim("team", "w").Annotations[api.AnnotationStatus]; e.placedOn("team", "w") != "" || strings.Contains(st, "taking back") {
-		t.Errorf("two 50Gi shares on two 80Gi GPUs: the waiting claim got %q, status %q", e.placedOn("team", "w"), st)
-	}
-	if ev := e.events(ReasonPreempted); len(ev) != 0 {
-		t.Errorf("preempted: %q", ev)
+// Nothing is taken back from shares that could not fit beside their namespace's others
+// (50Gi on each of two 80Gi GPUs), from shares of a higher latency class than the waiting
+// claim's (standard, for a best-effort claim), or for a claim over its own quota.
+func TestNoPreemptionWhereNothingIsHeldForNothing(t *testing.T) {
+	for name, tc := range map[string]struct {
+		victims     func() []runtime.Object
+		waiterClass api.LatencyClass
+		waiterQuota string
+	}{
+		"shares too large to fit beside each other": {victims: func() []runtime.Object {
+			var objs []runtime.Object
+			for i := range 2 {
+				c := builders.MakeClaim("spread", fmt.Sprint("s", i)).Memory("50Gi").Created(i).Obj()
+				objs = append(objs, c, builders.MakePod("spread", c.Name).Claim(c.Name).Obj())
+			}
+			return objs
+		}},
+		"standard shares, a best-effort claim": {waiterClass: api.LatencyBestEffort},
+		"a claim over its own quota":        {waiterQuota: "10Gi"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			pols := []*api.SharingPolicy{builders.MakePolicy("shared").Namespaces("kubernetes.io/metadata.name", "spread").AllowShared().Obj()}
+			team := builders.MakePolicy("team").Namespaces("kubernetes.io/metadata.name", "team")
+			if tc.waiterClass != "" {
+				team = team.Latency(tc.waiterClass)
+			}
+			if tc.waiterQuota != "" {
+				team = team.QuotaMemory(tc.waiterQuota)
+			}
+			pols = append(pols, team.Obj())
+			objs := []runtime.Object{builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"), namespaceObj("spread"), namespaceObj("team")}
+			if tc.victims != nil {
+				objs = append(objs, tc.victims()...)
+			} else {
+				objs = append(objs, pinned("spread", "s0", 0, 0)...)
+				objs = append(objs, pinned("spread", "s1", 1, 1)...)
+			}
+			objs = append(objs, builders.MakeClaim("team", "w").Memory("20Gi").Created(10).Obj(), builders.MakePod("team", "w").Claim("w").Obj())
+			e := newEnv(t, pols, objs...)
+			e.run()
+			if e.placedOn("spread", "s0") == "" || e.placedOn("spread", "s1") == "" || e.placedOn("spread", "s0") == e.placedOn("spread", "s1") {
+				t.Fatalf("the shares are on %q and %q, want one GPU each", e.placedOn("spread", "s0"), e.placedOn("spread", "s1"))
+			}
+			if st := e.claim("team", "w").Annotations[api.AnnotationStatus]; e.placedOn("team", "w") != "" || strings.Contains(st, "taking back") {
+				t.Errorf("the waiting claim got %q, status %q", e.placedOn("team", "w"), st)
+			}
+			if ev := e.events(ReasonPreempted); len(ev) != 0 {
+				t.Errorf("preempted: %q", ev)
+			}
+		})
 	}
 }
 
@@ -141,7 +173,7 @@ func TestNoPreemptionWithoutSpreadOrQuota(t *testing.T) {
 func TestPreemptionPlansAWindowAtATime(t *testing.T) {
 	ctx := context.Background()
 	c, claim, pods, class := benchController(t, 10, DefaultConfig())
-	spreadOverEveryGPU(c)
+	spreadOverEveryGPU(t, c)
 	pod := pods[0].DeepCopy()
 	pod.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": "bench-node-0009"}
 	sel := &input{claim: claim, classes: map[string]*resourceapi.DeviceClass{class.Name: class}}
@@ -150,7 +182,9 @@ func TestPreemptionPlansAWindowAtATime(t *testing.T) {
 	for range 2 {
 		in := &input{claim: claim, consumers: []*corev1.Pod{pod}, pods: []*corev1.Pod{pod}, pol: policy.Resolve(nil, nil, nil), avoid: map[string]bool{},
 			classes: sel.classes, selectors: sel.selectors}
-		c.model.Update(func(tx *model.Tx) { plans = append(plans, c.preempt.plan(ctx, tx, in, c.decider)) })
+		c.model.Update(func(tx *model.Tx) {
+			plans = append(plans, c.preempt.plan(ctx, tx, in, c.decider, &waitReason{keptOff: true}))
+		})
 	}
 	if plans[0] != nil {
 		t.Errorf("the first plan, over the first %d GPUs, took back %v", planGPUs, plans[0].gpus)
@@ -158,7 +192,7 @@ func TestPreemptionPlansAWindowAtATime(t *testing.T) {
 	if plans[1] == nil || len(plans[1].gpus) != 1 || plans[1].gpus[0].Pool != "bench-node-0009" {
 		t.Fatalf("the second plan took back %+v, want one GPU of bench-node-0009", plans[1])
 	}
-	if s := plans[1].spread["spread"]; s != (model.Spread{On: 80, Need: 1}) {
-		t.Errorf("spread %+v", s)
+	if v := plans[1].victims; len(v) != 1 || v[0].on != plans[1].gpus[0] || v[0].beside == v[0].on {
+		t.Errorf("victims %+v", v)
 	}
 }

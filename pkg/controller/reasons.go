@@ -71,8 +71,10 @@ type waitReason struct {
 	// constrained: a request its device constraints bind found no GPUs, which a claim
 	// decided again with the constraint's value and node fixed may find (decide).
 	constrained bool
-	// preempt: the claim would be placed on GPUs that spread namespaces hold beyond their
-	// need, were their shares gone; place takes them back.
+	// keptOff: some GPU turned it away for another namespace's shares; preempt: the claim
+	// would be placed on GPUs whose shares fit beside their namespaces' other shares, were
+	// they gone (preempt.go); place takes them back.
+	keptOff bool
 	preempt *preemption
 }
 

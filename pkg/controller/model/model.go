@@ -41,11 +41,6 @@ type Model struct {
 	nsGPUs   map[string]map[*GPU]int
 	heldMemo map[string]HeldRoom
 	gen      int
-	// spreadMemo is each namespace's Spread (spread.go) at generation gen.
-	spreadMemo struct {
-		gen int
-		of  map[string]Spread
-	}
 
 	core coreMirror
 

@@ -132,7 +132,7 @@ func TestNoPreemptionWhereNothingIsHeldForNothing(t *testing.T) {
 			return objs
 		}},
 		"standard shares, a best-effort claim": {waiterClass: api.LatencyBestEffort},
-		"a claim over its own quota":        {waiterQuota: "10Gi"},
+		"a claim over its own quota":           {waiterQuota: "10Gi"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			pols := []*api.SharingPolicy{builders.MakePolicy("shared").Namespaces("kubernetes.io/metadata.name", "spread").AllowShared().Obj()}

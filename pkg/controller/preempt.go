@@ -47,8 +47,8 @@ const (
 	// would keep the GPU as long.
 	preemptionGrace int64 = 30
 	// planGPUs bounds the GPUs one plan tries to take back, so that a waiting claim's retry
-	// holds the model's lock about as long as a decision, however many GPUs are spread over;
-	// the next plan tries the next ones.
+	// holds the model's lock about as long as a decision, however many GPUs may be taken
+	// back; the next plan looks on from where this one stopped.
 	planGPUs = 64
 	// PodReasonPreemptionByFgpu is the reason of the DisruptionTarget condition on a pod
 	// the allocator preempted (kube-scheduler's is PreemptionByScheduler), which a Job's
@@ -183,15 +183,11 @@ func (p *preemptor) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 		return nil
 	}
 	rank := claimqueue.ClassRank(in.pol.Latency)
-	cands := tx.Preemptible(in.claim.Namespace, func(g *model.GPU) bool { return avoid[g.Key()] },
-		func(t *model.Tenant) bool { return claimqueue.ClassRank(t.Latency) >= rank && p.movable(t) })
+	cands, next := tx.Preemptible(in.claim.Namespace, func(g *model.GPU) bool { return avoid[g.Key()] },
+		func(t *model.Tenant) bool { return claimqueue.ClassRank(t.Latency) >= rank && p.movable(t) }, p.next, planGPUs)
+	p.next = next
 	if len(cands) == 0 {
 		return nil
-	}
-	if len(cands) > planGPUs {
-		start := p.next % len(cands)
-		p.next = start + planGPUs
-		cands = append(cands[start:min(start+planGPUs, len(cands))], cands[:max(0, start+planGPUs-len(cands))]...)
 	}
 	byGPU := map[*model.GPU]model.Preemptible{}
 	var keys []string

@@ -22,38 +22,85 @@ type Preemptible struct {
 	Moves map[types.UID]*GPU
 }
 
-// Preemptible lists, by name, the published GPUs whose every share is of a namespace other
-// than ns, lets any namespace granted allowSharedGPU join (so its room is not charged), is
-// one movable allows, and would fit, under the co-tenancy rules, on a published, untainted
-// GPU where its namespace has shares already (one share per GPU, none that avoid names).
-// What the shares' selectors or pods' nodes would allow is not asked: the tenant writes
-// those, and pinning shares apart is what this takes back.
-func (tx *Tx) Preemptible(ns string, avoid func(*GPU) bool, movable func(*Tenant) bool) []Preemptible {
+// Preemptible lists up to max published GPUs whose every share is of a namespace other than
+// ns, lets any namespace granted allowSharedGPU join (so its room is not charged), is one
+// movable allows, and would fit, under the co-tenancy rules, on a published, untainted GPU
+// where its namespace has shares already (one share per GPU, none that avoid names; of those,
+// the besideTries with the most free memory). It looks from the from'th of the GPUs of
+// namespaces on two GPUs or more, in name order, round to the start; next is where the next
+// call looks from. What the shares' selectors or pods' nodes would allow is not asked: the
+// tenant writes those, and pinning shares apart is what this takes back.
+func (tx *Tx) Preemptible(ns string, avoid func(*GPU) bool, movable func(*Tenant) bool, from, max int) (out []Preemptible, next int) {
 	m := tx.m
-	var out []Preemptible
+	var all []*GPU
 	seen := map[*GPU]bool{}
 	for n, gpus := range m.nsGPUs {
 		if n == ns || len(gpus) < 2 {
 			continue // a namespace on one GPU has nowhere to move to
 		}
 		for g := range gpus {
-			if seen[g] {
-				continue
-			}
-			seen[g] = true
-			if moves, ok := m.movesOff(g, ns, avoid, movable); ok {
-				out = append(out, Preemptible{GPU: g, Moves: moves})
+			if !seen[g] {
+				seen[g] = true
+				all = append(all, g)
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b Preemptible) int { return cmp.Compare(a.GPU.keyText, b.GPU.keyText) })
-	return out
+	if len(all) == 0 {
+		return nil, 0
+	}
+	slices.SortFunc(all, func(a, b *GPU) int { return cmp.Compare(a.keyText, b.keyText) })
+	b := besides{m: m, avoid: avoid, of: map[string][]*GPU{}}
+	start := from % len(all)
+	for i := range all {
+		g := all[(start+i)%len(all)]
+		if moves, ok := b.movesOff(g, ns, movable); ok {
+			out = append(out, Preemptible{GPU: g, Moves: moves})
+			if len(out) == max {
+				return out, start + i + 1
+			}
+		}
+	}
+	return out, start + len(all)
 }
 
-// movesOff finds, for each share of g, a GPU to fit on beside its namespace's other shares
-// (Preemptible). Caller holds mu.
-func (m *Model) movesOff(g *GPU, ns string, avoid func(*GPU) bool, movable func(*Tenant) bool) (map[types.UID]*GPU, bool) {
-	if !g.known || len(g.tenants) == 0 || avoid(g) {
+// besideTries is how many of a namespace's GPUs, those with the most free memory, a share is
+// tried on: a bound on the work per share, however many GPUs the namespace holds.
+const besideTries = 8
+
+// besides finds where shares would fit beside their namespace's others, within one call of
+// Preemptible. Caller holds mu.
+type besides struct {
+	m     *Model
+	avoid func(*GPU) bool
+	of    map[string][]*GPU // per namespace, its published, untainted GPUs not avoided, roomiest first
+}
+
+func (b *besides) targets(ns string) []*GPU {
+	if t, ok := b.of[ns]; ok {
+		return t
+	}
+	type roomy struct {
+		g   *GPU
+		mem int64
+	}
+	var rs []roomy
+	for h := range b.m.nsGPUs[ns] {
+		if h.known && len(h.taints) == 0 && !b.avoid(h) {
+			rs = append(rs, roomy{h, h.Room().Mem})
+		}
+	}
+	slices.SortFunc(rs, func(x, y roomy) int { return cmp.Or(cmp.Compare(y.mem, x.mem), cmp.Compare(x.g.keyText, y.g.keyText)) })
+	t := make([]*GPU, len(rs))
+	for i, r := range rs {
+		t[i] = r.g
+	}
+	b.of[ns] = t
+	return t
+}
+
+// movesOff finds, for each share of g, a GPU to fit on beside its namespace's other shares.
+func (b *besides) movesOff(g *GPU, ns string, movable func(*Tenant) bool) (map[types.UID]*GPU, bool) {
+	if !g.known || len(g.tenants) == 0 || b.avoid(g) {
 		return nil, false
 	}
 	moves := map[types.UID]*GPU{}
@@ -63,9 +110,17 @@ func (m *Model) movesOff(g *GPU, ns string, avoid func(*GPU) bool, movable func(
 			return nil, false
 		}
 		var to *GPU
-		for h := range m.nsGPUs[t.Namespace] {
-			if h != g && !used[h] && h.fitsBeside(t) && !avoid(h) && (to == nil || h.keyText < to.keyText) {
+		tried := 0
+		for _, h := range b.targets(t.Namespace) {
+			if h == g || used[h] {
+				continue
+			}
+			if tried++; tried > besideTries {
+				break
+			}
+			if h.fitsBeside(t) {
 				to = h
+				break
 			}
 		}
 		if to == nil {
@@ -76,12 +131,9 @@ func (m *Model) movesOff(g *GPU, ns string, avoid func(*GPU) bool, movable func(
 	return moves, true
 }
 
-// fitsBeside reports whether share t, of another GPU, would fit on g: published, untainted,
-// room for what t holds, and the co-tenancy rules.
+// fitsBeside reports whether share t, of another GPU, would fit on g: room for what t
+// holds, and the co-tenancy rules.
 func (g *GPU) fitsBeside(t *Tenant) bool {
-	if !g.known || len(g.taints) > 0 {
-		return false
-	}
 	room := g.Room()
 	if room.Mem < t.Limit() || room.Comp < t.Comp {
 		return false

@@ -89,8 +89,9 @@ func TestPreemptible(t *testing.T) {
 		var got []string
 		besides := map[string]string{}
 		m.Update(func(tx *Tx) {
-			for _, p := range tx.Preemptible("ask", func(g *GPU) bool { return g.key.Device == tc.avoid },
-				func(t *Tenant) bool { return t.Namespace != tc.refuse }) {
+			ps, _ := tx.Preemptible("ask", func(g *GPU) bool { return g.key.Device == tc.avoid },
+				func(t *Tenant) bool { return t.Namespace != tc.refuse }, 0, 10)
+			for _, p := range ps {
 				got = append(got, p.GPU.key.Device)
 				for t := range p.GPU.Tenants() {
 					besides[p.GPU.key.Device] = p.Moves[t.ShareID].key.Device
@@ -125,4 +126,26 @@ func TestWithout(t *testing.T) {
 			t.Errorf("after Without: %d tenants on gpu-0, charged %v (was %v)", g.NumTenants(), tx.Charged("a"), before)
 		}
 	})
+}
+
+// Preemptible returns at most max GPUs, and the next call looks on from where it stopped,
+// round to the start.
+func TestPreemptibleLooksOnFromWhereItStopped(t *testing.T) {
+	m := preemptionModel(t, false, on(0, sharing("a", gi)), on(1, sharing("a", gi)), on(2, sharing("a", gi)), on(3, sharing("a", gi)))
+	none := func(*GPU) bool { return false }
+	all := func(*Tenant) bool { return true }
+	var got []string
+	from := 0
+	m.Update(func(tx *Tx) {
+		for range 3 {
+			var ps []Preemptible
+			ps, from = tx.Preemptible("ask", none, all, from, 3)
+			for _, p := range ps {
+				got = append(got, p.GPU.key.Device)
+			}
+		}
+	})
+	if want := "[gpu-0 gpu-1 gpu-2 gpu-3 gpu-0 gpu-1 gpu-2 gpu-3 gpu-0]"; fmt.Sprint(got) != want {
+		t.Errorf("three calls of 3 over 4 GPUs: %v, want %s", got, want)
+	}
 }

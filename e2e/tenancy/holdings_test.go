@@ -2,8 +2,6 @@ package tenancy
 
 import (
 	"context"
-	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -151,61 +149,4 @@ func TestSubDomainClaimsPayForTheGPUsTheyHold(t *testing.T) {
 	}
 	running(t, ns, "d1")
 	healthy(t, ns)
-}
-
-// An admin grants allowSharedGPU to a namespace; its edit-only tenant pins a 1Gi share to
-// each GPU (selectors on the GPU's index), which used to keep every claim that does not share
-// across namespaces off the cluster, uncharged. Another namespace's 10Gi pod (the default
-// isolation) now runs: it takes back one of the tenant's GPUs, whose pod is preempted
-// (FgpuPreempted); the tenant's pod pinned back to that GPU waits, and its pod on the one GPU
-// its shares need keeps running.
-func TestSpreadSharesGiveBackTheGPUsTheyDoNotNeed(t *testing.T) {
-	useMode(t, allocatorMode)
-	ctx := context.Background()
-	key := "fgpu.dev/e2e-tenancy-spread"
-	spreadNS := namespaces(t, "spread", key, 1)[0]
-	teamNS := cluster.Namespace(t, "spread-victim")
-	createPolicy(t, builders.MakePolicy("e2e-tenancy-spread").Priority(10).AllowShared().Namespaces(key, spreadNS).Obj())
-	tenant := cluster.Tenant(t, spreadNS, "attacker")
-	pin := func(name string, index int) *corev1.Pod {
-		p, err := framework.MakeGPUPod(spreadNS, name).Memory("1Gi").Selector(fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, index)).CreateAs(ctx, tenant.Client)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	onGPU := map[string]string{}
-	for i := range 2 {
-		name := fmt.Sprint("pin", i)
-		pin(name, i)
-		gpu, _ := gpuOf(t, running(t, spreadNS, name))
-		onGPU[gpu] = name
-	}
-	if len(onGPU) != 2 {
-		t.Fatalf("the pinned pods share a GPU: %v", onGPU)
-	}
-	if _, err := cluster.Create(ctx, framework.MakeGPUPod(teamNS, "v").Memory("10Gi")); err != nil {
-		t.Fatal(err)
-	}
-	got, _ := gpuOf(t, running(t, teamNS, "v"))
-	taken := onGPU[got]
-	if taken == "" {
-		t.Fatalf("the other namespace's pod runs on %s, which no pinned pod held (%v)", got, onGPU)
-	}
-	if ev := eventsOf(spreadNS, taken); !strings.Contains(ev, "FgpuPreempted") || !strings.Contains(ev, "its shares need 1") || strings.Contains(ev, teamNS) {
-		t.Errorf("the preempted pod's events do not say why (or name the waiting namespace):\n%s", ev)
-	}
-	for gpu, name := range onGPU {
-		if gpu != got {
-			running(t, spreadNS, name)
-		}
-	}
-	index, err := strconv.Atoi(strings.TrimPrefix(got, "gpu-"))
-	if err != nil {
-		t.Fatalf("GPU %s: %v", got, err)
-	}
-	again := pin("again", index)
-	waitClaimStatus(t, again, 30*time.Second, "no GPU can take 1Gi now")
-	notAllocated(t, again)
-	healthy(t, spreadNS, teamNS)
 }

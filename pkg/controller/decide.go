@@ -57,8 +57,6 @@ type input struct {
 	// nearest first (gangLevels); gangNear marks, per level, the model's nodes that have it.
 	gang     []gang.Level
 	gangNear [][]bool
-	// whatIf narrows the decision to GPUs a preemption would free (preempt.go plan).
-	whatIf *whatIf
 	// checks counts the GPUs the decision looked at, and the pods and claims checked on
 	// each node: its cost to its namespace's share.
 	checks int
@@ -122,8 +120,6 @@ type decider struct {
 	// memo is the pod-fit verdicts kept across decisions; only used inside a model
 	// transaction, whose lock it shares.
 	memo *fitMemos
-	// preempt keeps the GPUs it frees for the claims they were freed for.
-	preempt *preemptor
 }
 
 func (dc *decider) now() time.Time { return dc.cfg.Now() }
@@ -428,19 +424,7 @@ func (dc *decider) gpuFilter(ctx context.Context, tx *model.Tx, in *input, d *de
 			rj.add(why, "")
 			return false
 		}
-		if in.whatIf != nil && !in.whatIf.only[g] {
-			rj.add("not a GPU the claim could take back", "")
-			return false
-		}
-		if dc.preempt.keptForAnother(g.Key(), claimKey(in.claim)) {
-			rj.add("kept for the claim it is being taken back for", "")
-			return false
-		}
-		if in.whatIf != nil && dc.refused.Refused(in.claim.UID, g.Key(), dc.now(), dc.cfg.BindTimeout) {
-			rj.add("its kubelet plugin refused to prepare this claim on it", "")
-			return false
-		}
-		if in.whatIf == nil && dc.refused.Avoid(in.claim.UID, g.Key(), g.Use(), dc.now(), dc.cfg.BindTimeout) {
+		if dc.refused.Avoid(in.claim.UID, g.Key(), g.Use(), dc.now(), dc.cfg.BindTimeout) {
 			rj.add(fmt.Sprintf("its kubelet plugin refused to prepare this claim on it (tried again once what the GPU holds changes, or %s after the refusal)", dc.cfg.BindTimeout), "")
 			return false
 		}
@@ -491,7 +475,7 @@ func (dc *decider) unplaceable(tx *model.Tx, in *input, rq *request, rc *request
 			"larger than the GPU quota of namespace %s (%s): %s would take more than the whole quota on %d GPU(s)%s, and no other GPU can take it; it will not be placed unless the quota is raised or smaller GPUs can take it",
 			in.claim.Namespace, quotaText(in.pol.Quota), what, rj.counts[reasonBeyondQuota], example)}
 	}
-	return &waitReason{reason: ReasonWaiting, message: msg, keptOff: rj.counts[model.ReasonIsolation] > 0}
+	return &waitReason{reason: ReasonWaiting, message: msg}
 }
 
 // tenantOf is the tenant a result makes of the claim on its GPU.

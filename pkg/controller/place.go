@@ -52,7 +52,6 @@ func (c *Controller) Sync(ctx context.Context, key string) (time.Duration, error
 // for quota are looked at again.
 func (c *Controller) forget(key string) {
 	c.selectors.Forget(key)
-	c.preempt.forget(key)
 	if c.pending.Forget(key) {
 		ns, _, _ := strings.Cut(key, "/")
 		c.requeueNamespace(ns, key)
@@ -67,7 +66,6 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 	in, hasPods := c.gather(ctx, claim)
 	c.pending.SetPodless(key, !hasPods)
 	if !hasPods {
-		c.preempt.forget(key) // no GPU is kept for a claim no pod uses
 		// Placed once a pod uses it (pod events requeue the claim); until then it must not
 		// hold its namespace's quota queue.
 		if c.pending.WaitForQuota(key, claim.CreationTimestamp.Time, false) {
@@ -98,13 +96,6 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 		klog.FromContext(ctx).V(4).Info("Claim waits", "reason", w.reason, "message", w.message)
 		c.metrics.refusedIn(claim.Namespace, w.reason)
 		msg := w.message
-		if w.preempt != nil {
-			c.preempt.start(ctx, w.preempt)
-		}
-		if !w.keptOff {
-			c.preempt.forget(key) // waits for something else than room now
-		}
-		msg += c.preempt.status(key)
 		if w.quota || w.beyondQuota {
 			msg += kueueHint(in.consumers)
 		}
@@ -311,9 +302,6 @@ func (c *Controller) decideInTx(ctx context.Context, tx *model.Tx, in *input) (d
 	}
 	if w == nil {
 		d, w = c.decider.decide(ctx, tx, in)
-		if w != nil {
-			w.preempt = c.preempt.plan(ctx, tx, in, c.decider, w)
-		}
 	}
 	c.pending.Decided(key)
 	// Placed, or waiting for something else than quota: claims queued behind it go on.

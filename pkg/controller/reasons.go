@@ -51,9 +51,6 @@ const (
 	// ReasonSelectorsTooCostly: the claim's CEL selectors cost more to evaluate than the
 	// allocator spends on one claim; it is not placed.
 	ReasonSelectorsTooCostly = "FgpuSelectorsTooCostly"
-	// ReasonPreempted is on a pod the allocator deleted to take back room its namespace
-	// held beyond its shares' need, uncharged, for a claim of another namespace (preempt.go).
-	ReasonPreempted = "FgpuPreempted"
 )
 
 // waitReason is why a claim is not placed now.
@@ -71,11 +68,6 @@ type waitReason struct {
 	// constrained: a request its device constraints bind found no GPUs, which a claim
 	// decided again with the constraint's value and node fixed may find (decide).
 	constrained bool
-	// keptOff: some GPU turned it away for another namespace's shares; preempt: the claim
-	// would be placed on GPUs whose shares fit beside their namespaces' other shares, were
-	// they gone (preempt.go); place takes them back.
-	keptOff bool
-	preempt *preemption
 }
 
 func (w *waitReason) Error() string { return w.message }

@@ -32,7 +32,7 @@ type pendingClaim struct {
 	created   time.Time
 	firstLook time.Time
 	decided   bool
-	// rank is the claim's latency class's place (ClassRank); ranked once its policy is known.
+	// rank is the claim's latency class's place (classRank); ranked once its policy is known.
 	rank   int
 	ranked bool
 	// triedIn is the pass in which the allocator last decided on the claim, or deferred it
@@ -44,9 +44,8 @@ type pendingClaim struct {
 	podless bool
 }
 
-// ClassRank orders latency classes, lowest first: critical claims are placed first, best-effort
-// last, and a claim preempts no share of a class ranked before its own.
-func ClassRank(c api.LatencyClass) int {
+// classRank orders latency classes: critical claims are placed first, best-effort last.
+func classRank(c api.LatencyClass) int {
 	switch c {
 	case api.LatencyCritical:
 		return 0
@@ -99,7 +98,7 @@ func (q *Queue) SetClass(key string, c api.LatencyClass) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if p := q.pending[key]; p != nil {
-		p.rank, p.ranked = ClassRank(c), true
+		p.rank, p.ranked = classRank(c), true
 	}
 }
 
@@ -182,7 +181,7 @@ func (q *Queue) InOrder(ns string) []string {
 	list := make([]entry, 0, len(q.pending))
 	for k, p := range q.pending {
 		if ns == "" || strings.HasPrefix(k, ns+"/") {
-			rank := ClassRank(api.LatencyStandard)
+			rank := classRank(api.LatencyStandard)
 			if p.ranked {
 				rank = p.rank
 			}

@@ -262,6 +262,35 @@ func TestLatencyCritical(t *testing.T) {
 	}
 }
 
+// A claim turned away by a co-tenant learns the claim's name only where it is its own
+// namespace's: a claim's status and events are read by its namespace.
+func TestCoTenantRefusalNamesNoOtherNamespacesClaim(t *testing.T) {
+	pols := []*api.SharingPolicy{
+		builders.MakePolicy("crit").Latency(api.LatencyCritical).MaxCo(0).Isolation(api.IsolationNone).Namespaces("kubernetes.io/metadata.name", "a").Pods("tier", "critical").Priority(10).Obj(),
+		builders.MakePolicy("rest").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).Obj(),
+	}
+	e := newEnv(t, pols, builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 1, "80Gi"), namespaceObj("a"), namespaceObj("b"),
+		builders.MakeClaim("a", "secret-model").Memory("10Gi").Obj(), builders.MakePod("a", "secret-model").Claim("secret-model").Label("tier", "critical").Obj())
+	e.run()
+	if e.placedOn("a", "secret-model") == "" {
+		t.Fatal("critical claim not placed")
+	}
+	e.create(builders.MakeClaim("b", "other").Memory("1Gi").Created(1).Obj(), builders.MakePod("b", "other").Claim("other").Obj())
+	e.run()
+	ev := e.events("a critical tenant allows no more co-tenants")
+	if len(ev) != 1 {
+		t.Fatalf("other namespace's claim refusal events: %q", ev)
+	}
+	if !strings.Contains(ev[0], "n1/gpu-0") || strings.Contains(ev[0], "secret-model") {
+		t.Errorf("another namespace's refusal should name the GPU, not the claim: %q", ev[0])
+	}
+	e.create(builders.MakeClaim("a", "mine").Memory("1Gi").Created(2).Obj(), builders.MakePod("a", "mine").Claim("mine").Obj())
+	e.run()
+	if ev := e.events("a/secret-model"); len(ev) != 1 || !strings.Contains(ev[0], "a critical tenant allows no more co-tenants") {
+		t.Errorf("the same namespace's refusal should name its claim: %q", ev)
+	}
+}
+
 func TestMaxTenantsAndBestEffortPacks(t *testing.T) {
 	e := newEnv(t, []*api.SharingPolicy{builders.MakePolicy("p").Isolation(api.IsolationNone).Latency(api.LatencyBestEffort).MaxTenants(2).Obj()},
 		builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 2, "80Gi"))

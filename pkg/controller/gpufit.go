@@ -82,23 +82,33 @@ func coTenancy(in *input, rq *request, g *model.GPU) (string, string) {
 		}
 		if t.Latency == api.LatencyCritical {
 			if p.Latency == api.LatencyCritical && (!p.AllowCriticalCoTenants || !t.AllowCrit) {
-				return "holds another critical claim", t.Key
+				return "holds another critical claim", coTenantText(in, t, g)
 			}
 			if g.NumTenants() > t.MaxCo {
-				return "a critical tenant allows no more co-tenants", t.Key
+				return "a critical tenant allows no more co-tenants", coTenantText(in, t, g)
 			}
 		}
 		if t.Domain != rq.domain && (!p.AllowSharedGPU || !t.AllowShare) {
 			return "isolation: used by another namespace or isolation domain", ""
 		}
 		if (t.BurstCap > 0) != (rq.burstCap > 0) {
-			return "bursting and non-bursting shares do not share a GPU", t.Key
+			return "bursting and non-bursting shares do not share a GPU", coTenantText(in, t, g)
 		}
 		if t.Mode != "" && t.Mode != rq.mode {
 			return "its tenants use another sharing mode", fmt.Sprintf("%s is %s, the claim %s", g.Key(), t.Mode, rq.mode)
 		}
 	}
 	return "", ""
+}
+
+// coTenantText names the co-tenant t of g that turned the claim away: the claim where it is
+// of the claim's own namespace, else only the GPU, since a claim's status and events are read
+// by its namespace, which has no business learning another namespace's claim names.
+func coTenantText(in *input, t *model.Tenant, g *model.GPU) string {
+	if t.Namespace == in.claim.Namespace {
+		return t.Key
+	}
+	return g.Key().String()
 }
 
 // size is what GPU g would give the request: all of it for a whole GPU; else the memory

@@ -2,13 +2,20 @@ package tenancy
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/e2e/framework"
@@ -149,4 +156,98 @@ func TestSubDomainClaimsPayForTheGPUsTheyHold(t *testing.T) {
 	}
 	running(t, ns, "d1")
 	healthy(t, ns)
+}
+
+// Issue #24, M4: an admin grants allowSharedGPU to a namespace, with a 4Gi quota; its
+// edit-only tenant pins a 1Gi share to each GPU (selectors on the GPU's index), one of them a
+// standalone claim that a Deployment's pod uses, under a PodDisruptionBudget. That used to
+// keep every claim that does not share across namespaces off the node, uncharged. Alone on
+// two GPUs, the namespace holds one GPU's room its quota does not pay for: another
+// namespace's 10Gi pod (the default isolation) asking for that GPU runs, the Deployment's pod
+// is preempted (FgpuPreempted; the budget does not stop it), its replacement cannot reserve
+// the claim there, and once the claim is deallocated it is placed again under the usual rules
+// (pinned to the GPU taken back, it waits). The tenant's pod on the GPU it keeps runs on.
+func TestSpreadSharesGiveBackWhatTheirQuotaDoesNotPay(t *testing.T) {
+	useMode(t, allocatorMode)
+	ctx := context.Background()
+	key := "fgpu.dev/e2e-tenancy-spread"
+	spreadNS := namespaces(t, "spread", key, 1)[0]
+	teamNS := cluster.Namespace(t, "spread-victim")
+	createPolicy(t, builders.MakePolicy("e2e-tenancy-spread").Priority(10).AllowShared().Namespaces(key, spreadNS).QuotaMemory("4Gi").Obj())
+	tenant := cluster.Tenant(t, spreadNS, "attacker")
+	pin := func(index int) string { return fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, index) }
+	if _, err := framework.MakeGPUPod(spreadNS, "pin0").Memory("1Gi").Selector(pin(0)).CreateAs(ctx, tenant.Client); err != nil {
+		t.Fatal(err)
+	}
+	running(t, spreadNS, "pin0")
+
+	web := framework.MakeGPUPod(spreadNS, "web").Memory("1Gi").Selector(pin(1))
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: spreadNS, Name: "web"}, Spec: web.Template().Spec.Spec}
+	if _, err := tenant.Client.ResourceV1().ResourceClaims(spreadNS).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	spec := web.Pod().Spec
+	spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("web")}}
+	labels := map[string]string{"app": "web"}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: spreadNS, Name: "web"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: spec}}}
+	if _, err := tenant.Client.AppsV1().Deployments(spreadNS).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: spreadNS, Name: "web"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(1)), Selector: &metav1.LabelSelector{MatchLabels: labels}}}
+	if _, err := tenant.Client.PolicyV1().PodDisruptionBudgets(spreadNS).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	webPods := func() []corev1.Pod {
+		pods, err := cluster.Client.CoreV1().Pods(spreadNS).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pods.Items
+	}
+	var first corev1.Pod
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, podTimeout, true, func(context.Context) (bool, error) {
+		pods := webPods()
+		if len(pods) != 1 || pods[0].Status.Phase != corev1.PodRunning {
+			return false, nil
+		}
+		first = pods[0]
+		return true, nil
+	}); err != nil {
+		t.Fatalf("the Deployment's pod does not run: %v", err)
+	}
+	if gpu, _ := gpuOf(t, &first); gpu != "gpu-1" {
+		t.Fatalf("the Deployment's claim is on %s, want gpu-1", gpu)
+	}
+
+	if _, err := cluster.Create(ctx, framework.MakeGPUPod(teamNS, "v").Memory("10Gi").Selector(pin(1))); err != nil {
+		t.Fatal(err)
+	}
+	if gpu, _ := gpuOf(t, running(t, teamNS, "v")); gpu != "gpu-1" {
+		t.Fatalf("the other namespace's pod runs on %s, want gpu-1", gpu)
+	}
+	if ev := eventsOf(spreadNS, first.Name); !strings.Contains(ev, "FgpuPreempted") || !strings.Contains(ev, "more than its GPU quota pays for") || strings.Contains(ev, teamNS) {
+		t.Errorf("the preempted pod's events do not say why (or name the waiting namespace):\n%s", ev)
+	}
+	// The replacement waits: the claim was placed again, pinned to the GPU taken back.
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		c, err := cluster.Client.ResourceV1().ResourceClaims(spreadNS).Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		_, marked := c.Annotations[api.AnnotationReclaimed]
+		return !marked && c.Status.Allocation == nil && strings.Contains(c.Annotations[api.AnnotationStatus], "no GPU can take 1Gi now"), nil
+	}); err != nil {
+		c, _ := cluster.Client.ResourceV1().ResourceClaims(spreadNS).Get(ctx, "web", metav1.GetOptions{})
+		t.Fatalf("the Deployment's claim was not placed again (waiting): %v\n%+v", err, c)
+	}
+	for _, p := range webPods() {
+		if p.UID != first.UID && p.Spec.NodeName != "" {
+			t.Errorf("the Deployment's new pod %s was bound to %s", p.Name, p.Spec.NodeName)
+		}
+	}
+	running(t, spreadNS, "pin0")
+	healthy(t, spreadNS, teamNS)
 }

@@ -150,6 +150,9 @@ type Controller struct {
 
 	// decider decides, in a model transaction, where a pending claim goes.
 	decider *decider
+	// reclaim takes back GPUs that namespaces granted allowSharedGPU hold beyond what their
+	// quota pays for, for a claim that waits for them.
+	reclaim *reclaimer
 	// sizing recommends workload sizes from measured use and, under sizing Auto, resizes,
 	// relieves and consolidates; idle scales idle workloads to zero.
 	sizing *sizingLoop
@@ -205,7 +208,9 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	c.idle = &idleScaler{spans: engine.NewIdle[workloadRef](),
 		cfg: &c.cfg, listers: c.listers, model: c.model, client: client, recorder: c.recorder, fenced: c.fenced, kick: c.kick}
 	burst := engine.NewHistory[model.GPUKey](sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))})
-	c.decider = &decider{cfg: &c.cfg, memo: newFitMemos(), ledger: c.ledger, nodes: c.nodes, refused: c.refused, burst: burst, reserveText: c.idle.reserveText}
+	c.reclaim = newReclaimer(c.listers, client, c.recorder, c.metrics, c.now, c.fenced)
+	c.decider = &decider{cfg: &c.cfg, memo: newFitMemos(), ledger: c.ledger, nodes: c.nodes, refused: c.refused, burst: burst, reserveText: c.idle.reserveText,
+		reclaim: c.reclaim}
 	c.sizing = &sizingLoop{sizer: newSizer(cfg.Sizing, cfg.SizingShrinkAfter), burst: burst,
 		cfg: &c.cfg, listers: c.listers, model: c.model, pending: c.pending, gather: c.gather, place: c.decider, client: client, recorder: c.recorder, metrics: c.metrics, fenced: c.fenced}
 	// Consolidation asks the decider, which sizes bursting shares as the sizing loop says.

@@ -57,6 +57,8 @@ type input struct {
 	// nearest first (gangLevels); gangNear marks, per level, the model's nodes that have it.
 	gang     []gang.Level
 	gangNear [][]bool
+	// whatIf narrows the decision to GPUs a reclamation would free (reclaim.go plan).
+	whatIf *whatIf
 	// checks counts the GPUs the decision looked at, and the pods and claims checked on
 	// each node: its cost to its namespace's share.
 	checks int
@@ -120,6 +122,8 @@ type decider struct {
 	// memo is the pod-fit verdicts kept across decisions; only used inside a model
 	// transaction, whose lock it shares.
 	memo *fitMemos
+	// reclaim keeps the GPUs it takes back for the claims they are taken back for.
+	reclaim *reclaimer
 }
 
 func (dc *decider) now() time.Time { return dc.cfg.Now() }
@@ -424,7 +428,19 @@ func (dc *decider) gpuFilter(ctx context.Context, tx *model.Tx, in *input, d *de
 			rj.add(why, "")
 			return false
 		}
-		if dc.refused.Avoid(in.claim.UID, g.Key(), g.Use(), dc.now(), dc.cfg.BindTimeout) {
+		if in.whatIf != nil && !in.whatIf.only[g] {
+			rj.add("not a GPU the claim could take back", "")
+			return false
+		}
+		if dc.reclaim.keptForAnother(g.Key(), claimKey(in.claim)) {
+			rj.add("kept for the claim it is being taken back for", "")
+			return false
+		}
+		if in.whatIf != nil && dc.refused.Refused(in.claim.UID, g.Key(), dc.now(), dc.cfg.BindTimeout) {
+			rj.add("its kubelet plugin refused to prepare this claim on it", "")
+			return false
+		}
+		if in.whatIf == nil && dc.refused.Avoid(in.claim.UID, g.Key(), g.Use(), dc.now(), dc.cfg.BindTimeout) {
 			rj.add(fmt.Sprintf("its kubelet plugin refused to prepare this claim on it (tried again once what the GPU holds changes, or %s after the refusal)", dc.cfg.BindTimeout), "")
 			return false
 		}

@@ -75,7 +75,7 @@ func newEnvWith(t *testing.T, configure func(*Config), policies []*api.SharingPo
 	e.rec = record.NewFakeRecorder(10000)
 	// The parts New built record their events themselves, with the recorder it gave them.
 	e.c.recorder, e.c.status.recorder, e.c.gone.recorder, e.c.policyStatus.recorder = e.rec, e.rec, e.rec, e.rec
-	e.c.sizing.recorder, e.c.idle.recorder = e.rec, e.rec
+	e.c.sizing.recorder, e.c.idle.recorder, e.c.reclaim.recorder = e.rec, e.rec, e.rec
 	if !e.c.WaitForCacheSync(ctx) {
 		t.Fatal("caches did not sync")
 	}
@@ -116,7 +116,7 @@ func (e *env) watchHandlers() {
 	h.claim, h.pod = e.claimsHandled.wrap(h.claim), e.podsHandled.wrap(h.pod)
 	e.c.informers = newInformerSet(e.client, e.fgpu, h, e.c.cfg.Namespace)
 	e.c.listers = e.c.informers.listers
-	e.c.sizing.listers, e.c.idle.listers, e.c.gone.listers = e.c.listers, e.c.listers, e.c.listers
+	e.c.sizing.listers, e.c.idle.listers, e.c.gone.listers, e.c.reclaim.listers = e.c.listers, e.c.listers, e.c.listers, e.c.listers
 	e.c.policyStatus.policies = e.c.policies
 	e.c.decider.nodes = e.c.nodes
 	if path := readsListers(reflect.ValueOf(e.c), listerPointers(old), "Controller", map[uintptr]bool{}); path != "" {

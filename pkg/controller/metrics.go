@@ -29,7 +29,9 @@ type Metrics struct {
 	nsPlaced *prometheus.CounterVec
 	refused  *prometheus.CounterVec
 	evicted  *prometheus.CounterVec
-	ctrl     *Controller
+	// preempted counts pods deleted to take back GPUs held beyond quota (reclaim.go).
+	preempted *prometheus.CounterVec
+	ctrl      *Controller
 
 	pendingDesc, memDesc, compDesc, tenantsDesc, fragDesc                    *prometheus.Desc
 	memCapDesc, compCapDesc, gpuNsDesc, gpuFragDesc, gpuTaintedDesc          *prometheus.Desc
@@ -63,6 +65,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		evicted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fgpu_allocator_sizing_evictions_total",
 			Help: "Pods sizing Auto evicted so that their controllers recreate them, by namespace and reason: grow (use near the cap), shrink (far below it), burst (its workload is measured and its pods may burst), relieve (its GPU's tenants together near its memory), consolidate (its GPU is emptied)."},
 			[]string{"namespace", "reason"}),
+		preempted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fgpu_allocator_preempted_pods_total",
+			Help: "Pods the allocator deleted to take back a GPU that a namespace granted allowSharedGPU was alone on beyond what its quota pays for, for another namespace's waiting claim; by the pods' namespace."},
+			nsLabels),
 		pendingDesc: prometheus.NewDesc("fgpu_allocator_pending_claims", "fgpu claims a pod may use that wait for an allocation.", nil, nil),
 		memDesc:     prometheus.NewDesc("fgpu_allocator_gpu_allocated_memory_bytes", "GPU memory allocated to claims.", gpuLabels, nil),
 		compDesc:    prometheus.NewDesc("fgpu_allocator_gpu_allocated_compute_percent", "GPU compute allocated to claims.", gpuLabels, nil),
@@ -92,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		adoption: newAdoptionMetrics(),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decision, m.latency, m.placed, m.writes, m.nsPlaced, m.refused, m.evicted, m)
+		reg.MustRegister(m.decision, m.latency, m.placed, m.writes, m.nsPlaced, m.refused, m.evicted, m.preempted, m)
 	}
 	return m
 }

@@ -52,6 +52,7 @@ func (c *Controller) Sync(ctx context.Context, key string) (time.Duration, error
 // for quota are looked at again.
 func (c *Controller) forget(key string) {
 	c.selectors.Forget(key)
+	c.reclaim.forget(key)
 	if c.pending.Forget(key) {
 		ns, _, _ := strings.Cut(key, "/")
 		c.requeueNamespace(ns, key)
@@ -62,10 +63,14 @@ func (c *Controller) forget(key string) {
 // pass the namespace's quota queue, decide, and commit (or say why it waits).
 func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim) (time.Duration, error) {
 	key := claimKey(claim)
+	if err := c.reclaim.unmark(ctx, claim); err != nil {
+		return 0, fmt.Errorf("clearing %s: %w", api.AnnotationReclaimed, err)
+	}
 	c.pending.Add(key, claim.CreationTimestamp.Time, c.now())
 	in, hasPods := c.gather(ctx, claim)
 	c.pending.SetPodless(key, !hasPods)
 	if !hasPods {
+		c.reclaim.forget(key) // no GPU is kept for a claim no pod uses
 		// Placed once a pod uses it (pod events requeue the claim); until then it must not
 		// hold its namespace's quota queue.
 		if c.pending.WaitForQuota(key, claim.CreationTimestamp.Time, false) {
@@ -96,6 +101,13 @@ func (c *Controller) place(ctx context.Context, claim *resourceapi.ResourceClaim
 		klog.FromContext(ctx).V(4).Info("Claim waits", "reason", w.reason, "message", w.message)
 		c.metrics.refusedIn(claim.Namespace, w.reason)
 		msg := w.message
+		if w.reclaim != nil {
+			c.reclaim.start(ctx, w.reclaim)
+		}
+		if w.reason != ReasonWaiting || w.quota || w.beyondQuota {
+			c.reclaim.forget(key) // waits for something else than room now
+		}
+		msg += c.reclaim.status(key)
 		if w.quota || w.beyondQuota {
 			msg += kueueHint(in.consumers)
 		}
@@ -302,6 +314,9 @@ func (c *Controller) decideInTx(ctx context.Context, tx *model.Tx, in *input) (d
 	}
 	if w == nil {
 		d, w = c.decider.decide(ctx, tx, in)
+		if w != nil {
+			w.reclaim = c.reclaim.plan(ctx, tx, in, c.decider, w)
+		}
 	}
 	c.pending.Decided(key)
 	// Placed, or waiting for something else than quota: claims queued behind it go on.

@@ -51,6 +51,9 @@ const (
 	// ReasonSelectorsTooCostly: the claim's CEL selectors cost more to evaluate than the
 	// allocator spends on one claim; it is not placed.
 	ReasonSelectorsTooCostly = "FgpuSelectorsTooCostly"
+	// ReasonPreempted is on a pod the allocator deleted to take back a GPU its namespace
+	// held beyond what its quota pays for, for a claim of another namespace (reclaim.go).
+	ReasonPreempted = "FgpuPreempted"
 )
 
 // waitReason is why a claim is not placed now.
@@ -68,6 +71,9 @@ type waitReason struct {
 	// constrained: a request its device constraints bind found no GPUs, which a claim
 	// decided again with the constraint's value and node fixed may find (decide).
 	constrained bool
+	// reclaim: the claim would be placed on GPUs held on loan, were their shares gone
+	// (reclaim.go); place takes them back.
+	reclaim *reclamation
 }
 
 func (w *waitReason) Error() string { return w.message }

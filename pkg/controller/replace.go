@@ -79,6 +79,19 @@ func (r *refusedGPUs) Avoid(claim types.UID, g model.GPUKey, use model.Use, now 
 	return true
 }
 
+// Refused reports, changing nothing, whether the claim's plugin refused GPU g within ttl,
+// whatever g holds now: a reclamation's what-if asks it of a GPU it would empty.
+func (r *refusedGPUs) Refused(claim types.UID, g model.GPUKey, now time.Time, ttl time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rp := r.m[claim]
+	if rp == nil {
+		return false
+	}
+	f, ok := rp.gpus[g]
+	return ok && now.Sub(f.at) < ttl
+}
+
 // Next is how long until the claim's earliest refusal runs out (0: none left).
 func (r *refusedGPUs) Next(claim types.UID, now time.Time, ttl time.Duration) time.Duration {
 	r.mu.Lock()

@@ -66,6 +66,9 @@ func TestClaimStatusPolicy(t *testing.T) {
 		{"tenant creates a plain claim", "resourceclaims", "CREATE", tenantUser, nil, claim(nil), false},
 		{"tenant creates a plain template", "resourceclaimtemplates", "CREATE", tenantUser, nil, template(map[string]any{"example.com/x": "y"}), false},
 		{"allocator tells the status", "resourceclaims", "UPDATE", allocatorUser, claim(status(said)), claim(status("placed on n1/gpu-0")), false},
+		{"tenant removes the allocator's reclaim mark", "resourceclaims", "UPDATE", tenantUser, claim(map[string]any{"fgpu.dev/reclaimed": "n1/gpu-0"}), claim(map[string]any{}), true},
+		{"tenant creates a template with a reclaim mark", "resourceclaimtemplates", "CREATE", tenantUser, nil, template(map[string]any{"fgpu.dev/reclaimed": "n1/gpu-0"}), true},
+		{"allocator marks a claim it takes back", "resourceclaims", "UPDATE", allocatorUser, claim(nil), claim(map[string]any{"fgpu.dev/reclaimed": "n1/gpu-0"}), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			request := map[string]any{"resource": map[string]any{"group": "resource.k8s.io", "version": "v1", "resource": tc.resource},
@@ -74,7 +77,7 @@ func TestClaimStatusPolicy(t *testing.T) {
 			if (msg != "") != tc.refused {
 				t.Fatalf("refused=%v (%q), want refused=%v", msg != "", msg, tc.refused)
 			}
-			if tc.refused && (!strings.Contains(msg, "a/c: the annotation fgpu.dev/status") || !strings.Contains(msg, "only the allocator may set, change or remove it")) {
+			if tc.refused && (!strings.Contains(msg, "a/c: the annotation fgpu.dev/") || !strings.Contains(msg, "only the allocator may set, change or remove it")) {
 				t.Errorf("message %q", msg)
 			}
 		})
@@ -147,6 +150,58 @@ func TestEventSourcePolicy(t *testing.T) {
 				if !strings.Contains(msg, "only fgpu may write events in the name of "+tc.refused+" ") || !strings.Contains(msg, "event a/e") {
 					t.Fatalf("%s: message %q", op, msg)
 				}
+			}
+		})
+	}
+}
+
+// A claim whose GPU the allocator takes back (fgpu.dev/reclaimed) keeps the pods that
+// reserved it until they are gone, and gets no new one: a controller's new pods must not keep
+// it allocated on that GPU for ever. Releasing (kube-controller-manager) and unmarked claims
+// are untouched.
+func TestReclaimedClaimGetsNoNewPods(t *testing.T) {
+	p, _ := admission.Only(t, "claim-reclaim-admission.yaml")
+	admission.Compile(t, p)
+	if !matches(p.Spec.MatchConstraints.ResourceRules, []string{"resource.k8s.io"}, []string{"resourceclaims/status"}, admissionv1.Update) {
+		t.Errorf("match rules %+v: want UPDATE of claims' status", p.Spec.MatchConstraints.ResourceRules)
+	}
+	claim := func(marked bool, pods ...string) map[string]any {
+		meta := map[string]any{"name": "c", "namespace": "a"}
+		if marked {
+			meta["annotations"] = map[string]any{"fgpu.dev/reclaimed": "n1/gpu-0"}
+		}
+		var reserved []any
+		for _, p := range pods {
+			reserved = append(reserved, map[string]any{"resource": "pods", "name": p, "uid": "uid-" + p})
+		}
+		status := map[string]any{"allocation": map[string]any{}}
+		if reserved != nil {
+			status["reservedFor"] = reserved
+		}
+		return map[string]any{"metadata": meta, "spec": map[string]any{}, "status": status}
+	}
+	const scheduler = "system:kube-scheduler"
+	for _, tc := range []struct {
+		name     string
+		old, cur map[string]any
+		refused  bool
+	}{
+		{"new pod of a marked claim", claim(true, "old"), claim(true, "old", "new"), true},
+		{"first pod of a marked claim", claim(true), claim(true, "new"), true},
+		{"a pod replaced by another", claim(true, "old"), claim(true, "new"), true},
+		{"old pod gone", claim(true, "old", "older"), claim(true, "old"), false},
+		{"deallocated", claim(true), func() map[string]any { c := claim(true); delete(c, "status"); return c }(), false},
+		{"new pod of an unmarked claim", claim(false, "old"), claim(false, "old", "new"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			request := map[string]any{"resource": map[string]any{"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+				"subResource": "status", "operation": "UPDATE", "namespace": "a", "userInfo": map[string]any{"username": scheduler}}
+			msg := admission.Review(t, p, request, tc.cur, tc.old)
+			if (msg != "") != tc.refused {
+				t.Fatalf("refused=%v (%q), want refused=%v", msg != "", msg, tc.refused)
+			}
+			if tc.refused && (!strings.Contains(msg, "a/c is being taken back from GPU n1/gpu-0") || !strings.Contains(msg, "refused: new")) {
+				t.Errorf("message %q", msg)
 			}
 		})
 	}

@@ -87,6 +87,12 @@ const (
 	// no conditions). Only the allocator writes it (the chart's
 	// fgpu-claims-status-by-allocator policy) and never reads it back; `fgpu why` shows it.
 	AnnotationStatus = "fgpu.dev/status"
+	// AnnotationReclaimed on a claim names the GPU the allocator takes back from it (a
+	// namespace granted allowSharedGPU holds it beyond its quota): its pods are deleted, and
+	// admission refuses new reservations of the claim (the chart's
+	// fgpu-claims-reclaimed-no-new-pods policy) until it is deallocated. Only the allocator
+	// writes it (fgpu-claims-status-by-allocator).
+	AnnotationReclaimed = "fgpu.dev/reclaimed"
 	// LabelObservedUsage marks the ConfigMaps the kubelet plugins keep their observed
 	// usage in (ObservedUsage); its value is the node. ObservedUsagePrefix+<node> names
 	// them, ObservedUsageKey is their data key.

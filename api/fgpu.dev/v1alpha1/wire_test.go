@@ -62,6 +62,7 @@ func wireNames() map[string]any {
 
 		"FinalizerAllocator":     FinalizerAllocator,
 		"AnnotationStatus":       AnnotationStatus,
+		"AnnotationReclaimed":    AnnotationReclaimed,
 		"AnnotationSizingRecord": AnnotationSizingRecord,
 		"LabelObservedUsage":     LabelObservedUsage,
 		"ObservedUsagePrefix":    ObservedUsagePrefix,

@@ -1,0 +1,405 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
+	"github.com/fgpu-dev/fgpu/pkg/policy"
+)
+
+// Reclaiming takes back room a namespace granted allowSharedGPU holds on loan (model.Loan):
+// the GPUs it is alone on beyond what its quota pays for, which keep off every claim that
+// does not share across namespaces. A claim of another namespace that waits, and would be
+// placed on such GPUs were the namespace's shares there gone, gets them: the allocator marks
+// the shares' claims (fgpu.dev/reclaimed, which admission lets only the allocator write and
+// which stops new pods from reserving the claim), deletes the pods that use them, and keeps
+// the GPUs for the waiting claim while they end. A claim from a template goes with its pod;
+// any other is deallocated once its last pod is gone (kube-controller-manager, or the
+// allocator's orphan check), and is placed again under the usual rules, away from the GPUs
+// kept. As with kube-scheduler's preemption, PodDisruptionBudgets do not stop it: the tenant
+// writes them, and would keep the room by writing one.
+//
+// What is taken back is bounded by the loan: nothing once the namespace's quota pays for the
+// room of the GPUs it is alone on (all but the roomiest, as held.go counts it), and a plan
+// takes no GPU whose room the quota would pay for without the others the plan takes. One plan
+// is under way per waiting namespace, so that its claims, each within its quota alone, do
+// not take back more than one of them can use.
+
+const (
+	// reclaimKeep is how long GPUs being taken back are kept for the claim they are taken
+	// back for, if it is not placed sooner.
+	reclaimKeep = 2 * time.Minute
+	// reclaimGrace caps a reclaimed pod's termination grace period: a tenant's long one
+	// would keep the GPU as long.
+	reclaimGrace int64 = 30
+	// reclaimGPUs bounds the GPUs one plan decides the waiting claim on, so that a retry
+	// holds the model's lock about as long as a decision; the next plan looks on from where
+	// this one stopped.
+	reclaimGPUs = 64
+	// PodReasonPreemptionByFgpu is the reason of the DisruptionTarget condition on a pod the
+	// allocator deleted to take back a GPU (kube-scheduler's is PreemptionByScheduler), which
+	// a Job's pod failure policy tells from a failure.
+	PodReasonPreemptionByFgpu = "PreemptionByFgpu"
+)
+
+// reclaimer plans reclamations in a waiting claim's transaction, carries them out after it,
+// and keeps the GPUs for that claim. Its lock is a leaf: the decider asks it about a GPU
+// inside a model transaction.
+type reclaimer struct {
+	listers
+	client   kubernetes.Interface
+	recorder record.EventRecorder
+	metrics  *Metrics
+	now      func() time.Time
+	fenced   func() error
+
+	mu sync.Mutex
+	// kept maps each GPU being taken back to the claim it is kept for.
+	kept map[model.GPUKey]keptGPU
+	// next is where the next plan starts among the GPUs on loan; only used inside a model
+	// transaction, whose lock it shares.
+	next int
+}
+
+type keptGPU struct {
+	claim string // key
+	until time.Time
+}
+
+func newReclaimer(l listers, client kubernetes.Interface, recorder record.EventRecorder, m *Metrics, now func() time.Time, fenced func() error) *reclaimer {
+	return &reclaimer{listers: l, client: client, recorder: recorder, metrics: m, now: now, fenced: fenced, kept: map[model.GPUKey]keptGPU{}}
+}
+
+// reclamation is what a waiting claim takes back: GPUs, and the shares on them.
+type reclamation struct {
+	gpus    []model.GPUKey
+	victims []victim
+}
+
+// victim is a share taken back: its claim and the GPU it is on.
+type victim struct {
+	claim string // key
+	uid   types.UID
+	on    model.GPUKey
+}
+
+// whatIf narrows a decision to the GPUs a reclamation would free.
+type whatIf struct{ only map[*model.GPU]bool }
+
+// keptForAnother reports whether GPU k is kept for a claim other than claim (key).
+func (r *reclaimer) keptForAnother(k model.GPUKey, claim string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kg, ok := r.kept[k]
+	if ok && r.now().After(kg.until) {
+		delete(r.kept, k)
+		return false
+	}
+	return ok && kg.claim != claim
+}
+
+// taking returns the GPUs being taken back, and whether a claim of namespace ns has a
+// reclamation under way.
+func (r *reclaimer) taking(ns string) (kept map[model.GPUKey]bool, busy bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	kept = map[model.GPUKey]bool{}
+	for k, kg := range r.kept {
+		if now.After(kg.until) {
+			delete(r.kept, k)
+			continue
+		}
+		kept[k] = true
+		busy = busy || strings.HasPrefix(kg.claim, ns+"/")
+	}
+	return kept, busy
+}
+
+// forget stops keeping GPUs for claim (key): it was placed, is gone, or waits for something
+// else than room.
+func (r *reclaimer) forget(claim string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, kg := range r.kept {
+		if kg.claim == claim {
+			delete(r.kept, k)
+		}
+	}
+}
+
+// onLoan reports whether a namespace with quota q, using used, holds room on loan: its
+// quota would not pay for charge, the room of the GPUs it is alone on but its roomiest.
+// Under heldRoom: Refuse (Kueue owns the quota) it may keep no such room at all.
+func onLoan(q policy.Quota, used, charge model.Usage) bool {
+	if q.Invalid != nil {
+		return false
+	}
+	if q.RefuseHeldRoom && (charge.Mem > 0 || charge.Comp > 0) {
+		return true
+	}
+	return over(q, used, charge)
+}
+
+// loans lists the namespaces other than ns that hold room on loan, with their quotas, the
+// GPUs in kept aside.
+func (r *reclaimer) loans(tx *model.Tx, ns string, kept map[model.GPUKey]bool) (gpus []*model.GPU, quotas map[string]policy.Quota) {
+	spread := tx.SpreadAlone()
+	if len(spread) == 0 {
+		return nil, nil
+	}
+	policies := r.policyList()
+	quotas = map[string]policy.Quota{}
+	for _, n := range spread {
+		if n == ns {
+			continue
+		}
+		q := policy.NamespaceQuota(policies, r.namespaceLabels(n))
+		if !q.Binds() && !q.RefuseHeldRoom {
+			continue
+		}
+		loan := tx.Loan(n, func(g *model.GPU) bool { return kept[g.Key()] })
+		if onLoan(q, usedBy(tx, n), loan.Charge) {
+			quotas[n] = q
+			gpus = append(gpus, loan.Alone...)
+		}
+	}
+	return gpus, quotas
+}
+
+// namespaceLabels are namespace ns's labels (none if it is not known).
+func (r *reclaimer) namespaceLabels(ns string) map[string]string {
+	if n, err := r.namespaces.Get(ns); err == nil && n.Labels != nil {
+		return n.Labels
+	}
+	return map[string]string{}
+}
+
+// usedBy is what namespace ns's claims and its workloads scaled to zero take of its quota.
+func usedBy(tx *model.Tx, ns string) model.Usage {
+	c, res := tx.Charged(ns), tx.Reserve(ns)
+	return model.Usage{Mem: addSat(c.Mem, res.Mem), Comp: addSat(c.Comp, res.Comp)}
+}
+
+// plan is called in the transaction that left in's claim waiting for room (w): it decides
+// the claim again on GPUs held on loan (up to reclaimGPUs of them, the next ones at the next
+// retry), with their shares taken out. Where it would be placed, the GPUs are kept for it
+// from now on, and their shares are the victims. It is nil where the allocator is fenced,
+// nothing is on loan, the claim waits for something else, or a claim of its namespace has a
+// reclamation under way.
+func (r *reclaimer) plan(ctx context.Context, tx *model.Tx, in *input, dc *decider, w *waitReason) *reclamation {
+	if w.reason != ReasonWaiting || w.quota || w.beyondQuota || w.retryAfter > 0 || in.selectorsWait != nil || in.conflict != nil ||
+		len(in.consumers) == 0 || r.fenced() != nil {
+		return nil
+	}
+	key, ns := claimKey(in.claim), in.claim.Namespace
+	kept, busy := r.taking(ns)
+	if busy {
+		return nil
+	}
+	all, quotas := r.loans(tx, ns, kept)
+	if len(all) == 0 {
+		return nil
+	}
+	start := r.next % len(all)
+	cands := all[start:min(len(all), start+reclaimGPUs)]
+	r.next = start + len(cands)
+	only := map[*model.GPU]bool{}
+	var keys []string
+	for _, g := range cands {
+		only[g] = true
+		for t := range g.Tenants() {
+			keys = append(keys, t.Key)
+		}
+	}
+	in.checks += len(keys) // the what-if's work, charged to the claim's namespace
+	var d *decision
+	in.whatIf = &whatIf{only: only}
+	tx.Without(keys, func() {
+		if d, _ = dc.decide(ctx, tx, in); d != nil {
+			tx.Remove(key)
+		}
+	})
+	in.whatIf = nil
+	if d == nil {
+		return nil
+	}
+	rec := &reclamation{}
+	byNs := map[string][]*model.GPU{}
+	for _, res := range d.results {
+		g := res.gpu
+		if slices.Contains(rec.gpus, g.Key()) {
+			continue
+		}
+		rec.gpus = append(rec.gpus, g.Key())
+		for t := range g.Tenants() {
+			rec.victims = append(rec.victims, victim{claim: t.Key, uid: t.Claim, on: g.Key()})
+			if !slices.Contains(byNs[t.Namespace], g) {
+				byNs[t.Namespace] = append(byNs[t.Namespace], g)
+			}
+		}
+	}
+	// Each GPU taken must be one the namespace's quota does not pay for: with all it loses
+	// but the one with least room taken out first, it still holds room on loan.
+	for n, gs := range byNs {
+		if len(gs) < 2 {
+			continue
+		}
+		slices.SortFunc(gs, func(a, b *model.GPU) int { return compareRoom(b, a) })
+		rest := map[*model.GPU]bool{}
+		for _, g := range gs[:len(gs)-1] {
+			rest[g] = true
+		}
+		loan := tx.Loan(n, func(g *model.GPU) bool { return kept[g.Key()] || rest[g] })
+		if !onLoan(quotas[n], usedBy(tx, n), loan.Charge) || !slices.Contains(loan.Alone, gs[len(gs)-1]) {
+			return nil
+		}
+	}
+	// Kept in this transaction, so that the next one plans with them taken.
+	until := r.now().Add(reclaimKeep)
+	r.mu.Lock()
+	for _, k := range rec.gpus {
+		r.kept[k] = keptGPU{claim: key, until: until}
+	}
+	r.mu.Unlock()
+	return rec
+}
+
+// compareRoom orders GPUs by free memory, then by name.
+func compareRoom(a, b *model.GPU) int {
+	if d := a.Room().Mem - b.Room().Mem; d != 0 {
+		if d < 0 {
+			return -1
+		}
+		return 1
+	}
+	return strings.Compare(b.KeyText(), a.KeyText())
+}
+
+// status is what a waiting claim's status adds to why it waits while GPUs are kept for it.
+func (r *reclaimer) status(claim string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var gpus []string
+	now := r.now()
+	for k, kg := range r.kept {
+		if kg.claim == claim && !now.After(kg.until) {
+			gpus = append(gpus, k.String())
+		}
+	}
+	if len(gpus) == 0 {
+		return ""
+	}
+	slices.Sort(gpus)
+	return fmt.Sprintf("; taking back %s, which another namespace granted allowSharedGPU holds beyond what its quota pays for: the claim is placed there once the pods using it are gone",
+		strings.Join(gpus, ", "))
+}
+
+// start marks rec's victims' claims and deletes the pods that use them (each claim is
+// checked to be the one planned for).
+func (r *reclaimer) start(ctx context.Context, rec *reclamation) {
+	logger := klog.FromContext(ctx)
+	logger.Info("Taking back GPUs held beyond a namespace's quota, for a claim that waits", "gpus", rec.gpus, "victims", len(rec.victims))
+	for _, v := range rec.victims {
+		ns, name, _ := strings.Cut(v.claim, "/")
+		vc, err := r.claims.ResourceClaims(ns).Get(name)
+		if err != nil || vc.UID != v.uid {
+			continue // gone already
+		}
+		if err := r.mark(ctx, vc, v.on); err != nil {
+			logger.Error(err, "Marking a claim taken back", "claim", klog.KObj(vc))
+			continue
+		}
+		why := fmt.Sprintf("namespace %s is the only namespace on GPU %s and on others, more than its GPU quota pays for (a namespace granted allowSharedGPU "+
+			"keeps the room of every GPU it is alone on from claims that do not share GPUs); %s is taken back for a claim of another namespace that waits for it",
+			ns, v.on, v.on)
+		for _, pod := range r.claimPods(vc) {
+			if pod.DeletionTimestamp != nil {
+				continue
+			}
+			if r.fenced() != nil {
+				return
+			}
+			r.deletePod(ctx, pod, why)
+		}
+	}
+}
+
+// mark sets the claim's fgpu.dev/reclaimed to the GPU taken back, before its pods are
+// deleted: admission then refuses new reservations of the claim, so that a controller's new
+// pods do not keep it allocated there.
+func (r *reclaimer) mark(ctx context.Context, claim *resourceapi.ResourceClaim, on model.GPUKey) error {
+	if err := r.fenced(); err != nil {
+		return err
+	}
+	if claim.Annotations[api.AnnotationReclaimed] == on.String() {
+		return nil
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid": claim.UID, "annotations": map[string]string{api.AnnotationReclaimed: on.String()}}})
+	_, err := r.client.ResourceV1().ResourceClaims(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
+
+// unmark removes fgpu.dev/reclaimed from a claim that is no longer allocated, before it is
+// placed again, so that its pods may reserve it there.
+func (r *reclaimer) unmark(ctx context.Context, claim *resourceapi.ResourceClaim) error {
+	if _, ok := claim.Annotations[api.AnnotationReclaimed]; !ok || claim.Status.Allocation != nil {
+		return nil
+	}
+	if r.fenced() != nil {
+		return nil // the leader clears it
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid": claim.UID, "annotations": map[string]any{api.AnnotationReclaimed: nil}}})
+	_, err := r.client.ResourceV1().ResourceClaims(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// deletePod marks pod as disrupted, as kube-scheduler's preemption does, and deletes it with
+// at most reclaimGrace to end.
+func (r *reclaimer) deletePod(ctx context.Context, pod *corev1.Pod, why string) {
+	logger := klog.FromContext(ctx)
+	cond := corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: PodReasonPreemptionByFgpu,
+		Message: "preempted by the fgpu allocator: " + why, LastTransitionTime: metav1.NewTime(r.now())}
+	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.PodCondition{cond}}})
+	if _, err := r.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		logger.V(2).Info("Could not mark a preempted pod", "pod", klog.KObj(pod), "err", err)
+	}
+	grace := reclaimGrace
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil && *g < grace {
+		grace = *g
+	}
+	uid := pod.UID
+	if r.fenced() != nil {
+		return
+	}
+	err := r.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace, Preconditions: &metav1.Preconditions{UID: &uid}})
+	switch {
+	case err == nil:
+		r.metrics.preempted.WithLabelValues(pod.Namespace).Inc()
+		r.recorder.Event(pod, corev1.EventTypeWarning, ReasonPreempted, "preempted by the fgpu allocator: "+why)
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+	default:
+		logger.Error(err, "Preempting a pod", "pod", klog.KObj(pod))
+	}
+}

@@ -188,6 +188,10 @@ func TestSpreadSharesGiveBackWhatTheirQuotaDoesNotPay(t *testing.T) {
 	}
 	spec := web.Pod().Spec
 	spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("web")}}
+	// It takes its time to end, as a server draining its requests does: its replacement is
+	// scheduled meanwhile, and would reserve the claim where it is.
+	spec.TerminationGracePeriodSeconds = ptr.To[int64](20)
+	spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 15}}}
 	labels := map[string]string{"app": "web"}
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: spreadNS, Name: "web"},
 		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
@@ -218,8 +222,9 @@ func TestSpreadSharesGiveBackWhatTheirQuotaDoesNotPay(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("the Deployment's pod does not run: %v", err)
 	}
-	if gpu, _ := gpuOf(t, &first); gpu != "gpu-1" {
-		t.Fatalf("the Deployment's claim is on %s, want gpu-1", gpu)
+	if c, err := cluster.Client.ResourceV1().ResourceClaims(spreadNS).Get(ctx, "web", metav1.GetOptions{}); err != nil || c.Status.Allocation == nil ||
+		c.Status.Allocation.Devices.Results[0].Device != "gpu-1" {
+		t.Fatalf("the Deployment's claim is not on gpu-1: %v %+v", err, c)
 	}
 
 	if _, err := cluster.Create(ctx, framework.MakeGPUPod(teamNS, "v").Memory("10Gi").Selector(pin(1))); err != nil {

@@ -72,9 +72,10 @@ type reclaimer struct {
 	mu sync.Mutex
 	// kept maps each GPU being taken back to the claim it is kept for.
 	kept map[model.GPUKey]keptGPU
-	// next is where the next plan starts among the GPUs on loan; only used inside a model
-	// transaction, whose lock it shares.
+	// next is where the next plan starts among the GPUs on loan, and memo the GPUs on
+	// loan; only used inside a model transaction, whose lock they share.
 	next int
+	memo loanMemo
 }
 
 type keptGPU struct {
@@ -157,38 +158,83 @@ func onLoan(q policy.Quota, used, charge model.Usage) bool {
 	return over(q, used, charge)
 }
 
-// loans lists the namespaces other than ns that hold room on loan, with their quotas, the
-// GPUs in kept aside.
-func (r *reclaimer) loans(tx *model.Tx, ns string, kept map[model.GPUKey]bool) (gpus []*model.GPU, quotas map[string]policy.Quota) {
-	spread := tx.SpreadAlone()
-	if len(spread) == 0 {
-		return nil, nil
-	}
-	policies := r.policyList()
-	quotas = map[string]policy.Quota{}
-	for _, n := range spread {
-		if n == ns {
-			continue
-		}
-		q := policy.NamespaceQuota(policies, r.namespaceLabels(n))
-		if !q.Binds() && !q.RefuseHeldRoom {
-			continue
-		}
-		loan := tx.Loan(n, func(g *model.GPU) bool { return kept[g.Key()] })
-		if onLoan(q, usedBy(tx, n), loan.Charge) {
-			quotas[n] = q
-			gpus = append(gpus, loan.Alone...)
-		}
-	}
-	return gpus, quotas
+// loanedGPU is a GPU on loan, and the namespace that holds it.
+type loanedGPU struct {
+	gpu *model.GPU
+	ns  string
 }
 
-// namespaceLabels are namespace ns's labels (none if it is not known).
-func (r *reclaimer) namespaceLabels(ns string) map[string]string {
-	if n, err := r.namespaces.Get(ns); err == nil && n.Labels != nil {
-		return n.Labels
+// loanMemo is the GPUs on loan at one model generation, policies, GPUs kept and namespaces'
+// labels (their versions): every waiting claim of a pass asks for them.
+type loanMemo struct {
+	gen    int
+	sig    string
+	nsRV   map[string]string
+	gpus   []loanedGPU
+	quotas map[string]policy.Quota
+}
+
+// loans lists the GPUs held on loan by namespaces other than ns, with their quotas, the GPUs
+// in kept aside. It is memoised (loanMemo) and only used inside a model transaction, whose
+// lock it shares.
+func (r *reclaimer) loans(tx *model.Tx, ns string, kept map[model.GPUKey]bool) (gpus []loanedGPU, quotas map[string]policy.Quota) {
+	policies := r.policyList()
+	sig := make([]string, 0, len(policies)+len(kept))
+	for _, p := range policies {
+		sig = append(sig, p.Name+"@"+p.ResourceVersion)
 	}
-	return map[string]string{}
+	for k := range kept {
+		sig = append(sig, k.String())
+	}
+	slices.Sort(sig)
+	key := strings.Join(sig, ",")
+	m := &r.memo
+	if m.gen != tx.Gen() || m.sig != key || !r.sameLabels(m.nsRV) {
+		*m = loanMemo{gen: tx.Gen(), sig: key, nsRV: map[string]string{}, quotas: map[string]policy.Quota{}}
+		for _, n := range tx.SpreadAlone() {
+			nsObj, err := r.namespaces.Get(n)
+			labels := map[string]string{}
+			if err == nil {
+				m.nsRV[n] = nsObj.ResourceVersion
+				if nsObj.Labels != nil {
+					labels = nsObj.Labels
+				}
+			} else {
+				m.nsRV[n] = ""
+			}
+			q := policy.NamespaceQuota(policies, labels)
+			if !q.Binds() && !q.RefuseHeldRoom {
+				continue
+			}
+			loan := tx.Loan(n, func(g *model.GPU) bool { return kept[g.Key()] })
+			if onLoan(q, usedBy(tx, n), loan.Charge) {
+				m.quotas[n] = q
+				for _, g := range loan.Alone {
+					m.gpus = append(m.gpus, loanedGPU{gpu: g, ns: n})
+				}
+			}
+		}
+	}
+	for _, lg := range m.gpus {
+		if lg.ns != ns {
+			gpus = append(gpus, lg)
+		}
+	}
+	return gpus, m.quotas
+}
+
+// sameLabels reports whether the namespaces' versions are still those given.
+func (r *reclaimer) sameLabels(rv map[string]string) bool {
+	for n, v := range rv {
+		cur := ""
+		if o, err := r.namespaces.Get(n); err == nil {
+			cur = o.ResourceVersion
+		}
+		if cur != v {
+			return false
+		}
+	}
+	return true
 }
 
 // usedBy is what namespace ns's claims and its workloads scaled to zero take of its quota.
@@ -222,7 +268,8 @@ func (r *reclaimer) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 	r.next = start + len(cands)
 	only := map[*model.GPU]bool{}
 	var keys []string
-	for _, g := range cands {
+	for _, lg := range cands {
+		g := lg.gpu
 		only[g] = true
 		for t := range g.Tenants() {
 			keys = append(keys, t.Key)
@@ -231,12 +278,16 @@ func (r *reclaimer) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 	in.checks += len(keys) // the what-if's work, charged to the claim's namespace
 	var d *decision
 	in.whatIf = &whatIf{only: only}
+	gen := tx.Gen()
 	tx.Without(keys, func() {
 		if d, _ = dc.decide(ctx, tx, in); d != nil {
 			tx.Remove(key)
 		}
 	})
 	in.whatIf = nil
+	if r.memo.gen == gen {
+		r.memo.gen = tx.Gen() // the what-if left the model as it found it
+	}
 	if d == nil {
 		return nil
 	}

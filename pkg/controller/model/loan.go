@@ -27,22 +27,24 @@ type Loan struct {
 // Loan is the loan of namespace ns (see Loan).
 func (tx *Tx) Loan(ns string, skip func(*GPU) bool) Loan {
 	m := tx.m
-	h := HeldRoom{rooms: map[*GPU]Usage{}}
+	var sum, top Usage
 	var alone []*GPU
-	for g := range m.nsGPUs[ns] {
+	for g, count := range m.nsGPUs[ns] {
 		if skip(g) {
 			continue
 		}
-		switch {
-		case g.KeptBy(ns, nil):
-			h.add(g, g.Room())
-		case g.known && m.nsGPUs[ns][g] == len(g.tenants):
-			h.add(g, g.Room())
+		if !g.KeptBy(ns, nil) {
+			if !g.known || count != len(g.tenants) {
+				continue
+			}
 			alone = append(alone, g)
 		}
+		r := g.Room()
+		sum.Mem, sum.Comp = sum.Mem+r.Mem, sum.Comp+r.Comp
+		top.Mem, top.Comp = max(top.Mem, r.Mem), max(top.Comp, r.Comp)
 	}
 	slices.SortFunc(alone, func(a, b *GPU) int { return cmp.Compare(a.keyText, b.keyText) })
-	return Loan{Charge: h.Charge(), Alone: alone}
+	return Loan{Charge: Usage{sum.Mem - top.Mem, sum.Comp - top.Comp}, Alone: alone}
 }
 
 // SpreadAlone lists, in name order, the namespaces alone on two GPUs or more: only those

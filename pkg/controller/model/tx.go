@@ -38,6 +38,9 @@ func (tx *Tx) DecidedUnseen(key string, now time.Time) bool {
 	return false
 }
 
+// Gen numbers the model's state: it moves on with every change to a GPU's tenants or size.
+func (tx *Tx) Gen() int { return tx.m.gen }
+
 // Add reserves a claim's shares, replacing what was reserved for it.
 func (tx *Tx) Add(c *Claim) { tx.m.add(c) }
 

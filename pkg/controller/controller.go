@@ -208,7 +208,7 @@ func New(cfg Config, client kubernetes.Interface, fgpuClient versioned.Interface
 	c.idle = &idleScaler{spans: engine.NewIdle[workloadRef](),
 		cfg: &c.cfg, listers: c.listers, model: c.model, client: client, recorder: c.recorder, fenced: c.fenced, kick: c.kick}
 	burst := engine.NewHistory[model.GPUKey](sizing.Clock{Width: cfg.SizingReportInterval, Window: max(1, int(cfg.SizingBurstWindow/cfg.SizingReportInterval))})
-	c.reclaim = newReclaimer(c.listers, client, c.recorder, c.metrics, c.now, c.fenced)
+	c.reclaim = newReclaimer(c.listers, client, c.recorder, c.metrics, c.now, c.fenced, func(key string, after time.Duration) { c.queue.AddAfter(key, after) })
 	c.decider = &decider{cfg: &c.cfg, memo: newFitMemos(), ledger: c.ledger, nodes: c.nodes, refused: c.refused, burst: burst, reserveText: c.idle.reserveText,
 		reclaim: c.reclaim}
 	c.sizing = &sizingLoop{sizer: newSizer(cfg.Sizing, cfg.SizingShrinkAfter), burst: burst,

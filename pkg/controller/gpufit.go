@@ -6,7 +6,6 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
@@ -69,46 +68,8 @@ func (dc *decider) gpuFits(tx *model.Tx, in *input, own model.Usage, rq *request
 // coTenancy checks the policy's co-tenancy rules, the claim's and its future co-tenants'.
 func coTenancy(in *input, rq *request, g *model.GPU) (string, string) {
 	p := in.pol
-	n := g.NumTenants() + 1
-	if p.MaxTenants > 0 && n > p.MaxTenants {
-		return "at the policy's maxTenantsPerGPU", fmt.Sprintf("%s has %d tenants", g.Key(), n-1)
-	}
-	if p.Latency == api.LatencyCritical && g.NumTenants() > p.MaxCoTenants {
-		return "more co-tenants than a critical claim allows", fmt.Sprintf("%s has %d, maxCoTenants %d", g.Key(), g.NumTenants(), p.MaxCoTenants)
-	}
-	for t := range g.Tenants() {
-		if t.MaxTenants > 0 && n > t.MaxTenants {
-			return "at a tenant's maxTenantsPerGPU", ""
-		}
-		if t.Latency == api.LatencyCritical {
-			if p.Latency == api.LatencyCritical && (!p.AllowCriticalCoTenants || !t.AllowCrit) {
-				return "holds another critical claim", coTenantText(in, t, g)
-			}
-			if g.NumTenants() > t.MaxCo {
-				return "a critical tenant allows no more co-tenants", coTenantText(in, t, g)
-			}
-		}
-		if t.Domain != rq.domain && (!p.AllowSharedGPU || !t.AllowShare) {
-			return "isolation: used by another namespace or isolation domain", ""
-		}
-		if (t.BurstCap > 0) != (rq.burstCap > 0) {
-			return "bursting and non-bursting shares do not share a GPU", coTenantText(in, t, g)
-		}
-		if t.Mode != "" && t.Mode != rq.mode {
-			return "its tenants use another sharing mode", fmt.Sprintf("%s is %s, the claim %s", g.Key(), t.Mode, rq.mode)
-		}
-	}
-	return "", ""
-}
-
-// coTenantText names the co-tenant t of g that turned the claim away: the claim where it is
-// of the claim's own namespace, else only the GPU, since a claim's status and events are read
-// by its namespace, which has no business learning another namespace's claim names.
-func coTenantText(in *input, t *model.Tenant, g *model.GPU) string {
-	if t.Namespace == in.claim.Namespace {
-		return t.Key
-	}
-	return g.Key().String()
+	return g.Admits(&model.Tenant{Namespace: in.claim.Namespace, Domain: rq.domain, Mode: rq.mode, BurstCap: rq.burstCap,
+		Latency: p.Latency, MaxCo: p.MaxCoTenants, AllowCrit: p.AllowCriticalCoTenants, MaxTenants: p.MaxTenants, AllowShare: p.AllowSharedGPU})
 }
 
 // size is what GPU g would give the request: all of it for a whole GPU; else the memory

@@ -31,6 +31,12 @@ func (c *Controller) checkAllocated(ctx context.Context, claim *resourceapi.Reso
 		}
 		claim = restored
 	}
+	if _, marked := claim.Annotations[api.AnnotationReclaimed]; marked && !c.reclaim.reclaiming(claim.UID) {
+		// Its reclamation ended without releasing it: its pods may reserve it again.
+		if err := c.reclaim.unmark(ctx, claim); err != nil {
+			return 0, fmt.Errorf("clearing %s: %w", api.AnnotationReclaimed, err)
+		}
+	}
 	if g, cond := prepareRefusal(c.cfg.DriverName, claim); cond != nil {
 		return c.replace(ctx, claim, g, cond)
 	}

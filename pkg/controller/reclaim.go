@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -43,15 +44,23 @@ import (
 
 const (
 	// reclaimKeep is how long GPUs being taken back are kept for the claim they are taken
-	// back for, if it is not placed sooner.
+	// back for, if it is not placed sooner, and how long a reclamation may take.
 	reclaimKeep = 2 * time.Minute
+	// reclaimFailedFor is how long a claim is not planned again on a GPU a reclamation for it
+	// did not free within reclaimKeep.
+	reclaimFailedFor = 10 * time.Minute
 	// reclaimGrace caps a reclaimed pod's termination grace period: a tenant's long one
 	// would keep the GPU as long.
 	reclaimGrace int64 = 30
 	// reclaimGPUs bounds the GPUs one plan decides the waiting claim on, so that a retry
-	// holds the model's lock about as long as a decision; the next plan looks on from where
-	// this one stopped.
-	reclaimGPUs = 64
+	// holds the model's lock about as long as three decisions; the next plan looks on from
+	// where this one stopped. The cheapest to take back (whose shares hold least) are tried
+	// first: the one, then reclaimCheapest, then all.
+	reclaimGPUs     = 64
+	reclaimCheapest = 8
+	// besideWork is what checking that one GPU's shares would move is charged to the
+	// waiting claim's namespace, in GPUs checked (model.Mover tries that many per share).
+	besideWork = 8
 	// PodReasonPreemptionByFgpu is the reason of the DisruptionTarget condition on a pod the
 	// allocator deleted to take back a GPU (kube-scheduler's is PreemptionByScheduler), which
 	// a Job's pod failure policy tells from a failure.
@@ -68,10 +77,15 @@ type reclaimer struct {
 	metrics  *Metrics
 	now      func() time.Time
 	fenced   func() error
+	requeue  func(key string, after time.Duration)
 
 	mu sync.Mutex
-	// kept maps each GPU being taken back to the claim it is kept for.
-	kept map[model.GPUKey]keptGPU
+	// kept maps each GPU being taken back to the claim it is kept for, until that claim is
+	// placed or gone; taken maps it to the reclamation under way, until its victims are off
+	// it; failed are, per waiting claim, GPUs a reclamation did not free in time.
+	kept   map[model.GPUKey]keptGPU
+	taken  map[model.GPUKey]takenGPU
+	failed map[string]map[model.GPUKey]time.Time
 	// next is where the next plan starts among the GPUs on loan, and memo the GPUs on
 	// loan; only used inside a model transaction, whose lock they share.
 	next int
@@ -83,8 +97,16 @@ type keptGPU struct {
 	until time.Time
 }
 
-func newReclaimer(l listers, client kubernetes.Interface, recorder record.EventRecorder, m *Metrics, now func() time.Time, fenced func() error) *reclaimer {
-	return &reclaimer{listers: l, client: client, recorder: recorder, metrics: m, now: now, fenced: fenced, kept: map[model.GPUKey]keptGPU{}}
+type takenGPU struct {
+	claim, ns string // the waiting claim (key) and its namespace
+	victims   []types.UID
+	until     time.Time
+}
+
+func newReclaimer(l listers, client kubernetes.Interface, recorder record.EventRecorder, m *Metrics, now func() time.Time, fenced func() error,
+	requeue func(string, time.Duration)) *reclaimer {
+	return &reclaimer{listers: l, client: client, recorder: recorder, metrics: m, now: now, fenced: fenced, requeue: requeue,
+		kept: map[model.GPUKey]keptGPU{}, taken: map[model.GPUKey]takenGPU{}, failed: map[string]map[model.GPUKey]time.Time{}}
 }
 
 // reclamation is what a waiting claim takes back: GPUs, and the shares on them.
@@ -115,22 +137,80 @@ func (r *reclaimer) keptForAnother(k model.GPUKey, claim string) bool {
 	return ok && kg.claim != claim
 }
 
-// taking returns the GPUs being taken back, and whether a claim of namespace ns has a
-// reclamation under way.
-func (r *reclaimer) taking(ns string) (kept map[model.GPUKey]bool, busy bool) {
+// taking returns the GPUs a plan must leave aside (being taken back, or kept for a claim),
+// those claim (key) must not be planned on again (a reclamation for it that did not free
+// them in time), and whether a claim of namespace ns has a reclamation under way. A
+// reclamation ends when its victims are off the GPU, or after reclaimKeep: it is not ended
+// by its claim's going, so that a namespace cannot start another by deleting the pod that
+// waited. Called inside a model transaction.
+func (r *reclaimer) taking(tx *model.Tx, ns, claim string) (aside, failed map[model.GPUKey]bool, busy bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.now()
-	kept = map[model.GPUKey]bool{}
+	aside, failed = map[model.GPUKey]bool{}, map[model.GPUKey]bool{}
+	for k, tg := range r.taken {
+		if !victimsOn(tx, k, tg.victims) {
+			delete(r.taken, k)
+			continue
+		}
+		if now.After(tg.until) {
+			delete(r.taken, k)
+			if r.failed[tg.claim] == nil {
+				r.failed[tg.claim] = map[model.GPUKey]time.Time{}
+			}
+			r.failed[tg.claim][k] = now.Add(reclaimFailedFor)
+			continue
+		}
+		aside[k] = true
+		busy = busy || tg.ns == ns
+	}
 	for k, kg := range r.kept {
 		if now.After(kg.until) {
 			delete(r.kept, k)
 			continue
 		}
-		kept[k] = true
-		busy = busy || strings.HasPrefix(kg.claim, ns+"/")
+		aside[k] = true
 	}
-	return kept, busy
+	for c, gpus := range r.failed {
+		for k, until := range gpus {
+			if now.After(until) {
+				delete(gpus, k)
+			} else if c == claim {
+				failed[k] = true
+			}
+		}
+		if len(gpus) == 0 {
+			delete(r.failed, c)
+		}
+	}
+	return aside, failed, busy
+}
+
+// victimsOn reports whether any of the claims is still on GPU k.
+func victimsOn(tx *model.Tx, k model.GPUKey, victims []types.UID) bool {
+	g, ok := tx.GPU(k)
+	if !ok {
+		return false
+	}
+	for t := range g.Tenants() {
+		if slices.Contains(victims, t.Claim) {
+			return true
+		}
+	}
+	return false
+}
+
+// reclaiming reports whether a reclamation under way takes claim uid back.
+func (r *reclaimer) reclaiming(uid types.UID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	for _, tg := range r.taken {
+		if !now.After(tg.until) && slices.Contains(tg.victims, uid) {
+			return true
+		}
+	}
+	return false
 }
 
 // forget stops keeping GPUs for claim (key): it was placed, is gone, or waits for something
@@ -145,10 +225,10 @@ func (r *reclaimer) forget(claim string) {
 	}
 }
 
-// onLoan reports whether a namespace with quota q, using used, holds room on loan: its
+// heldOnLoan reports whether a namespace with quota q, using used, holds room on loan: its
 // quota would not pay for charge, the room of the GPUs it is alone on but its roomiest.
 // Under heldRoom: Refuse (Kueue owns the quota) it may keep no such room at all.
-func onLoan(q policy.Quota, used, charge model.Usage) bool {
+func heldOnLoan(q policy.Quota, used, charge model.Usage) bool {
 	if q.Invalid != nil {
 		return false
 	}
@@ -158,10 +238,10 @@ func onLoan(q policy.Quota, used, charge model.Usage) bool {
 	return over(q, used, charge)
 }
 
-// loanedGPU is a GPU on loan, and the namespace that holds it.
+// loanedGPU is a GPU on loan, and the namespaces on it.
 type loanedGPU struct {
 	gpu *model.GPU
-	ns  string
+	ns  []string
 }
 
 // loanMemo is the GPUs on loan at one model generation, policies, GPUs kept and namespaces'
@@ -191,7 +271,8 @@ func (r *reclaimer) loans(tx *model.Tx, ns string, kept map[model.GPUKey]bool) (
 	m := &r.memo
 	if m.gen != tx.Gen() || m.sig != key || !r.sameLabels(m.nsRV) {
 		*m = loanMemo{gen: tx.Gen(), sig: key, nsRV: map[string]string{}, quotas: map[string]policy.Quota{}}
-		for _, n := range tx.SpreadAlone() {
+		onLoan := map[string][]*model.GPU{}
+		for _, n := range tx.SpreadOpen() {
 			nsObj, err := r.namespaces.Get(n)
 			labels := map[string]string{}
 			if err == nil {
@@ -207,16 +288,29 @@ func (r *reclaimer) loans(tx *model.Tx, ns string, kept map[model.GPUKey]bool) (
 				continue
 			}
 			loan := tx.Loan(n, func(g *model.GPU) bool { return kept[g.Key()] })
-			if onLoan(q, usedBy(tx, n), loan.Charge) {
+			if heldOnLoan(q, usedBy(tx, n), loan.Charge) {
 				m.quotas[n] = q
-				for _, g := range loan.Alone {
-					m.gpus = append(m.gpus, loanedGPU{gpu: g, ns: n})
+				onLoan[n] = loan.Open
+			}
+		}
+		// A GPU is taken back only where every namespace on it holds room on loan: one
+		// whose quota pays for its room keeps it, and its co-tenants with it.
+		seen := map[*model.GPU]bool{}
+		for _, n := range slices.Sorted(maps.Keys(onLoan)) {
+			for _, g := range onLoan[n] {
+				if seen[g] {
+					continue
+				}
+				seen[g] = true
+				nss := g.Namespaces()
+				if !slices.ContainsFunc(nss, func(o string) bool { _, ok := onLoan[o]; return !ok }) {
+					m.gpus = append(m.gpus, loanedGPU{gpu: g, ns: nss})
 				}
 			}
 		}
 	}
 	for _, lg := range m.gpus {
-		if lg.ns != ns {
+		if !slices.Contains(lg.ns, ns) {
 			gpus = append(gpus, lg)
 		}
 	}
@@ -255,44 +349,44 @@ func (r *reclaimer) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 		return nil
 	}
 	key, ns := claimKey(in.claim), in.claim.Namespace
-	kept, busy := r.taking(ns)
+	aside, failed, busy := r.taking(tx, ns, key)
 	if busy {
 		return nil
 	}
-	all, quotas := r.loans(tx, ns, kept)
+	all, quotas := r.loans(tx, ns, aside)
+	all = slices.DeleteFunc(all, func(lg loanedGPU) bool { return failed[lg.gpu.Key()] })
 	if len(all) == 0 {
 		return nil
 	}
+	// A window of GPUs whose shares would move beside their namespace's others, the next
+	// one at the next retry; cheapest to take back first.
+	mv := tx.Mover(r.usableNode())
 	start := r.next % len(all)
-	cands := all[start:min(len(all), start+reclaimGPUs)]
-	r.next = start + len(cands)
-	only := map[*model.GPU]bool{}
-	var keys []string
-	for _, lg := range cands {
-		g := lg.gpu
-		only[g] = true
-		for t := range g.Tenants() {
-			keys = append(keys, t.Key)
+	var cands []*model.GPU
+	tried := 0
+	for ; tried < len(all) && tried < 4*reclaimGPUs && len(cands) < reclaimGPUs; tried++ {
+		if g := all[(start+tried)%len(all)].gpu; mv.Movable(g) {
+			cands = append(cands, g)
 		}
 	}
-	in.checks += len(keys) // the what-if's work, charged to the claim's namespace
+	r.next = start + tried
+	in.checks += tried * besideWork
+	if len(cands) == 0 {
+		return nil
+	}
+	slices.SortStableFunc(cands, func(a, b *model.GPU) int { return cmpInt(victimUse(a), victimUse(b)) })
 	var d *decision
-	in.whatIf = &whatIf{only: only}
-	gen := tx.Gen()
-	tx.Without(keys, func() {
-		if d, _ = dc.decide(ctx, tx, in); d != nil {
-			tx.Remove(key)
+	for _, n := range []int{1, reclaimCheapest, len(cands)} {
+		if d = r.whatIf(ctx, tx, in, dc, cands[:min(n, len(cands))]); d != nil || n >= len(cands) {
+			break
 		}
-	})
-	in.whatIf = nil
-	if r.memo.gen == gen {
-		r.memo.gen = tx.Gen() // the what-if left the model as it found it
 	}
 	if d == nil {
 		return nil
 	}
 	rec := &reclamation{}
 	byNs := map[string][]*model.GPU{}
+	victims := map[model.GPUKey][]types.UID{}
 	for _, res := range d.results {
 		g := res.gpu
 		if slices.Contains(rec.gpus, g.Key()) {
@@ -300,10 +394,21 @@ func (r *reclaimer) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 		}
 		rec.gpus = append(rec.gpus, g.Key())
 		for t := range g.Tenants() {
+			victims[g.Key()] = append(victims[g.Key()], t.Claim)
 			rec.victims = append(rec.victims, victim{claim: t.Key, uid: t.Claim, on: g.Key()})
 			if !slices.Contains(byNs[t.Namespace], g) {
 				byNs[t.Namespace] = append(byNs[t.Namespace], g)
 			}
+		}
+	}
+	if len(rec.gpus) > 1 {
+		picked := make([]*model.GPU, 0, len(rec.gpus))
+		for _, k := range rec.gpus {
+			g, _ := tx.GPU(k)
+			picked = append(picked, g)
+		}
+		if !mv.Movable(picked...) {
+			return nil // their shares would not fit beside their namespaces' others together
 		}
 	}
 	// Each GPU taken must be one the namespace's quota does not pay for: with all it loses
@@ -317,8 +422,8 @@ func (r *reclaimer) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 		for _, g := range gs[:len(gs)-1] {
 			rest[g] = true
 		}
-		loan := tx.Loan(n, func(g *model.GPU) bool { return kept[g.Key()] || rest[g] })
-		if !onLoan(quotas[n], usedBy(tx, n), loan.Charge) || !slices.Contains(loan.Alone, gs[len(gs)-1]) {
+		loan := tx.Loan(n, func(g *model.GPU) bool { return aside[g.Key()] || rest[g] })
+		if !heldOnLoan(quotas[n], usedBy(tx, n), loan.Charge) || !slices.Contains(loan.Open, gs[len(gs)-1]) {
 			return nil
 		}
 	}
@@ -327,9 +432,78 @@ func (r *reclaimer) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 	r.mu.Lock()
 	for _, k := range rec.gpus {
 		r.kept[k] = keptGPU{claim: key, until: until}
+		r.taken[k] = takenGPU{claim: key, ns: ns, victims: victims[k], until: until}
 	}
 	r.mu.Unlock()
 	return rec
+}
+
+// whatIf decides the waiting claim on the GPUs gs alone, with their shares taken out, and
+// puts them back: where it would be placed were they gone, or nil.
+func (r *reclaimer) whatIf(ctx context.Context, tx *model.Tx, in *input, dc *decider, gs []*model.GPU) *decision {
+	only := map[*model.GPU]bool{}
+	var keys []string
+	for _, g := range gs {
+		only[g] = true
+		for t := range g.Tenants() {
+			keys = append(keys, t.Key)
+		}
+	}
+	in.checks += len(keys) // the what-if's work, charged to the claim's namespace
+	var d *decision
+	in.whatIf = &whatIf{only: only}
+	gen := tx.Gen()
+	tx.Without(keys, func() {
+		if d, _ = dc.decide(ctx, tx, in); d != nil {
+			tx.Remove(claimKey(in.claim))
+		}
+	})
+	in.whatIf = nil
+	if r.memo.gen == gen {
+		r.memo.gen = tx.Gen() // the what-if left the model as it found it
+	}
+	return d
+}
+
+// victimUse is what taking GPU g back would stop: the memory its shares hold.
+func victimUse(g *model.GPU) int64 {
+	var n int64
+	for t := range g.Tenants() {
+		n += t.Limit()
+	}
+	return n
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// usableNode says whether a GPU's node may take the pods of shares moved beside their
+// namespace's others: it exists, is schedulable, and Kubernetes has not tainted it to keep
+// new pods off (node.kubernetes.io/not-ready, unreachable, a pressure). Other taints the
+// namespace's pods running there tolerate already.
+func (r *reclaimer) usableNode() func(*model.GPU) bool {
+	seen := map[string]bool{}
+	return func(g *model.GPU) bool {
+		name := g.Node()
+		if ok, done := seen[name]; done {
+			return ok
+		}
+		ok := false
+		if n, err := r.nodes.Get(name); err == nil && !n.Spec.Unschedulable {
+			ok = !slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
+				return (t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute) && strings.HasPrefix(t.Key, "node.kubernetes.io/")
+			})
+		}
+		seen[name] = ok
+		return ok
+	}
 }
 
 // compareRoom orders GPUs by free memory, then by name.
@@ -377,19 +551,42 @@ func (r *reclaimer) start(ctx context.Context, rec *reclamation) {
 			logger.Error(err, "Marking a claim taken back", "claim", klog.KObj(vc))
 			continue
 		}
-		why := fmt.Sprintf("namespace %s is the only namespace on GPU %s and on others, more than its GPU quota pays for (a namespace granted allowSharedGPU "+
-			"keeps the room of every GPU it is alone on from claims that do not share GPUs); %s is taken back for a claim of another namespace that waits for it",
-			ns, v.on, v.on)
-		for _, pod := range r.claimPods(vc) {
-			if pod.DeletionTimestamp != nil {
-				continue
-			}
+		// Looked at again once the reclamation may have ended, to clear the mark if the
+		// claim is still allocated (checkAllocated).
+		r.requeue(v.claim, reclaimKeep+time.Second)
+		why := fmt.Sprintf("namespace %s holds GPU %s and others that only namespaces granted allowSharedGPU use, more than its GPU quota pays for "+
+			"(such GPUs are closed to claims that do not share GPUs); %s is taken back for a claim of another namespace that waits for it, "+
+			"and the claim's shares fit beside the namespace's others", ns, v.on, v.on)
+		for _, pod := range r.victimPods(vc) {
 			if r.fenced() != nil {
 				return
 			}
 			r.deletePod(ctx, pod, why)
 		}
 	}
+}
+
+// victimPods are the pods to delete so that claim is released: those that use it or reserve
+// it, and that are neither done nor ending within reclaimGrace already. A pod the tenant
+// deleted itself with a long grace period keeps running meanwhile: it is deleted again, which
+// shortens the grace.
+func (r *reclaimer) victimPods(claim *resourceapi.ResourceClaim) []*corev1.Pod {
+	pods := r.claimPods(claim)
+	for _, ref := range claim.Status.ReservedFor {
+		if ref.Resource != "pods" || ref.APIGroup != "" || slices.ContainsFunc(pods, func(p *corev1.Pod) bool { return p.UID == ref.UID }) {
+			continue
+		}
+		if p, err := r.pods.Pods(claim.Namespace).Get(ref.Name); err == nil && p.UID == ref.UID {
+			pods = append(pods, p)
+		}
+	}
+	return slices.DeleteFunc(pods, func(p *corev1.Pod) bool {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			return true
+		}
+		g := p.DeletionGracePeriodSeconds
+		return p.DeletionTimestamp != nil && g != nil && *g <= reclaimGrace
+	})
 }
 
 // mark sets the claim's fgpu.dev/reclaimed to the GPU taken back, before its pods are
@@ -408,10 +605,11 @@ func (r *reclaimer) mark(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	return err
 }
 
-// unmark removes fgpu.dev/reclaimed from a claim that is no longer allocated, before it is
-// placed again, so that its pods may reserve it there.
+// unmark removes fgpu.dev/reclaimed from a claim, so that pods may reserve it again: one no
+// longer allocated, before it is placed again, or one whose reclamation ended without
+// releasing it.
 func (r *reclaimer) unmark(ctx context.Context, claim *resourceapi.ResourceClaim) error {
-	if _, ok := claim.Annotations[api.AnnotationReclaimed]; !ok || claim.Status.Allocation != nil {
+	if _, ok := claim.Annotations[api.AnnotationReclaimed]; !ok {
 		return nil
 	}
 	if r.fenced() != nil {

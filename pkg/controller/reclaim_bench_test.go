@@ -24,10 +24,10 @@ import (
 // BenchmarkDecideWithReclaim times the decision on a 10Gi claim of a namespace under the
 // default isolation where every GPU of N nodes × 8 holds one 1Gi share of a namespace granted
 // allowSharedGPU with a 4Gi quota (the pinning tenant of issue 24): the decision fails, and
-// the plan finds the namespace's loan, takes the claims of up to reclaimGPUs of its GPUs out,
-// decides again on those and puts them back; plan=false is the failed decision alone. The
-// difference is what planning adds to a waiting claim's retry while a namespace is spread
-// over the whole fleet.
+// the plan finds the namespace's loan, checks that the shares of up to reclaimGPUs of its GPUs
+// would move beside its others, and decides again on the cheapest of them with their claims
+// taken out; plan=false is the failed decision alone. The difference is what planning adds to
+// a waiting claim's retry while a namespace is spread over the whole fleet.
 func BenchmarkDecideWithReclaim(b *testing.B) {
 	for _, bc := range []struct {
 		nodes int
@@ -43,7 +43,8 @@ func BenchmarkDecideWithReclaim(b *testing.B) {
 			for range b.N {
 				in := &input{claim: claim, consumers: pods, pods: pods, pol: policy.Resolve(nil, nil, nil), avoid: map[string]bool{},
 					classes: sel.classes, selectors: sel.selectors}
-				c.reclaim.forget(claimKey(claim)) // each retry plans anew
+				// Each retry plans anew, as if the last plan's victims were gone.
+				c.reclaim.kept, c.reclaim.taken = map[model.GPUKey]keptGPU{}, map[model.GPUKey]takenGPU{}
 				c.model.Update(func(tx *model.Tx) {
 					d, w := c.decider.decide(ctx, tx, in)
 					if d != nil {

@@ -6,60 +6,90 @@ import (
 )
 
 // A namespace granted allowSharedGPU (or isolation none) keeps no namespace granted the same
-// off a GPU, so its quota is not charged the room of the GPUs it shares (held.go). Where it
-// is the only namespace on a GPU, that GPU is still closed to every claim that does not
-// share across namespaces: whole GPUs, exclusive and critical claims, and those of every
-// namespace under the default isolation. Its quota does not pay for that room when a share
-// is placed, since others may join; once the namespace is alone on more GPUs than its quota
-// pays for (the room of every GPU it is alone on but its roomiest, as held.go counts it), the
-// room is on loan, and the allocator takes it back for a claim that waits for it.
+// off a GPU, so its quota is not charged the room of the GPUs it shares (held.go). Yet a GPU
+// that only such namespaces use is closed to every claim that does not share across
+// namespaces: whole GPUs, exclusive and critical claims, and those of every namespace under
+// the default isolation. Its quota does not pay for that room when a share is placed, since
+// others may join, and the room becomes closed only as they leave; once the namespace holds
+// more such room than its quota pays for (counted as held.go counts held room: all but the
+// roomiest GPU's), the room is on loan, and the allocator takes it back for a claim that
+// waits for it.
 
-// Loan is what namespace ns would keep from other namespaces were the GPUs it is alone on
-// charged as held room, GPUs in skip aside: Charge is the room of those and of the GPUs it
-// keeps (HeldRoom) but the roomiest, per resource; Alone are the GPUs it is alone on
-// (published, every tenant ns's, charged by nothing else), in name order. While its quota
-// does not pay for Charge, any of them is on loan; once it does, none.
+// Loan is what namespace ns would keep from other namespaces were the GPUs it shares only
+// with namespaces that allow shared GPUs charged as held room, GPUs in skip aside: Charge
+// is the room of those and of the GPUs it keeps (HeldRoom) but the roomiest, per resource;
+// Open are those GPUs (published, kept by no namespace), in name order. While its quota does
+// not pay for Charge, its room on them is on loan; once it does, none is.
 type Loan struct {
 	Charge Usage
-	Alone  []*GPU
+	Open   []*GPU
 }
 
 // Loan is the loan of namespace ns (see Loan).
 func (tx *Tx) Loan(ns string, skip func(*GPU) bool) Loan {
 	m := tx.m
 	var sum, top Usage
-	var alone []*GPU
-	for g, count := range m.nsGPUs[ns] {
+	var open []*GPU
+	for g := range m.nsGPUs[ns] {
 		if skip(g) {
 			continue
 		}
 		if !g.KeptBy(ns, nil) {
-			if !g.known || count != len(g.tenants) {
+			if !m.open(g) {
 				continue
 			}
-			alone = append(alone, g)
+			open = append(open, g)
 		}
 		r := g.Room()
 		sum.Mem, sum.Comp = sum.Mem+r.Mem, sum.Comp+r.Comp
 		top.Mem, top.Comp = max(top.Mem, r.Mem), max(top.Comp, r.Comp)
 	}
-	slices.SortFunc(alone, func(a, b *GPU) int { return cmp.Compare(a.keyText, b.keyText) })
-	return Loan{Charge: Usage{sum.Mem - top.Mem, sum.Comp - top.Comp}, Alone: alone}
+	slices.SortFunc(open, func(a, b *GPU) int { return cmp.Compare(a.keyText, b.keyText) })
+	return Loan{Charge: Usage{sum.Mem - top.Mem, sum.Comp - top.Comp}, Open: open}
 }
 
-// SpreadAlone lists, in name order, the namespaces alone on two GPUs or more: only those
-// can hold room on loan.
-func (tx *Tx) SpreadAlone() []string {
+// open reports whether g is published, used, and kept by no namespace on it: only claims
+// that share across namespaces may join it. Caller holds mu.
+func (m *Model) open(g *GPU) bool {
+	if !g.known || len(g.tenants) == 0 {
+		return false
+	}
+	seen := map[string]bool{}
+	for _, t := range g.tenants {
+		if !seen[t.Namespace] {
+			seen[t.Namespace] = true
+			if g.KeptBy(t.Namespace, nil) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Namespaces are the namespaces with shares on g.
+func (g *GPU) Namespaces() []string {
+	var out []string
+	for _, t := range g.tenants {
+		if !slices.Contains(out, t.Namespace) {
+			out = append(out, t.Namespace)
+		}
+	}
+	return out
+}
+
+// SpreadOpen lists, in name order, the namespaces on two GPUs or more, one of them open (see
+// open): only those can hold room on loan.
+func (tx *Tx) SpreadOpen() []string {
 	m := tx.m
 	var out []string
 	for ns, gpus := range m.nsGPUs {
-		n := 0
-		for g, count := range gpus {
-			if g.known && count == len(g.tenants) {
-				if n++; n == 2 {
-					out = append(out, ns)
-					break
-				}
+		if len(gpus) < 2 {
+			continue
+		}
+		for g := range gpus {
+			if m.open(g) {
+				out = append(out, ns)
+				break
 			}
 		}
 	}
@@ -87,4 +117,74 @@ func (tx *Tx) Without(keys []string, fn func()) {
 		}
 	}()
 	fn()
+}
+
+// besideTries is how many of a namespace's GPUs, those with the most free memory, a share is
+// tried on: a bound on the work per share, however many GPUs the namespace holds.
+const besideTries = 8
+
+// Mover says whether shares taken off GPUs would fit beside their namespaces' other shares,
+// within one transaction.
+type Mover struct {
+	tx     *Tx
+	usable func(*GPU) bool
+	of     map[string][]*GPU // per namespace, its usable GPUs with the most free memory
+}
+
+// Mover is a Mover onto the GPUs usable allows (published and untainted ones only).
+func (tx *Tx) Mover(usable func(*GPU) bool) *Mover {
+	return &Mover{tx: tx, usable: usable, of: map[string][]*GPU{}}
+}
+
+func (mv *Mover) targets(ns string) []*GPU {
+	if t, ok := mv.of[ns]; ok {
+		return t
+	}
+	var t []*GPU
+	for h := range mv.tx.m.nsGPUs[ns] {
+		if !h.known || len(h.taints) > 0 || !mv.usable(h) {
+			continue
+		}
+		t = append(t, h)
+		slices.SortFunc(t, func(a, b *GPU) int { return cmp.Or(cmp.Compare(b.Room().Mem, a.Room().Mem), cmp.Compare(a.keyText, b.keyText)) })
+		if len(t) > besideTries {
+			t = t[:besideTries]
+		}
+	}
+	mv.of[ns] = t
+	return t
+}
+
+// Movable reports whether every share on the GPUs gs would fit, under the co-tenancy rules,
+// beside its own namespace's shares on another of its GPUs (not one of gs), the room each
+// takes counted against the next: what is taken back from them then only moves shares
+// together, and a namespace whose shares would fit nowhere else keeps its GPUs. Where the
+// shares' selectors or pods' nodes would let them go is not asked: the tenant writes those,
+// and pinning shares apart is what is taken back.
+func (mv *Mover) Movable(gs ...*GPU) bool {
+	taken := map[*GPU]Usage{}
+	for _, g := range gs {
+		for _, t := range g.tenants {
+			placed := false
+			for _, h := range mv.targets(t.Namespace) {
+				if slices.Contains(gs, h) {
+					continue
+				}
+				room, used := h.Room(), taken[h]
+				if room.Mem-used.Mem < t.Limit() || room.Comp-used.Comp < t.Comp {
+					continue
+				}
+				if why, _ := h.Admits(t); why != "" {
+					continue
+				}
+				taken[h] = Usage{used.Mem + t.Limit(), used.Comp + t.Comp}
+				placed = true
+				break
+			}
+			if !placed {
+				return false
+			}
+		}
+	}
+	return true
 }

@@ -66,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Pods sizing Auto evicted so that their controllers recreate them, by namespace and reason: grow (use near the cap), shrink (far below it), burst (its workload is measured and its pods may burst), relieve (its GPU's tenants together near its memory), consolidate (its GPU is emptied)."},
 			[]string{"namespace", "reason"}),
 		preempted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fgpu_allocator_preempted_pods_total",
-			Help: "Pods the allocator deleted to take back a GPU that a namespace granted allowSharedGPU was alone on beyond what its quota pays for, for another namespace's waiting claim; by the pods' namespace."},
+			Help: "Pods the allocator deleted to take back a GPU that only namespaces granted allowSharedGPU used, beyond what their quotas pay for, for another namespace's waiting claim; by the pods' namespace."},
 			nsLabels),
 		pendingDesc: prometheus.NewDesc("fgpu_allocator_pending_claims", "fgpu claims a pod may use that wait for an allocation.", nil, nil),
 		memDesc:     prometheus.NewDesc("fgpu_allocator_gpu_allocated_memory_bytes", "GPU memory allocated to claims.", gpuLabels, nil),

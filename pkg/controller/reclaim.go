@@ -24,23 +24,24 @@ import (
 	"github.com/fgpu-dev/fgpu/pkg/policy"
 )
 
-// Reclaiming takes back room a namespace granted allowSharedGPU holds on loan (model.Loan):
-// the GPUs it is alone on beyond what its quota pays for, which keep off every claim that
-// does not share across namespaces. A claim of another namespace that waits, and would be
-// placed on such GPUs were the namespace's shares there gone, gets them: the allocator marks
-// the shares' claims (fgpu.dev/reclaimed, which admission lets only the allocator write and
-// which stops new pods from reserving the claim), deletes the pods that use them, and keeps
-// the GPUs for the waiting claim while they end. A claim from a template goes with its pod;
-// any other is deallocated once its last pod is gone (kube-controller-manager, or the
-// allocator's orphan check), and is placed again under the usual rules, away from the GPUs
+// Reclaiming takes back room held on loan (model.Loan): a GPU that only namespaces granted
+// allowSharedGPU use keeps off every claim that does not share across namespaces, and where
+// each of them holds more such room than its quota pays for, a claim of another namespace
+// that waits, and would be placed on that GPU were their shares gone, gets it. The allocator
+// marks the shares' claims (fgpu.dev/reclaimed, which admission lets only the allocator write
+// and which stops new pods from reserving the claim), deletes the pods that use them, and
+// keeps the GPU for the waiting claim while they end. A claim from a template goes with its
+// pod; any other is deallocated once its last pod is gone (kube-controller-manager, or the
+// allocator's orphan check), and is placed again under the usual rules, away from the GPU
 // kept. As with kube-scheduler's preemption, PodDisruptionBudgets do not stop it: the tenant
 // writes them, and would keep the room by writing one.
 //
-// What is taken back is bounded by the loan: nothing once the namespace's quota pays for the
-// room of the GPUs it is alone on (all but the roomiest, as held.go counts it), and a plan
-// takes no GPU whose room the quota would pay for without the others the plan takes. One plan
-// is under way per waiting namespace, so that its claims, each within its quota alone, do
-// not take back more than one of them can use.
+// What is taken back is bounded: only GPUs whose shares would fit beside their namespaces'
+// others (model.Mover), so that shares move rather than end, cheapest first; nothing once a
+// namespace's quota pays for its room (all but the roomiest GPU's, as held.go counts it), and
+// a plan takes no GPU the quota would pay for without the others it takes. One reclamation is
+// under way per waiting namespace, until its victims are off the GPU, so that its claims, each
+// within its quota alone, do not take back more than one of them can use.
 
 const (
 	// reclaimKeep is how long GPUs being taken back are kept for the claim they are taken
@@ -226,7 +227,7 @@ func (r *reclaimer) forget(claim string) {
 }
 
 // heldOnLoan reports whether a namespace with quota q, using used, holds room on loan: its
-// quota would not pay for charge, the room of the GPUs it is alone on but its roomiest.
+// quota would not pay for charge, the room of its open GPUs (model.Loan) but its roomiest.
 // Under heldRoom: Refuse (Kueue owns the quota) it may keep no such room at all.
 func heldOnLoan(q policy.Quota, used, charge model.Usage) bool {
 	if q.Invalid != nil {
@@ -532,7 +533,7 @@ func (r *reclaimer) status(claim string) string {
 		return ""
 	}
 	slices.Sort(gpus)
-	return fmt.Sprintf("; taking back %s, which another namespace granted allowSharedGPU holds beyond what its quota pays for: the claim is placed there once the pods using it are gone",
+	return fmt.Sprintf("; taking back %s, held beyond what a quota pays for: the claim is placed there once the pods using it are gone",
 		strings.Join(gpus, ", "))
 }
 

@@ -146,7 +146,9 @@ func (mv *Mover) targets(ns string) []*GPU {
 			continue
 		}
 		t = append(t, h)
-		slices.SortFunc(t, func(a, b *GPU) int { return cmp.Or(cmp.Compare(b.Room().Mem, a.Room().Mem), cmp.Compare(a.keyText, b.keyText)) })
+		slices.SortFunc(t, func(a, b *GPU) int {
+			return cmp.Or(cmp.Compare(b.Room().Mem, a.Room().Mem), cmp.Compare(a.keyText, b.keyText))
+		})
 		if len(t) > besideTries {
 			t = t[:besideTries]
 		}

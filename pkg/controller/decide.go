@@ -410,6 +410,7 @@ func (dc *decider) gpuFilter(ctx context.Context, tx *model.Tx, in *input, d *de
 		used[r.gpu] = true
 	}
 	own := d.use()
+	keptForOthers := dc.reclaim.keptForOthers(claimKey(in.claim))
 	return func(ni, gi int) bool {
 		in.checks++
 		if gi < 0 || ni >= len(tx.CoreGPUs()) || gi >= len(tx.CoreGPUs()[ni]) {
@@ -432,7 +433,7 @@ func (dc *decider) gpuFilter(ctx context.Context, tx *model.Tx, in *input, d *de
 			rj.add("not a GPU the claim could take back", "")
 			return false
 		}
-		if dc.reclaim.keptForAnother(g.Key(), claimKey(in.claim)) {
+		if keptForOthers[g.Key()] {
 			rj.add("kept for the claim it is being taken back for", "")
 			return false
 		}

@@ -126,16 +126,23 @@ type victim struct {
 // whatIf narrows a decision to the GPUs a reclamation would free.
 type whatIf struct{ only map[*model.GPU]bool }
 
-// keptForAnother reports whether GPU k is kept for a claim other than claim (key).
-func (r *reclaimer) keptForAnother(k model.GPUKey, claim string) bool {
+// keptForOthers are the GPUs kept for claims other than claim (key): a decision's filter
+// takes them once, not per GPU.
+func (r *reclaimer) keptForOthers(claim string) map[model.GPUKey]bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	kg, ok := r.kept[k]
-	if ok && r.now().After(kg.until) {
-		delete(r.kept, k)
-		return false
+	var out map[model.GPUKey]bool
+	now := r.now()
+	for k, kg := range r.kept {
+		if now.After(kg.until) || kg.claim == claim {
+			continue
+		}
+		if out == nil {
+			out = map[model.GPUKey]bool{}
+		}
+		out[k] = true
 	}
-	return ok && kg.claim != claim
+	return out
 }
 
 // taking returns the GPUs a plan must leave aside (being taken back, or kept for a claim),

@@ -368,7 +368,9 @@ func (r *reclaimer) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 	}
 	// A window of GPUs whose shares would move beside their namespace's others, the next
 	// one at the next retry; cheapest to take back first.
-	mv := tx.Mover(r.usableNode())
+	usable := r.usableNode()
+	mv := tx.Mover(func(g *model.GPU) bool { return !aside[g.Key()] && usable(g) },
+		func(n string) bool { return quotas[n].Compute != nil })
 	start := r.next % len(all)
 	var cands []*model.GPU
 	tried := 0

@@ -223,3 +223,126 @@ func TestAnAbandonedReclamationLeavesNoMark(t *testing.T) {
 		t.Errorf("%s stays marked %q while allocated and reserved", marked, m)
 	}
 }
+
+// spreadWith is namespace spread under policy pol, one claim (claim(i)) pinned to each of n1's
+// GPUs, and namespaces team and other.
+func spreadWith(t *testing.T, gpus int, pol *builders.PolicyBuilder, claim func(i int) *builders.ClaimBuilder) *env {
+	t.Helper()
+	objs := []runtime.Object{builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", gpus, "80Gi"),
+		namespaceObj("spread"), namespaceObj("team"), namespaceObj("other")}
+	for i := range gpus {
+		n := fmt.Sprint("s", i)
+		c := claim(i).Created(i).Obj()
+		c.Spec.Devices.Requests[0].Exactly.Selectors = celSelector(fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, i))
+		objs = append(objs, c, builders.MakePod("spread", n).Claim(n).Obj())
+	}
+	e := newEnv(t, []*api.SharingPolicy{pol.Obj()}, objs...)
+	e.run()
+	for i := range gpus {
+		if got := e.placedOn("spread", fmt.Sprint("s", i)); got != fmt.Sprintf("n1/gpu-%d", i) {
+			t.Fatalf("pinned share s%d on %q", i, got)
+		}
+	}
+	return e
+}
+
+// What a namespace chose for its own shares does not keep them apart from being taken back:
+// 1Gi shares asking 60% compute each under a memory-only quota, or critical shares that may
+// not sit together. Compute its quota pays for does (60% shares under a 400% compute quota
+// pay for most of each GPU).
+func TestOwnChoicesDoNotMakeSharesUnmovable(t *testing.T) {
+	shared := func() *builders.PolicyBuilder {
+		return builders.MakePolicy("shared").Namespaces("kubernetes.io/metadata.name", "spread").AllowShared().QuotaMemory("4Gi")
+	}
+	for name, tc := range map[string]struct {
+		pol   *builders.PolicyBuilder
+		claim func(int) *builders.ClaimBuilder
+		taken bool
+	}{
+		"compute under a memory-only quota": {shared(), func(i int) *builders.ClaimBuilder {
+			return builders.MakeClaim("spread", fmt.Sprint("s", i)).Memory("1Gi").Compute("60")
+		}, true},
+		"critical shares": {shared().Latency(api.LatencyCritical).MaxCo(1), func(i int) *builders.ClaimBuilder {
+			return builders.MakeClaim("spread", fmt.Sprint("s", i)).Memory("1Gi")
+		}, true},
+		"compute the quota pays for": {shared().QuotaCompute(400), func(i int) *builders.ClaimBuilder {
+			return builders.MakeClaim("spread", fmt.Sprint("s", i)).Memory("1Gi").Compute("60")
+		}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := spreadWith(t, 4, tc.pol, tc.claim)
+			e.create(builders.MakeClaim("team", "big").Memory("40Gi").Created(100).Obj(), builders.MakePod("team", "big").Claim("big").Obj())
+			e.run()
+			if taken := takenBack(t, e, "team", "big"); (taken != "") != tc.taken {
+				t.Errorf("taking back %q, want taken %v (status %q)", taken, tc.taken, e.claim("team", "big").Annotations[api.AnnotationStatus])
+			}
+		})
+	}
+}
+
+// A GPU being taken back for one claim is no room for the shares of another: the 20Gi share
+// on gpu-2 could only move to gpu-1, which is kept for team's claim, so other's claim takes
+// nothing.
+func TestAGPUBeingTakenIsNoRoomToMoveTo(t *testing.T) {
+	e := spreadWith(t, 3, builders.MakePolicy("s").Namespaces("kubernetes.io/metadata.name", "spread").AllowShared().QuotaMemory("100Gi"),
+		func(i int) *builders.ClaimBuilder {
+			return builders.MakeClaim("spread", fmt.Sprint("s", i)).Memory([]string{"70Gi", "1Gi", "20Gi"}[i])
+		})
+	for i, ns := range []string{"team", "other"} {
+		w := builders.MakeClaim(ns, "w").Memory("40Gi").Created(20 + i).Obj()
+		w.Spec.Devices.Requests[0].Exactly.Selectors = celSelector(fmt.Sprintf(`device.attributes["gpu.fgpu.dev"].index == %d`, i+1))
+		e.create(w, builders.MakePod(ns, "w").Claim("w").Obj())
+		e.run()
+	}
+	if !podGone(e, "spread", "s1") || podGone(e, "spread", "s2") {
+		t.Errorf("s1's pod gone %v (want true), s2's %v (want false)", podGone(e, "spread", "s1"), podGone(e, "spread", "s2"))
+	}
+}
+
+// A GPU on a cordoned node is no room to move to: the shares would be placed nowhere.
+func TestACordonedNodeIsNoRoomToMoveTo(t *testing.T) {
+	for _, cordoned := range []bool{false, true} {
+		t.Run(fmt.Sprint("cordoned ", cordoned), func(t *testing.T) {
+			objs := []runtime.Object{builders.MakeSlice("n1", 1, "80Gi"), builders.MakeSlice("n2", 1, "80Gi"),
+				namespaceObj("spread"), namespaceObj("team")}
+			objs = append(objs, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj())
+			for i, n := range []string{"n1", "n2"} {
+				share := pinned("spread", fmt.Sprint("s", i), 0, i)
+				share[1].(*corev1.Pod).Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": n}
+				objs = append(objs, share...)
+			}
+			pols := []*api.SharingPolicy{builders.MakePolicy("shared").Namespaces("kubernetes.io/metadata.name", "spread").AllowShared().QuotaMemory("4Gi").Obj()}
+			e := newEnv(t, pols, objs...)
+			e.run()
+			if e.placedOn("spread", "s0") != "n1/gpu-0" || e.placedOn("spread", "s1") != "n2/gpu-0" {
+				t.Fatalf("shares on %q and %q", e.placedOn("spread", "s0"), e.placedOn("spread", "s1"))
+			}
+			if cordoned {
+				n2, err := e.client.CoreV1().Nodes().Get(e.ctx, "n2", metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				n2 = n2.DeepCopy()
+				n2.Spec.Unschedulable = true
+				if _, err := e.client.CoreV1().Nodes().Update(e.ctx, n2, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+					if n, err := e.c.nodes.Get("n2"); err == nil && n.Spec.Unschedulable {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("the node lister does not show n2 cordoned")
+					}
+				}
+			}
+			w := builders.MakePod("team", "w").Claim("w").Obj()
+			w.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": "n1"}
+			e.create(builders.MakeClaim("team", "w").Memory("40Gi").Created(10).Obj(), w)
+			e.run()
+			if taken := takenBack(t, e, "team", "w") != ""; taken == cordoned {
+				t.Errorf("taking back %v with n2 cordoned %v", taken, cordoned)
+			}
+		})
+	}
+}

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,7 +32,12 @@ func pinned(ns, name string, index, created int) []runtime.Object {
 func spreadEnv(t *testing.T, quota string, gpus int, pols []*api.SharingPolicy, more ...runtime.Object) *env {
 	t.Helper()
 	shared := builders.MakePolicy("shared").Namespaces("kubernetes.io/metadata.name", "spread").AllowShared()
-	if quota != "" {
+	switch quota {
+	case "":
+	case "refuse":
+		// Kueue owns the quota: the namespace may keep room on one GPU only.
+		shared = shared.RefuseHeldRoom()
+	default:
 		shared = shared.QuotaMemory(quota)
 	}
 	objs := []runtime.Object{builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", gpus, "80Gi"),
@@ -332,5 +339,50 @@ func TestAPlanTakesNoMoreThanTheLoan(t *testing.T) {
 				t.Errorf("%d GPUs taken back, want %d (status %q)", gone, want, e.claim("team", "w").Annotations[api.AnnotationStatus])
 			}
 		})
+	}
+}
+
+// Where Kueue owns a namespace's quota (heldRoom: Refuse, no limits of fgpu's), the namespace
+// may keep room from others on one GPU only: a GPU beyond it is on loan.
+func TestHeldRoomRefuseLendsEveryGPUButOne(t *testing.T) {
+	e := spreadEnv(t, "refuse", 2, nil)
+	e.create(builders.MakeClaim("team", "big").Memory("40Gi").Created(10).Obj(), builders.MakePod("team", "big").Claim("big").Obj())
+	e.run()
+	if takenBack(t, e, "team", "big") == "" || len(podDeletes(e, "spread")) != 1 {
+		t.Errorf("taking back %q, %d pods deleted; want one GPU", takenBack(t, e, "team", "big"), len(podDeletes(e, "spread")))
+	}
+}
+
+// A quota raised so that it pays for the namespace's room ends its loan at once, though the
+// model did not change: the next waiting claim takes nothing. (A claim whose pod fits no node
+// planned first, finding the loan and taking nothing.)
+func TestARaisedQuotaEndsTheLoan(t *testing.T) {
+	e := spreadEnv(t, "4Gi", 3, nil)
+	e.create(builders.MakeClaim("team", "x").Memory("40Gi").Created(10).Obj(),
+		builders.MakePod("team", "x").Claim("x").NodeSelector("kubernetes.io/hostname", "nowhere").Obj())
+	e.run()
+	p, err := e.fgpu.FgpuV1alpha1().SharingPolicies().Get(e.ctx, "shared", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = p.DeepCopy()
+	q := resource.MustParse("400Gi")
+	p.Spec.Quota.Memory = &q
+	p.ResourceVersion = "2" // as the API server moves it on; the fake client does not
+	if _, err := e.fgpu.FgpuV1alpha1().SharingPolicies().Update(e.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if p, err := e.c.policies.Get("shared"); err == nil && p.Spec.Quota.Memory.Cmp(q) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the policy lister does not show the raised quota")
+		}
+	}
+	e.create(builders.MakeClaim("other", "w").Memory("40Gi").Created(20).Obj(), builders.MakePod("other", "w").Claim("w").Obj())
+	e.run()
+	if taken := takenBack(t, e, "other", "w"); taken != "" || len(podDeletes(e, "spread")) != 0 {
+		t.Errorf("taking back %q after the quota was raised; %d pods deleted", taken, len(podDeletes(e, "spread")))
 	}
 }

@@ -12,26 +12,33 @@ import (
 // The example names a co-tenant's claim only where it is of t's namespace, else the GPU: a
 // claim's status and events are read by its namespace.
 func (g *GPU) Admits(t *Tenant) (string, string) {
-	n := len(g.tenants) + 1
-	if t.MaxTenants > 0 && n > t.MaxTenants {
-		return "at the policy's maxTenantsPerGPU", fmt.Sprintf("%s has %d tenants", g.key, n-1)
+	return g.admits(t, len(g.tenants), func(*Tenant) bool { return true })
+}
+
+// admits is Admits with the GPU holding n tenants, of which only those among count.
+func (g *GPU) admits(t *Tenant, n int, among func(*Tenant) bool) (string, string) {
+	if t.MaxTenants > 0 && n+1 > t.MaxTenants {
+		return "at the policy's maxTenantsPerGPU", fmt.Sprintf("%s has %d tenants", g.key, n)
 	}
-	if t.Latency == api.LatencyCritical && len(g.tenants) > t.MaxCo {
-		return "more co-tenants than a critical claim allows", fmt.Sprintf("%s has %d, maxCoTenants %d", g.key, len(g.tenants), t.MaxCo)
+	if t.Latency == api.LatencyCritical && n > t.MaxCo {
+		return "more co-tenants than a critical claim allows", fmt.Sprintf("%s has %d, maxCoTenants %d", g.key, n, t.MaxCo)
 	}
 	for _, o := range g.tenants {
+		if !among(o) {
+			continue
+		}
 		ex := g.keyText
 		if o.Namespace == t.Namespace {
 			ex = o.Key
 		}
-		if o.MaxTenants > 0 && n > o.MaxTenants {
+		if o.MaxTenants > 0 && n+1 > o.MaxTenants {
 			return "at a tenant's maxTenantsPerGPU", ""
 		}
 		if o.Latency == api.LatencyCritical {
 			if t.Latency == api.LatencyCritical && (!t.AllowCrit || !o.AllowCrit) {
 				return "holds another critical claim", ex
 			}
-			if len(g.tenants) > o.MaxCo {
+			if n > o.MaxCo {
 				return "a critical tenant allows no more co-tenants", ex
 			}
 		}

@@ -128,12 +128,15 @@ const besideTries = 8
 type Mover struct {
 	tx     *Tx
 	usable func(*GPU) bool
-	of     map[string][]*GPU // per namespace, its usable GPUs with the most free memory
+	// paysCompute says whether a namespace's quota charges compute: where it does not, the
+	// compute a share asks does not keep it from moving.
+	paysCompute func(ns string) bool
+	of          map[string][]*GPU // per namespace, its usable GPUs with the most free memory
 }
 
 // Mover is a Mover onto the GPUs usable allows (published and untainted ones only).
-func (tx *Tx) Mover(usable func(*GPU) bool) *Mover {
-	return &Mover{tx: tx, usable: usable, of: map[string][]*GPU{}}
+func (tx *Tx) Mover(usable func(*GPU) bool, paysCompute func(ns string) bool) *Mover {
+	return &Mover{tx: tx, usable: usable, paysCompute: paysCompute, of: map[string][]*GPU{}}
 }
 
 func (mv *Mover) targets(ns string) []*GPU {
@@ -157,26 +160,35 @@ func (mv *Mover) targets(ns string) []*GPU {
 	return t
 }
 
-// Movable reports whether every share on the GPUs gs would fit, under the co-tenancy rules,
-// beside its own namespace's shares on another of its GPUs (not one of gs), the room each
-// takes counted against the next: what is taken back from them then only moves shares
-// together, and a namespace whose shares would fit nowhere else keeps its GPUs. Where the
-// shares' selectors or pods' nodes would let them go is not asked: the tenant writes those,
-// and pinning shares apart is what is taken back.
+// Movable reports whether every share on the GPUs gs would fit beside its own namespace's
+// shares on another of its GPUs (not one of gs), the room each takes counted against the
+// next: what is taken back from them then only moves shares together, and a namespace whose
+// shares other namespaces' tenants keep apart keeps its GPUs. What the namespace chose itself
+// does not keep its shares apart: the co-tenancy rules among its own shares (a critical
+// class, maxTenantsPerGPU), and compute its quota does not charge; nor do the shares'
+// selectors or pods' nodes, which the tenant writes. A share kept apart by those waits for
+// room when placed again.
 func (mv *Mover) Movable(gs ...*GPU) bool {
 	taken := map[*GPU]Usage{}
 	for _, g := range gs {
 		for _, t := range g.tenants {
 			placed := false
+			others := func(o *Tenant) bool { return o.Namespace != t.Namespace }
 			for _, h := range mv.targets(t.Namespace) {
 				if slices.Contains(gs, h) {
 					continue
 				}
 				room, used := h.Room(), taken[h]
-				if room.Mem-used.Mem < t.Limit() || room.Comp-used.Comp < t.Comp {
+				if room.Mem-used.Mem < t.Limit() || (mv.paysCompute(t.Namespace) && room.Comp-used.Comp < t.Comp) {
 					continue
 				}
-				if why, _ := h.Admits(t); why != "" {
+				n := 0
+				for _, o := range h.tenants {
+					if others(o) {
+						n++
+					}
+				}
+				if why, _ := h.admits(t, n, others); why != "" {
 					continue
 				}
 				taken[h] = Usage{used.Mem + t.Limit(), used.Comp + t.Comp}

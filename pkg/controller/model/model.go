@@ -240,6 +240,9 @@ func (m *Model) SetReserve(ns string, u Usage) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	changed := m.nsReserve[ns] != u
+	if changed {
+		m.gen++ // what the namespace may hold changed (the reclaimer's loans)
+	}
 	if u == (Usage{}) {
 		delete(m.nsReserve, ns)
 	} else {

@@ -59,9 +59,6 @@ const (
 	// first: the one, then reclaimCheapest, then all.
 	reclaimGPUs     = 64
 	reclaimCheapest = 8
-	// besideWork is what checking that one GPU's shares would move is charged to the
-	// waiting claim's namespace, in GPUs checked (model.Mover tries that many per share).
-	besideWork = 8
 	// PodReasonPreemptionByFgpu is the reason of the DisruptionTarget condition on a pod the
 	// allocator deleted to take back a GPU (kube-scheduler's is PreemptionByScheduler), which
 	// a Job's pod failure policy tells from a failure.
@@ -380,7 +377,7 @@ func (r *reclaimer) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 		}
 	}
 	r.next = start + tried
-	in.checks += tried * besideWork
+	in.checks += mv.Visited // the work, charged to the claim's namespace
 	if len(cands) == 0 {
 		return nil
 	}

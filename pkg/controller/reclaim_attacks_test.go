@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 	"github.com/fgpu-dev/fgpu/internal/testing/builders"
+	"github.com/fgpu-dev/fgpu/pkg/controller/model"
 )
 
 // The attacks of the review of reclaim.go, each as the tenant next door (or the honest
@@ -247,9 +249,8 @@ func spreadWith(t *testing.T, gpus int, pol *builders.PolicyBuilder, claim func(
 }
 
 // What a namespace chose for its own shares does not keep them apart from being taken back:
-// 1Gi shares asking 60% compute each under a memory-only quota, or critical shares that may
-// not sit together. Compute its quota pays for does (60% shares under a 400% compute quota
-// pay for most of each GPU).
+// 1Gi shares asking 60% compute each under a memory-only quota. Compute its quota pays for
+// does (60% shares under a 400% compute quota pay for most of each GPU).
 func TestOwnChoicesDoNotMakeSharesUnmovable(t *testing.T) {
 	shared := func() *builders.PolicyBuilder {
 		return builders.MakePolicy("shared").Namespaces("kubernetes.io/metadata.name", "spread").AllowShared().QuotaMemory("4Gi")
@@ -261,9 +262,6 @@ func TestOwnChoicesDoNotMakeSharesUnmovable(t *testing.T) {
 	}{
 		"compute under a memory-only quota": {shared(), func(i int) *builders.ClaimBuilder {
 			return builders.MakeClaim("spread", fmt.Sprint("s", i)).Memory("1Gi").Compute("60")
-		}, true},
-		"critical shares": {shared().Latency(api.LatencyCritical).MaxCo(1), func(i int) *builders.ClaimBuilder {
-			return builders.MakeClaim("spread", fmt.Sprint("s", i)).Memory("1Gi")
 		}, true},
 		"compute the quota pays for": {shared().QuotaCompute(400), func(i int) *builders.ClaimBuilder {
 			return builders.MakeClaim("spread", fmt.Sprint("s", i)).Memory("1Gi").Compute("60")
@@ -345,4 +343,37 @@ func TestACordonedNodeIsNoRoomToMoveTo(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Critical shares (a class the allocator spreads, one to the emptiest GPU) pay for the GPUs
+// they keep when placed: under a 4Gi quota a namespace granted critical and allowSharedGPU
+// cannot pin a 1Gi critical share to each GPU (a review's attack on reclaim, which its own
+// co-tenancy rules kept from moving), and an honest one is never on loan for the allocator's
+// own spreading (another review's loop of take-back and re-spread).
+func TestCriticalSharesPayForTheGPUsTheyKeep(t *testing.T) {
+	objs := []runtime.Object{builders.MakeNode("n1").Obj(), builders.MakeSlice("n1", 4, "80Gi"), namespaceObj("crit")}
+	for i := range 4 {
+		objs = append(objs, pinned("crit", fmt.Sprint("c", i), i, i)...)
+	}
+	pols := []*api.SharingPolicy{builders.MakePolicy("crit").Namespaces("kubernetes.io/metadata.name", "crit").AllowShared().
+		Latency(api.LatencyCritical).MaxCo(1).QuotaMemory("4Gi").Obj()}
+	e := newEnv(t, pols, objs...)
+	e.run()
+	placed := 0
+	for i := range 4 {
+		if e.placedOn("crit", fmt.Sprint("c", i)) != "" {
+			placed++
+		}
+	}
+	if placed != 1 {
+		t.Errorf("%d critical shares placed on their own GPUs under a 4Gi quota, want 1", placed)
+	}
+	if ev := e.events("keep"); len(ev) == 0 || !strings.Contains(ev[0], "free from others") {
+		t.Errorf("no waiting claim says it would keep room from others: %q", ev)
+	}
+	e.c.model.Update(func(tx *model.Tx) {
+		if l := tx.Loan("crit", func(*model.GPU) bool { return false }); len(l.Open) != 0 {
+			t.Errorf("critical shares' GPUs open to be taken back: %v", l.Open)
+		}
+	})
 }

@@ -12,17 +12,20 @@ import (
 // The example names a co-tenant's claim only where it is of t's namespace, else the GPU: a
 // claim's status and events are read by its namespace.
 func (g *GPU) Admits(t *Tenant) (string, string) {
-	return g.admits(t, len(g.tenants), func(*Tenant) bool { return true })
+	n := len(g.tenants)
+	return g.admits(t, n, n, func(*Tenant) bool { return true })
 }
 
-// admits is Admits with the GPU holding n tenants, of which only those among count.
-func (g *GPU) admits(t *Tenant, n int, among func(*Tenant) bool) (string, string) {
+// admits is Admits with only the tenants among's rules asked: t's limits count n of them,
+// theirs count all the GPU would hold, all.
+func (g *GPU) admits(t *Tenant, n, all int, among func(*Tenant) bool) (string, string) {
 	if t.MaxTenants > 0 && n+1 > t.MaxTenants {
 		return "at the policy's maxTenantsPerGPU", fmt.Sprintf("%s has %d tenants", g.key, n)
 	}
 	if t.Latency == api.LatencyCritical && n > t.MaxCo {
 		return "more co-tenants than a critical claim allows", fmt.Sprintf("%s has %d, maxCoTenants %d", g.key, n, t.MaxCo)
 	}
+	n = all
 	for _, o := range g.tenants {
 		if !among(o) {
 			continue

@@ -132,11 +132,24 @@ type Mover struct {
 	// compute a share asks does not keep it from moving.
 	paysCompute func(ns string) bool
 	of          map[string][]*GPU // per namespace, its usable GPUs with the most free memory
+	room        map[*GPU]Usage    // each GPU's room, worked out once
+	// Visited counts the shares and GPUs looked at: the work a plan charges its claim.
+	Visited int
 }
 
 // Mover is a Mover onto the GPUs usable allows (published and untainted ones only).
 func (tx *Tx) Mover(usable func(*GPU) bool, paysCompute func(ns string) bool) *Mover {
-	return &Mover{tx: tx, usable: usable, paysCompute: paysCompute, of: map[string][]*GPU{}}
+	return &Mover{tx: tx, usable: usable, paysCompute: paysCompute, of: map[string][]*GPU{}, room: map[*GPU]Usage{}}
+}
+
+func (mv *Mover) roomOf(g *GPU) Usage {
+	r, ok := mv.room[g]
+	if !ok {
+		r = g.Room()
+		mv.room[g] = r
+		mv.Visited += len(g.tenants)
+	}
+	return r
 }
 
 func (mv *Mover) targets(ns string) []*GPU {
@@ -145,15 +158,20 @@ func (mv *Mover) targets(ns string) []*GPU {
 	}
 	var t []*GPU
 	for h := range mv.tx.m.nsGPUs[ns] {
+		mv.Visited++
 		if !h.known || len(h.taints) > 0 || !mv.usable(h) {
 			continue
 		}
-		t = append(t, h)
-		slices.SortFunc(t, func(a, b *GPU) int {
-			return cmp.Or(cmp.Compare(b.Room().Mem, a.Room().Mem), cmp.Compare(a.keyText, b.keyText))
-		})
-		if len(t) > besideTries {
-			t = t[:besideTries]
+		r := mv.roomOf(h).Mem
+		i := len(t)
+		for i > 0 && (mv.roomOf(t[i-1]).Mem < r || (mv.roomOf(t[i-1]).Mem == r && t[i-1].keyText > h.keyText)) {
+			i--
+		}
+		if i < besideTries {
+			t = slices.Insert(t, i, h)
+			if len(t) > besideTries {
+				t = t[:besideTries]
+			}
 		}
 	}
 	mv.of[ns] = t
@@ -169,29 +187,29 @@ func (mv *Mover) targets(ns string) []*GPU {
 // selectors or pods' nodes, which the tenant writes. A share kept apart by those waits for
 // room when placed again.
 func (mv *Mover) Movable(gs ...*GPU) bool {
-	taken := map[*GPU]Usage{}
+	taken, moved := map[*GPU]Usage{}, map[*GPU]int{}
 	for _, g := range gs {
 		for _, t := range g.tenants {
+			mv.Visited++
 			placed := false
 			others := func(o *Tenant) bool { return o.Namespace != t.Namespace }
 			for _, h := range mv.targets(t.Namespace) {
 				if slices.Contains(gs, h) {
 					continue
 				}
-				room, used := h.Room(), taken[h]
+				room, used := mv.roomOf(h), taken[h]
 				if room.Mem-used.Mem < t.Limit() || (mv.paysCompute(t.Namespace) && room.Comp-used.Comp < t.Comp) {
 					continue
 				}
-				n := 0
-				for _, o := range h.tenants {
-					if others(o) {
-						n++
+				// Other namespaces' tenants there, and their rules; none on most targets.
+				if n := len(h.tenants) - mv.tx.m.nsGPUs[t.Namespace][h]; n > 0 {
+					mv.Visited += len(h.tenants)
+					if why, _ := h.admits(t, n, len(h.tenants)+moved[h], others); why != "" {
+						continue
 					}
 				}
-				if why, _ := h.admits(t, n, others); why != "" {
-					continue
-				}
 				taken[h] = Usage{used.Mem + t.Limit(), used.Comp + t.Comp}
+				moved[h]++
 				placed = true
 				break
 			}

@@ -305,9 +305,10 @@ func TestACordonedNodeIsNoRoomToMoveTo(t *testing.T) {
 				namespaceObj("spread"), namespaceObj("team")}
 			objs = append(objs, builders.MakeNode("n1").Obj(), builders.MakeNode("n2").Obj())
 			for i, n := range []string{"n1", "n2"} {
-				share := pinned("spread", fmt.Sprint("s", i), 0, i)
-				share[1].(*corev1.Pod).Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": n}
-				objs = append(objs, share...)
+				name := fmt.Sprint("s", i)
+				c := builders.MakeClaim("spread", name).Memory("1Gi").Created(i).Obj()
+				c.Spec.Devices.Requests[0].Exactly.Selectors = celSelector(`device.attributes["gpu.fgpu.dev"].index == 0`)
+				objs = append(objs, c, builders.MakePod("spread", name).Claim(name).NodeSelector("kubernetes.io/hostname", n).Obj())
 			}
 			pols := []*api.SharingPolicy{builders.MakePolicy("shared").Namespaces("kubernetes.io/metadata.name", "spread").AllowShared().QuotaMemory("4Gi").Obj()}
 			e := newEnv(t, pols, objs...)

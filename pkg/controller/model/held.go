@@ -24,9 +24,7 @@ func (g *GPU) Room() Usage {
 // KeptBy reports whether the tenants of namespace ns on g, with extra if it is not nil, turn
 // away the claim of another namespace that asks least of a GPU: an MPS share of the standard
 // class whose policy allows shared GPUs. The rules are the co-tenancy rules, from the
-// tenants' side; a critical tenant keeps its GPU whatever room its maxCoTenants leaves, as
-// the allocator spreads critical claims onto the emptiest GPUs (its choice, not that of
-// neighbours who left), so that its namespace pays for the GPUs they keep at placement.
+// tenants' side.
 func (g *GPU) KeptBy(ns string, extra *Tenant) bool {
 	n := len(g.tenants)
 	if extra != nil {
@@ -34,7 +32,7 @@ func (g *GPU) KeptBy(ns string, extra *Tenant) bool {
 	}
 	keeps := func(t *Tenant) bool {
 		return t.Namespace == ns && (t.Whole || !t.AllowShare || t.Mode == api.SharingModeTimeSlicing || t.BurstCap > 0 ||
-			(t.MaxTenants > 0 && n+1 > t.MaxTenants) || t.Latency == api.LatencyCritical)
+			(t.MaxTenants > 0 && n+1 > t.MaxTenants) || (t.Latency == api.LatencyCritical && n > t.MaxCo))
 	}
 	if extra != nil && keeps(extra) {
 		return true

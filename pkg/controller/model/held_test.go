@@ -56,14 +56,12 @@ func TestKeptBy(t *testing.T) {
 		tenants []*Tenant
 		kept    bool
 	}{
-		"shared MPS":  {[]*Tenant{shared("a")}, false},
-		"isolated":    {[]*Tenant{with(func(t *Tenant) { t.AllowShare = false })}, true},
-		"time-sliced": {[]*Tenant{with(func(t *Tenant) { t.Mode = api.SharingModeTimeSlicing })}, true},
-		"whole":       {[]*Tenant{with(func(t *Tenant) { t.Whole = true })}, true},
-		"bursting":    {[]*Tenant{with(func(t *Tenant) { t.BurstCap = gi })}, true},
-		// The allocator spreads critical claims, each to the emptiest GPU: the room beside one
-		// is kept from all but maxCoTenants sharers, so its namespace pays for it.
-		"critical with room":             {[]*Tenant{with(func(t *Tenant) { t.Latency, t.MaxCo = api.LatencyCritical, 1 })}, true},
+		"shared MPS":                     {[]*Tenant{shared("a")}, false},
+		"isolated":                       {[]*Tenant{with(func(t *Tenant) { t.AllowShare = false })}, true},
+		"time-sliced":                    {[]*Tenant{with(func(t *Tenant) { t.Mode = api.SharingModeTimeSlicing })}, true},
+		"whole":                          {[]*Tenant{with(func(t *Tenant) { t.Whole = true })}, true},
+		"bursting":                       {[]*Tenant{with(func(t *Tenant) { t.BurstCap = gi })}, true},
+		"critical with room":             {[]*Tenant{with(func(t *Tenant) { t.Latency, t.MaxCo = api.LatencyCritical, 1 })}, false},
 		"critical at maxCoTenants":       {[]*Tenant{with(func(t *Tenant) { t.Latency, t.MaxCo = api.LatencyCritical, 1 }), shared("b")}, true},
 		"maxTenantsPerGPU with room":     {[]*Tenant{with(func(t *Tenant) { t.MaxTenants = 3 }), shared("b")}, false},
 		"maxTenantsPerGPU reached":       {[]*Tenant{with(func(t *Tenant) { t.MaxTenants = 2 }), shared("b")}, true},

@@ -3,6 +3,8 @@ package model
 import (
 	"cmp"
 	"slices"
+
+	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
 
 // A namespace granted allowSharedGPU (or isolation none) keeps no namespace granted the same
@@ -49,13 +51,18 @@ func (tx *Tx) Loan(ns string, skip func(*GPU) bool) Loan {
 }
 
 // open reports whether g is published, used, and kept by no namespace on it: only claims
-// that share across namespaces may join it. Caller holds mu.
+// that share across namespaces may join it. A GPU with a critical tenant is not: the
+// allocator itself spreads critical claims onto the emptiest GPUs, so their namespace did not
+// choose the room beside them, and what is taken back would be spread again. Caller holds mu.
 func (m *Model) open(g *GPU) bool {
 	if !g.known || len(g.tenants) == 0 {
 		return false
 	}
 	seen := map[string]bool{}
 	for _, t := range g.tenants {
+		if t.Latency == api.LatencyCritical {
+			return false
+		}
 		if !seen[t.Namespace] {
 			seen[t.Namespace] = true
 			if g.KeptBy(t.Namespace, nil) {
@@ -182,8 +189,8 @@ func (mv *Mover) targets(ns string) []*GPU {
 // shares on another of its GPUs (not one of gs), the room each takes counted against the
 // next: what is taken back from them then only moves shares together, and a namespace whose
 // shares other namespaces' tenants keep apart keeps its GPUs. What the namespace chose itself
-// does not keep its shares apart: the co-tenancy rules among its own shares (a critical
-// class, maxTenantsPerGPU), and compute its quota does not charge; nor do the shares'
+// does not keep its shares apart: the co-tenancy rules among its own shares
+// (maxTenantsPerGPU, a mix of modes), and compute its quota does not charge; nor do the shares'
 // selectors or pods' nodes, which the tenant writes. A share kept apart by those waits for
 // room when placed again.
 func (mv *Mover) Movable(gs ...*GPU) bool {

@@ -59,6 +59,10 @@ const (
 	// first: the one, then reclaimCheapest, then all.
 	reclaimGPUs     = 64
 	reclaimCheapest = 8
+	// reclaimWork bounds the shares and GPUs a plan looks at to find GPUs whose shares would
+	// move (model.Mover.Visited), so that a namespace of many tiny shares cannot make a plan
+	// hold the model's lock long; the next plan looks on from where this one stopped.
+	reclaimWork = 200_000
 	// PodReasonPreemptionByFgpu is the reason of the DisruptionTarget condition on a pod the
 	// allocator deleted to take back a GPU (kube-scheduler's is PreemptionByScheduler), which
 	// a Job's pod failure policy tells from a failure.
@@ -371,7 +375,7 @@ func (r *reclaimer) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 	start := r.next % len(all)
 	var cands []*model.GPU
 	tried := 0
-	for ; tried < len(all) && tried < 4*reclaimGPUs && len(cands) < reclaimGPUs; tried++ {
+	for ; tried < len(all) && tried < 4*reclaimGPUs && len(cands) < reclaimGPUs && mv.Visited < reclaimWork; tried++ {
 		if g := all[(start+tried)%len(all)].gpu; mv.Movable(g) {
 			cands = append(cands, g)
 		}

@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"iter"
 
 	api "github.com/fgpu-dev/fgpu/api/fgpu.dev/v1alpha1"
 )
@@ -13,12 +14,12 @@ import (
 // claim's status and events are read by its namespace.
 func (g *GPU) Admits(t *Tenant) (string, string) {
 	n := len(g.tenants)
-	return g.admits(t, n, n, func(*Tenant) bool { return true })
+	return g.admits(t, n, n, g.Tenants())
 }
 
-// admits is Admits with only the tenants among's rules asked: t's limits count n of them,
-// theirs count all the GPU would hold, all.
-func (g *GPU) admits(t *Tenant, n, all int, among func(*Tenant) bool) (string, string) {
+// admits is Admits with only the rules of the tenants among asked: t's limits count n
+// tenants, theirs all the GPU would hold, all.
+func (g *GPU) admits(t *Tenant, n, all int, among iter.Seq[*Tenant]) (string, string) {
 	if t.MaxTenants > 0 && n+1 > t.MaxTenants {
 		return "at the policy's maxTenantsPerGPU", fmt.Sprintf("%s has %d tenants", g.key, n)
 	}
@@ -26,10 +27,7 @@ func (g *GPU) admits(t *Tenant, n, all int, among func(*Tenant) bool) (string, s
 		return "more co-tenants than a critical claim allows", fmt.Sprintf("%s has %d, maxCoTenants %d", g.key, n, t.MaxCo)
 	}
 	n = all
-	for _, o := range g.tenants {
-		if !among(o) {
-			continue
-		}
+	for o := range among {
 		ex := g.keyText
 		if o.Namespace == t.Namespace {
 			ex = o.Key

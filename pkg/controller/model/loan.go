@@ -138,15 +138,36 @@ type Mover struct {
 	// paysCompute says whether a namespace's quota charges compute: where it does not, the
 	// compute a share asks does not keep it from moving.
 	paysCompute func(ns string) bool
-	of          map[string][]*GPU // per namespace, its usable GPUs with the most free memory
-	room        map[*GPU]Usage    // each GPU's room, worked out once
+	of          map[string][]*GPU             // per namespace, its usable GPUs with the most free memory
+	room        map[*GPU]Usage                // each GPU's room, worked out once
+	others      map[*GPU]map[string][]*Tenant // a GPU's tenants of namespaces other than one
 	// Visited counts the shares and GPUs looked at: the work a plan charges its claim.
 	Visited int
 }
 
 // Mover is a Mover onto the GPUs usable allows (published and untainted ones only).
 func (tx *Tx) Mover(usable func(*GPU) bool, paysCompute func(ns string) bool) *Mover {
-	return &Mover{tx: tx, usable: usable, paysCompute: paysCompute, of: map[string][]*GPU{}, room: map[*GPU]Usage{}}
+	return &Mover{tx: tx, usable: usable, paysCompute: paysCompute, of: map[string][]*GPU{}, room: map[*GPU]Usage{},
+		others: map[*GPU]map[string][]*Tenant{}}
+}
+
+// othersOn are g's tenants of namespaces other than ns, listed once.
+func (mv *Mover) othersOn(g *GPU, ns string) []*Tenant {
+	if o, ok := mv.others[g][ns]; ok {
+		return o
+	}
+	var o []*Tenant
+	for _, t := range g.tenants {
+		if t.Namespace != ns {
+			o = append(o, t)
+		}
+	}
+	mv.Visited += len(g.tenants)
+	if mv.others[g] == nil {
+		mv.others[g] = map[string][]*Tenant{}
+	}
+	mv.others[g][ns] = o
+	return o
 }
 
 func (mv *Mover) roomOf(g *GPU) Usage {
@@ -199,7 +220,6 @@ func (mv *Mover) Movable(gs ...*GPU) bool {
 		for _, t := range g.tenants {
 			mv.Visited++
 			placed := false
-			others := func(o *Tenant) bool { return o.Namespace != t.Namespace }
 			for _, h := range mv.targets(t.Namespace) {
 				if slices.Contains(gs, h) {
 					continue
@@ -210,8 +230,9 @@ func (mv *Mover) Movable(gs ...*GPU) bool {
 				}
 				// Other namespaces' tenants there, and their rules; none on most targets.
 				if n := len(h.tenants) - mv.tx.m.nsGPUs[t.Namespace][h]; n > 0 {
-					mv.Visited += len(h.tenants)
-					if why, _ := h.admits(t, n, len(h.tenants)+moved[h], others); why != "" {
+					others := mv.othersOn(h, t.Namespace)
+					mv.Visited += len(others)
+					if why, _ := h.admits(t, n, len(h.tenants)+moved[h], slices.Values(others)); why != "" {
 						continue
 					}
 				}

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -385,7 +386,9 @@ func (r *reclaimer) plan(ctx context.Context, tx *model.Tx, in *input, dc *decid
 	if len(cands) == 0 {
 		return nil
 	}
-	slices.SortStableFunc(cands, func(a, b *model.GPU) int { return cmpInt(victimUse(a), victimUse(b)) })
+	// Cheapest first: the GPU whose shares hold least memory (no open GPU has a bursting share,
+	// so that is what it uses).
+	slices.SortStableFunc(cands, func(a, b *model.GPU) int { return cmp.Compare(a.UsedMem(), b.UsedMem()) })
 	var d *decision
 	for _, n := range []int{1, reclaimCheapest, len(cands)} {
 		if d = r.whatIf(ctx, tx, in, dc, cands[:min(n, len(cands))]); d != nil || n >= len(cands) {
@@ -476,25 +479,6 @@ func (r *reclaimer) whatIf(ctx context.Context, tx *model.Tx, in *input, dc *dec
 	return d
 }
 
-// victimUse is what taking GPU g back would stop: the memory its shares hold.
-func victimUse(g *model.GPU) int64 {
-	var n int64
-	for t := range g.Tenants() {
-		n += t.Limit()
-	}
-	return n
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // usableNode says whether a GPU's node may take the pods of shares moved beside their
 // namespace's others: it exists, is schedulable, and Kubernetes has not tainted it to keep
 // new pods off (node.kubernetes.io/not-ready, unreachable, a pressure). Other taints the
@@ -519,13 +503,7 @@ func (r *reclaimer) usableNode() func(*model.GPU) bool {
 
 // compareRoom orders GPUs by free memory, then by name.
 func compareRoom(a, b *model.GPU) int {
-	if d := a.Room().Mem - b.Room().Mem; d != 0 {
-		if d < 0 {
-			return -1
-		}
-		return 1
-	}
-	return strings.Compare(b.KeyText(), a.KeyText())
+	return cmp.Or(cmp.Compare(a.Room().Mem, b.Room().Mem), strings.Compare(b.KeyText(), a.KeyText()))
 }
 
 // status is what a waiting claim's status adds to why it waits while GPUs are kept for it.
